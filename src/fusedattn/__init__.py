@@ -1,0 +1,8 @@
+"""fusedattn: attention forward built materialized and online, thread-level and tile-level.
+
+Importing the package first fixes the execution mode (GPU or emulation), see `mode`.
+"""
+
+from fusedattn import mode as _mode  # noqa: F401  (must run before kernel imports)
+
+__version__ = "0.1.0"

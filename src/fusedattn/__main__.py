@@ -1,0 +1,3 @@
+from fusedattn.cli import main
+
+raise SystemExit(main())

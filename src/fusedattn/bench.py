@@ -1,0 +1,83 @@
+"""The per-process protocol for one version on one problem:
+
+    inputs (protocol, seed) -> reference (float64) -> prepare (own buffers)
+    -> poison, run once, verify -> time (GPU only) -> verify the last timed output
+    -> resource fields
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from fusedattn.inputs import make_inputs
+from fusedattn.mode import DEVICE, EMULATION
+from fusedattn.problem import Problem
+from fusedattn.reference import attention_ref
+from fusedattn.timing import time_gpu
+from fusedattn.verify import Check, check, poison
+from fusedattn.versions import Version
+
+
+@dataclass(frozen=True)
+class Settings:
+    inputs: str = "uniform"
+    seed: int = 0
+    warmup: int = 5
+    repeat: int = 20
+    timing: str = "events"
+
+
+@dataclass
+class Record:
+    """One (version, problem) measurement in one process."""
+
+    version: str
+    route: str
+    seq: int
+    dim: int
+    block: int
+    settings: dict
+    before: Check
+    after: Check | None    # None in emulation (no timed runs)
+    timing: dict | None    # None in emulation: no times
+    resources: list[dict]
+
+    @property
+    def ok(self) -> bool:
+        return self.before.ok and (self.after is None or self.after.ok)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verdict"] = "PASS" if self.ok else "FAIL"
+        return d
+
+
+def _sync() -> None:
+    if not EMULATION:
+        torch.cuda.synchronize()
+
+
+def measure(version: Version, problem: Problem, settings: Settings,
+            inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+            ref: torch.Tensor | None = None) -> Record:
+    """Run the protocol; `inputs`/`ref` may be passed to share them between versions."""
+    if inputs is None:
+        inputs = make_inputs(problem, settings.inputs, settings.seed, DEVICE)
+    q, k, v = inputs
+    if ref is None:
+        ref = attention_ref(q, k, v)
+    prepared = version.prepare(q, k, v, problem)
+    poison(prepared.out)
+    prepared.call()
+    _sync()
+    before = check(prepared.out, ref)
+    after = timing = None
+    if not EMULATION:
+        poison(prepared.out)
+        timing = time_gpu(prepared.call, warmup=settings.warmup, repeat=settings.repeat,
+                          mode=settings.timing).to_dict()
+        after = check(prepared.out, ref)
+    return Record(version.name, version.route, problem.seq, problem.dim, problem.block,
+                  asdict(settings), before, after, timing, prepared.resources())

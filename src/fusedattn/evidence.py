@@ -1,0 +1,93 @@
+"""Evidence: the environment a figure was made in, source hashes, atomic file writes."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fusedattn.mode import EMULATION
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        res = subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    """GPU, driver, package versions, git commit and dirty flag, date, mode."""
+    env = {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "mode": "emulation" if EMULATION else "gpu",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "numba": _version("numba"),
+        "numba_cuda": _version("numba-cuda"),
+        "numpy": _version("numpy"),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "gpu": None,
+        "driver": None,
+        "cuda_runtime": torch.version.cuda,
+    }
+    if not EMULATION:
+        env["gpu"] = torch.cuda.get_device_name()
+        smi = None
+        try:
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if smi is not None and smi.returncode == 0:
+            env["driver"] = smi.stdout.strip().splitlines()[0]
+    return env
+
+
+def write_atomic(path: Path | str, text: str) -> None:
+    """Write `text` to `path` so that a killed process leaves the old file or the new one,
+    never half of it: write a temporary file beside it, fsync, rename over."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path | str, obj: object) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")

@@ -1,0 +1,116 @@
+"""The problem: single batch, single head, float32 attention forward on `[S, D]` inputs.
+
+Every bad input raises `ProblemError`, which names the field, the value and what is allowed;
+the CLI prints it as one line. Version-specific limits (D <= 256 for the row kernels) live
+in the registry (`versions.py`) and are checked through `Limits.check`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+MIN_BLOCK, MAX_BLOCK = 32, 1024  # one warp .. the CUDA limit of threads per block
+MAX_ROW_DIM = 256
+"""The chapter's validated head-dimension range for the row kernels (12.4: "CLI limits
+DIM <= 256 ... supporting a larger head dimension needs resources and bounds re-checked,
+not just the limit removed"). Kept, not raised."""
+
+DTYPE = torch.float32
+
+
+class ProblemError(ValueError):
+    """A bad input: `field`, the offending `value`, and what is `allowed`."""
+
+    def __init__(self, field: str, value: object, allowed: str):
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}={value!r} is not allowed: {allowed}")
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def check_block(block: object) -> int:
+    """Threads per block for the thread-level kernels: a power of two in 32..1024."""
+    if isinstance(block, bool) or not isinstance(block, int) or not (
+        MIN_BLOCK <= block <= MAX_BLOCK and is_power_of_two(block)
+    ):
+        raise ProblemError("block", block, f"a power of two in {MIN_BLOCK}..{MAX_BLOCK}")
+    return block
+
+
+def _check_positive(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProblemError(field, value, "an integer >= 1")
+    return value
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention problem: Q, K, V are `[seq, dim]` float32, scale 1/sqrt(dim).
+
+    `block` is the number of threads per block used by the thread-level versions.
+    """
+
+    seq: int
+    dim: int
+    block: int = 256
+
+    def __post_init__(self) -> None:
+        _check_positive("seq", self.seq)
+        _check_positive("dim", self.dim)
+        check_block(self.block)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.dim)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.seq, self.dim)
+
+    def label(self) -> str:
+        return f"{self.seq}x{self.dim}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a version accepts; checked before anything is allocated."""
+
+    max_dim: int | None = None
+    note: str = ""
+
+    def check(self, version: str, problem: Problem) -> None:
+        if self.max_dim is not None and problem.dim > self.max_dim:
+            raise ProblemError(
+                "dim", problem.dim, f"1..{self.max_dim} for version {version!r} ({self.note})"
+            )
+
+
+def check_tensors(q: object, k: object, v: object, device: torch.device) -> Problem:
+    """Validate Q, K, V for the row versions and return the problem they describe.
+
+    `q, k, v: [S, D] float32`, contiguous, on `device`, all the same shape.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ProblemError(name, type(t).__name__, "a torch.Tensor")
+        if t.dim() != 2:
+            raise ProblemError(f"{name}.shape", tuple(t.shape), "2 dimensions [S, D]")
+        if t.dtype != DTYPE:
+            raise ProblemError(f"{name}.dtype", str(t.dtype), "torch.float32")
+        if t.device.type != device.type:
+            raise ProblemError(f"{name}.device", str(t.device), f"a {device.type} tensor")
+        if not t.is_contiguous():
+            raise ProblemError(f"{name}.strides", t.stride(), "a contiguous tensor (row-major)")
+    if not (q.shape == k.shape == v.shape):
+        raise ProblemError(
+            "shapes",
+            (tuple(q.shape), tuple(k.shape), tuple(v.shape)),
+            "q, k and v of one shape [S, D]",
+        )
+    seq, dim = q.shape
+    return Problem(seq=_check_positive("S", seq), dim=_check_positive("D", dim))

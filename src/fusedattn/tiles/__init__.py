@@ -1,0 +1,1 @@
+"""Tile-level kernels written in Triton (the chapter's Triton route)."""

@@ -1,0 +1,162 @@
+"""The registry: every version of attention forward that fusedattn can run.
+
+CLI, benchmarks, plots and tests read `VERSIONS`; adding a version touches only its module
+and one `register(...)` call here.
+
+A version knows its route, a one-line description, the kernels its timed region launches,
+its limits, and how to allocate its own buffers: `prepare(q, k, v, problem)` allocates
+exactly what the version uses (the online versions allocate no S x S array) and returns a
+`Prepared` whose `call()` performs exactly the timed launches.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from fusedattn.problem import MAX_ROW_DIM, Limits, Problem, ProblemError
+
+ROUTES = {
+    "simt": "thread-level, numba.cuda API (the chapter's HIP route)",
+    "tiles": "tile-level, Triton (the chapter's Triton route)",
+    "peer": "not ours: PyTorch, for comparison",
+}
+
+ROW_LIMITS = Limits(max_dim=MAX_ROW_DIM, note="the chapter's validated range for the row kernels")
+
+
+@dataclass
+class Prepared:
+    """A version bound to its inputs and its own buffers."""
+
+    call: Callable[[], object]           # exactly the timed launches; writes `out`
+    out: torch.Tensor                    # `[S, D]` float32
+    buffers: dict[str, torch.Tensor]     # everything the version allocated, `out` included
+    resources: Callable[[], list[dict]]  # per-kernel resource fields (after one call)
+
+
+@dataclass(frozen=True)
+class Version:
+    name: str
+    route: str
+    description: str
+    launches: tuple[str, ...]  # the kernels inside the timed region, in order
+    module: str                # the module holding its kernels (hashed into evidence)
+    prepare_fn: Callable[..., Prepared] = field(repr=False)
+    limits: Limits = Limits()
+
+    def prepare(self, q, k, v, problem: Problem) -> Prepared:
+        self.limits.check(self.name, problem)
+        return self.prepare_fn(q, k, v, problem)
+
+    def source_file(self) -> Path:
+        return Path(inspect.getfile(importlib.import_module(self.module)))
+
+
+VERSIONS: dict[str, Version] = {}
+
+
+def register(version: Version) -> Version:
+    if version.route not in ROUTES:
+        raise ValueError(f"unknown route {version.route!r}")
+    VERSIONS[version.name] = version
+    return version
+
+
+def select(spec: str) -> list[Version]:
+    """`all` or a comma-separated list of names -> versions, in registry order for `all`."""
+    if spec == "all":
+        return list(VERSIONS.values())
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in VERSIONS]
+    if unknown or not names:
+        raise ProblemError("version", spec, "all, or a comma-separated list of: "
+                           + ", ".join(VERSIONS))
+    return [VERSIONS[n] for n in dict.fromkeys(names)]
+
+
+# --- thread-level (numba.cuda) -------------------------------------------------------------
+
+def _prepare_simt(module: str, launcher: str):
+    def prepare(q, k, v, problem: Problem) -> Prepared:
+        from fusedattn.simt._launch import resource_fields
+
+        mod = importlib.import_module(module)
+        bufs = mod.allocate(q)
+        fn = getattr(mod, launcher)
+        last: list = []
+
+        def call():
+            last[:] = fn(q, k, v, bufs, block=problem.block)
+
+        return Prepared(call, bufs["out"], bufs, lambda: resource_fields(last))
+
+    return prepare
+
+
+register(Version(
+    "materialized", "simt",
+    "3 launches: scores [S,S] -> row softmax P [S,S] -> P.V; S x S arrays in global memory",
+    ("scores", "softmax_rows", "pv"), "fusedattn.simt.materialized",
+    _prepare_simt("fusedattn.simt.materialized", "materialized_attention"), ROW_LIMITS,
+))
+register(Version(
+    "online", "simt",
+    "1 launch: one block per query row, online softmax key by key, barriers per key",
+    ("online_rows",), "fusedattn.simt.online",
+    _prepare_simt("fusedattn.simt.online", "online_attention"), ROW_LIMITS,
+))
+
+
+# --- tile-level (Triton) -------------------------------------------------------------------
+
+def _prepare_rows(block_k: int):
+    def prepare(q, k, v, problem: Problem) -> Prepared:
+        from fusedattn.tiles.rows import rows_attention, triton_resources
+
+        out = torch.empty_like(q)
+        last: list = [None]
+
+        def call():
+            last[0] = rows_attention(q, k, v, block_k=block_k, out=out)[1]
+
+        return Prepared(call, out, {"out": out},
+                        lambda: [triton_resources(last[0], "rows_fwd", q.shape[0])])
+
+    return prepare
+
+
+for _name, _bk in (("t0", 16), ("t1", 32)):
+    register(Version(
+        _name, "tiles",
+        f"1 launch: one program per query row, online softmax over BLOCK_K={_bk} key tiles",
+        ("rows_fwd",), "fusedattn.tiles.rows", _prepare_rows(_bk), ROW_LIMITS,
+    ))
+
+
+# --- peers ---------------------------------------------------------------------------------
+
+def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
+    # float32 GEMMs without TF32, so the peer computes what ours compute.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    seq = q.shape[0]
+    scores = torch.empty((seq, seq), dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
+
+    def call():
+        torch.addmm(scores, q, k.T, beta=0.0, alpha=problem.scale, out=scores)  # scale fused
+        torch.mm(torch.softmax(scores, dim=-1), v, out=out)  # softmax allocates P [S, S]
+
+    return Prepared(call, out, {"scores": scores, "out": out}, lambda: [])
+
+
+register(Version(
+    "torch-eager", "peer",
+    "PyTorch: addmm (scaled QK^T) + softmax + mm, float32, TF32 off",
+    ("addmm", "softmax", "mm"), "fusedattn.versions", _prepare_eager,
+))
