@@ -40,5 +40,5 @@ DEVICE: torch.device = torch.device("cpu" if EMULATION else "cuda")
 def describe() -> str:
     """One line for tables and records."""
     if EMULATION:
-        return "emulation (Triton interpreter + numba CUDA simulator on the CPU): logic only, no times"
+        return "emulation (Triton interpreter + numba CUDA simulator on CPU): logic only, no times"
     return f"GPU: {torch.cuda.get_device_name()}"
