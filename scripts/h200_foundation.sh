@@ -3,7 +3,7 @@
 # boundary shapes, and graph-mode timing; every record into $OUT/results.tgz.
 # Run from the repo root with PYTHONPATH=src (and numpy<2.5 first on the path).
 set -u
-W=${OUT:-/tmp/out}/work; mkdir -p "$W"
+W=/tmp/fusedattn-work; mkdir -p "$W"
 python3 - <<'PY'
 import torch, triton, numba, numpy
 from importlib.metadata import version
@@ -11,7 +11,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "numba", numba._
       "numba-cuda", version("numba-cuda"), "numpy", numpy.__version__, torch.cuda.get_device_name())
 PY
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-run() { python3 -m fusedattn run "$@" 2>&1 | tee -a "$W/log.txt"; echo "rc=$?" | tee -a "$W/log.txt"; }
+run() { python3 -m fusedattn run "$@" 2>&1 | tee -a "$W/log.txt"; echo "rc=${PIPESTATUS[0]}" | tee -a "$W/log.txt"; }
 for inputs in uniform normal; do
   run --version all --seq 128 --dim 64 --block 256 --inputs $inputs --json "$W/main_$inputs.json"
 done

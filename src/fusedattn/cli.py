@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.evidence import environment, write_json
     from fusedattn.inputs import make_inputs
     from fusedattn.reference import attention_ref
-    from fusedattn.versions import select
+    from fusedattn.versions import VERSIONS, select
 
     versions = select(args.version)
     problem = _problem(args, console)
@@ -92,11 +92,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
     ref = attention_ref(*inputs)
 
-    records = []
+    records, failures = [], {}
     with console.status("running…") as status:
         for v in versions:
             status.update(f"{v.name}: verify" + ("" if mode.EMULATION else " + time"))
-            records.append(measure(v, problem, settings, inputs, ref))
+            try:
+                records.append(measure(v, problem, settings, inputs, ref))
+            except ProblemError:
+                raise
+            except Exception as exc:  # a kernel that fails to compile or launch: one row
+                failures[v.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
     table = Table(title=f"attention forward {problem.label()} float32, block {problem.block}, "
                         f"inputs {settings.inputs} seed {settings.seed} — {mode.describe()}")
@@ -112,6 +117,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         table.add_row(r.version, r.route, f"{err:.2e}", verdict,
                       _fmt(t.get("median_ms"), ".4f"), _fmt(t.get("min_ms"), ".4f"),
                       _fmt(t.get("max_ms"), ".4f"), _fmt(t.get("host_us_median"), ".1f"))
+    for name, why in failures.items():
+        table.add_row(name, VERSIONS[name].route, "—", f"ERROR: {why}", "—", "—", "—", "—")
     console.print(table)
     if mode.EMULATION:
         console.print("emulation: results verified, no times (emulation proves logic, not speed)")
@@ -121,9 +128,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                       f"repeat {settings.repeat}; host µs/call is the launch cost on the CPU")
     if args.json is not None:
         write_json(args.json, {"environment": environment(), "problem": problem.__dict__,
-                               "records": [r.to_dict() for r in records]})
+                               "records": [r.to_dict() for r in records],
+                               "errors": failures})
         console.print(f"records written to {args.json}")
-    return 0 if all(r.ok for r in records) else 1
+    return 0 if all(r.ok for r in records) and not failures else 1
 
 
 COMMANDS = {"run": cmd_run}

@@ -1,0 +1,55 @@
+import torch
+
+from fusedattn.verify import TOLERANCE, check, poison
+
+
+def _pair():
+    ref = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
+    return ref.to(torch.float32), ref
+
+
+def test_exact_result_passes():
+    out, ref = _pair()
+    result = check(out, ref)
+    assert result.ok and result.max_abs < 1e-7 and result.reasons == ()
+
+
+def test_poisoned_output_is_unwritten_not_nan():
+    out, ref = _pair()
+    poison(out)
+    result = check(out, ref)
+    assert not result.ok
+    assert result.n_unwritten == 12 and result.n_nan == 0
+
+
+def test_one_unwritten_element_fails_whatever_the_error():
+    out, ref = _pair()
+    poison(out[1:2, 2:3])
+    result = check(out, ref)
+    assert not result.ok and result.n_unwritten == 1 and result.max_abs < 1e-7
+
+
+def test_a_computed_nan_fails_even_though_max_error_is_tiny():
+    # The chapter's HIP check took std::max over errors, which NaN slips through.
+    out, ref = _pair()
+    out[2, 3] = float("nan")
+    result = check(out, ref)
+    assert not result.ok and result.n_nan == 1 and result.n_unwritten == 0
+
+
+def test_inf_fails():
+    out, ref = _pair()
+    out[0, 0] = float("inf")
+    assert check(out, ref).n_inf == 1 and not check(out, ref).ok
+
+
+def test_error_at_the_tolerance_fails_and_says_where():
+    out, ref = _pair()
+    out[2, 1] += TOLERANCE[torch.float32] * 1.5
+    result = check(out, ref)
+    assert not result.ok and result.where == (2, 1)
+    assert result.max_abs >= TOLERANCE[torch.float32]
+
+
+def test_float32_tolerance_is_the_chapters_bound():
+    assert TOLERANCE[torch.float32] == 2e-4
