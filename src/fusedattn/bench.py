@@ -81,3 +81,24 @@ def measure(version: Version, problem: Problem, settings: Settings,
         after = check(prepared.out, ref)
     return Record(version.name, version.route, problem.seq, problem.dim, problem.block,
                   asdict(settings), before, after, timing, prepared.resources())
+
+
+def measure_peak(version: Version, problem: Problem, settings: Settings) -> dict:
+    """Peak device memory of one call, meant for a fresh process (GPU only).
+
+    Every buffer is a torch tensor, so torch's allocator statistics see them all:
+    `baseline_bytes` is what the inputs occupy, `peak_bytes` the high-water mark of one
+    prepare + call, `version_bytes` the difference (the version's own buffers and
+    temporaries).
+    """
+    if EMULATION:
+        return {"peak_bytes": None, "baseline_bytes": None, "version_bytes": None}
+    inputs = make_inputs(problem, settings.inputs, settings.seed, DEVICE)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated()
+    prepared = version.prepare(*inputs, problem)
+    prepared.call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return {"peak_bytes": peak, "baseline_bytes": baseline, "version_bytes": peak - baseline}

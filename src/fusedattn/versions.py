@@ -49,6 +49,13 @@ class Version:
     module: str                # the module holding its kernels (hashed into evidence)
     prepare_fn: Callable[..., Prepared] = field(repr=False)
     limits: Limits = Limits()
+    intermediates: int = 0  # S x S float32 arrays written once and read once (chapter 12.2)
+
+    def intermediate_models(self, seq: int) -> dict[str, int]:
+        """The chapter's two models: capacity n*S^2*4 bytes; traffic (write once, read once)
+        n*S^2*8 bytes, i.e. 16*S^2 for the two arrays of the materialized pipeline."""
+        return {"capacity_bytes": self.intermediates * seq * seq * 4,
+                "traffic_bytes": self.intermediates * seq * seq * 8}
 
     def prepare(self, q, k, v, problem: Problem) -> Prepared:
         self.limits.check(self.name, problem)
@@ -104,6 +111,7 @@ register(Version(
     "3 launches: scores [S,S] -> row softmax P [S,S] -> P.V; S x S arrays in global memory",
     ("scores", "softmax_rows", "pv"), "fusedattn.simt.materialized",
     _prepare_simt("fusedattn.simt.materialized", "materialized_attention"), ROW_LIMITS,
+    intermediates=2,
 ))
 register(Version(
     "online", "simt",
@@ -158,5 +166,5 @@ def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
 register(Version(
     "torch-eager", "peer",
     "PyTorch: addmm (scaled QK^T) + softmax + mm, float32, TF32 off",
-    ("addmm", "softmax", "mm"), "fusedattn.versions", _prepare_eager,
+    ("addmm", "softmax", "mm"), "fusedattn.versions", _prepare_eager, intermediates=2,
 ))

@@ -1,0 +1,92 @@
+"""Figures, drawn only from a run's summary.csv (never from memory of the run).
+
+- `bars.{png,svg}`: the chapter's bar chart, one bar per version at the main shape, the
+  median of per-process medians with the process range as an error bar;
+- `sweep.{png,svg}`: for a `--seq` sweep, GPU time and peak memory against S, log axes,
+  with the chapter's intermediate-capacity model beside the measured peaks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no screen needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fusedattn.runall import read_summary  # noqa: E402
+
+
+def _caption(rows: list[dict]) -> str:
+    r = rows[0]
+    return (f"{r['gpu'] or 'emulation'} · driver {r['driver'] or '—'} · torch {r['torch']} · "
+            f"triton {r['triton']} · {r['date'][:10]} · inputs {r['inputs']} seed {r['seed']} · "
+            f"{r['timing_mode']} timing, warmup {r['warmup']}, repeat {r['repeat']} · "
+            f"commit {(r['git_commit'] or '')[:10]}")
+
+
+def _save(fig, out_dir: Path, stem: str) -> list[Path]:
+    paths = [out_dir / f"{stem}.{ext}" for ext in ("png", "svg")]
+    for p in paths:
+        fig.savefig(p, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def draw(summary: Path, out_dir: Path | None = None) -> list[Path]:
+    """Draw every figure the summary supports; returns the files written."""
+    rows = read_summary(summary)
+    out_dir = out_dir or summary.parent
+    timed = [r for r in rows if r["suite"] == "main" and r["metric"] == "gpu_ms"]
+    if not timed:
+        return []  # emulation: nothing was timed, so there is nothing to draw
+    written = []
+    seqs = sorted({int(r["seq"]) for r in timed})
+    main_seq = 128 if 128 in seqs else seqs[0]
+    bars = [r for r in timed if int(r["seq"]) == main_seq]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    med = [float(r["median"]) for r in bars]
+    err = [[m - float(r["range_low"]) for m, r in zip(med, bars, strict=True)],
+           [float(r["range_high"]) - m for m, r in zip(med, bars, strict=True)]]
+    ax.bar([r["version"] for r in bars], med, yerr=err, capsize=4,
+           color=["C0" if r["route"] == "simt" else "C1" if r["route"] == "tiles" else "C7"
+                  for r in bars])
+    for i, m in enumerate(med):
+        ax.annotate(f"{m:.4f}", (i, m), ha="center", va="bottom", fontsize=8,
+                    xytext=(0, 3), textcoords="offset points")
+    ax.set_ylabel("GPU ms (median of per-process medians)")
+    ax.set_title(f"attention forward, S={main_seq}, D={bars[0]['dim']}, float32 — "
+                 f"{bars[0]['processes']} processes, bar = process range")
+    fig.text(0.01, -0.04, _caption(bars), fontsize=6)
+    written += _save(fig, out_dir, "bars")
+
+    if len(seqs) > 1:
+        fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+        peaks = [r for r in rows if r["suite"] == "main" and r["metric"] == "peak_bytes"]
+        model = [r for r in rows if r["suite"] == "main" and r["metric"] == "capacity_model_bytes"
+                 and float(r["median"]) > 0]
+        for name in dict.fromkeys(r["version"] for r in timed):
+            mine = sorted((int(r["seq"]), float(r["median"])) for r in timed
+                          if r["version"] == name)
+            ax_t.plot(*zip(*mine, strict=True), marker="o", label=name)
+            mem = sorted((int(r["seq"]), float(r["median"]) / 2**20) for r in peaks
+                         if r["version"] == name)
+            if mem:
+                ax_m.plot(*zip(*mem, strict=True), marker="o", label=name)
+        if model:
+            first = model[0]["version"]
+            cap = sorted((int(r["seq"]), float(r["median"]) / 2**20) for r in model
+                         if r["version"] == first)
+            ax_m.plot(*zip(*cap, strict=True), "k--", label="model 2·S²·4 B (Scores+P)")
+        for ax, label in ((ax_t, "GPU ms"), (ax_m, "peak device memory of one call, MiB")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("S (sequence length)")
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.3)
+        ax_t.legend(fontsize=7)
+        ax_m.legend(fontsize=7)
+        fig.text(0.01, -0.04, _caption(timed), fontsize=6)
+        written += _save(fig, out_dir, "sweep")
+    return written
