@@ -31,6 +31,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
+    if text.strip().lower() in ("", "none"):
+        return []
     try:
         return [tuple(int(x) for x in t.lower().split("x")) for t in text.split(",")]
     except ValueError:
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="main S, or a comma-separated sweep, e.g. 128,1024,16384 (default 128)")
     ra.add_argument("--processes", type=_int, default=3, help="independent processes")
     ra.add_argument("--boundary", type=_shapes, default="1x1,7x13,33x31,65x33",
-                    help="boundary shapes SxD, verified before and after timing")
+                    help="boundary shapes SxD, verified before and after timing; none to skip")
     ra.add_argument("--out", type=Path, default=Path("evidence"),
                     help="base folder; the run goes to OUT/<gpu>/<timestamp>/")
     ra.add_argument("--resume", type=Path, help="a run folder to complete (same options)")
