@@ -41,7 +41,18 @@ def _version(pkg: str) -> str | None:
 
 
 def environment() -> dict:
-    """GPU, driver, package versions, git commit and dirty flag, date, mode."""
+    """GPU, driver, package versions, git commit and dirty flag, date, mode.
+
+    Where the tree was copied without its .git (the device machine), the commit and dirty
+    flag come from FUSEDATTN_GIT_COMMIT / FUSEDATTN_GIT_DIRTY, set by whoever sent the tree.
+    """
+    commit = _git("rev-parse", "HEAD")
+    if commit is not None:
+        dirty: bool | None = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    else:
+        commit = os.environ.get("FUSEDATTN_GIT_COMMIT")
+        flag = os.environ.get("FUSEDATTN_GIT_DIRTY")
+        dirty = None if flag is None else flag == "1"
     env = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "mode": "emulation" if EMULATION else "gpu",
@@ -51,8 +62,8 @@ def environment() -> dict:
         "numba": _version("numba"),
         "numba_cuda": _version("numba-cuda"),
         "numpy": _version("numpy"),
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "gpu": None,
         "driver": None,
         "cuda_runtime": torch.version.cuda,
