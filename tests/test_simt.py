@@ -75,7 +75,14 @@ def test_each_version_allocates_only_what_it_uses(qkv):
     assert mat["scores"].shape == mat["p"].shape == (9, 9)
 
 
-def test_barrier_count_formula():
-    # 1 init + per key: 1 after partials, log2(block) tree levels, 1 publish, 1 before reuse
-    assert online.barriers_per_row(seq=128, block=256) == 1 + 128 * 11
-    assert online.barriers_per_row(seq=1, block=32) == 1 + 8
+def test_barrier_counts_in_the_registry_match_the_kernels():
+    from fusedattn.problem import Problem
+    from fusedattn.versions import VERSIONS
+
+    p = Problem(128, 64, 256)
+    (online_rows,) = VERSIONS["online"].launches
+    # 1 init + per key: 1 after partials, log2(256)=8 tree levels, 1 publish, 1 before reuse
+    assert online_rows.barriers(p) == 1 + 128 * 11
+    scores, softmax, pv = VERSIONS["materialized"].launches
+    assert (scores.barriers(p), softmax.barriers(p), pv.barriers(p)) == (0, 19, 0)
+    assert softmax.barriers(Problem(128, 64, 32)) == 3 + 2 * 5

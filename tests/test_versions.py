@@ -8,6 +8,7 @@ def test_registry_entries_are_complete():
     assert {"materialized", "online", "t0", "t1", "torch-eager"} <= set(VERSIONS)
     for v in VERSIONS.values():
         assert v.route in ROUTES and v.description and v.launches
+        assert all(k.reads and k.writes for k in v.launches)
         assert v.source_file().is_file()
 
 

@@ -76,6 +76,29 @@ def build_parser() -> argparse.ArgumentParser:
                     help="base folder; the run goes to OUT/<gpu>/<timestamp>/")
     ra.add_argument("--resume", type=Path, help="a run folder to complete (same options)")
 
+    pr = sub.add_parser("profile", help="resource fields of every kernel; --ncu for counters")
+    pr.add_argument("--version", default="all")
+    pr.add_argument("--seq", type=_int, help="S (GPU default 128)")
+    pr.add_argument("--dim", type=_int, help="D (GPU default 64)")
+    pr.add_argument("--block", type=_int, help="threads per block (GPU default 256)")
+    pr.add_argument("--ncu", action="store_true",
+                    help="also run each version under Nsight Compute (--clock-control none)")
+    pr.add_argument("--out", type=Path, default=Path("evidence"),
+                    help="base folder; CSVs go to OUT/<gpu>/<timestamp>-profile/")
+
+    cr = sub.add_parser("check-races", help="compute-sanitizer racecheck/synccheck/memcheck/"
+                        "initcheck on every kernel, and the planted barrier bug")
+    cr.add_argument("--version", default="all")
+    cr.add_argument("--seq", type=_int, default=65, help="S (default 65: a partial tile)")
+    cr.add_argument("--dim", type=_int, default=33, help="D (default 33: past one warp)")
+    cr.add_argument("--block", type=_int, default=64, help="threads per block (two warps)")
+    cr.add_argument("--tools", default=",".join(("racecheck", "synccheck", "memcheck",
+                                                 "initcheck")))
+    cr.add_argument("--no-planted", action="store_true",
+                    help="skip the planted missing-barrier variant")
+    cr.add_argument("--out", type=Path, default=Path("evidence"),
+                    help="base folder; CSV and raw reports go to OUT/<gpu>/<timestamp>-races/")
+
     pl = sub.add_parser("plot", help="redraw the figures of a run folder from its summary.csv")
     pl.add_argument("run_dir", type=Path)
     return parser
@@ -256,7 +279,150 @@ def cmd_plot(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot}
+def _stamp_dir(base: Path, suffix: str) -> Path:
+    from fusedattn.evidence import environment
+    from fusedattn.runall import run_dir_for
+
+    d = run_dir_for(base, environment())
+    return d.with_name(d.name + suffix)
+
+
+def _write_rows_csv(path: Path, rows: list[dict]) -> None:
+    import csv
+    import io
+
+    from fusedattn.evidence import write_atomic
+
+    buf = io.StringIO()
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, buf.getvalue())
+
+
+def cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.evidence import environment, write_json
+    from fusedattn.profile import resource_rows, run_ncu
+    from fusedattn.versions import select
+
+    versions = select(args.version)
+    problem = _problem(args, console)
+    for v in versions:
+        v.limits.check(v.name, problem)
+    if args.ncu and mode.EMULATION:
+        raise ProblemError("ncu", "emulation", "a CUDA GPU: Nsight Compute reads hardware "
+                           "counters of real kernels")
+    rows = [r for v in versions for r in resource_rows(v.name, problem)]
+    table = Table(title=f"kernels at {problem.label()}, block {problem.block} — "
+                        f"{mode.describe()}")
+    cols = ("version", "kernel", "grid", "block", "regs", "smem static+dyn", "local B",
+            "warps/stages", "occupancy", "reads → writes", "barriers/block")
+    for c in cols:
+        table.add_column(c, no_wrap=True)
+    gpu_only = "needs a GPU"
+    for r in rows:
+        smem = ("—" if r["static_shared_bytes"] is None and not r["measured"] else
+                f"{r['static_shared_bytes'] if r['static_shared_bytes'] is not None else '?'}"
+                f"+{r['dynamic_shared_bytes'] or 0}")
+        table.add_row(
+            r["version"], r["kernel"], _fmt(r["grid"], "d"), _fmt(r["block"], "d"),
+            gpu_only if r["regs_per_thread"] is None and mode.EMULATION
+            else _fmt(r["regs_per_thread"], "d"),
+            smem, _fmt(r["local_bytes_per_thread"], "d"),
+            f"{r['num_warps']}/{r['num_stages']}" if r["num_warps"] else "—",
+            gpu_only if mode.EMULATION else _fmt(r["occupancy"], ".0%"),
+            f"{r['reads']} → {r['writes']}",
+            "—" if r["barriers_per_block"] is None else str(r["barriers_per_block"]))
+    console.print(table)
+    if mode.EMULATION:
+        console.print("emulation knows grids, blocks, dynamic shared memory, buffers and "
+                      "barrier counts; registers, static shared memory, spills and occupancy "
+                      "need a GPU (the compiled kernel)")
+    out_dir = _stamp_dir(args.out, "-profile")
+    ncu_rows = []
+    if args.ncu:
+        for v in versions:
+            with console.status(f"ncu: {v.name}"):
+                parsed, raw = run_ncu(v.name, problem)
+            ncu_rows += [dict(version=v.name, **r) for r in parsed]
+            if not parsed:
+                console.print(f"[red]ncu gave no rows for {v.name}:[/] "
+                              + " | ".join(raw.strip().splitlines()[-3:]))
+        t2 = Table(title="Nsight Compute (--clock-control none)")
+        for c in ("version", "kernel", "duration", "DRAM read", "DRAM write",
+                  "achieved occ %", "SM thru %", "barrier stall %"):
+            t2.add_column(c, no_wrap=True)
+        for r in ncu_rows:
+            t2.add_row(r["version"], r["kernel"][:40],
+                       f"{_fmt(r.get('duration'), '.0f')} {r.get('duration_unit', '')}",
+                       f"{_fmt(r.get('dram_read'), '.0f')} {r.get('dram_read_unit', '')}",
+                       f"{_fmt(r.get('dram_write'), '.0f')} {r.get('dram_write_unit', '')}",
+                       _fmt(r.get("achieved_occupancy_pct"), ".1f"),
+                       _fmt(r.get("sm_throughput_pct"), ".1f"),
+                       _fmt(r.get("barrier_stall_pct"), ".1f"))
+        console.print(t2)
+    _write_rows_csv(out_dir / "resources.csv", rows)
+    if ncu_rows:
+        _write_rows_csv(out_dir / "ncu.csv", ncu_rows)
+    write_json(out_dir / "environment.json", environment() | {
+        "command": "fusedattn " + " ".join(sys.argv[1:]), "problem": problem.__dict__})
+    console.print(f"written: {out_dir}")
+    return 0
+
+
+def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.evidence import environment, write_atomic, write_json
+    from fusedattn.profile import PLANTED, SANITIZER_TOOLS, kernel_verdicts, run_sanitizer
+    from fusedattn.versions import select
+
+    versions = select(args.version)
+    problem = Problem(args.seq, args.dim, args.block)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    bad = [t for t in tools if t not in SANITIZER_TOOLS]
+    if bad or not tools:
+        raise ProblemError("tools", args.tools, "a comma-separated subset of "
+                           + ", ".join(SANITIZER_TOOLS))
+    for v in versions:
+        v.limits.check(v.name, problem)
+    if mode.EMULATION:
+        raise ProblemError("check-races", "emulation", "a CUDA GPU: compute-sanitizer checks "
+                           "real kernels")
+    jobs = [(v.name, v.route, t, False) for v in versions for t in tools
+            if t in ("memcheck", "initcheck") or v.route != "peer"]
+    if not args.no_planted and "racecheck" in tools:
+        jobs.append((PLANTED, "simt", "racecheck", True))
+    out_dir = _stamp_dir(args.out, "-races")
+    rows = []
+    for name, route, tool, planted in jobs:
+        with console.status(f"{tool}: {name}"):
+            report, raw = run_sanitizer(tool, name, problem, planted)
+        write_atomic(out_dir / f"{name}.{tool}.txt", raw)
+        for kernel, word in kernel_verdicts(route, report, planted).items():
+            rows.append({"version": name, "kernel": kernel, "tool": tool,
+                         "errors": report.errors, "hazards": report.hazards,
+                         "findings_in_kernel": report.kernels.get(kernel, 0),
+                         "findings_elsewhere": report.other, "verdict": word})
+    table = Table(title=f"compute-sanitizer at {problem.label()}, block {problem.block}")
+    for c in ("version", "kernel", "tool", "errors", "hazards", "in kernel", "elsewhere",
+              "verdict"):
+        table.add_column(c, no_wrap=True)
+    for r in rows:
+        table.add_row(r["version"], r["kernel"], r["tool"], _fmt(r["errors"], "d"),
+                      _fmt(r["hazards"], "d"), str(r["findings_in_kernel"]),
+                      str(r["findings_elsewhere"]), r["verdict"])
+    console.print(table)
+    _write_rows_csv(out_dir / "races.csv", rows)
+    write_json(out_dir / "environment.json", environment() | {
+        "command": "fusedattn " + " ".join(sys.argv[1:]), "problem": problem.__dict__})
+    console.print(f"written: {out_dir}")
+    ok = all(r["verdict"] in ("clean", "caught") or r["verdict"].startswith("advisory")
+             for r in rows)
+    return 0 if ok else 1
+
+
+COMMANDS = {"run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot,
+            "profile": cmd_profile, "check-races": cmd_check_races}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,19 @@ ROUTES = {
 ROW_LIMITS = Limits(max_dim=MAX_ROW_DIM, note="the chapter's validated range for the row kernels")
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """One launch inside a version's timed region: which buffers it reads and writes, and how
+    many block-level barriers one block executes (None: none written by us to count, e.g.
+    those a compiler inserts for cross-warp reductions, or a library's kernel)."""
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    barriers: Callable[[Problem], int] | None = field(default=None, repr=False)
+    barriers_note: str = ""
+
+
 @dataclass
 class Prepared:
     """A version bound to its inputs and its own buffers."""
@@ -45,7 +58,7 @@ class Version:
     name: str
     route: str
     description: str
-    launches: tuple[str, ...]  # the kernels inside the timed region, in order
+    launches: tuple[Kernel, ...]  # the kernels inside the timed region, in order
     module: str                # the module holding its kernels (hashed into evidence)
     prepare_fn: Callable[..., Prepared] = field(repr=False)
     limits: Limits = Limits()
@@ -106,17 +119,29 @@ def _prepare_simt(module: str, launcher: str):
     return prepare
 
 
+def _log2(n: int) -> int:
+    return n.bit_length() - 1
+
+
 register(Version(
     "materialized", "simt",
     "3 launches: scores [S,S] -> row softmax P [S,S] -> P.V; S x S arrays in global memory",
-    ("scores", "softmax_rows", "pv"), "fusedattn.simt.materialized",
+    (Kernel("scores", ("Q", "K"), ("Scores",), lambda p: 0, "one thread per (i, j)"),
+     # per row: partial max, log2(B) max levels, the read-the-max wait, partial sum, log2(B)
+     Kernel("softmax_rows", ("Scores",), ("P",), lambda p: 3 + 2 * _log2(p.block),
+            "per block (= per query row): 3 + 2*log2(block)"),
+     Kernel("pv", ("P", "V"), ("O",), lambda p: 0, "one thread per (i, d)")),
+    "fusedattn.simt.materialized",
     _prepare_simt("fusedattn.simt.materialized", "materialized_attention"), ROW_LIMITS,
     intermediates=2,
 ))
 register(Version(
     "online", "simt",
     "1 launch: one block per query row, online softmax key by key, barriers per key",
-    ("online_rows",), "fusedattn.simt.online",
+    (Kernel("online_rows", ("Q", "K", "V"), ("O",),
+            lambda p: 1 + p.seq * (3 + _log2(p.block)),
+            "per block (= per query row): 1 + S*(3 + log2(block))"),),
+    "fusedattn.simt.online",
     _prepare_simt("fusedattn.simt.online", "online_attention"), ROW_LIMITS,
 ))
 
@@ -143,7 +168,9 @@ for _name, _bk in (("t0", 16), ("t1", 32)):
     register(Version(
         _name, "tiles",
         f"1 launch: one program per query row, online softmax over BLOCK_K={_bk} key tiles",
-        ("rows_fwd",), "fusedattn.tiles.rows", _prepare_rows(_bk), ROW_LIMITS,
+        (Kernel("rows_fwd", ("Q", "K", "V"), ("O",), None,
+                "inserted by Triton for cross-warp tl.sum/tl.max; not counted"),),
+        "fusedattn.tiles.rows", _prepare_rows(_bk), ROW_LIMITS,
     ))
 
 
@@ -166,5 +193,7 @@ def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
 register(Version(
     "torch-eager", "peer",
     "PyTorch: addmm (scaled QK^T) + softmax + mm, float32, TF32 off",
-    ("addmm", "softmax", "mm"), "fusedattn.versions", _prepare_eager, intermediates=2,
+    (Kernel("addmm", ("Q", "K"), ("Scores",)), Kernel("softmax", ("Scores",), ("P",)),
+     Kernel("mm", ("P", "V"), ("O",))),
+    "fusedattn.versions", _prepare_eager, intermediates=2,
 ))

@@ -96,6 +96,12 @@ def _make_softmax_kernel(read_barrier: bool):
 _softmax_rows_kernel = _make_softmax_kernel(read_barrier=True)
 
 
+def planted_softmax_kernel():
+    """The chapter's historical bug, for `fusedattn check-races` and its tests only: the row
+    softmax without the wait between reading the max and reusing `red` for the sum."""
+    return _make_softmax_kernel(read_barrier=False)
+
+
 @cuda.jit
 def _pv_kernel(p, v, out):
     i = cuda.grid(1)

@@ -85,11 +85,6 @@ def _online_rows_kernel(q, k, v, out, scale):
         out[row, d] = numerator[d] / state[1]
 
 
-def barriers_per_row(seq: int, block: int) -> int:
-    """Block-level barriers one query row executes (see the module docstring)."""
-    return 1 + seq * (1 + int(math.log2(block)) + 2)
-
-
 def allocate(q: torch.Tensor) -> dict[str, torch.Tensor]:
     """The buffers this version needs: only O `[S, D]` float32, no S x S array."""
     return {"out": torch.empty_like(q)}
