@@ -38,6 +38,7 @@ class Record:
     seq: int
     dim: int
     block: int
+    causal: bool
     settings: dict
     before: Check
     after: Check | None    # None in emulation (no timed runs)
@@ -67,7 +68,7 @@ def measure(version: Version, problem: Problem, settings: Settings,
         inputs = make_inputs(problem, settings.inputs, settings.seed, DEVICE)
     q, k, v = inputs
     if ref is None:
-        ref = attention_ref(q, k, v)
+        ref = attention_ref(q, k, v, causal=problem.causal)
     prepared = version.prepare(q, k, v, problem)
     poison(prepared.out)
     prepared.call()
@@ -80,7 +81,7 @@ def measure(version: Version, problem: Problem, settings: Settings,
                           mode=settings.timing).to_dict()
         after = check(prepared.out, ref)
     return Record(version.name, version.route, problem.seq, problem.dim, problem.block,
-                  asdict(settings), before, after, timing, prepared.resources())
+                  problem.causal, asdict(settings), before, after, timing, prepared.resources())
 
 
 def measure_peak(version: Version, problem: Problem, settings: Settings) -> dict:

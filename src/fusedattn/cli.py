@@ -55,6 +55,7 @@ def _common(p: argparse.ArgumentParser, warmup: int, repeat: int) -> None:
     p.add_argument("--seed", type=_int, default=0)
     p.add_argument("--inputs", default="uniform", help="|".join(PROTOCOLS))
     p.add_argument("--timing", default="events", help="|".join(MODES))
+    p.add_argument("--causal", action="store_true", help="mask key j > i (exercise 5)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +100,28 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--out", type=Path, default=Path("evidence"),
                     help="base folder; CSV and raw reports go to OUT/<gpu>/<timestamp>-races/")
 
+    wk = sub.add_parser("walkthrough", help="the online recurrence on one row, key by key")
+    wk.add_argument("--scores", default="2,1,4", help="one query row's scores (default: the "
+                    "chapter's 2,1,4)")
+    wk.add_argument("--values", default="1,0;0,2;3,1",
+                    help="V rows, ';' between rows (default: the chapter's 1,0;0,2;3,1)")
+    wk.add_argument("--order", help="exercise 2: the same scores in another order, e.g. 4,2,1")
+    wk.add_argument("--forget-rescale", action="store_true",
+                    help="exercise 1: do not rescale the old accumulator")
+    wk.add_argument("--figure", type=Path, help="small multiples of the steps (.png or .svg)")
+
+    mk = sub.add_parser("masks", help="exercise 3: the per-iteration key masks of a row kernel")
+    mk.add_argument("--seq", type=_int, default=33)
+    mk.add_argument("--block-k", type=_int, default=16)
+    mk.add_argument("--figure", type=Path, help="the masks as a picture (.png or .svg)")
+
+    sw = sub.add_parser("sweep", help="exercise 4: one row version at several BLOCK_K")
+    _common(sw, warmup=10, repeat=50)
+    sw.add_argument("--seq", type=_int, help="S (GPU default 128)")
+    sw.add_argument("--block-k", type=_int_list, default=[16, 32, 64, 128])
+    sw.add_argument("--out", type=Path, default=Path("evidence"),
+                    help="base folder; CSV and plot go to OUT/<gpu>/<timestamp>-sweep/")
+
     pl = sub.add_parser("plot", help="redraw the figures of a run folder from its summary.csv")
     pl.add_argument("run_dir", type=Path)
     return parser
@@ -113,7 +136,8 @@ def _problem(args: argparse.Namespace, console: Console, seq: int | None = None)
         console.print(f"[yellow]emulation (no GPU): using the small default "
                       f"{defaults['seq']}x{defaults['dim']}, block {defaults['block']}; "
                       f"the chapter's problem is 128x64, block 256[/]")
-    return Problem(**{key: defaults[key] if v is None else v for key, v in chosen.items()})
+    return Problem(**{key: defaults[key] if v is None else v for key, v in chosen.items()},
+                   causal=getattr(args, "causal", False))
 
 
 def _check_counts(args: argparse.Namespace) -> None:
@@ -152,7 +176,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     for v in versions:  # every limit before anything runs
         v.limits.check(v.name, problem)
     inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
-    ref = attention_ref(*inputs)
+    ref = attention_ref(*inputs, causal=problem.causal)
 
     records, failures = [], {}
     with console.status("running…") as status:
@@ -221,7 +245,7 @@ def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
     plan = Plan(tuple(v.name for v in versions), tuple(seqs), problems[0].dim,
                 problems[0].block, args.processes,
                 Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing).__dict__,
-                tuple(tuple(b) for b in args.boundary))
+                tuple(tuple(b) for b in args.boundary), args.causal)
     if args.resume is not None:
         if not (args.resume / "plan.json").is_file():
             raise ProblemError("resume", str(args.resume), "a run folder holding plan.json")
@@ -373,8 +397,14 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.evidence import environment, write_atomic, write_json
-    from fusedattn.profile import PLANTED, SANITIZER_TOOLS, kernel_verdicts, run_sanitizer
-    from fusedattn.versions import select
+    from fusedattn.profile import (
+        PLANTED,
+        SANITIZER_TOOLS,
+        kernel_verdicts,
+        run_sanitizer,
+        sanitizer_kernels,
+    )
+    from fusedattn.versions import VERSIONS, select
 
     versions = select(args.version)
     problem = Problem(args.seq, args.dim, args.block)
@@ -388,29 +418,37 @@ def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
     if mode.EMULATION:
         raise ProblemError("check-races", "emulation", "a CUDA GPU: compute-sanitizer checks "
                            "real kernels")
-    jobs = [(v.name, v.route, t, False) for v in versions for t in tools
-            if t in ("memcheck", "initcheck") or v.route != "peer"]
+    # One sanitizer process per tool runs every version (kernels are told apart by name);
+    # t0 and t1 share the Triton kernel `_rows_fwd_kernel`, so they share its rows.
+    names = [v.name for v in versions]
+    kernels = sanitizer_kernels(names)
+    routes = {sym: VERSIONS[users[0]].route for sym, users in kernels.items()}
+    routes |= {"other": "peer"} if any(v.route == "peer" for v in versions) else {}
+    jobs = [(tool, False) for tool in tools]
     if not args.no_planted and "racecheck" in tools:
-        jobs.append((PLANTED, "simt", "racecheck", True))
+        jobs.append(("racecheck", True))
     out_dir = _stamp_dir(args.out, "-races")
     rows = []
-    for name, route, tool, planted in jobs:
-        with console.status(f"{tool}: {name}"):
-            report, raw = run_sanitizer(tool, name, problem, planted)
-        write_atomic(out_dir / f"{name}.{tool}.txt", raw)
-        for kernel, word in kernel_verdicts(route, report, planted).items():
-            rows.append({"version": name, "kernel": kernel, "tool": tool,
+    for tool, planted in jobs:
+        label = PLANTED if planted else "all"
+        with console.status(f"{tool}: {label}"):
+            report, raw = run_sanitizer(tool, names, problem, planted)
+        write_atomic(out_dir / f"{label}.{tool}.txt", raw)
+        for kernel, word in kernel_verdicts(routes, report, planted).items():
+            users = [PLANTED] if planted else kernels.get(kernel, [
+                v.name for v in versions if v.route == "peer"])
+            rows.append({"versions": "+".join(users), "kernel": kernel, "tool": tool,
                          "errors": report.errors, "hazards": report.hazards,
-                         "findings_in_kernel": report.kernels.get(kernel, 0),
-                         "findings_elsewhere": report.other, "verdict": word})
+                         "findings_in_kernel": report.kernels.get(kernel, report.other
+                                                                  if kernel == "other" else 0),
+                         "verdict": word})
     table = Table(title=f"compute-sanitizer at {problem.label()}, block {problem.block}")
-    for c in ("version", "kernel", "tool", "errors", "hazards", "in kernel", "elsewhere",
+    for c in ("versions", "kernel", "tool", "errors (run)", "hazards (run)", "findings here",
               "verdict"):
         table.add_column(c, no_wrap=True)
     for r in rows:
-        table.add_row(r["version"], r["kernel"], r["tool"], _fmt(r["errors"], "d"),
-                      _fmt(r["hazards"], "d"), str(r["findings_in_kernel"]),
-                      str(r["findings_elsewhere"]), r["verdict"])
+        table.add_row(r["versions"], r["kernel"], r["tool"], _fmt(r["errors"], "d"),
+                      _fmt(r["hazards"], "d"), str(r["findings_in_kernel"]), r["verdict"])
     console.print(table)
     _write_rows_csv(out_dir / "races.csv", rows)
     write_json(out_dir / "environment.json", environment() | {
@@ -421,7 +459,156 @@ def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
     return 0 if ok else 1
 
 
-COMMANDS = {"run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot,
+def _floats(field: str, text: str) -> list[float]:
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ProblemError(field, text, "comma-separated numbers") from None
+
+
+def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn import walkthrough as wt
+
+    scores = _floats("scores", args.scores)
+    values = [_floats("values", row) for row in args.values.split(";")]
+    if len({len(r) for r in values}) > 1:
+        raise ProblemError("values", args.values, "rows of one length, ';' between rows")
+    w = wt.walk(scores, values)
+    steps = w.steps
+    title = "online softmax, key by key (float64)"
+    if args.forget_rescale:
+        fr = wt.forget_rescale(scores, values)
+        steps, title = fr["steps"], "WITHOUT rescaling the old accumulator (exercise 1)"
+    table = Table(title=title)
+    for c in ("key", "score", "m_i", "l_i", "α = exp(m_old − m_new)", "β = exp(s − m_new)",
+              "acc"):
+        table.add_column(c, justify="right", no_wrap=True)
+    for st in steps:
+        grew = st.key > 0 and st.alpha < 1.0
+        table.add_row(str(st.key), f"{st.score:g}", f"{st.m_i:g}", f"{st.l_i:.4f}",
+                      f"{st.alpha:.4f}" + (" ← max grew" if grew else ""), f"{st.beta:.4f}",
+                      "[" + ", ".join(f"{a:.4f}" for a in st.acc) + "]")
+    console.print(table)
+    fmt = ", ".join
+    console.print("probabilities softmax(s): [" + fmt(f"{p:.4f}" for p in w.probabilities) + "]")
+    console.print("acc / l_i (online):       [" + fmt(f"{x:.4f}" for x in w.online) + "]")
+    console.print("softmax · V (materialized): [" + fmt(f"{x:.4f}" for x in w.materialized)
+                  + "]")
+    if args.forget_rescale:
+        console.print("without rescaling:        [" + fmt(f"{x:.4f}" for x in fr["wrong"])
+                      + "]  error [" + fmt(f"{x:+.4f}" for x in fr["error"]) + "]; worst: "
+                      f"component {fr['worst_component']}. Every key read before the max "
+                      "grew keeps its old, larger scale in acc, but not in l.")
+    if args.order:
+        order = wt.parse_order(args.order, len(scores))
+        for dtype in (torch_float32(), torch_float64()):
+            ex = wt.order_experiment(scores, values, order, dtype)
+            console.print(f"order {args.order} ({ex['dtype']}): original ["
+                          + fmt(f"{x!r}" for x in ex["original"].tolist()) + "], reordered ["
+                          + fmt(f"{x!r}" for x in ex["reordered"].tolist()) + "], ULPs "
+                          + str(ex["ulps"]) + (" — bit for bit equal" if ex["bitwise_equal"]
+                                               else " — equal mathematically, not bit for bit"))
+    if args.figure:
+        console.print(f"figure: {wt.draw_steps(w, args.figure)}")
+    return 0
+
+
+def torch_float32():
+    import torch
+
+    return torch.float32
+
+
+def torch_float64():
+    import torch
+
+    return torch.float64
+
+
+def cmd_masks(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn import walkthrough as wt
+
+    masks = wt.key_masks(args.seq, args.block_k)
+    console.print(f"S={args.seq}, BLOCK_K={args.block_k}: {len(masks)} iterations "
+                  f"(ceil(S/BLOCK_K)); '#' a key, '.' a masked slot (score set to -inf)")
+    console.print(wt.mask_grid(masks), highlight=False)
+    demo = wt.wrong_fill(args.seq, args.block_k)
+    console.print(f"\nwhy -inf and not 0 (one random row, float64, the kernel's tile "
+                  f"recurrence): {demo['masked_slots']} masked slots")
+    console.print(f"  fill -inf: max abs error {demo['right_err']:.2e} against the reference")
+    console.print(f"  fill 0   : max abs error {demo['wrong_err']:.2e}: each masked slot adds "
+                  "exp(0 - m) to l_i (its V row is 0), so every output shrinks; and a 0 can "
+                  "even become the running max when all real scores are negative")
+    if args.figure:
+        console.print(f"figure: {wt.draw_masks(masks, args.figure)}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    import math
+
+    from fusedattn.bench import Settings, measure
+    from fusedattn.evidence import environment, sha256_file, write_json
+    from fusedattn.inputs import make_inputs
+    from fusedattn.reference import attention_ref
+    from fusedattn.versions import select
+
+    versions = select(args.version)
+    problem = _problem(args, console)
+    _check_counts(args)
+    tuned = [v.with_block_k(bk) for v in versions for bk in args.block_k]
+    for v in tuned:
+        v.limits.check(v.name, problem)
+    settings = Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing)
+    inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
+    ref = attention_ref(*inputs, causal=problem.causal)
+    env = environment()
+    rows = []
+    with console.status("sweep") as status:
+        for v in tuned:
+            status.update(v.name)
+            r = measure(v, problem, settings, inputs, ref)
+            t = r.timing or {}
+            res = (r.resources or [{}])[0]
+            rows.append({
+                "version": v.name, "block_k": v.block_k, "seq": problem.seq,
+                "dim": problem.dim, "causal": problem.causal,
+                "iterations": math.ceil(problem.seq / v.block_k),
+                "median_ms": t.get("median_ms"), "min_ms": t.get("min_ms"),
+                "max_ms": t.get("max_ms"), "regs_per_thread": res.get("regs_per_thread"),
+                "spills": res.get("spills"), "shared_bytes": res.get("static_shared_bytes"),
+                "max_abs_error": max(r.before.max_abs, r.after.max_abs if r.after else 0.0),
+                "verdict": "PASS" if r.ok else "FAIL", "inputs": settings.inputs,
+                "seed": settings.seed, "warmup": settings.warmup, "repeat": settings.repeat,
+                "timing_mode": settings.timing, "gpu": env["gpu"], "driver": env["driver"],
+                "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
+                "source_sha256": sha256_file(v.source_file()), "date": env["date"]})
+    table = Table(title=f"BLOCK_K sweep at {problem.label()} — {mode.describe()}")
+    for c in ("version", "BLOCK_K", "iterations", "median ms", "range ms", "regs", "spills",
+              "shared B", "max abs err", "verdict"):
+        table.add_column(c, no_wrap=True)
+    for r in rows:
+        table.add_row(r["version"], str(r["block_k"]), str(r["iterations"]),
+                      _fmt(r["median_ms"], ".4f"),
+                      f"{r['min_ms']:.4f}–{r['max_ms']:.4f}" if r["min_ms"] else "—",
+                      _fmt(r["regs_per_thread"], "d"), _fmt(r["spills"], "d"),
+                      _fmt(r["shared_bytes"], "d"), f"{r['max_abs_error']:.2e}", r["verdict"])
+    console.print(table)
+    out_dir = _stamp_dir(args.out, "-sweep")
+    _write_rows_csv(out_dir / "sweep.csv", rows)
+    write_json(out_dir / "environment.json", env | {
+        "command": "fusedattn " + " ".join(sys.argv[1:]), "problem": problem.__dict__})
+    if not mode.EMULATION:
+        from fusedattn.plots import draw_sweep
+
+        for f in draw_sweep(out_dir / "sweep.csv"):
+            console.print(f"figure: {f}")
+    console.print(f"written: {out_dir}  (every BLOCK_K is kept, the slower ones too)")
+    return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
+
+
+COMMANDS = {"walkthrough": cmd_walkthrough, "masks": cmd_masks, "sweep": cmd_sweep,
+            "run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot,
             "profile": cmd_profile, "check-races": cmd_check_races}
 
 

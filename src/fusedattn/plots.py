@@ -90,3 +90,34 @@ def draw(summary: Path, out_dir: Path | None = None) -> list[Path]:
         fig.text(0.01, -0.04, _caption(timed), fontsize=6)
         written += _save(fig, out_dir, "sweep")
     return written
+
+
+def draw_sweep(sweep_csv: Path) -> list[Path]:
+    """Exercise 4: GPU time against BLOCK_K, with the loop count on each point."""
+    import csv
+
+    with open(sweep_csv, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["median_ms"]]
+    if not rows:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["version"].split("[")[0] for r in rows):
+        mine = [r for r in rows if r["version"].split("[")[0] == name]
+        bk = [int(r["block_k"]) for r in mine]
+        med = [float(r["median_ms"]) for r in mine]
+        err = [[m - float(r["min_ms"]) for m, r in zip(med, mine, strict=True)],
+               [float(r["max_ms"]) - m for m, r in zip(med, mine, strict=True)]]
+        ax.errorbar(bk, med, yerr=err, marker="o", capsize=3, label=name)
+        for x, y, r in zip(bk, med, mine, strict=True):
+            ax.annotate(f"{r['iterations']} iters, {r['regs_per_thread']} regs", (x, y),
+                        fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("BLOCK_K (keys per iteration)")
+    ax.set_ylabel("GPU ms (median, bar = min–max)")
+    r = rows[0]
+    ax.set_title(f"row kernel BLOCK_K sweep, S={r['seq']}, D={r['dim']}")
+    ax.legend(fontsize=7)
+    fig.text(0.01, -0.04, f"{r['gpu']} · driver {r['driver']} · {r['date'][:10]} · "
+             f"warmup {r['warmup']}, repeat {r['repeat']} · commit {(r['git_commit'] or '')[:10]}",
+             fontsize=6)
+    return _save(fig, sweep_csv.parent, "sweep_block_k")

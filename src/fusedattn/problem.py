@@ -52,17 +52,21 @@ def _check_positive(field: str, value: object) -> int:
 class Problem:
     """One attention problem: Q, K, V are `[seq, dim]` float32, scale 1/sqrt(dim).
 
-    `block` is the number of threads per block used by the thread-level versions.
+    `block` is the number of threads per block used by the thread-level versions; `causal`
+    masks key j > i (top-left aligned, so every row keeps at least its own key).
     """
 
     seq: int
     dim: int
     block: int = 256
+    causal: bool = False
 
     def __post_init__(self) -> None:
         _check_positive("seq", self.seq)
         _check_positive("dim", self.dim)
         check_block(self.block)
+        if not isinstance(self.causal, bool):
+            raise ProblemError("causal", self.causal, "True or False")
 
     @property
     def scale(self) -> float:
@@ -73,7 +77,7 @@ class Problem:
         return (self.seq, self.dim)
 
     def label(self) -> str:
-        return f"{self.seq}x{self.dim}"
+        return f"{self.seq}x{self.dim}" + (" causal" if self.causal else "")
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def target_main(argv: list[str]) -> int:
     from fusedattn.versions import VERSIONS
 
     ap = argparse.ArgumentParser(prog="fusedattn.profile target")
-    ap.add_argument("--version", required=True)
+    ap.add_argument("--version", required=True, help="one name or a comma-separated list")
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--dim", type=int, required=True)
     ap.add_argument("--block", type=int, required=True)
@@ -146,31 +146,34 @@ def target_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     problem = Problem(args.seq, args.dim, args.block)
     q, k, v = make_inputs(problem, "uniform", 0, DEVICE)
-    if args.planted:
-        from fusedattn.simt import materialized
+    ref = attention_ref(q, k, v)
+    for name in args.version.split(","):
+        if args.planted:
+            from fusedattn.simt import materialized
 
-        bufs = materialized.allocate(q)
-        out = bufs["out"]
-        poison(out)
-        materialized.materialized_attention(
-            q, k, v, bufs, block=problem.block,
-            softmax_kernel=materialized.planted_softmax_kernel())
-    else:
-        prepared = VERSIONS[args.version].prepare(q, k, v, problem)
-        out = prepared.out
-        poison(out)
-        prepared.call()
-    if not EMULATION:
-        import torch
+            bufs = materialized.allocate(q)
+            out = bufs["out"]
+            poison(out)
+            materialized.materialized_attention(
+                q, k, v, bufs, block=problem.block,
+                softmax_kernel=materialized.planted_softmax_kernel())
+        else:
+            prepared = VERSIONS[name].prepare(q, k, v, problem)
+            out = prepared.out
+            poison(out)
+            prepared.call()
+        if not EMULATION:
+            import torch
 
-        torch.cuda.synchronize()
-    result = check(out, attention_ref(q, k, v))
-    print(f"TARGET {args.version}{' (planted)' if args.planted else ''}: {result.verdict} "
-          f"max_abs={result.max_abs:.3e}")
+            torch.cuda.synchronize()
+        result = check(out, ref)
+        print(f"TARGET {name}{' (planted)' if args.planted else ''}: {result.verdict} "
+              f"max_abs={result.max_abs:.3e}")
     return 0
 
 
 def _target_cmd(name: str, problem: Problem, planted: bool = False) -> list[str]:
+    """`name`: a version or a comma-separated list, run one after another in one process."""
     cmd = [sys.executable, "-m", "fusedattn.profile", "target", "--version",
            "materialized" if planted else name, "--seq", str(problem.seq), "--dim",
            str(problem.dim), "--block", str(problem.block)]
@@ -271,49 +274,65 @@ def parse_sanitizer(tool: str, text: str, kernel_names: list[str]) -> SanitizerR
     return SanitizerReport(tool, errors, hazards, kernels, other)
 
 
-def sanitizer_kernel_names(name: str) -> list[str]:
-    """Names as they appear in reports: numba keeps the Python function name inside the
-    mangled symbol, Triton the jit function name; torch's kernels go to `other`."""
+SYMBOLS = {"scores": "_scores_kernel", "softmax_rows": "_softmax_rows_kernel",
+           "pv": "_pv_kernel", "online_rows": "_online_rows_kernel",
+           "rows_fwd": "_rows_fwd_kernel"}
+"""Registry kernel name -> the name inside the symbol that reports print (numba keeps the
+Python function name inside the mangled symbol, Triton the jit function's name)."""
+
+
+def sanitizer_kernels(names: list[str]) -> dict[str, list[str]]:
+    """Symbol -> the versions that launch it, for our own kernels; a library's kernels
+    (torch-eager's) have no symbol of ours and are reported as `other`."""
     from fusedattn.versions import VERSIONS
 
-    symbols = {"scores": "_scores_kernel", "softmax_rows": "_softmax_rows_kernel",
-               "pv": "_pv_kernel", "online_rows": "_online_rows_kernel",
-               "rows_fwd": "_rows_fwd_kernel"}
-    return [symbols.get(k.name, k.name) for k in VERSIONS[name].launches]
+    out: dict[str, list[str]] = {}
+    for name in names:
+        for k in VERSIONS[name].launches:
+            if k.name in SYMBOLS:
+                out.setdefault(SYMBOLS[k.name], []).append(name)
+    return out
 
 
-def run_sanitizer(tool: str, name: str, problem: Problem, planted: bool = False
+def run_sanitizer(tool: str, names: list[str], problem: Problem, planted: bool = False
                   ) -> tuple[SanitizerReport, str]:
+    """One sanitizer process running every version in `names` (or the planted variant)."""
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         raise ToolMissing("compute-sanitizer")
     env = dict(os.environ)
     if tool == "memcheck":
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"  # so out-of-bounds hit unallocated memory
-    cmd = [exe, "--tool", tool, "--target-processes", "all", *_target_cmd(name, problem, planted)]
+    cmd = [exe, "--tool", tool, "--target-processes", "all",
+           *_target_cmd(",".join(names), problem, planted)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     raw = proc.stdout + proc.stderr
-    names = sanitizer_kernel_names("materialized" if planted else name)
-    return parse_sanitizer(tool, raw, names), raw
+    symbols = list(sanitizer_kernels(["materialized"] if planted else names))
+    return parse_sanitizer(tool, raw, symbols), raw
 
 
-def kernel_verdicts(route: str, report: SanitizerReport, planted: bool = False
+def kernel_verdicts(routes: dict[str, str], report: SanitizerReport, planted: bool = False
                     ) -> dict[str, str]:
     """One verdict per kernel for one tool: `clean`, `FOUND`, or `advisory: ...` when the
-    tool does not gate this route. Findings that name none of the version's kernels (torch's
-    own, e.g. a fill) leave our kernels clean; a report with errors but no finding that can
-    be attributed at all counts against every kernel, to be safe. For the planted variant
-    only the row softmax is judged: `caught` when racecheck reports a hazard in it."""
+    tool does not gate that kernel's route (`routes`: symbol -> route). Findings that name
+    none of our kernels (torch's own) are judged as the peer route, under `other`; a report
+    with errors but no finding that can be attributed counts against every kernel, to be
+    safe. For the planted variant only the row softmax is judged: `caught` when racecheck
+    reports a hazard in it."""
     total = (report.errors or 0) + (report.hazards or 0)
     attributed = sum(report.kernels.values()) + report.other
     if planted:
         caught = total > 0 and report.kernels.get("_softmax_rows_kernel", 0) > 0
         return {"_softmax_rows_kernel": "caught" if caught else "MISSED"}
-    out = {}
-    for kernel, findings in report.kernels.items():
-        found = findings > 0 or (total > 0 and attributed == 0)
-        word = "FOUND" if found else "clean"
-        out[kernel] = word if report.tool in GATING[route] else f"advisory: {word}"
+
+    def word(found: bool, route: str) -> str:
+        w = "FOUND" if found else "clean"
+        return w if report.tool in GATING[route] else f"advisory: {w}"
+
+    out = {k: word(n > 0 or (total > 0 and attributed == 0), routes[k])
+           for k, n in report.kernels.items()}
+    if "peer" in routes.values() or report.other:
+        out["other"] = word(report.other > 0, "peer")
     return out
 
 

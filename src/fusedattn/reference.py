@@ -11,15 +11,24 @@ from dataclasses import dataclass
 import torch
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None
-                  ) -> torch.Tensor:
-    """`O = softmax(Q K^T * scale) V` in float64 on the CPU.
+def causal_mask(seq_q: int, seq_k: int) -> torch.Tensor:
+    """`[seq_q, seq_k] bool`, True where query i may see key j: j <= i (top-left aligned, as
+    torch's scaled_dot_product_attention(is_causal=True)). Row i always keeps key 0."""
+    return torch.ones(seq_q, seq_k, dtype=torch.bool).tril()
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+                  causal: bool = False) -> torch.Tensor:
+    """`O = softmax(Q K^T * scale [+ causal mask]) V` in float64 on the CPU.
 
     `q, k, v: [S, D]` any float dtype; returns `[S, D] float64`. scale defaults to 1/sqrt(D).
+    Causal: key j > i gets -inf before the softmax (weight exactly 0).
     """
     q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.T) * scale
+    if causal:
+        scores = scores.masked_fill(~causal_mask(q.shape[0], k.shape[0]), -math.inf)
     return torch.softmax(scores, dim=-1) @ v
 
 
@@ -36,37 +45,46 @@ class Step:
     acc: tuple[float, ...]  # sum of exp(s - m_i) * V_j, unnormalised, [D]
 
 
-def online_trace(scores, values) -> list[Step]:
-    """Run the online-softmax recurrence over one query row in float64, key by key.
+def online_trace(scores, values, *, dtype: torch.dtype = torch.float64,
+                 rescale_acc: bool = True) -> list[Step]:
+    """Run the online-softmax recurrence over one query row, key by key.
 
     `scores: [S]` (already scaled), `values: [S, D]`. Returns the state after every key;
     the output is `steps[-1].acc / steps[-1].l_i`.
     Start: m = -inf, l = 0, acc = 0; per key: m' = max(m, s), alpha = exp(m - m'),
     beta = exp(s - m'), l' = alpha*l + beta, acc' = alpha*acc + beta*V_j.
+
+    `dtype` is the arithmetic (float64 for the reference; float32 shows rounding);
+    `rescale_acc=False` drops the alpha on acc: the chapter's exercise 1 bug, for the
+    walkthrough only.
     """
-    s = torch.as_tensor(scores, dtype=torch.float64).reshape(-1)
-    vals = torch.as_tensor(values, dtype=torch.float64).reshape(s.numel(), -1)
-    m_i, l_i = -math.inf, 0.0
-    acc = torch.zeros(vals.shape[1], dtype=torch.float64)
+    s = torch.as_tensor(scores, dtype=dtype).reshape(-1)
+    vals = torch.as_tensor(values, dtype=dtype).reshape(s.numel(), -1)
+    m_i = torch.tensor(-math.inf, dtype=dtype)
+    l_i = torch.zeros((), dtype=dtype)
+    acc = torch.zeros(vals.shape[1], dtype=dtype)
     steps = []
-    for j, sj in enumerate(s.tolist()):
-        m_new = max(m_i, sj)
-        alpha = math.exp(m_i - m_new)  # exp(-inf) = 0 at the first key: history is empty
-        beta = math.exp(sj - m_new)
+    for j in range(s.numel()):
+        m_new = torch.maximum(m_i, s[j])
+        alpha = torch.exp(m_i - m_new)  # exp(-inf) = 0 at the first key: history is empty
+        beta = torch.exp(s[j] - m_new)
         l_i = alpha * l_i + beta
-        acc = alpha * acc + beta * vals[j]
+        acc = (alpha * acc if rescale_acc else acc) + beta * vals[j]
         m_i = m_new
-        steps.append(Step(j, sj, m_i, l_i, alpha, beta, tuple(acc.tolist())))
+        steps.append(Step(j, float(s[j]), float(m_i), float(l_i), float(alpha), float(beta),
+                          tuple(acc.tolist())))
     return steps
 
 
-def online_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None
-               ) -> torch.Tensor:
-    """The same attention as `attention_ref`, computed row by row with `online_trace`."""
+def online_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+               causal: bool = False) -> torch.Tensor:
+    """The same attention as `attention_ref`, computed row by row with `online_trace`
+    (causal: row i reads keys 0..i only)."""
     q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     rows = []
     for i in range(q.shape[0]):
-        last = online_trace((k @ q[i]) * scale, v)[-1]
+        n = i + 1 if causal else k.shape[0]
+        last = online_trace((k[:n] @ q[i]) * scale, v[:n])[-1]
         rows.append(torch.tensor(last.acc, dtype=torch.float64) / last.l_i)
     return torch.stack(rows)

@@ -43,11 +43,12 @@ class Plan:
     processes: int
     settings: dict                   # bench.Settings as a dict
     boundary: tuple[tuple[int, int], ...] = BOUNDARY
+    causal: bool = False
 
     def units(self) -> list[dict]:
         """Every unit of work; in emulation only the boundary suite (no times, no peaks)."""
         common = {"versions": list(self.versions), "block": self.block,
-                  "settings": self.settings}
+                  "settings": self.settings, "causal": self.causal}
         units = [dict(common, unit=f"boundary-{s}x{d}", kind="timing", suite="boundary",
                       seq=s, dim=d, process=0) for s, d in self.boundary]
         if mode.EMULATION:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -63,6 +63,19 @@ class Version:
     prepare_fn: Callable[..., Prepared] = field(repr=False)
     limits: Limits = Limits()
     intermediates: int = 0  # S x S float32 arrays written once and read once (chapter 12.2)
+    block_k: int | None = None  # keys per tile, for versions that have one
+    retune: Callable[[int], Callable[..., Prepared]] | None = field(default=None, repr=False)
+
+    def with_block_k(self, block_k: int) -> Version:
+        """The same version at another BLOCK_K (the sweep of exercise 4)."""
+        if self.retune is None:
+            raise ProblemError("version", self.name, "a version with a BLOCK_K: "
+                               + ", ".join(n for n, v in VERSIONS.items() if v.retune))
+        if isinstance(block_k, bool) or not isinstance(block_k, int) or not (
+                1 <= block_k <= 1024 and block_k & (block_k - 1) == 0):
+            raise ProblemError("block_k", block_k, "a power of two in 1..1024")
+        return replace(self, name=f"{self.name}[BLOCK_K={block_k}]", block_k=block_k,
+                       prepare_fn=self.retune(block_k))
 
     def intermediate_models(self, seq: int) -> dict[str, int]:
         """The chapter's two models: capacity n*S^2*4 bytes; traffic (write once, read once)
@@ -112,7 +125,7 @@ def _prepare_simt(module: str, launcher: str):
         last: list = []
 
         def call():
-            last[:] = fn(q, k, v, bufs, block=problem.block)
+            last[:] = fn(q, k, v, bufs, block=problem.block, causal=problem.causal)
 
         return Prepared(call, bufs["out"], bufs, lambda: resource_fields(last))
 
@@ -149,6 +162,8 @@ register(Version(
 # --- tile-level (Triton) -------------------------------------------------------------------
 
 def _prepare_rows(block_k: int):
+    """Prepare function of the Triton row kernel at one BLOCK_K (t0, t1, and sweeps)."""
+
     def prepare(q, k, v, problem: Problem) -> Prepared:
         from fusedattn.tiles.rows import rows_attention, triton_resources
 
@@ -156,7 +171,8 @@ def _prepare_rows(block_k: int):
         last: list = [None]
 
         def call():
-            last[0] = rows_attention(q, k, v, block_k=block_k, out=out)[1]
+            last[0] = rows_attention(q, k, v, block_k=block_k, out=out,
+                                     causal=problem.causal)[1]
 
         return Prepared(call, out, {"out": out},
                         lambda: [triton_resources(last[0], "rows_fwd", q.shape[0])])
@@ -170,7 +186,8 @@ for _name, _bk in (("t0", 16), ("t1", 32)):
         f"1 launch: one program per query row, online softmax over BLOCK_K={_bk} key tiles",
         (Kernel("rows_fwd", ("Q", "K", "V"), ("O",), None,
                 "inserted by Triton for cross-warp tl.sum/tl.max; not counted"),),
-        "fusedattn.tiles.rows", _prepare_rows(_bk), ROW_LIMITS,
+        "fusedattn.tiles.rows", _prepare_rows(_bk), ROW_LIMITS, block_k=_bk,
+        retune=_prepare_rows,
     ))
 
 
@@ -182,9 +199,14 @@ def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
     seq = q.shape[0]
     scores = torch.empty((seq, seq), dtype=q.dtype, device=q.device)
     out = torch.empty_like(q)
+    future = None
+    if problem.causal:  # True above the diagonal: key j > i, masked with -inf
+        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
 
     def call():
         torch.addmm(scores, q, k.T, beta=0.0, alpha=problem.scale, out=scores)  # scale fused
+        if future is not None:
+            scores.masked_fill_(future, float("-inf"))
         torch.mm(torch.softmax(scores, dim=-1), v, out=out)  # softmax allocates P [S, S]
 
     return Prepared(call, out, {"scores": scores, "out": out}, lambda: [])
@@ -192,8 +214,9 @@ def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
 
 register(Version(
     "torch-eager", "peer",
-    "PyTorch: addmm (scaled QK^T) + softmax + mm, float32, TF32 off",
-    (Kernel("addmm", ("Q", "K"), ("Scores",)), Kernel("softmax", ("Scores",), ("P",)),
-     Kernel("mm", ("P", "V"), ("O",))),
+    "PyTorch: addmm (scaled QK^T) [+ masked_fill if causal] + softmax + mm, float32, TF32 off",
+    (Kernel("addmm", ("Q", "K"), ("Scores",)),
+     Kernel("masked_fill", ("Scores",), ("Scores",), None, "causal only"),
+     Kernel("softmax", ("Scores",), ("P",)), Kernel("mm", ("P", "V"), ("O",))),
     "fusedattn.versions", _prepare_eager, intermediates=2,
 ))

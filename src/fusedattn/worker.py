@@ -22,15 +22,15 @@ def run_unit(spec: dict) -> list[dict]:
     from fusedattn.reference import attention_ref
     from fusedattn.versions import VERSIONS
 
-    problem = Problem(spec["seq"], spec["dim"], spec["block"])
+    problem = Problem(spec["seq"], spec["dim"], spec["block"], spec.get("causal", False))
     settings = Settings(**spec["settings"])
     base = {"unit": spec["unit"], "kind": spec["kind"], "suite": spec.get("suite"),
             "process": spec.get("process", 0), "seq": problem.seq, "dim": problem.dim,
-            "block": problem.block}
+            "block": problem.block, "causal": problem.causal}
     shared = None
     if spec["kind"] == "timing":
         shared = make_inputs(problem, settings.inputs, settings.seed, DEVICE)
-        shared = (shared, attention_ref(*shared))
+        shared = (shared, attention_ref(*shared, causal=problem.causal))
     out = []
     for name in spec["versions"]:
         version = VERSIONS[name]

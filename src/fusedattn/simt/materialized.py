@@ -8,6 +8,9 @@
    same shared array reused for the sum; stable softmax; writes P.
 3. `_pv_kernel`: one thread per output element, `row = i // D`, `d = i % D`, sums over keys.
 
+Causal (`causal=True`): key j > i takes no part: Scores gets -inf there without a dot
+product, the softmax reads keys 0..i only and writes P = 0 past them, P.V sums j <= i.
+
 Traffic of the intermediates (algorithmic, not hardware counters): Scores and P are each
 written once and read once: 2 arrays * 2 passes * S*S * 4 bytes = 16*S^2 bytes
 (S=128: 256 KiB); their capacity is 2*S^2*4 bytes. (The softmax here reads its Scores row
@@ -28,12 +31,15 @@ SCORES_THREADS = 256  # threads per block for the elementwise launches 1 and 3
 
 
 @cuda.jit
-def _scores_kernel(q, k, scores, scale):
+def _scores_kernel(q, k, scores, scale, causal):
     i = cuda.grid(1)
     seq = scores.shape[0]
     if i < seq * seq:
         row = i // seq
         col = i % seq
+        if causal and col > row:
+            scores[row, col] = -math.inf  # masked: no dot product computed
+            return
         acc = float32(0.0)
         for d in range(q.shape[1]):
             acc += q[row, d] * k[col, d]
@@ -46,11 +52,12 @@ def _make_softmax_kernel(read_barrier: bool):
     and exists only for the race checker's tests."""
 
     @cuda.jit
-    def _softmax_rows_kernel(scores, p):
+    def _softmax_rows_kernel(scores, p, causal):
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         nthreads = cuda.blockDim.x
-        seq = scores.shape[1]
+        # Causal: only keys 0..row are read; the rest of the row of P is written as 0.
+        seq = min(scores.shape[1], row + 1) if causal else scores.shape[1]
         red = cuda.shared.array(0, float32)  # blockDim.x floats, dynamic
 
         local = float32(-math.inf)
@@ -89,6 +96,8 @@ def _make_softmax_kernel(read_barrier: bool):
         inv_sum = float32(1.0) / red[0]
         for j in range(tid, seq, nthreads):
             p[row, j] = math.exp(scores[row, j] - row_max) * inv_sum
+        for j in range(seq + tid, scores.shape[1], nthreads):
+            p[row, j] = 0.0
 
     return _softmax_rows_kernel
 
@@ -103,14 +112,14 @@ def planted_softmax_kernel():
 
 
 @cuda.jit
-def _pv_kernel(p, v, out):
+def _pv_kernel(p, v, out, causal):
     i = cuda.grid(1)
     seq, dim = v.shape
     if i < seq * dim:
         row = i // dim
         d = i % dim
         acc = float32(0.0)
-        for j in range(seq):
+        for j in range(min(seq, row + 1) if causal else seq):  # causal: P is 0 past row
             acc += p[row, j] * v[j, d]
         out[row, d] = acc
 
@@ -126,7 +135,7 @@ def allocate(q: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def materialized_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int,
-                           softmax_kernel=None) -> list:
+                           causal: bool = False, softmax_kernel=None) -> list:
     """Launch the three kernels on torch's current stream; writes `bufs["out"]`.
 
     Returns its launches as `(kernel, name, grid, block, dynamic shared bytes)` for
@@ -144,9 +153,9 @@ def materialized_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int
     shared = block * 4  # one float32 per thread for the reductions
     grid3 = math.ceil(seq * dim / SCORES_THREADS)
     with simulated_threads():
-        _scores_kernel[grid1, SCORES_THREADS, st](aq, ak, ascores, scale)
-        softmax[seq, block, st, shared](ascores, ap)
-        _pv_kernel[grid3, SCORES_THREADS, st](ap, av, aout)
+        _scores_kernel[grid1, SCORES_THREADS, st](aq, ak, ascores, scale, causal)
+        softmax[seq, block, st, shared](ascores, ap, causal)
+        _pv_kernel[grid3, SCORES_THREADS, st](ap, av, aout, causal)
     return [
         (_scores_kernel, "scores", grid1, SCORES_THREADS, 0),
         (softmax, "softmax_rows", seq, block, shared),

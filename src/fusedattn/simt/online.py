@@ -9,6 +9,8 @@ Per key j, in one block:
   4. every thread: numerator[d] = numerator[d]*alpha + beta*V[j, d].
 At the end, out[i, d] = numerator[d] / l.
 
+Causal: row i scans keys 0..i only (the rest are never scored).
+
 Block-level barriers per query row: 1 (state init) + S * (1 + log2(nthreads) + 2): one
 after the partials, one per tree level, one to publish alpha/beta, one before the next key
 may overwrite them. For nthreads=256 that is 11 per key, 1409 at S=128: the cost the
@@ -32,7 +34,7 @@ STATE_SLOTS = 4  # m, l, alpha, beta
 
 
 @cuda.jit
-def _online_rows_kernel(q, k, v, out, scale):
+def _online_rows_kernel(q, k, v, out, scale, causal):
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
@@ -49,7 +51,9 @@ def _online_rows_kernel(q, k, v, out, scale):
     # Barrier: the initial state is written before any thread reads it.
     cuda.syncthreads()
 
-    for j in range(seq):
+    # Causal: keys j > row are skipped, never scored (row keeps at least key `row`).
+    n_keys = min(seq, row + 1) if causal else seq
+    for j in range(n_keys):
         partial = float32(0.0)
         for d in range(tid, dim, nthreads):
             partial += q[row, d] * k[j, d]
@@ -90,7 +94,8 @@ def allocate(q: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"out": torch.empty_like(q)}
 
 
-def online_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int) -> list:
+def online_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int,
+                     causal: bool = False) -> list:
     """One launch, grid (S,), `block` threads; writes `bufs["out"]`. Returns the launches
     as `(kernel, name, grid, block, dynamic shared bytes)`."""
     seq, dim = q.shape
@@ -98,6 +103,6 @@ def online_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int) -> l
     shared = block * 4  # one float32 per thread for the score reduction
     with simulated_threads():
         _online_rows_kernel[seq, block, stream(), shared](
-            as_array(q), as_array(k), as_array(v), as_array(bufs["out"]), scale
+            as_array(q), as_array(k), as_array(v), as_array(bufs["out"]), scale, causal
         )
     return [(_online_rows_kernel, "online_rows", seq, block, shared)]

@@ -14,6 +14,9 @@ Algorithm (chapter 12.4, Triton tab), for query row `i`:
         m_i    = m_new
     O_i = acc / l_i                                    # the one division
 
+Causal (`causal=True`): row i sees keys 0..i only; the loop ends at key i, so key tiles
+wholly past the diagonal are skipped. Every row keeps at least key i itself.
+
 Shape contract: `q, k, v, out: [S, D] float32`, contiguous; BLOCK_D = next power of two
 >= D, masked past D. Nothing S x S is stored: per row, K and V are read once
 (2*S*D*4 bytes) and 4*D bytes are written. The product is an elementwise multiply and
@@ -33,7 +36,7 @@ from fusedattn.mode import EMULATION  # noqa: F401  (mode is fixed before triton
 def _rows_fwd_kernel(
     p_q, p_k, p_v, p_out,
     seq, dim, scale,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -45,9 +48,13 @@ def _rows_fwd_kernel(
     l_i = tl.zeros((), tl.float32)
     acc = tl.zeros((BLOCK_D,), tl.float32)
 
-    for start in range(0, seq, BLOCK_K):
+    # Causal: keys j > row take no part. Tiles that start past the row are never loaded
+    # (the loop stops at row + 1), not computed and thrown away; the row's last tile is
+    # masked inside like the tail tile.
+    n_keys = tl.minimum(seq, row + 1) if IS_CAUSAL else seq
+    for start in range(0, n_keys, BLOCK_K):
         keys = start + offs_k
-        mask_k = keys < seq
+        mask_k = keys < n_keys
         mask_kd = mask_k[:, None] & mask_d[None, :]
         b_k = tl.load(p_k + keys[:, None] * dim + offs_d[None, :], mask=mask_kd, other=0.0)
         s = tl.sum(b_k * b_q[None, :], axis=1) * scale          # [BLOCK_K]
@@ -66,7 +73,8 @@ def _rows_fwd_kernel(
 
 def rows_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-    block_k: int = 16, out: torch.Tensor | None = None, num_warps: int = 4,
+    block_k: int = 16, out: torch.Tensor | None = None, causal: bool = False,
+    num_warps: int = 4,
 ):
     """Launch `_rows_fwd_kernel` once: grid (S,). Returns `(out, compiled)`.
 
@@ -79,7 +87,8 @@ def rows_attention(
         out = torch.empty_like(q)
     compiled = _rows_fwd_kernel[(seq,)](
         q, k, v, out, seq, dim, 1.0 / dim**0.5,
-        BLOCK_K=block_k, BLOCK_D=triton.next_power_of_2(dim), num_warps=num_warps,
+        BLOCK_K=block_k, BLOCK_D=triton.next_power_of_2(dim), IS_CAUSAL=causal,
+        num_warps=num_warps,
     )
     return out, compiled
 
