@@ -326,7 +326,7 @@ def _write_rows_csv(path: Path, rows: list[dict]) -> None:
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, write_json
+    from fusedattn.evidence import environment, write_atomic, write_json
     from fusedattn.profile import resource_rows, run_ncu
     from fusedattn.versions import select
 
@@ -369,6 +369,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
         for v in versions:
             with console.status(f"ncu: {v.name}"):
                 parsed, raw = run_ncu(v.name, problem)
+            write_atomic(out_dir / f"ncu.{v.name}.raw.txt", raw)
             ncu_rows += [dict(version=v.name, **r) for r in parsed]
             if not parsed:
                 console.print(f"[red]ncu gave no rows for {v.name}:[/] "
