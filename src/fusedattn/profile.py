@@ -339,10 +339,10 @@ def kernel_verdicts(routes: dict[str, str], report: SanitizerReport, planted: bo
         w = "FOUND" if found else "clean"
         return w if report.tool in GATING[route] else f"advisory: {w}"
 
-    out = {k: word(n > 0 or (total > 0 and attributed == 0), routes[k])
-           for k, n in report.kernels.items()}
+    unattributed = total > 0 and attributed == 0
+    out = {k: word(n > 0 or unattributed, routes[k]) for k, n in report.kernels.items()}
     if "peer" in routes.values() or report.other:
-        out["other"] = word(report.other > 0, "peer")
+        out["other"] = word(report.other > 0 or unattributed, "peer")
     return out
 
 
