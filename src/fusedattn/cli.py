@@ -491,12 +491,12 @@ def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
                       "[" + ", ".join(f"{a:.4f}" for a in st.acc) + "]")
     console.print(table)
     fmt = ", ".join
-    console.print("probabilities softmax(s): [" + fmt(f"{p:.4f}" for p in w.probabilities) + "]")
-    console.print("acc / l_i (online):       [" + fmt(f"{x:.4f}" for x in w.online) + "]")
+    console.print("probabilities softmax(s):   [" + fmt(f"{p:.4f}" for p in w.probabilities) + "]")
+    console.print("acc / l_i (online):         [" + fmt(f"{x:.4f}" for x in w.online) + "]")
     console.print("softmax · V (materialized): [" + fmt(f"{x:.4f}" for x in w.materialized)
                   + "]")
     if args.forget_rescale:
-        console.print("without rescaling:        [" + fmt(f"{x:.4f}" for x in fr["wrong"])
+        console.print("without rescaling:          [" + fmt(f"{x:.4f}" for x in fr["wrong"])
                       + "]  error [" + fmt(f"{x:+.4f}" for x in fr["error"]) + "]; worst: "
                       f"component {fr['worst_component']}. Every key read before the max "
                       "grew keeps its old, larger scale in acc, but not in l.")
