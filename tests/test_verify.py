@@ -45,11 +45,35 @@ def test_inf_fails():
 
 def test_error_at_the_tolerance_fails_and_says_where():
     out, ref = _pair()
-    out[2, 1] += TOLERANCE[torch.float32] * 1.5
+    out[2, 1] += TOLERANCE["float32"].abs_max * 1.5
     result = check(out, ref)
     assert not result.ok and result.where == (2, 1)
-    assert result.max_abs >= TOLERANCE[torch.float32]
+    assert result.max_abs >= TOLERANCE["float32"].abs_max
 
 
 def test_float32_tolerance_is_the_chapters_bound():
-    assert TOLERANCE[torch.float32] == 2e-4
+    assert TOLERANCE["float32"].abs_max == 2e-4
+
+
+def test_low_precision_bound_is_twice_the_peer_plus_a_floor():
+    from fusedattn.verify import precision_key
+
+    assert precision_key(torch.float32, "tf32") == "tf32"
+    assert precision_key(torch.bfloat16) == "bfloat16"
+    ref = torch.zeros(4, 4, dtype=torch.float64)
+    out = torch.full((4, 4), 0.01, dtype=torch.bfloat16)
+    # peer error 0.004: limit 2 * 0.004 + 2^-8 = 0.0119 > 0.01 (bf16 0.01 ~ 0.010009)
+    assert check(out, ref, peer_error=0.004).ok
+    assert not check(out, ref, peer_error=0.001).ok  # limit 0.0059
+    import pytest
+
+    with pytest.raises(ValueError, match="peer"):
+        check(out, ref)
+
+
+def test_poison_for_half_precisions_is_nan_and_detected():
+    for dtype in (torch.float16, torch.bfloat16):
+        out = poison(torch.zeros(3, 2, dtype=dtype))
+        assert torch.isnan(out).all()
+        result = check(out, torch.zeros(3, 2, dtype=torch.float64), peer_error=1e-3)
+        assert result.n_unwritten == 6 and result.n_nan == 0 and not result.ok

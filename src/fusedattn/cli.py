@@ -122,6 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", type=Path, default=Path("evidence"),
                     help="base folder; CSV and plot go to OUT/<gpu>/<timestamp>-sweep/")
 
+    bn = sub.add_parser("bench", help="the flash kernel against PyTorch's attention backends")
+    bn.add_argument("--suite", default="bf16", help="bf16|fp16|fp32|memory|tiny|all")
+    bn.add_argument("--providers", default="all",
+                    help="all, or a comma-separated list of versions with a batched form")
+    bn.add_argument("--warmup", type=_int, default=5)
+    bn.add_argument("--repeat", type=_int, default=20)
+    bn.add_argument("--seed", type=_int, default=0)
+    bn.add_argument("--out", type=Path, default=Path("evidence"),
+                    help="base folder; CSV and plots go to OUT/<gpu>/<timestamp>-bench-SUITE/")
+
     pl = sub.add_parser("plot", help="redraw the figures of a run folder from its summary.csv")
     pl.add_argument("run_dir", type=Path)
     return parser
@@ -608,8 +618,56 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
 
 
-COMMANDS = {"walkthrough": cmd_walkthrough, "masks": cmd_masks, "sweep": cmd_sweep,
-            "run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot,
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.evidence import environment, write_json
+    from fusedattn.flashbench import check_suite, providers, run_problem, with_ratios
+
+    problems = check_suite(args.suite)
+    known = providers()
+    names = known if args.providers == "all" else [
+        n.strip() for n in args.providers.split(",") if n.strip()]
+    if not names or any(n not in known for n in names):
+        raise ProblemError("providers", args.providers, "all, or a comma-separated list of: "
+                           + ", ".join(known))
+    if args.warmup < 0 or args.repeat < 1:
+        raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
+    if mode.EMULATION and args.suite != "tiny":
+        raise ProblemError("suite", args.suite, "tiny in emulation (the suites are GPU-sized)")
+    out_dir = _stamp_dir(args.out, f"-bench-{args.suite}")
+    env = environment()
+    rows = []
+    with console.status("bench") as status:
+        for p in problems:
+            status.update(p.label())
+            rows += run_problem(p, names, warmup=args.warmup, repeat=args.repeat,
+                                seed=args.seed)
+            _write_rows_csv(out_dir / "bench.csv", with_ratios(rows))  # whole after each
+    table = Table(title=f"bench {args.suite} — {mode.describe()}")
+    for c in ("problem", "provider", "status", "max err", "tol", "ms", "TFLOP/s",
+              "flash ×", "call MiB"):
+        table.add_column(c, no_wrap=True)
+    for r in with_ratios(rows):
+        table.add_row(r["problem"], r["provider"], r["status"] + (
+            f" ({r['reason'][:50]})" if r["reason"] else ""),
+            _fmt(r["max_abs_error"], ".2e"), _fmt(r["tolerance"], ".1e"),
+            _fmt(r["median_ms"], ".4f"), _fmt(r["tflops"], ".1f"),
+            _fmt(r["flash_over_this"], ".2f"),
+            _fmt(r["call_bytes"] and r["call_bytes"] / 2**20, ".1f"))
+    console.print(table)
+    write_json(out_dir / "environment.json", env | {
+        "command": "fusedattn " + " ".join(sys.argv[1:]), "warmup": args.warmup,
+        "repeat": args.repeat, "seed": args.seed})
+    if not mode.EMULATION:
+        from fusedattn.plots import draw_bench
+
+        for f in draw_bench(out_dir / "bench.csv"):
+            console.print(f"figure: {f}")
+    console.print(f"written: {out_dir}")
+    return 0 if all(r.status != "FAIL" for r in rows) else 1
+
+
+COMMANDS = {"run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot, "bench": cmd_bench,
+            "walkthrough": cmd_walkthrough, "masks": cmd_masks, "sweep": cmd_sweep,
             "profile": cmd_profile, "check-races": cmd_check_races}
 
 

@@ -121,3 +121,40 @@ def draw_sweep(sweep_csv: Path) -> list[Path]:
              f"warmup {r['warmup']}, repeat {r['repeat']} · commit {(r['git_commit'] or '')[:10]}",
              fontsize=6)
     return _save(fig, sweep_csv.parent, "sweep_block_k")
+
+
+def draw_bench(bench_csv: Path) -> list[Path]:
+    """TFLOP/s against S, one line per provider, one panel per (dtype, D, causal)."""
+    import csv
+
+    with open(bench_csv, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["tflops"]]
+    panels = sorted({(r["dtype"], r["precision"], int(r["dim"]), r["causal"]) for r in rows})
+    if not rows or not any(len({r["seq"] for r in rows if (r["dtype"], r["precision"],
+                                int(r["dim"]), r["causal"]) == key}) > 1 for key in panels):
+        return []
+    cols = min(4, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, panels, strict=False):
+        mine = [r for r in rows if (r["dtype"], r["precision"], int(r["dim"]), r["causal"])
+                == key]
+        for name in dict.fromkeys(r["provider"] for r in mine):
+            pts = sorted((int(r["seq"]), float(r["tflops"])) for r in mine
+                         if r["provider"] == name)
+            ax.plot(*zip(*pts, strict=True), marker="o", label=name,
+                    linewidth=2.5 if name == "flash" else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{key[0]}{' ' + key[1] if key[1] else ''} D={key[2]}"
+                     f"{' causal' if key[3] == 'True' else ''}", fontsize=9)
+        ax.set_xlabel("S")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(True, alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    r = rows[0]
+    fig.text(0.01, -0.02, f"B={r['batch']} H={r['heads']}; TFLOP/s = 4·B·H·S²·D / time "
+             "(half when causal); primed CUDA events, median", fontsize=7)
+    fig.tight_layout()
+    return _save(fig, bench_csv.parent, "bench_tflops")

@@ -64,6 +64,10 @@ class Version:
     limits: Limits = Limits()
     intermediates: int = 0  # S x S float32 arrays written once and read once (chapter 12.2)
     block_k: int | None = None  # keys per tile, for versions that have one
+    in_all: bool = True  # part of `--version all` on the chapter's [S, D] float32 problem
+    batched: Callable[..., Callable[[], torch.Tensor]] | None = field(default=None, repr=False)
+    """For `fusedattn bench`: `batched(q, k, v, causal, precision)` on `[B, H, S, D]` inputs
+    returns a call computing O (allocating it); None when the version has no batched form."""
     retune: Callable[[int], Callable[..., Prepared]] | None = field(default=None, repr=False)
 
     def with_block_k(self, block_k: int) -> Version:
@@ -104,7 +108,7 @@ def register(version: Version) -> Version:
 def select(spec: str) -> list[Version]:
     """`all` or a comma-separated list of names -> versions, in registry order for `all`."""
     if spec == "all":
-        return list(VERSIONS.values())
+        return [v for v in VERSIONS.values() if v.in_all]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in VERSIONS]
     if unknown or not names:
@@ -212,11 +216,105 @@ def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
     return Prepared(call, out, {"scores": scores, "out": out}, lambda: [])
 
 
+def _eager_batched(q, k, v, causal: bool, precision: str | None):
+    """torch-eager on `[B, H, S, D]` (equal heads): matmul + softmax + matmul."""
+    scale = q.shape[-1] ** -0.5
+    future = None
+    if causal:
+        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+
+    def call():
+        s = torch.matmul(q, k.transpose(-1, -2)) * scale
+        if future is not None:
+            s = s.masked_fill(future, float("-inf"))
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+
+    return call
+
+
 register(Version(
     "torch-eager", "peer",
     "PyTorch: addmm (scaled QK^T) [+ masked_fill if causal] + softmax + mm, float32, TF32 off",
     (Kernel("addmm", ("Q", "K"), ("Scores",)),
      Kernel("masked_fill", ("Scores",), ("Scores",), None, "causal only"),
      Kernel("softmax", ("Scores",), ("P",)), Kernel("mm", ("P", "V"), ("O",))),
-    "fusedattn.versions", _prepare_eager, intermediates=2,
+    "fusedattn.versions", _prepare_eager, intermediates=2, batched=_eager_batched,
 ))
+
+
+# --- the flash kernel and PyTorch's SDPA backends ------------------------------------------
+
+def _prepare_flash(q, k, v, problem: Problem) -> Prepared:
+    from fusedattn.tiles.flash import flash_forward
+    from fusedattn.tiles.rows import triton_resources
+
+    out = torch.empty_like(q)
+    q4, k4, v4, o4 = (t[None, None] for t in (q, k, v, out))  # [S, D] as [1, 1, S, D]
+    last: list = [None]
+
+    def call():
+        last[0] = flash_forward(q4, k4, v4, out=o4, lse=None, is_causal=problem.causal,
+                                scale=problem.scale, precision="ieee")[1]
+
+    return Prepared(call, out, {"out": out},
+                    lambda: [triton_resources(last[0], "flash_fwd", None)])
+
+
+def _flash_batched(q, k, v, causal: bool, precision: str | None):
+    from fusedattn.attention import attention
+
+    gqa = q.shape[-3] != k.shape[-3]
+    return lambda: attention(q, k, v, is_causal=causal, enable_gqa=gqa, precision=precision)
+
+
+register(Version(
+    "flash", "tiles",
+    "1 launch: FlashAttention-2 style, BLOCK_M query rows x BLOCK_N key tiles, tl.dot "
+    "(fp32: ieee)",
+    (Kernel("flash_fwd", ("Q", "K", "V"), ("O",), None,
+            "inserted by Triton around tl.dot and the row reductions; not counted"),),
+    "fusedattn.tiles.flash", _prepare_flash,
+    Limits(max_dim=256, note="head dims up to 256, padded to a power of two >= 16"),
+    batched=_flash_batched,
+))
+
+
+def _sdpa_batched(backend: str):
+    def make(q, k, v, causal: bool, precision: str | None):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        which = getattr(SDPBackend, backend)
+        gqa = q.shape[-3] != k.shape[-3]
+
+        def call():
+            with sdpa_kernel(which):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                      enable_gqa=gqa)
+
+        return call
+
+    return make
+
+
+def _sdpa_prepare(backend: str):
+    def prepare(q, k, v, problem: Problem) -> Prepared:
+        call4 = _sdpa_batched(backend)(q[None, None], k[None, None], v[None, None],
+                                       problem.causal, None)
+        out = torch.empty_like(q)
+        return Prepared(lambda: out.copy_(call4()[0, 0]), out, {"out": out}, lambda: [])
+
+    return prepare
+
+
+for _name, _backend, _what in (
+    ("sdpa-flash", "FLASH_ATTENTION", "FlashAttention-2 (fp16/bf16 only)"),
+    ("sdpa-cudnn", "CUDNN_ATTENTION", "cuDNN's fused attention"),
+    ("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient (xFormers) kernel"),
+    ("sdpa-math", "MATH", "the math fallback: matmuls and softmax"),
+):
+    register(Version(
+        _name, "peer", f"PyTorch scaled_dot_product_attention, {_what}",
+        (Kernel(_backend.lower(), ("Q", "K", "V"), ("O",)),), "fusedattn.versions",
+        _sdpa_prepare(_backend), in_all=False, batched=_sdpa_batched(_backend),
+    ))

@@ -98,7 +98,7 @@ def triton_resources(compiled, name: str, grid: int) -> dict:
     meta = getattr(compiled, "metadata", None)
     return {
         "kernel": name,
-        "grid": (grid,),
+        "grid": (grid,) if grid is not None else None,
         "block": (32 * meta.num_warps,) if meta is not None else None,
         "num_warps": getattr(meta, "num_warps", None),
         "num_stages": getattr(meta, "num_stages", None),

@@ -1,0 +1,111 @@
+"""`fusedattn.attention`: the flash kernel behind an SDPA-like API, as a PyTorch custom op.
+
+    attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, return_lse=False,
+              precision=None)
+
+`q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (any strides; `[S, D]` and `[H, S, D]`
+work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
+like q, and with `return_lse=True` also the natural-log log-sum-exp of each row's scaled
+scores, `[..., H, Sq] float32`. `precision`: None or "ieee" (exact fp32 products, the
+default) or "tf32" (opt-in; fp32 only). Every bad input raises `ProblemError`.
+
+Registered as `torch.ops.fusedattn.flash_fwd` (`torch.library.custom_op` with a fake
+implementation), so `torch.compile(fullgraph=True)` traces through it without a graph break.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fusedattn.mode import DEVICE, EMULATION
+from fusedattn.problem import ProblemError
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+PRECISIONS = (None, "ieee", "tf32")
+
+
+@torch.library.custom_op("fusedattn::flash_fwd", mutates_args=())
+def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                  scale: float, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from fusedattn.tiles.flash import flash_forward
+
+    batch, heads, seq_q, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    flash_forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
+                  precision=precision)
+    return out, lse
+
+
+@_flash_fwd_op.register_fake
+def _(q, k, v, is_causal, scale, precision):
+    batch, heads, seq_q, _ = q.shape
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((batch, heads, seq_q), dtype=torch.float32))
+
+
+def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ProblemError(name, type(t).__name__, "a torch.Tensor")
+        if t.dim() not in (2, 3, 4):
+            raise ProblemError(f"{name}.shape", tuple(t.shape),
+                               "[S, D], [H, S, D] or [B, H, S, D]")
+        if t.dtype not in DTYPES:
+            raise ProblemError(f"{name}.dtype", str(t.dtype), "float16, bfloat16 or float32")
+        if t.device.type != DEVICE.type:
+            raise ProblemError(f"{name}.device", str(t.device),
+                               f"a {DEVICE.type} tensor" + (" (emulation)" if EMULATION else ""))
+        if t.numel() == 0:
+            raise ProblemError(f"{name}.shape", tuple(t.shape), "no zero-sized dimension")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ProblemError("ranks", (q.dim(), k.dim(), v.dim()), "q, k and v of one rank")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ProblemError("dtypes", (str(q.dtype), str(k.dtype), str(v.dtype)), "one dtype")
+    if not (q.device == k.device == v.device):
+        raise ProblemError("devices", (str(q.device), str(k.device), str(v.device)),
+                           "one device")
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d:
+        raise ProblemError("head_dim", (d, k.shape[-1], v.shape[-1]),
+                           "the same head dim for q, k and v")
+    if d > MAX_HEAD_DIM:
+        raise ProblemError("head_dim", d, f"1..{MAX_HEAD_DIM}")
+    if k.shape != v.shape:
+        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
+    if q.shape[:-3] != k.shape[:-3]:
+        raise ProblemError("batch", (tuple(q.shape[:-3]), tuple(k.shape[:-3])),
+                           "the same batch dims for q and k/v")
+    if q.dim() >= 3:
+        hq, hkv = q.shape[-3], k.shape[-3]
+        if hq != hkv and not enable_gqa:
+            raise ProblemError("heads", (hq, hkv), "equal q and k/v heads, or enable_gqa=True "
+                               "with k/v heads dividing q heads")
+        if hq % hkv:
+            raise ProblemError("heads", (hq, hkv), "k/v heads dividing q heads (GQA/MQA)")
+    if not isinstance(is_causal, bool):
+        raise ProblemError("is_causal", is_causal, "True or False")
+    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)
+                                  and scale > 0):
+        raise ProblemError("scale", scale, "None or a finite number > 0")
+    if precision not in PRECISIONS:
+        raise ProblemError("precision", precision, "None, 'ieee' or 'tf32'")
+    if precision == "tf32" and q.dtype != torch.float32:
+        raise ProblemError("precision", precision, "'tf32' for float32 inputs only")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+              scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
+              precision: str | None = None):
+    """Attention forward with the flash kernel; see the module docstring."""
+    _validate(q, k, v, is_causal, scale, enable_gqa, precision)
+    lead = q.shape[:-2]
+    q4, k4, v4 = (t.reshape((-1,) + t.shape[-3:]) if t.dim() >= 3 else t[None, None]
+                  for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, precision or "ieee")
+    out = out.reshape(q.shape)
+    return (out, lse.reshape(lead + (q.shape[-2],))) if return_lse else out

@@ -1,0 +1,164 @@
+"""FlashAttention-2-style forward in Triton: query tiles x key tiles, tensor cores.
+
+Each program owns BLOCK_M query rows of one (batch, head) and loops over BLOCK_N key tiles:
+
+    m_i = -inf; l_i = 0; acc = 0                        # per row: max, sum, numerator
+    for each key tile K_j, V_j:
+        s     = (Q_i @ K_j^T) * scale * log2(e)         # tl.dot: [BLOCK_M, BLOCK_N]
+        s     = where(key valid and (not causal or j <= i), s, -inf)
+        m_new = max(m_i, rowmax(s))
+        alpha = exp2(m_i - m_new); p = exp2(s - m_new) # exp2: log2(e) folded into the scale
+        l_i   = l_i * alpha + rowsum(p)
+        acc   = acc * alpha + p @ V_j                   # tl.dot
+        m_i   = m_new
+    O_i = acc / l_i;  LSE_i = (m_i + log2(l_i)) * ln(2)
+
+exp2 instead of exp: exp(x) = exp2(x * log2(e)), and multiplying the scores once by
+scale * log2(e) (1.44269504 = 1/ln 2) saves a multiply per element in the loop.
+
+Unlike the row kernels, each K/V tile loaded into shared memory serves BLOCK_M query rows
+(reuse across rows), and both products run on tensor cores. Layout `[B, H, S, D]` with any
+strides; GQA/MQA: query head h reads K/V head h // (H / H_kv). Causal is top-left aligned
+like `scaled_dot_product_attention(is_causal=True)`: query i sees keys j <= i; key tiles
+wholly past the diagonal are not visited. Head dims up to 256, padded to a power of two
+>= 16 (masked). fp32 inputs use `input_precision="ieee"` unless tf32 is asked for.
+
+HBM traffic per (batch, head), the fewest bytes: read Q, K, V once, write O (and LSE):
+(2*Sq + 2*Sk) * D * itemsize (+ 4*Sq). K and V are re-read once per query tile, i.e.
+ceil(Sq / BLOCK_M) times, from L2 when it holds them. FLOPs: 4 * Sq * Sk * D (half causal).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fusedattn.mode import EMULATION
+
+LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
+
+
+def _flash_fwd(
+    p_q, p_k, p_v, p_o, p_lse,
+    sq_b, sq_h, sq_s, sq_d,
+    sk_b, sk_h, sk_s, sk_d,
+    sv_b, sv_h, sv_s, sv_d,
+    so_b, so_h, so_s, so_d,
+    n_heads, group, seq_q, seq_k, head_dim, qk_scale,
+    bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    h_kv = h // group  # GQA: `group` query heads share one K/V head
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < seq_q
+    mask_d = offs_d < head_dim
+
+    p_q_tile = p_q + b * sq_b + h * sq_h + offs_m[:, None] * sq_s + offs_d[None, :] * sq_d
+    b_q = tl.load(p_q_tile, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+
+    # Causal: the last key this tile's rows can see is its last row; stop there.
+    hi = tl.minimum(seq_k, (start_m + 1) * BLOCK_M) if IS_CAUSAL else seq_k
+    p_k_base = p_k + b * sk_b + h_kv * sk_h
+    p_v_base = p_v + b * sv_b + h_kv * sv_h
+    for start_n in range(0, hi, BLOCK_N):
+        keys = start_n + offs_n
+        mask_n = keys < seq_k
+        b_kt = tl.load(p_k_base + keys[None, :] * sk_s + offs_d[:, None] * sk_d,
+                       mask=mask_n[None, :] & mask_d[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
+        s = tl.dot(b_q, b_kt, input_precision=PRECISION) * qk_scale      # [BLOCK_M, BLOCK_N]
+        valid = mask_n[None, :]
+        if IS_CAUSAL:
+            valid = valid & (keys[None, :] <= offs_m[:, None])
+        s = tl.where(valid, s, float("-inf"))
+        # every row sees key 0 in the first tile, so m_new is finite from the first tile on
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        b_v = tl.load(p_v_base + keys[:, None] * sv_s + offs_d[None, :] * sv_d,
+                      mask=mask_n[:, None] & mask_d[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    p_o_tile = p_o + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :] * so_d
+    tl.store(p_o_tile, out.to(p_o.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    if WRITE_LSE:
+        # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
+        tl.store(p_lse + bh * seq_q + offs_m, (m_i + tl.log2(l_i)) * 0.6931471805599453,
+                 mask=mask_m)
+
+
+# Hopper configs (BLOCK_M, BLOCK_N, warps, stages): 128-row query tiles feed wgmma; smaller
+# tiles for large head dims keep K/V tiles and the accumulator in shared memory/registers.
+_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+    for bm, bn, w, st in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+                          (128, 32, 4, 4))
+]
+
+
+def _prune(configs, named_args, **kwargs):
+    # BLOCK_D=256 with 128x128 tiles needs more shared memory than a Hopper SM offers
+    if named_args["head_dim"] > 128:
+        return [c for c in configs if c.kwargs["BLOCK_N"] <= 64] or configs[:1]
+    return configs
+
+
+if EMULATION:
+    # The interpreter runs every config it is given: one fixed, small config. tl.dot needs
+    # tiles of at least 16 on the GPU; the same minimum keeps the interpreter honest.
+    _flash_fwd_kernel = triton.jit(_flash_fwd)
+    _FIXED = {"BLOCK_M": 16, "BLOCK_N": 16}
+else:
+    _flash_fwd_kernel = triton.autotune(
+        configs=_CONFIGS, key=["bucket_q", "bucket_k", "BLOCK_D", "IS_CAUSAL", "PRECISION"],
+        prune_configs_by={"early_config_prune": _prune},
+    )(triton.jit(_flash_fwd))
+    _FIXED = {}
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
+                  lse: torch.Tensor | None, is_causal: bool, scale: float,
+                  precision: str):
+    """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
+    `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee" or
+    "tf32", used for fp32 inputs only."""
+    batch, heads, seq_q, dim = q.shape
+    seq_k, heads_kv = k.shape[2], k.shape[1]
+    block_d = max(16, triton.next_power_of_2(dim))
+    # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
+    dot_precision = precision if q.dtype == torch.float32 else None
+
+    def grid(meta):
+        return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
+
+    compiled = _flash_fwd_kernel[grid](
+        q, k, v, out, lse if lse is not None else out,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        heads, heads // heads_kv, seq_q, seq_k, dim, scale * LOG2E,
+        triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
+        BLOCK_D=block_d, IS_CAUSAL=is_causal, WRITE_LSE=lse is not None,
+        PRECISION=dot_precision, **_FIXED,
+    )
+    return out, compiled
+
+
+def flops(batch: int, heads: int, seq_q: int, seq_k: int, dim: int, causal: bool) -> float:
+    """4*B*H*Sq*Sk*D (two GEMMs of 2*Sq*Sk*D each); half of it when causal."""
+    f = 4.0 * batch * heads * seq_q * seq_k * dim
+    return f / 2 if causal else f
+
