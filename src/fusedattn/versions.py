@@ -261,7 +261,7 @@ def _prepare_flash(q, k, v, problem: Problem) -> Prepared:
 
 
 def _flash_batched(q, k, v, causal: bool, precision: str | None):
-    from fusedattn.attention import attention
+    from fusedattn.api import attention
 
     gqa = q.shape[-3] != k.shape[-3]
     return lambda: attention(q, k, v, is_causal=causal, enable_gqa=gqa, precision=precision)

@@ -1,0 +1,184 @@
+"""The flash kernel and `fusedattn.attention` (Triton's interpreter on a CPU)."""
+
+import math
+
+import pytest
+import torch
+
+from fusedattn.api import attention
+from fusedattn.mode import DEVICE
+from fusedattn.problem import ProblemError
+from fusedattn.verify import check
+
+
+def _ref(q, k, v, causal=False, scale=None):
+    """float64 attention with GQA by repeating K/V heads; also the natural-log LSE."""
+    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        r = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(r, -3), v.repeat_interleave(r, -3)
+    s = q @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+
+
+CASES = [
+    # (B, H, H_kv, Sq, Sk, D, causal): comment names the path
+    (1, 2, 2, 20, 20, 16, False),   # one query tile, two key tiles (the second masked)
+    (1, 2, 2, 33, 33, 16, True),    # causal: diagonal tiles masked inside, tiles past skipped
+    (2, 4, 2, 17, 40, 24, False),   # Sq != Sk, GQA 2:1, D=24 padded to 32
+    (1, 4, 1, 40, 17, 80, True),    # MQA, Sq > Sk causal (rows past Sk see all keys), D=80
+    (1, 1, 1, 1, 1, 1, False),      # one row, one key, D=1 padded to 16
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_flash_fp32_matches_float64_reference_with_lse(case):
+    b, h, hk, sq, sk, d, causal = case
+    q, k, v = _rand(b, h, sq, d), _rand(b, hk, sk, d, seed=1), _rand(b, hk, sk, d, seed=2)
+    out, lse = attention(q, k, v, is_causal=causal, enable_gqa=hk != h, return_lse=True)
+    ref, ref_lse = _ref(q, k, v, causal)
+    result = check(out, ref)
+    assert result.ok, result.reasons
+    assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
+    assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)
+
+
+def test_flash_fp16_within_the_low_precision_bound():
+    q, k, v = (_rand(1, 2, 24, 32, dtype=torch.float16, seed=s) for s in range(3))
+    ref, _ = _ref(q, k, v)
+    # the peer: PyTorch's own attention in fp16 (math on fp16 inputs)
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    peer_err = float((peer.double().cpu() - ref).abs().max())
+    result = check(attention(q, k, v), ref, peer_error=peer_err)
+    assert result.ok, (result.reasons, peer_err)
+
+
+def test_layouts_2d_3d_and_strided():
+    q, k, v = (_rand(2, 9, 16, seed=s) for s in range(3))  # [H, S, D]
+    assert check(attention(q, k, v), _ref(q, k, v)[0]).ok
+    assert check(attention(q[0], k[0], v[0]), _ref(q[0], k[0], v[0])[0]).ok  # [S, D]
+    # [B, S, H, D] transposed to [B, H, S, D]: non-contiguous strides, no copy
+    qs = _rand(1, 9, 2, 16).transpose(1, 2)
+    assert not qs.is_contiguous()
+    assert check(attention(qs, qs, qs), _ref(qs, qs, qs)[0]).ok
+
+
+def test_scale_argument():
+    q, k, v = (_rand(1, 1, 8, 16, seed=s) for s in range(3))
+    assert check(attention(q, k, v, scale=0.3), _ref(q, k, v, scale=0.3)[0]).ok
+
+
+def test_tf32_is_opt_in_and_fp32_only():
+    q = _rand(1, 1, 4, 16)
+    with pytest.raises(ProblemError, match="float32 inputs only"):
+        attention(q.half(), q.half(), q.half(), precision="tf32")
+    out = attention(q, q, q, precision="tf32")  # the interpreter computes it exactly
+    assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda q: (q, q[..., :8], q), "head_dim"),
+    (lambda q: (q.double(), q.double(), q.double()), "q.dtype"),
+    (lambda q: (q, q.half(), q), "dtypes"),
+    (lambda q: (q[0, 0, 0], q[0, 0, 0], q[0, 0, 0]), "q.shape"),       # 1-D
+    (lambda q: (q[None], q[None], q[None]), "q.shape"),                # 5-D
+    (lambda q: (q, q[:, :3], q[:, :3]), "heads"),                      # 4 vs 3 heads
+    (lambda q: (q, q[:, :2], q[:, :2]), "heads"),                      # GQA without the flag
+    (lambda q: (q, q, q[:, :, :5]), "k/v shapes"),
+    (lambda q: (q, q[:1], q[:1]), "batch"),
+    (lambda q: (q, q[0], q[0]), "ranks"),
+    (lambda q: (torch.zeros(2, 4, 0, 16), q, q), "q.shape"),
+    (lambda q: (q, "k", q), "k"),
+    (lambda q: (torch.zeros(1, 1, 4, 300),) * 3, "head_dim"),
+])
+def test_bad_inputs_name_the_field(make, field):
+    q = _rand(2, 4, 6, 16)
+    with pytest.raises(ProblemError) as info:
+        attention(*make(q))
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"scale": -1.0}, "scale"), ({"scale": float("nan")}, "scale"),
+    ({"precision": "fp8"}, "precision"), ({"is_causal": 1}, "is_causal"),
+])
+def test_bad_options(kwargs, field):
+    q = _rand(1, 1, 4, 16)
+    with pytest.raises(ProblemError) as info:
+        attention(q, q, q, **kwargs)
+    assert info.value.field == field
+
+
+def test_gqa_ratio_must_divide():
+    q, kv = _rand(1, 4, 6, 16), _rand(1, 3, 6, 16)
+    with pytest.raises(ProblemError, match="dividing"):
+        attention(q, kv, kv, enable_gqa=True)
+
+
+def test_runs_inside_torch_compile_without_graph_breaks():
+    q, k, v = (_rand(1, 2, 16, 16, seed=s) for s in range(3))
+
+    def f(q, k, v):
+        return attention(q, k, v, is_causal=True) * 2.0 + 1.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")  # fails on a graph break
+    out = compiled(q, k, v)
+    assert torch.allclose(out, f(q, k, v))
+    assert check((out - 1.0) / 2.0, _ref(q, k, v, causal=True)[0]).ok
+
+
+def test_flash_is_in_the_registry_for_the_chapters_problem(qkv):
+    from fusedattn.problem import Problem
+    from fusedattn.verify import poison
+    from fusedattn.versions import VERSIONS, select
+
+    assert "flash" in [v.name for v in select("all")]
+    assert "sdpa-flash" not in [v.name for v in select("all")]  # peers for bench only
+    q, k, v = qkv(7, 13)
+    for causal in (False, True):
+        prepared = VERSIONS["flash"].prepare(q, k, v, Problem(7, 13, 32, causal))
+        poison(prepared.out)
+        prepared.call()
+        result = check(prepared.out, _ref(q, k, v, causal)[0])
+        assert result.ok, result.reasons
+
+
+def test_bench_tiny_suite_in_emulation(tmp_path, capsys):
+    from fusedattn import mode
+    from fusedattn.cli import main
+
+    if not mode.EMULATION:
+        pytest.skip("emulation behaviour")
+    assert main(["bench", "--suite", "tiny", "--providers", "flash,sdpa-math",
+                 "--out", str(tmp_path)]) == 0
+    (folder,) = (tmp_path / "emulation").iterdir()
+    text = (folder / "bench.csv").read_text()
+    assert text.count("\n") == 1 + 4 * 2 and ",flash," in text and ",FAIL," not in text
+    assert main(["bench", "--suite", "bf16", "--out", str(tmp_path)]) == 2  # GPU-sized
+    assert main(["bench", "--providers", "t0", "--out", str(tmp_path)]) == 2
+
+
+def test_flops_model():
+    from fusedattn.tiles.flash import flops
+
+    assert flops(4, 32, 4096, 4096, 128, False) == 4 * 4 * 32 * 4096 * 4096 * 128
+    assert flops(1, 1, 8, 8, 2, True) == 4 * 8 * 8 * 2 / 2
+
+
+def test_ratios_are_ours_over_each_peer_per_problem():
+    from fusedattn.flashbench import BenchRow, with_ratios
+
+    def row(provider, tflops, problem="p"):
+        return BenchRow(problem, provider, 1, 1, 8, 16, "bf16", False, "", "ok", "", 0.0, 1.0,
+                        1.0, 1.0, 1.0, tflops, None, None)
+
+    rows = with_ratios([row("flash", 400.0), row("sdpa-flash", 320.0), row("sdpa-cudnn", 0.0),
+                        row("sdpa-flash", 100.0, "other")])
+    assert [r["flash_over_this"] for r in rows] == [None, 1.25, None, None]
