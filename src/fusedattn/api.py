@@ -1,4 +1,5 @@
-"""`fusedattn.attention` (defined here, in `fusedattn.api`): the flash kernel behind an SDPA-like API, as a PyTorch custom op.
+"""`fusedattn.attention` (defined here, in `fusedattn.api`): the flash kernel behind an
+SDPA-like API, as a PyTorch custom op.
 
     attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, return_lse=False,
               precision=None)
