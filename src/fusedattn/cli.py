@@ -356,9 +356,9 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
         table.add_column(c, no_wrap=True)
     gpu_only = "needs a GPU"
     for r in rows:
-        smem = ("—" if r["static_shared_bytes"] is None and not r["measured"] else
-                f"{r['static_shared_bytes'] if r['static_shared_bytes'] is not None else '?'}"
-                f"+{r['dynamic_shared_bytes'] or 0}")
+        static = r["static_shared_bytes"]
+        smem = "—" if not r["measured"] else (
+            f"{'?' if static is None else static}+{r['dynamic_shared_bytes'] or 0}")
         table.add_row(
             r["version"], r["kernel"], _fmt(r["grid"], "d"), _fmt(r["block"], "d"),
             gpu_only if r["regs_per_thread"] is None and mode.EMULATION
@@ -478,6 +478,8 @@ def _floats(field: str, text: str) -> list[float]:
 
 
 def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
+    import torch
+
     from fusedattn import walkthrough as wt
 
     scores = _floats("scores", args.scores)
@@ -512,7 +514,7 @@ def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
                       "grew keeps its old, larger scale in acc, but not in l.")
     if args.order:
         order = wt.parse_order(args.order, len(scores))
-        for dtype in (torch_float32(), torch_float64()):
+        for dtype in (torch.float32, torch.float64):
             ex = wt.order_experiment(scores, values, order, dtype)
             console.print(f"order {args.order} ({ex['dtype']}): original ["
                           + fmt(f"{x!r}" for x in ex["original"].tolist()) + "], reordered ["
@@ -522,18 +524,6 @@ def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
     if args.figure:
         console.print(f"figure: {wt.draw_steps(w, args.figure)}")
     return 0
-
-
-def torch_float32():
-    import torch
-
-    return torch.float32
-
-
-def torch_float64():
-    import torch
-
-    return torch.float64
 
 
 def cmd_masks(args: argparse.Namespace, console: Console) -> int:
