@@ -31,3 +31,24 @@ def test_prepare_checks_limits_before_allocating(qkv):
     q, k, v = qkv(2, 2)
     with pytest.raises(ProblemError):
         VERSIONS["t0"].prepare(q, k, v, Problem(2, 300, 32))
+
+
+def test_prepare_validates_the_tensors(qkv):
+    import torch
+
+    q, k, v = qkv(4, 3)
+    with pytest.raises(ProblemError, match="q.dtype"):
+        VERSIONS["online"].prepare(q.double(), k, v, Problem(4, 3, 32))
+    with pytest.raises(ProblemError, match="as the problem says"):
+        VERSIONS["t0"].prepare(q, k, v, Problem(5, 3, 32))
+    with pytest.raises(ProblemError, match="strides"):
+        t = torch.empty(3, 4, device=q.device).T
+        VERSIONS["materialized"].prepare(t, t, t, Problem(4, 3, 32))
+
+
+def test_list_command_shows_every_version(capsys):
+    from fusedattn.cli import main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in VERSIONS)

@@ -61,6 +61,7 @@ def _common(p: argparse.ArgumentParser, warmup: int, repeat: int) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fusedattn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the registry: every version, its route, launches, limits")
     run = sub.add_parser("run", help="verify and time versions on one problem")
     _common(run, warmup=5, repeat=20)
     run.add_argument("--seq", type=_int, help="S, rows of Q/K/V (GPU default 128)")
@@ -656,8 +657,24 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     return 0 if all(r.status != "FAIL" for r in rows) else 1
 
 
-COMMANDS = {"run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot, "bench": cmd_bench,
-            "walkthrough": cmd_walkthrough, "masks": cmd_masks, "sweep": cmd_sweep,
+def cmd_list(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.versions import ROUTES, VERSIONS
+
+    table = Table(title="versions (the registry, src/fusedattn/versions.py)")
+    for c in ("version", "route", "timed launches", "limits", "in `all`", "description"):
+        table.add_column(c)
+    for v in VERSIONS.values():
+        table.add_row(v.name, v.route, " → ".join(k.name for k in v.launches),
+                      f"D ≤ {v.limits.max_dim}" if v.limits.max_dim else "—",
+                      "yes" if v.in_all else "bench", v.description)
+    console.print(table)
+    for route, what in ROUTES.items():
+        console.print(f"{route}: {what}")
+    return 0
+
+
+COMMANDS = {"list": cmd_list, "run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot,
+            "bench": cmd_bench, "walkthrough": cmd_walkthrough, "masks": cmd_masks, "sweep": cmd_sweep,
             "profile": cmd_profile, "check-races": cmd_check_races}
 
 

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 MODES = ("events", "graph")
-QUANTILES = (0.5, 0.2, 0.8)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from fusedattn.problem import MAX_ROW_DIM, Limits, Problem, ProblemError
+from fusedattn.problem import MAX_ROW_DIM, Limits, Problem, ProblemError, check_tensors
 
 ROUTES = {
     "simt": "thread-level, numba.cuda API (the chapter's HIP route)",
@@ -88,6 +88,14 @@ class Version:
                 "traffic_bytes": self.intermediates * seq * seq * 8}
 
     def prepare(self, q, k, v, problem: Problem) -> Prepared:
+        """Validate `q, k, v: [S, D] float32` (contiguous, on the mode's device) against
+        `problem` and this version's limits, then allocate its buffers."""
+        from fusedattn.mode import DEVICE
+
+        shape = check_tensors(q, k, v, DEVICE)
+        if (shape.seq, shape.dim) != (problem.seq, problem.dim):
+            raise ProblemError("q.shape", tuple(q.shape),
+                               f"[{problem.seq}, {problem.dim}] as the problem says")
         self.limits.check(self.name, problem)
         return self.prepare_fn(q, k, v, problem)
 
