@@ -674,8 +674,8 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 
 COMMANDS = {"list": cmd_list, "run": cmd_run, "run-all": cmd_run_all, "plot": cmd_plot,
-            "bench": cmd_bench, "walkthrough": cmd_walkthrough, "masks": cmd_masks, "sweep": cmd_sweep,
-            "profile": cmd_profile, "check-races": cmd_check_races}
+            "bench": cmd_bench, "walkthrough": cmd_walkthrough, "masks": cmd_masks,
+            "sweep": cmd_sweep, "profile": cmd_profile, "check-races": cmd_check_races}
 
 
 def main(argv: list[str] | None = None) -> int:
