@@ -13,13 +13,13 @@ backend that refuses a shape) are recorded as `skipped` with the reason.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import ProblemError
+from fusedattn.reference import attention_ref
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MATERIALIZING = ("sdpa-math", "torch-eager")
@@ -73,17 +73,16 @@ def _inputs(p: BenchProblem, seed: int):
                  for s in shapes)
 
 
+def _kv_heads(q, k, heads: list[int]) -> list[int]:
+    """The K/V head each query head reads (GQA: `H / H_kv` query heads share one)."""
+    group = q.shape[1] // k.shape[1]
+    return [h // group for h in heads]
+
+
 def _reference_slice(q, k, v, causal: bool, heads: list[int]) -> torch.Tensor:
     """float64 attention of batch 0, the given query heads, on the inputs' device."""
-    group = q.shape[1] // k.shape[1]
-    qs = q[0, heads].double()
-    ks = k[0, [h // group for h in heads]].double()
-    vs = v[0, [h // group for h in heads]].double()
-    s = qs @ ks.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device)
-                          .triu(1), float("-inf"))
-    return torch.softmax(s, dim=-1) @ vs
+    kv = _kv_heads(q, k, heads)
+    return attention_ref(q[0, heads], k[0, kv], v[0, kv], causal=causal, device=q.device)
 
 
 def _peer_error(q, k, v, p: BenchProblem, heads, ref) -> float:
@@ -91,12 +90,11 @@ def _peer_error(q, k, v, p: BenchProblem, heads, ref) -> float:
     from fusedattn.versions import VERSIONS
 
     peer = "torch-eager" if p.precision == "tf32" else "sdpa-math"
-    sl = (q[:1, heads], k[:1, [h // (q.shape[1] // k.shape[1]) for h in heads]])
-    vs = v[:1, [h // (q.shape[1] // k.shape[1]) for h in heads]]
+    kv = _kv_heads(q, k, heads)
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = p.precision == "tf32"
     try:
-        out = VERSIONS[peer].batched(sl[0], sl[1].contiguous(), vs.contiguous(), p.causal,
+        out = VERSIONS[peer].batched(q[:1, heads], k[:1, kv], v[:1, kv], p.causal,
                                      p.precision)()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before

@@ -11,24 +11,26 @@ from dataclasses import dataclass
 import torch
 
 
-def causal_mask(seq_q: int, seq_k: int) -> torch.Tensor:
+def causal_mask(seq_q: int, seq_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """`[seq_q, seq_k] bool`, True where query i may see key j: j <= i (top-left aligned, as
     torch's scaled_dot_product_attention(is_causal=True)). Row i always keeps key 0."""
-    return torch.ones(seq_q, seq_k, dtype=torch.bool).tril()
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril()
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-                  causal: bool = False) -> torch.Tensor:
-    """`O = softmax(Q K^T * scale [+ causal mask]) V` in float64 on the CPU.
+                  causal: bool = False, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`O = softmax(Q K^T * scale [+ causal mask]) V` in float64.
 
-    `q, k, v: [S, D]` any float dtype; returns `[S, D] float64`. scale defaults to 1/sqrt(D).
-    Causal: key j > i gets -inf before the softmax (weight exactly 0).
+    `q: [..., Sq, D]`, `k, v: [..., Sk, D]`, any float dtype; returns `[..., Sq, D] float64`
+    on `device` (the CPU by default; the benchmark passes the GPU for large slices). scale
+    defaults to 1/sqrt(D). Causal: key j > i gets -inf before the softmax (weight exactly 0).
     """
-    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+    q, k, v = (t.detach().to(device, torch.float64) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.T) * scale
+    scores = (q @ k.transpose(-1, -2)) * scale
     if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[0], k.shape[0]), -math.inf)
+        mask = causal_mask(q.shape[-2], k.shape[-2], scores.device)
+        scores = scores.masked_fill(~mask, -math.inf)
     return torch.softmax(scores, dim=-1) @ v
 
 

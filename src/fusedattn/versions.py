@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from fusedattn.problem import MAX_ROW_DIM, Limits, Problem, ProblemError, check_tensors
+from fusedattn.reference import causal_mask
 
 ROUTES = {
     "simt": "thread-level, numba.cuda API (the chapter's HIP route)",
@@ -213,7 +214,7 @@ def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
     out = torch.empty_like(q)
     future = None
     if problem.causal:  # True above the diagonal: key j > i, masked with -inf
-        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        future = ~causal_mask(seq, seq, q.device)
 
     def call():
         torch.addmm(scores, q, k.T, beta=0.0, alpha=problem.scale, out=scores)  # scale fused
@@ -229,7 +230,7 @@ def _eager_batched(q, k, v, causal: bool, precision: str | None):
     scale = q.shape[-1] ** -0.5
     future = None
     if causal:
-        future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+        future = ~causal_mask(q.shape[-2], k.shape[-2], q.device)
 
     def call():
         s = torch.matmul(q, k.transpose(-1, -2)) * scale
