@@ -35,6 +35,8 @@ CASES = [
     (2, 4, 2, 17, 40, 24, False),   # Sq != Sk, GQA 2:1, D=24 padded to 32
     (1, 4, 1, 40, 17, 80, True),    # MQA, Sq > Sk causal (rows past Sk see all keys), D=80
     (1, 1, 1, 1, 1, 1, False),      # one row, one key, D=1 padded to 16
+    (1, 2, 2, 48, 48, 64, True),    # whole tiles only: unmasked loads, diagonal tiles masked
+    (1, 1, 1, 17, 40, 16, True),    # Sq < Sk causal: keys past the last query never seen
 ]
 
 
@@ -163,6 +165,43 @@ def test_bench_tiny_suite_in_emulation(tmp_path, capsys):
     assert text.count("\n") == 1 + 4 * 2 and ",flash," in text and ",FAIL," not in text
     assert main(["bench", "--suite", "bf16", "--out", str(tmp_path)]) == 2  # GPU-sized
     assert main(["bench", "--providers", "t0", "--out", str(tmp_path)]) == 2
+
+
+def test_bench_times_each_config_on_matching_problems(tmp_path):
+    import csv
+
+    from fusedattn import mode
+    from fusedattn.cli import main
+    from fusedattn.tiles.flash import CONFIGS, candidates
+
+    if not mode.EMULATION:
+        pytest.skip("emulation behaviour")
+    assert main(["bench", "--suite", "tiny", "--providers", "flash", "--configs",
+                 "--match", "H2/1 S33 D16 causal", "--out", str(tmp_path)]) == 0
+    (folder,) = (tmp_path / "emulation").iterdir()
+    with open(folder / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["problem"] for r in rows} == {"fp32 B1 H2/1 S33 D16 causal"}
+    names = [r["provider"] for r in rows]
+    assert names[0] == "flash" and len(names) == 1 + len(candidates(CONFIGS, 16, 64, "ieee"))
+    assert all(r["status"] == "ok" for r in rows), [r["reason"] for r in rows]
+    assert main(["bench", "--suite", "tiny", "--match", "S9999",
+                 "--out", str(tmp_path)]) == 2
+
+
+def test_config_candidates_per_problem():
+    from fusedattn.tiles.flash import CONFIGS, FMA, SHORT, TENSOR_CORE, candidates
+
+    def shapes(*args):
+        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                for c in candidates(CONFIGS, *args)}
+
+    assert shapes(64, 4096, "ieee") == set(FMA)          # fp32 exact: CUDA-core configs
+    assert shapes(128, 4096, None) == set(TENSOR_CORE)   # fp16/bf16
+    assert shapes(64, 4096, "tf32") == set(TENSOR_CORE)
+    assert shapes(64, 128, None) == set(TENSOR_CORE) | set(SHORT)
+    big = shapes(256, 4096, None)
+    assert big and all(bm <= 64 and bn <= 64 for bm, bn, _, _ in big)
 
 
 def test_flops_model():

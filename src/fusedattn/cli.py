@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--suite", default="bf16", help="bf16|fp16|fp32|memory|tiny|all")
     bn.add_argument("--providers", default="all",
                     help="all, or a comma-separated list of versions with a batched form")
+    bn.add_argument("--match", default="",
+                    help="only problems whose label contains one of these comma-separated "
+                    "texts, e.g. 'S8192 D64 causal'")
+    bn.add_argument("--configs", action="store_true",
+                    help="also time each flash config the autotuner picks from, one by one")
     bn.add_argument("--warmup", type=_int, default=5)
     bn.add_argument("--repeat", type=_int, default=20)
     bn.add_argument("--seed", type=_int, default=0)
@@ -614,6 +619,12 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.flashbench import check_suite, providers, run_problem, with_ratios
 
     problems = check_suite(args.suite)
+    if args.match:
+        wanted = [m.strip() for m in args.match.split(",") if m.strip()]
+        problems = [p for p in problems if any(m in p.label() for m in wanted)]
+        if not problems:
+            raise ProblemError("match", args.match, "texts found in the suite's labels, e.g. "
+                               + ", ".join(p.label() for p in check_suite(args.suite)[:2]))
     known = providers()
     names = known if args.providers == "all" else [
         n.strip() for n in args.providers.split(",") if n.strip()]
@@ -631,7 +642,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         for p in problems:
             status.update(p.label())
             rows += run_problem(p, names, warmup=args.warmup, repeat=args.repeat,
-                                seed=args.seed)
+                                seed=args.seed, configs=args.configs)
             _write_rows_csv(out_dir / "bench.csv", with_ratios(rows))  # whole after each
     table = Table(title=f"bench {args.suite} — {mode.describe()}")
     for c in ("problem", "provider", "status", "max err", "tol", "ms", "TFLOP/s",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+import triton
 
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import ProblemError
@@ -124,21 +125,52 @@ class BenchRow:
     call_bytes: int | None      # peak minus what was allocated before the call
 
 
+def config_name(c) -> str:
+    """A flash config as a provider name: flash@BLOCK_MxBLOCK_N-wWARPS-sSTAGES."""
+    return (f"flash@{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}-w{c.num_warps}"
+            f"-s{c.num_stages}")
+
+
+def _config_calls(q, k, v, p: BenchProblem) -> list[tuple[str, object]]:
+    """(name, make call) for every config the autotuner would time on this problem, each
+    run as the only config: the tuning table behind `flash`'s choice."""
+    from fusedattn.tiles.flash import CONFIGS, candidates, flash_forward
+
+    def make(config):
+        def call():
+            out = torch.empty_like(q)
+            flash_forward(q, k, v, out=out, lse=None, is_causal=p.causal,
+                          scale=p.dim ** -0.5, precision=p.precision or "ieee",
+                          config=config)
+            return out
+        return lambda: call
+
+    return [(config_name(c), make(c))
+            for c in candidates(CONFIGS, p.dim, triton.next_power_of_2(p.seq), p.precision or
+                                ("ieee" if p.dtype == "fp32" else None))]
+
+
 def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
-                seed: int = 0) -> list[BenchRow]:
+                seed: int = 0, configs: bool = False) -> list[BenchRow]:
+    """Verify, time and measure every provider in `names` on one problem; with `configs`,
+    also every flash config the autotuner chooses from, one by one."""
     from fusedattn.tiles.flash import flops
     from fusedattn.timing import time_gpu
     from fusedattn.verify import TOLERANCE, check, precision_key
     from fusedattn.versions import VERSIONS
 
     q, k, v = _inputs(p, seed)
+    makers = [(n, lambda n=n: VERSIONS[n].batched(q, k, v, p.causal, p.precision))
+              for n in names]
+    if configs:
+        makers += _config_calls(q, k, v, p)
     heads = sorted({0, p.heads - 1})[:CHECK_HEADS]
     ref = _reference_slice(q, k, v, p.causal, heads)
     key = precision_key(q.dtype, p.precision)
     peer_err = None if TOLERANCE[key].abs_max is not None else _peer_error(q, k, v, p, heads,
                                                                            ref)
     rows = []
-    for name in names:
+    for name, make in makers:
         base = dict(problem=p.label(), provider=name, batch=p.batch, heads=p.heads, seq=p.seq,
                     dim=p.dim, dtype=p.dtype, causal=p.causal,
                     precision=p.precision or ("ieee" if p.dtype == "fp32" else ""),
@@ -151,7 +183,7 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
         tf32 = p.precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
-            call = VERSIONS[name].batched(q, k, v, p.causal, p.precision)
+            call = make()
             out = call()
             if not EMULATION:
                 torch.cuda.synchronize()

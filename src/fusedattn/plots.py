@@ -128,7 +128,8 @@ def draw_bench(bench_csv: Path) -> list[Path]:
     import csv
 
     with open(bench_csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["tflops"]]
+        # one line per provider; the one-config tuning rows (flash@...) stay in the CSV
+        rows = [r for r in csv.DictReader(f) if r["tflops"] and "@" not in r["provider"]]
     panels = sorted({(r["dtype"], r["precision"], int(r["dim"]), r["causal"]) for r in rows})
     if not rows or not any(len({r["seq"] for r in rows if (r["dtype"], r["precision"],
                                 int(r["dim"]), r["causal"]) == key}) > 1 for key in panels):

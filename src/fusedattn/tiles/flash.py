@@ -30,6 +30,8 @@ ceil(Sq / BLOCK_M) times, from L2 when it holds them. FLOPs: 4 * Sq * Sk * D (ha
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +41,50 @@ from fusedattn.mode import EMULATION
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 
 
+@triton.jit
+def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
+               offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, lo, hi,
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+               PAD_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
+    tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
+    select per element, no bounds on the loads); MASKED=True for the diagonal tiles (causal)
+    and the ragged last one. PAD_D: the head dim is padded up to BLOCK_D (masked columns)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        keys = start_n + offs_n
+        mask_n = keys < seq_k
+        p_kt = p_k_base + keys[None, :] * sk_s + offs_d[:, None] * sk_d    # [BLOCK_D, BLOCK_N]
+        p_vt = p_v_base + keys[:, None] * sv_s + offs_d[None, :] * sv_d    # [BLOCK_N, BLOCK_D]
+        if MASKED:
+            b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        elif PAD_D:
+            b_kt = tl.load(p_kt, mask=mask_d[:, None], other=0.0)
+        else:
+            b_kt = tl.load(p_kt)
+        s = tl.dot(b_q, b_kt, input_precision=PRECISION) * qk_scale      # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            valid = mask_n[None, :]
+            if IS_CAUSAL:
+                valid = valid & (keys[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, float("-inf"))
+        # Every row sees key 0, which is in the first tile visited, so m_i is finite from
+        # the first tile on and a row whose keys in a later tile are all masked keeps m_i.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MASKED:
+            b_v = tl.load(p_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        elif PAD_D:
+            b_v = tl.load(p_vt, mask=mask_d[None, :], other=0.0)
+        else:
+            b_v = tl.load(p_vt)
+        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _flash_fwd(
     p_q, p_k, p_v, p_o, p_lse,
     sq_b, sq_h, sq_s, sq_d,
@@ -49,8 +95,14 @@ def _flash_fwd(
     bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
+    PAD_D: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
+    if IS_CAUSAL:
+        # the last query tiles see the most keys: launch them first, so the short tiles
+        # fill the end of the grid instead of leaving SMs idle behind one long tile
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
@@ -69,29 +121,23 @@ def _flash_fwd(
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
 
-    # Causal: the last key this tile's rows can see is its last row; stop there.
-    hi = tl.minimum(seq_k, (start_m + 1) * BLOCK_M) if IS_CAUSAL else seq_k
     p_k_base = p_k + b * sk_b + h_kv * sk_h
     p_v_base = p_v + b * sv_b + h_kv * sv_h
-    for start_n in range(0, hi, BLOCK_N):
-        keys = start_n + offs_n
-        mask_n = keys < seq_k
-        b_kt = tl.load(p_k_base + keys[None, :] * sk_s + offs_d[:, None] * sk_d,
-                       mask=mask_n[None, :] & mask_d[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
-        s = tl.dot(b_q, b_kt, input_precision=PRECISION) * qk_scale      # [BLOCK_M, BLOCK_N]
-        valid = mask_n[None, :]
-        if IS_CAUSAL:
-            valid = valid & (keys[None, :] <= offs_m[:, None])
-        s = tl.where(valid, s, float("-inf"))
-        # every row sees key 0 in the first tile, so m_new is finite from the first tile on
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        b_v = tl.load(p_v_base + keys[:, None] * sv_s + offs_d[None, :] * sv_d,
-                      mask=mask_n[:, None] & mask_d[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
-        m_i = m_new
+    if IS_CAUSAL:
+        # keys before this tile's first row are visible to all its rows; the last key any
+        # of its rows sees is its last row: stop there (tiles past the diagonal are skipped)
+        open_end = tl.minimum(start_m * BLOCK_M, seq_k)
+        hi = tl.minimum(seq_k, (start_m + 1) * BLOCK_M)
+    else:
+        open_end = seq_k
+        hi = seq_k
+    open_end = open_end // BLOCK_N * BLOCK_N  # whole key tiles only
+    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
+                               offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, 0, open_end,
+                               BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION)
+    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
+                               offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, open_end, hi,
+                               BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION)
 
     out = acc / l_i[:, None]
     p_o_tile = p_o + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :] * so_d
@@ -102,41 +148,72 @@ def _flash_fwd(
                  mask=mask_m)
 
 
-# Hopper configs (BLOCK_M, BLOCK_N, warps, stages): 128-row query tiles feed wgmma; smaller
-# tiles for large head dims keep K/V tiles and the accumulator in shared memory/registers.
-_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-    for bm, bn, w, st in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
-                          (128, 32, 4, 4))
-]
+# Hopper configs, (BLOCK_M, BLOCK_N, warps, stages). Tensor cores (fp16, bf16, tf32):
+# 128-row query tiles feed wgmma (a warpgroup of 4 warps takes 64 rows); 64-row tiles give
+# more programs when B*H*Sq is small. fp32-ieee runs tl.dot as FMA on CUDA cores, where a
+# thread's share of the tile sets the shared-memory traffic per FMA: its own set. Tiles of
+# 16 and 32 rows only for short sequences, where one 128-row tile would be the whole grid.
+TENSOR_CORE = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
+               (128, 32, 4, 4), (64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4))
+FMA = ((64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2),
+       (32, 64, 4, 2), (64, 32, 4, 3), (32, 32, 2, 2))
+SHORT = ((32, 32, 4, 2), (16, 32, 2, 2), (16, 16, 1, 1))
+SHORT_SEQ = 512  # a query length bucket up to this also tries the SHORT configs
+
+
+def _shape(c: triton.Config) -> tuple[int, int, int, int]:
+    return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
+
+
+CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+            for bm, bn, w, st in dict.fromkeys(TENSOR_CORE + FMA + SHORT)]
+
+
+def candidates(configs, head_dim: int, bucket_q: int, precision) -> list:
+    """The configs worth timing for one problem: the FMA set for fp32-ieee, the tensor-core
+    set otherwise, the short-sequence set for short queries, and for head dims over 128 only
+    tiles of <= 64 (K, V and an accumulator of 256 columns overfill a Hopper SM's shared
+    memory and registers at 128)."""
+    sets = FMA if precision == "ieee" else TENSOR_CORE
+    if bucket_q <= SHORT_SEQ:
+        sets = sets + SHORT
+    keep = [c for c in configs if _shape(c) in sets]
+    if head_dim > 128:
+        keep = [c for c in keep if c.kwargs["BLOCK_N"] <= 64 and c.kwargs["BLOCK_M"] <= 64]
+    return keep or configs[:1]
 
 
 def _prune(configs, named_args, **kwargs):
-    # BLOCK_D=256 with 128x128 tiles needs more shared memory than a Hopper SM offers
-    if named_args["head_dim"] > 128:
-        return [c for c in configs if c.kwargs["BLOCK_N"] <= 64] or configs[:1]
-    return configs
+    args = {**named_args, **kwargs}
+    return candidates(configs, args["head_dim"], args["bucket_q"], args["PRECISION"])
 
+
+# Autotune results saved in Triton's cache dir, so a fresh process (run-all starts several)
+# does not time every config again; a keyword of newer Tritons, passed where it exists.
+_CACHE = ({"cache_results": True}
+          if "cache_results" in inspect.signature(triton.autotune).parameters else {})
 
 if EMULATION:
     # The interpreter runs every config it is given: one fixed, small config. tl.dot needs
     # tiles of at least 16 on the GPU; the same minimum keeps the interpreter honest.
-    _flash_fwd_kernel = triton.jit(_flash_fwd)
+    _flash_fwd_kernel = _flash_fwd
     _FIXED = {"BLOCK_M": 16, "BLOCK_N": 16}
 else:
     _flash_fwd_kernel = triton.autotune(
-        configs=_CONFIGS, key=["bucket_q", "bucket_k", "BLOCK_D", "IS_CAUSAL", "PRECISION"],
-        prune_configs_by={"early_config_prune": _prune},
-    )(triton.jit(_flash_fwd))
+        configs=CONFIGS,
+        key=["bucket_q", "bucket_k", "BLOCK_D", "IS_CAUSAL", "PRECISION", "PAD_D"],
+        prune_configs_by={"early_config_prune": _prune}, **_CACHE,
+    )(_flash_fwd)
     _FIXED = {}
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
                   lse: torch.Tensor | None, is_causal: bool, scale: float,
-                  precision: str):
+                  precision: str, config: triton.Config | None = None):
     """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
     `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee" or
-    "tf32", used for fp32 inputs only."""
+    "tf32", used for fp32 inputs only. `config`: run this one config instead of the tuned
+    choice (for timing configs one by one, `scripts/flash_configs.py`)."""
     batch, heads, seq_q, dim = q.shape
     seq_k, heads_kv = k.shape[2], k.shape[1]
     block_d = max(16, triton.next_power_of_2(dim))
@@ -146,13 +223,18 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     def grid(meta):
         return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
 
-    compiled = _flash_fwd_kernel[grid](
+    kernel, fixed = _flash_fwd_kernel, _FIXED
+    if config is not None:
+        kernel = _flash_fwd
+        fixed = {**config.kwargs, "num_warps": config.num_warps,
+                 "num_stages": config.num_stages}
+    compiled = kernel[grid](
         q, k, v, out, lse if lse is not None else out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         heads, heads // heads_kv, seq_q, seq_k, dim, scale * LOG2E,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, IS_CAUSAL=is_causal, WRITE_LSE=lse is not None,
-        PRECISION=dot_precision, **_FIXED,
+        PRECISION=dot_precision, PAD_D=block_d != dim, **fixed,
     )
     return out, compiled
 
