@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 7, tuning on the H200: the flash tests on the GPU, each autotune config timed alone on
-# the problems that missed their target, and Nsight Compute (full set) on ours and the peer.
+# the problems that missed their target, and Nsight Compute (full set) on ours and the peer
+# (fp32-ieee against SDPA efficient; bf16 D=128 against cuDNN, the aim).
 #   scripts/h200_tune.sh bench|ncu
 # Results go to /tmp/ev and come back as $OUT/tune-<what>.tgz.
 set -u
@@ -18,8 +19,9 @@ case $what in
     timeout 100 python3 -m fusedattn bench --suite fp32 --configs \
       --providers flash,sdpa-efficient --warmup 3 --repeat 10 --out $E 2>&1 | tail -25 ;;
   ncu)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_flash.py 2>&1 | tail -4
     ncu --version | tail -1
-    for spec in "bf16|S8192 D64 causal|flash" "bf16|S8192 D64 causal|sdpa-flash" \
+    for spec in "bf16|S4096 D128|flash" "bf16|S4096 D128|sdpa-cudnn" \
                 "fp32|S4096 D64|flash" "fp32|S4096 D64|sdpa-efficient"; do
       IFS='|' read -r suite match prov <<< "$spec"
       name=$(echo "$suite-$match-$prov" | tr ' ' '_')

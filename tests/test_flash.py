@@ -96,9 +96,9 @@ def test_tf32_is_opt_in_and_fp32_only():
     (lambda q: (q, q, q[:, :, :5]), "k/v shapes"),
     (lambda q: (q, q[:1], q[:1]), "batch"),
     (lambda q: (q, q[0], q[0]), "ranks"),
-    (lambda q: (torch.zeros(2, 4, 0, 16), q, q), "q.shape"),
+    (lambda q: (q.new_zeros(2, 4, 0, 16), q, q), "q.shape"),
     (lambda q: (q, "k", q), "k"),
-    (lambda q: (torch.zeros(1, 1, 4, 300),) * 3, "head_dim"),
+    (lambda q: (q.new_zeros(1, 1, 4, 300),) * 3, "head_dim"),
 ])
 def test_bad_inputs_name_the_field(make, field):
     q = _rand(2, 4, 6, 16)
@@ -196,7 +196,7 @@ def test_config_candidates_per_problem():
         return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
                 for c in candidates(CONFIGS, *args)}
 
-    assert shapes(64, 4096, "ieee") == set(FMA)          # fp32 exact: CUDA-core configs
+    assert shapes(64, 4096, "ieee") == set(TENSOR_CORE) | set(FMA)   # fp32 exact: both
     assert shapes(128, 4096, None) == set(TENSOR_CORE)   # fp16/bf16
     assert shapes(64, 4096, "tf32") == set(TENSOR_CORE)
     assert shapes(64, 128, None) == set(TENSOR_CORE) | set(SHORT)
