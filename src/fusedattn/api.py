@@ -7,8 +7,11 @@ SDPA-like API, as a PyTorch custom op.
 `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (any strides; `[S, D]` and `[H, S, D]`
 work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
 like q, and with `return_lse=True` also the natural-log log-sum-exp of each row's scaled
-scores, `[..., H, Sq] float32`. `precision`: None or "ieee" (exact fp32 products, the
-default) or "tf32" (opt-in; fp32 only). Every bad input raises `ProblemError`.
+scores, `[..., H, Sq] float32`. `precision`, for fp32 inputs only: None or "ieee" (exact
+fp32 products on CUDA cores, the default), "tf32" (tensor cores, 10-bit mantissas) or
+"tf32x3" (tensor cores, each product as three TF32 products of the high and low parts,
+big*big + big*small + small*big: about fp32's accuracy, not bitwise IEEE; the technique of
+SDPA's fp32 "efficient" kernel). Every bad input raises `ProblemError`.
 
 Registered as `torch.ops.fusedattn.flash_fwd` (`torch.library.custom_op` with a fake
 implementation), so `torch.compile(fullgraph=True)` traces through it without a graph break.
@@ -25,7 +28,7 @@ from fusedattn.problem import ProblemError
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-PRECISIONS = (None, "ieee", "tf32")
+PRECISIONS = (None, "ieee", "tf32", "tf32x3")
 
 
 @torch.library.custom_op("fusedattn::flash_fwd", mutates_args=())
@@ -93,9 +96,9 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
                                   and scale > 0):
         raise ProblemError("scale", scale, "None or a finite number > 0")
     if precision not in PRECISIONS:
-        raise ProblemError("precision", precision, "None, 'ieee' or 'tf32'")
-    if precision == "tf32" and q.dtype != torch.float32:
-        raise ProblemError("precision", precision, "'tf32' for float32 inputs only")
+        raise ProblemError("precision", precision, "None, 'ieee', 'tf32' or 'tf32x3'")
+    if precision in ("tf32", "tf32x3") and q.dtype != torch.float32:
+        raise ProblemError("precision", precision, f"'{precision}' for float32 inputs only")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,

@@ -36,7 +36,7 @@ class BenchProblem:
     dim: int
     dtype: str
     causal: bool
-    precision: str | None = None  # "tf32" for fp32 opt-in; None = exact (ieee)
+    precision: str | None = None  # fp32 opt-in "tf32" or "tf32x3"; None = exact (ieee)
     heads_kv: int | None = None
 
     def label(self) -> str:
@@ -51,7 +51,8 @@ def suites() -> dict[str, list[BenchProblem]]:
     return {
         "bf16": [p for p in low if p.dtype == "bf16"],
         "fp16": [p for p in low if p.dtype == "fp16"],
-        "fp32": [BenchProblem(1, 16, 4096, 64, "fp32", False, prec) for prec in (None, "tf32")],
+        "fp32": [BenchProblem(1, 16, 4096, 64, "fp32", False, prec)
+                 for prec in (None, "tf32", "tf32x3")],
         "memory": [BenchProblem(4, 32, 32768, 128, "bf16", False)],
         "tiny": [BenchProblem(1, 2, 33, 16, "fp32", c, None, hk) for c in (False, True)
                  for hk in (2, 1)],

@@ -150,16 +150,19 @@ def _flash_fwd(
 
 # Hopper configs, (BLOCK_M, BLOCK_N, warps, stages). Tensor cores (fp16, bf16, tf32):
 # 128-row query tiles feed wgmma (a warpgroup of 4 warps takes 64 rows); 64-row tiles give
-# more programs when B*H*Sq is small. fp32-ieee runs tl.dot as FMA on CUDA cores, where a
-# thread's share of the tile sets the shared-memory traffic per FMA: it tries both sets (on
-# the H200 at S=4096, D=64 the tensor-core set reached 15.5 TFLOP/s, the FMA set alone 12.3).
-# Tiles of 16 and 32 rows only for short sequences, where one 128-row tile is the whole grid.
-TENSOR_CORE = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
-               (128, 32, 4, 4), (64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4))
+# more programs when B*H*Sq is small. The four kept are those that won on the H200 (bf16
+# D=64 causal S=8192/16384, D=128 S=4096, fp32-tf32 S=4096, each config timed alone with
+# `fusedattn bench --configs`); 128x64 with 4 warps (3 or 4 stages), 64x128 and 64x64 with
+# 4 stages never did and went. fp32-ieee runs tl.dot as FMA on CUDA cores, where a thread's
+# share of the tile sets the shared-memory traffic per FMA: it tries both sets (at S=4096,
+# D=64 the FMA set alone reached 12.3 TFLOP/s). Short queries (bucket <= 256) try only
+# small tiles: there one 128-row tile would be the whole grid of a head, and compiling
+# fewer configs keeps a fresh process's first call short.
+TENSOR_CORE = ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4))
 FMA = ((64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2),
-       (32, 64, 4, 2), (64, 32, 4, 3), (32, 32, 2, 2))
-SHORT = ((32, 32, 4, 2), (16, 32, 2, 2), (16, 16, 1, 1))
-SHORT_SEQ = 512  # a query length bucket up to this also tries the SHORT configs
+       (32, 64, 4, 2), (64, 32, 4, 3), (32, 32, 2, 2), (128, 64, 4, 3))
+SHORT = ((64, 64, 4, 3), (32, 32, 4, 2), (16, 32, 2, 2), (16, 16, 1, 1))
+SHORT_SEQ = 256  # a query length bucket up to this tries the SHORT configs only
 
 
 def _shape(c: triton.Config) -> tuple[int, int, int, int]:
@@ -167,17 +170,18 @@ def _shape(c: triton.Config) -> tuple[int, int, int, int]:
 
 
 CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-            for bm, bn, w, st in dict.fromkeys(TENSOR_CORE + FMA + SHORT)]
+           for bm, bn, w, st in dict.fromkeys(TENSOR_CORE + FMA + SHORT)]
 
 
 def candidates(configs, head_dim: int, bucket_q: int, precision) -> list:
-    """The configs worth timing for one problem: both sets for fp32-ieee, the tensor-core
-    set otherwise, the short-sequence set for short queries, and for head dims over 128 only
-    tiles of <= 64 (K, V and an accumulator of 256 columns overfill a Hopper SM's shared
-    memory and registers at 128)."""
-    sets = TENSOR_CORE + FMA if precision == "ieee" else TENSOR_CORE
+    """The configs worth timing for one problem: the short-sequence set for short queries,
+    else both sets for fp32-ieee and the tensor-core set otherwise; for head dims over 128
+    only tiles of <= 64 (K, V and an accumulator of 256 columns overfill a Hopper SM's
+    shared memory and registers at 128)."""
     if bucket_q <= SHORT_SEQ:
-        sets = sets + SHORT
+        sets = SHORT
+    else:
+        sets = TENSOR_CORE + FMA if precision == "ieee" else TENSOR_CORE
     keep = [c for c in configs if _shape(c) in sets]
     if head_dim > 128:
         keep = [c for c in keep if c.kwargs["BLOCK_N"] <= 64 and c.kwargs["BLOCK_M"] <= 64]
