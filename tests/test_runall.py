@@ -172,3 +172,14 @@ def test_run_all_cli_in_emulation_writes_evidence(tmp_path, capsys):
         ("t0", "1", "PASS"), ("t0", "3", "PASS"), ("online", "1", "PASS"),
         ("online", "3", "PASS")}
     assert "no times" in capsys.readouterr().out
+
+
+def test_sender_named_commit_wins_over_the_copys_git(monkeypatch):
+    from fusedattn.evidence import environment
+
+    monkeypatch.setenv("FUSEDATTN_GIT_COMMIT", "0123abc")
+    monkeypatch.setenv("FUSEDATTN_GIT_DIRTY", "0")
+    env = environment()
+    assert env["git_commit"] == "0123abc" and env["git_dirty"] is False
+    monkeypatch.delenv("FUSEDATTN_GIT_COMMIT")
+    assert environment()["git_commit"] != "0123abc"  # this checkout's own git, or None

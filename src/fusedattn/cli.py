@@ -615,8 +615,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, write_json
+    from fusedattn.evidence import environment, sha256_file, write_json
     from fusedattn.flashbench import check_suite, providers, run_problem, with_ratios
+    from fusedattn.versions import VERSIONS
 
     problems = check_suite(args.suite)
     if args.match:
@@ -658,7 +659,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     write_json(out_dir / "environment.json", env | {
         "command": "fusedattn " + " ".join(sys.argv[1:]), "warmup": args.warmup,
-        "repeat": args.repeat, "seed": args.seed})
+        "repeat": args.repeat, "seed": args.seed,
+        "source_sha256": {n: sha256_file(VERSIONS[n].source_file()) for n in names}})
     if not mode.EMULATION:
         from fusedattn.plots import draw_bench
 

@@ -43,16 +43,19 @@ def _version(pkg: str) -> str | None:
 def environment() -> dict:
     """GPU, driver, package versions, git commit and dirty flag, date, mode.
 
-    Where the tree was copied without its .git (the device machine), the commit and dirty
-    flag come from FUSEDATTN_GIT_COMMIT / FUSEDATTN_GIT_DIRTY, set by whoever sent the tree.
+    Where the tree was copied to another machine, whoever sent it names the commit and dirty
+    flag in FUSEDATTN_GIT_COMMIT / FUSEDATTN_GIT_DIRTY; they win over the copy's own .git,
+    which can be stale (the device machine's copy once carried the session's first commit
+    and called every tree "dirty").
     """
-    commit = _git("rev-parse", "HEAD")
-    if commit is not None:
-        dirty: bool | None = bool(_git("status", "--porcelain", "--untracked-files=no"))
-    else:
-        commit = os.environ.get("FUSEDATTN_GIT_COMMIT")
+    commit = os.environ.get("FUSEDATTN_GIT_COMMIT")
+    if commit:
         flag = os.environ.get("FUSEDATTN_GIT_DIRTY")
-        dirty = None if flag is None else flag == "1"
+        dirty: bool | None = None if flag is None else flag == "1"
+    else:
+        commit = _git("rev-parse", "HEAD")
+        dirty = (None if commit is None
+                 else bool(_git("status", "--porcelain", "--untracked-files=no")))
     env = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "mode": "emulation" if EMULATION else "gpu",
