@@ -20,8 +20,10 @@ Unlike the row kernels, each K/V tile loaded into shared memory serves BLOCK_M q
 (reuse across rows), and both products run on tensor cores. Layout `[B, H, S, D]` with any
 strides; GQA/MQA: query head h reads K/V head h // (H / H_kv). Causal is top-left aligned
 like `scaled_dot_product_attention(is_causal=True)`: query i sees keys j <= i; key tiles
-wholly past the diagonal are not visited. Head dims up to 256, padded to a power of two
->= 16 (masked). fp32 inputs use `input_precision="ieee"` unless tf32 is asked for.
+wholly past the diagonal are not visited, and those wholly before it run without any mask
+(`_key_tiles` is instantiated twice: unmasked whole tiles, then the diagonal/ragged ones).
+Head dims up to 256, padded to a power of two >= 16 (masked). fp32 inputs use
+`input_precision="ieee"` (exact FMA) unless "tf32" or "tf32x3" is asked for.
 
 HBM traffic per (batch, head), the fewest bytes: read Q, K, V once, write O (and LSE):
 (2*Sq + 2*Sk) * D * itemsize (+ 4*Sq). K and V are re-read once per query tile, i.e.
