@@ -24,10 +24,9 @@ import math
 import torch
 
 from fusedattn.mode import DEVICE, EMULATION
-from fusedattn.problem import ProblemError
+from fusedattn.problem import MAX_FLASH_DIM, ProblemError
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
 PRECISIONS = (None, "ieee", "tf32", "tf32x3")
 
 
@@ -76,8 +75,8 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
     if k.shape[-1] != d or v.shape[-1] != d:
         raise ProblemError("head_dim", (d, k.shape[-1], v.shape[-1]),
                            "the same head dim for q, k and v")
-    if d > MAX_HEAD_DIM:
-        raise ProblemError("head_dim", d, f"1..{MAX_HEAD_DIM}")
+    if d > MAX_FLASH_DIM:
+        raise ProblemError("head_dim", d, f"1..{MAX_FLASH_DIM}")
     if k.shape != v.shape:
         raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
     if q.shape[:-3] != k.shape[:-3]:

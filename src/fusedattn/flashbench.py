@@ -39,6 +39,11 @@ class BenchProblem:
     precision: str | None = None  # fp32 opt-in "tf32" or "tf32x3"; None = exact (ieee)
     heads_kv: int | None = None
 
+    def dot_precision(self) -> str | None:
+        """The precision the products use: the opt-in one, "ieee" for fp32 by default, None
+        for fp16/bf16 (tensor cores as they are)."""
+        return self.precision or ("ieee" if self.dtype == "fp32" else None)
+
     def label(self) -> str:
         kv = f"/{self.heads_kv}" if self.heads_kv and self.heads_kv != self.heads else ""
         return (f"{self.dtype}{'-' + self.precision if self.precision else ''} B{self.batch} "
@@ -141,14 +146,13 @@ def _config_calls(q, k, v, p: BenchProblem) -> list[tuple[str, object]]:
         def call():
             out = torch.empty_like(q)
             flash_forward(q, k, v, out=out, lse=None, is_causal=p.causal,
-                          scale=p.dim ** -0.5, precision=p.precision or "ieee",
-                          config=config)
+                          scale=p.dim ** -0.5, precision=p.dot_precision(), config=config)
             return out
         return lambda: call
 
     return [(config_name(c), make(c))
-            for c in candidates(CONFIGS, p.dim, triton.next_power_of_2(p.seq), p.precision or
-                                ("ieee" if p.dtype == "fp32" else None))]
+            for c in candidates(CONFIGS, p.dim, triton.next_power_of_2(p.seq),
+                                p.dot_precision())]
 
 
 def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
@@ -174,7 +178,7 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
     for name, make in makers:
         base = dict(problem=p.label(), provider=name, batch=p.batch, heads=p.heads, seq=p.seq,
                     dim=p.dim, dtype=p.dtype, causal=p.causal,
-                    precision=p.precision or ("ieee" if p.dtype == "fp32" else ""),
+                    precision=p.dot_precision() or "",
                     max_abs_error=None, tolerance=None, median_ms=None, min_ms=None,
                     max_ms=None, tflops=None, peak_bytes=None, call_bytes=None)
         if name in MATERIALIZING and p.seq > MATERIALIZE_MAX_S:

@@ -17,6 +17,9 @@ MAX_ROW_DIM = 256
 """The chapter's validated head-dimension range for the row kernels (12.4: "CLI limits
 DIM <= 256 ... supporting a larger head dimension needs resources and bounds re-checked,
 not just the limit removed"). Kept, not raised."""
+MAX_FLASH_DIM = 256
+"""The flash kernel's head-dimension limit (tiles padded to <= 256 columns; larger ones
+overfill a Hopper SM's shared memory and registers): `fusedattn.attention` and the registry."""
 
 DTYPE = torch.float32
 

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import torch
 
-from fusedattn.problem import MAX_ROW_DIM, Limits, Problem, ProblemError, check_tensors
+from fusedattn.problem import (
+    MAX_FLASH_DIM,
+    MAX_ROW_DIM,
+    Limits,
+    Problem,
+    ProblemError,
+    check_tensors,
+)
 from fusedattn.reference import causal_mask
 
 ROUTES = {
@@ -283,7 +290,7 @@ register(Version(
     (Kernel("flash_fwd", ("Q", "K", "V"), ("O",), None,
             "inserted by Triton around tl.dot and the row reductions; not counted"),),
     "fusedattn.tiles.flash", _prepare_flash,
-    Limits(max_dim=256, note="head dims up to 256, padded to a power of two >= 16"),
+    Limits(max_dim=MAX_FLASH_DIM, note="head dims up to 256, padded to a power of two >= 16"),
     batched=_flash_batched,
 ))
 

@@ -17,8 +17,9 @@ exp2 instead of exp: exp(x) = exp2(x * log2(e)), and multiplying the scores once
 scale * log2(e) (1.44269504 = 1/ln 2) saves a multiply per element in the loop.
 
 Unlike the row kernels, each K/V tile loaded into shared memory serves BLOCK_M query rows
-(reuse across rows), and both products run on tensor cores. Layout `[B, H, S, D]` with any
-strides; GQA/MQA: query head h reads K/V head h // (H / H_kv). Causal is top-left aligned
+(reuse across rows), and both products run on tensor cores (fp16, bf16, tf32, tf32x3; fp32
+"ieee" runs them as FMA on CUDA cores). Layout `[B, H, S, D]` with any strides; GQA/MQA:
+query head h reads K/V head h // (H / H_kv). Causal is top-left aligned
 like `scaled_dot_product_attention(is_causal=True)`: query i sees keys j <= i; key tiles
 wholly past the diagonal are not visited, and those wholly before it run without any mask
 (`_key_tiles` is instantiated twice: unmasked whole tiles, then the diagonal/ragged ones).
