@@ -250,13 +250,12 @@ def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
     if mode.EMULATION and args.block is None:
         args.block = EMU_DEFAULT["block"]
     problems = [_problem(args, console, seq) for seq in seqs]
-    for s, d in args.boundary:
-        Problem(s, d, problems[0].block)
+    boundary = [Problem(s, d, problems[0].block) for s, d in args.boundary]
     _check_counts(args)
     if args.processes < 1:
         raise ProblemError("processes", args.processes, "an integer >= 1")
     for v in versions:
-        for p in problems + [Problem(s, d, problems[0].block) for s, d in args.boundary]:
+        for p in problems + boundary:
             v.limits.check(v.name, p)
     plan = Plan(tuple(v.name for v in versions), tuple(seqs), problems[0].dim,
                 problems[0].block, args.processes,
@@ -319,12 +318,19 @@ def cmd_plot(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _stamp_dir(base: Path, suffix: str) -> Path:
-    from fusedattn.evidence import environment
+def _stamp_dir(base: Path, suffix: str, env: dict) -> Path:
     from fusedattn.runall import run_dir_for
 
-    d = run_dir_for(base, environment())
+    d = run_dir_for(base, env)
     return d.with_name(d.name + suffix)
+
+
+def _write_environment(out_dir: Path, env: dict, **extra) -> None:
+    """`environment.json` of a result folder: the machine, the command line, and `extra`."""
+    from fusedattn.evidence import write_json
+
+    write_json(out_dir / "environment.json",
+               env | {"command": "fusedattn " + " ".join(sys.argv[1:]), **extra})
 
 
 def _write_rows_csv(path: Path, rows: list[dict]) -> None:
@@ -342,7 +348,7 @@ def _write_rows_csv(path: Path, rows: list[dict]) -> None:
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, write_atomic, write_json
+    from fusedattn.evidence import environment, write_atomic
     from fusedattn.profile import resource_rows, run_ncu
     from fusedattn.versions import select
 
@@ -379,7 +385,8 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
         console.print("emulation knows grids, blocks, dynamic shared memory, buffers and "
                       "barrier counts; registers, static shared memory, spills and occupancy "
                       "need a GPU (the compiled kernel)")
-    out_dir = _stamp_dir(args.out, "-profile")
+    env = environment()
+    out_dir = _stamp_dir(args.out, "-profile", env)
     ncu_rows = []
     if args.ncu:
         for v in versions:
@@ -406,14 +413,13 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     _write_rows_csv(out_dir / "resources.csv", rows)
     if ncu_rows:
         _write_rows_csv(out_dir / "ncu.csv", ncu_rows)
-    write_json(out_dir / "environment.json", environment() | {
-        "command": "fusedattn " + " ".join(sys.argv[1:]), "problem": problem.__dict__})
+    _write_environment(out_dir, env, problem=problem.__dict__)
     console.print(f"written: {out_dir}")
     return 0
 
 
 def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, write_atomic, write_json
+    from fusedattn.evidence import environment, write_atomic
     from fusedattn.profile import (
         PLANTED,
         SANITIZER_TOOLS,
@@ -444,7 +450,8 @@ def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
     jobs = [(tool, False) for tool in tools]
     if not args.no_planted and "racecheck" in tools:
         jobs.append(("racecheck", True))
-    out_dir = _stamp_dir(args.out, "-races")
+    env = environment()
+    out_dir = _stamp_dir(args.out, "-races", env)
     rows = []
     for tool, planted in jobs:
         label = PLANTED if planted else "all"
@@ -468,8 +475,7 @@ def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
                       _fmt(r["hazards"], "d"), str(r["findings_in_kernel"]), r["verdict"])
     console.print(table)
     _write_rows_csv(out_dir / "races.csv", rows)
-    write_json(out_dir / "environment.json", environment() | {
-        "command": "fusedattn " + " ".join(sys.argv[1:]), "problem": problem.__dict__})
+    _write_environment(out_dir, env, problem=problem.__dict__)
     console.print(f"written: {out_dir}")
     ok = all(r["verdict"] in ("clean", "caught") or r["verdict"].startswith("advisory")
              for r in rows)
@@ -555,7 +561,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     import math
 
     from fusedattn.bench import Settings, measure
-    from fusedattn.evidence import environment, sha256_file, write_json
+    from fusedattn.evidence import environment, sha256_file
     from fusedattn.inputs import make_inputs
     from fusedattn.reference import attention_ref
     from fusedattn.versions import select
@@ -601,10 +607,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
                       _fmt(r["regs_per_thread"], "d"), _fmt(r["spills"], "d"),
                       _fmt(r["shared_bytes"], "d"), f"{r['max_abs_error']:.2e}", r["verdict"])
     console.print(table)
-    out_dir = _stamp_dir(args.out, "-sweep")
+    out_dir = _stamp_dir(args.out, "-sweep", env)
     _write_rows_csv(out_dir / "sweep.csv", rows)
-    write_json(out_dir / "environment.json", env | {
-        "command": "fusedattn " + " ".join(sys.argv[1:]), "problem": problem.__dict__})
+    _write_environment(out_dir, env, problem=problem.__dict__)
     if not mode.EMULATION:
         from fusedattn.plots import draw_sweep
 
@@ -615,7 +620,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, sha256_file, write_json
+    from fusedattn.evidence import environment, sha256_file
     from fusedattn.flashbench import check_suite, providers, run_problem, with_ratios
     from fusedattn.versions import VERSIONS
 
@@ -636,8 +641,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
     if mode.EMULATION and args.suite != "tiny":
         raise ProblemError("suite", args.suite, "tiny in emulation (the suites are GPU-sized)")
-    out_dir = _stamp_dir(args.out, f"-bench-{args.suite}")
     env = environment()
+    out_dir = _stamp_dir(args.out, f"-bench-{args.suite}", env)
     rows = []
     with console.status("bench") as status:
         for p in problems:
@@ -657,10 +662,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             _fmt(r["flash_over_this"], ".2f"),
             _fmt(r["call_bytes"] and r["call_bytes"] / 2**20, ".1f"))
     console.print(table)
-    write_json(out_dir / "environment.json", env | {
-        "command": "fusedattn " + " ".join(sys.argv[1:]), "warmup": args.warmup,
-        "repeat": args.repeat, "seed": args.seed,
-        "source_sha256": {n: sha256_file(VERSIONS[n].source_file()) for n in names}})
+    _write_environment(out_dir, env, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
+                       source_sha256={n: sha256_file(VERSIONS[n].source_file())
+                                      for n in names})
     if not mode.EMULATION:
         from fusedattn.plots import draw_bench
 
