@@ -1,6 +1,5 @@
 """The flash kernel and `fusedattn.attention` (Triton's interpreter on a CPU)."""
 
-import math
 
 import pytest
 import torch
@@ -8,19 +7,13 @@ import torch
 from fusedattn.api import attention
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
+from fusedattn.reference import attention_ref
 from fusedattn.verify import check
 
 
 def _ref(q, k, v, causal=False, scale=None):
-    """float64 attention with GQA by repeating K/V heads; also the natural-log LSE."""
-    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
-    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
-        r = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(r, -3), v.repeat_interleave(r, -3)
-    s = q @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
-    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+    """The one float64 reference (GQA included), with the natural-log LSE."""
+    return attention_ref(q, k, v, causal=causal, scale=scale, return_lse=True)
 
 
 def _rand(*shape, dtype=torch.float32, seed=0):

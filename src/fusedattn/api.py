@@ -13,8 +13,14 @@ fp32 products on CUDA cores, the default), "tf32" (tensor cores, 10-bit mantissa
 big*big + big*small + small*big: about fp32's accuracy, not bitwise IEEE; the technique of
 SDPA's fp32 "efficient" kernel). Every bad input raises `ProblemError`.
 
-Registered as `torch.ops.fusedattn.flash_fwd` (`torch.library.custom_op` with a fake
-implementation), so `torch.compile(fullgraph=True)` traces through it without a graph break.
+Differentiable: `.backward()` runs the FlashAttention-2-style backward kernels
+(`tiles/flash_bwd.py`: deterministic, no S x S array) for every combination the forward
+takes. With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij).
+
+Registered as `torch.ops.fusedattn.flash_fwd` and `torch.ops.fusedattn.flash_bwd`
+(`torch.library.custom_op` with fake implementations, the backward through
+`register_autograd`), so `torch.compile(fullgraph=True)` traces the forward and the backward
+without a graph break.
 """
 
 from __future__ import annotations
@@ -48,6 +54,40 @@ def _(q, k, v, is_causal, scale, precision):
     batch, heads, seq_q, _ = q.shape
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((batch, heads, seq_q), dtype=torch.float32))
+
+
+@torch.library.custom_op("fusedattn::flash_bwd", mutates_args=())
+def _flash_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+                  is_causal: bool, scale: float,
+                  precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from fusedattn.tiles.flash_bwd import flash_backward
+
+    return flash_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale,
+                          precision=precision)
+
+
+@_flash_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, dlse, is_causal, scale, precision):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, is_causal, scale, precision = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = (is_causal, scale, precision)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:  # only the LSE was used
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _flash_bwd_op(dout, q, k, v, out, lse, dlse, *ctx.options)
+    return dq, dk, dv, None, None, None
+
+
+_flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:

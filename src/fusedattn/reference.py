@@ -17,21 +17,55 @@ def causal_mask(seq_q: int, seq_k: int, device: torch.device | str = "cpu") -> t
     return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril()
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-                  causal: bool = False, device: torch.device | str = "cpu") -> torch.Tensor:
-    """`O = softmax(Q K^T * scale [+ causal mask]) V` in float64.
-
-    `q: [..., Sq, D]`, `k, v: [..., Sk, D]`, any float dtype; returns `[..., Sq, D] float64`
-    on `device` (the CPU by default; the benchmark passes the GPU for large slices). scale
-    defaults to 1/sqrt(D). Causal: key j > i gets -inf before the softmax (weight exactly 0).
-    """
-    q, k, v = (t.detach().to(device, torch.float64) for t in (q, k, v))
+def _scores(q, k, scale, causal):
+    """Scaled scores `[..., Sq, Sk]` with GQA (k's heads repeated to q's) and the causal
+    mask as -inf; float64 in, float64 out."""
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-1, -2)) * scale
     if causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], scores.device)
         scores = scores.masked_fill(~mask, -math.inf)
-    return torch.softmax(scores, dim=-1) @ v
+    return scores
+
+
+def _gqa(v, heads):
+    return v.repeat_interleave(heads // v.shape[-3], -3) if v.dim() >= 3 else v
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+                  causal: bool = False, device: torch.device | str = "cpu",
+                  return_lse: bool = False):
+    """`O = softmax(Q K^T * scale [+ causal mask]) V` in float64.
+
+    `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (GQA/MQA: query head h reads K/V head
+    h // (H / H_kv)), or `[Sq, D]`/`[Sk, D]`; any float dtype; returns `[..., Sq, D] float64`
+    on `device` (the CPU by default; the benchmark passes the GPU for large slices), and with
+    `return_lse` also the natural-log LSE of the scaled scores, `[..., Sq] float64`. scale
+    defaults to 1/sqrt(D). Causal (top-left): key j > i gets -inf before the softmax.
+    """
+    q, k, v = (t.detach().to(device, torch.float64) for t in (q, k, v))
+    scores = _scores(q, k, scale, causal)
+    out = torch.softmax(scores, dim=-1) @ _gqa(v, q.shape[-3] if q.dim() >= 3 else 1)
+    return (out, torch.logsumexp(scores, dim=-1)) if return_lse else out
+
+
+def attention_ref_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                        *, scale: float | None = None, causal: bool = False,
+                        dlse: torch.Tensor | None = None, device: torch.device | str = "cpu"
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 `(dq, dk, dv)` of `attention_ref` by autograd, for the upstream gradient
+    `dout` (shaped like O) and optionally `dlse` (shaped like the LSE); dk and dv summed
+    over the query heads of each GQA group, shaped like k and v."""
+    q, k, v = (t.detach().to(device, torch.float64).requires_grad_() for t in (q, k, v))
+    scores = _scores(q, k, scale, causal)
+    out = torch.softmax(scores, dim=-1) @ _gqa(v, q.shape[-3] if q.dim() >= 3 else 1)
+    outputs, grads = [out], [dout.detach().to(device, torch.float64)]
+    if dlse is not None:
+        outputs.append(torch.logsumexp(scores, dim=-1))
+        grads.append(dlse.detach().to(device, torch.float64))
+    return torch.autograd.grad(outputs, (q, k, v), grads)
 
 
 @dataclass(frozen=True)

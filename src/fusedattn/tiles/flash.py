@@ -56,8 +56,11 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         mask_n = keys < seq_k
-        p_kt = p_k_base + keys[None, :] * sk_s + offs_d[:, None] * sk_d    # [BLOCK_D, BLOCK_N]
-        p_vt = p_v_base + keys[:, None] * sv_s + offs_d[None, :] * sv_d    # [BLOCK_N, BLOCK_D]
+        first = tl.cast(start_n, tl.int64)  # the tile's first row, 64-bit; offsets inside, 32-bit
+        p_kt = (p_k_base + first * sk_s
+                + offs_n[None, :] * sk_s + offs_d[:, None] * sk_d)         # [BLOCK_D, BLOCK_N]
+        p_vt = (p_v_base + first * sv_s
+                + offs_n[:, None] * sv_s + offs_d[None, :] * sv_d)         # [BLOCK_N, BLOCK_D]
         if MASKED:
             b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         elif PAD_D:
@@ -106,7 +109,7 @@ def _flash_fwd(
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
         start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit: b * stride passes 2^31 on big batches
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // group  # GQA: `group` query heads share one K/V head
@@ -117,7 +120,9 @@ def _flash_fwd(
     mask_m = offs_m < seq_q
     mask_d = offs_d < head_dim
 
-    p_q_tile = p_q + b * sq_b + h * sq_h + offs_m[:, None] * sq_s + offs_d[None, :] * sq_d
+    first_m = (start_m * BLOCK_M).to(tl.int64)
+    p_q_tile = (p_q + b * sq_b + h * sq_h + first_m * sq_s
+                + tl.arange(0, BLOCK_M)[:, None] * sq_s + offs_d[None, :] * sq_d)
     b_q = tl.load(p_q_tile, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -143,7 +148,8 @@ def _flash_fwd(
                                BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION)
 
     out = acc / l_i[:, None]
-    p_o_tile = p_o + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :] * so_d
+    p_o_tile = (p_o + b * so_b + h * so_h + first_m * so_s
+                + tl.arange(0, BLOCK_M)[:, None] * so_s + offs_d[None, :] * so_d)
     tl.store(p_o_tile, out.to(p_o.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
     if WRITE_LSE:
         # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
@@ -215,6 +221,16 @@ else:
     _FIXED = {}
 
 
+def emulation_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The kernels' operands as they are, except bf16 in the interpreter: there they become
+    fp32 copies, because the interpreter's bf16 `tl.dot` returns garbage (an upstream bug:
+    values near 8e8 for inputs of N(0,1)). Products from fp32 copies of bf16 values are
+    exact, so emulated bf16 is at least as accurate as the GPU's; outputs keep their dtype."""
+    if EMULATION:
+        return tuple(t.float() if t.dtype == torch.bfloat16 else t for t in tensors)
+    return tensors
+
+
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
                   lse: torch.Tensor | None, is_causal: bool, scale: float,
                   precision: str, config: triton.Config | None = None):
@@ -224,6 +240,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     choice (for timing configs one by one, `scripts/flash_configs.py`)."""
     batch, heads, seq_q, dim = q.shape
     seq_k, heads_kv = k.shape[2], k.shape[1]
+    q, k, v = emulation_operands(q, k, v)
     block_d = max(16, triton.next_power_of_2(dim))
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = precision if q.dtype == torch.float32 else None

@@ -1,0 +1,319 @@
+"""FlashAttention-2-style backward in Triton: no S x S array, fp32 accumulation, no atomics.
+
+Given the forward's O and natural-log LSE, and dO (and optionally dLSE, the gradient of the
+LSE output), with s = scale * Q K^T and P = exp(s - LSE):
+
+    delta_i = rowsum(dO_i * O_i) - dLSE_i                     # preprocess, [B, H, Sq] fp32
+    dV_j    = sum_i P_ij dO_i                                  # dK/dV pass, by key tiles
+    dP_ij   = dO_i . V_j
+    dS_ij   = P_ij (dP_ij - delta_i)                           # d loss / d s_ij
+    dK_j    = scale * sum_i dS_ij Q_i
+    dQ_i    = scale * sum_j dS_ij K_j                          # dQ pass, by query tiles
+
+(dLSE enters through d LSE_i / d s_ij = P_ij, so the LSE output is differentiable for the
+price of one subtraction.) P is recomputed from Q, K and the LSE in both passes, in base 2:
+exp(s - LSE) = exp2(s * log2(e) - LSE * log2(e)).
+
+Determinism: each dK/dV tile is owned by one program, which loops over every query tile of
+every query head of its GQA group; each dQ tile by one program looping over the key tiles.
+No float atomics, so the same inputs give the same bits on every run. The price is that
+P and dP are computed twice (once per pass): 7 GEMMs of [BLOCK] tiles instead of 5, the
+FLOP convention still counts 2.5x the forward (FlashAttention's).
+
+Extra memory: delta, 4 * B * H * Sq bytes; dQ, dK, dV are written once in the input dtype
+(no fp32 dQ accumulator is needed without atomics).
+
+Offsets: batch and head offsets and each tile's first row are 64-bit (`.to(tl.int64)`), so
+tensors past 2^31 elements index correctly; offsets inside a tile stay 32-bit.
+
+Causal is top-left aligned, as in the forward: query i sees keys j <= i. A key tile is seen
+by the query tiles from its own first key onwards: those straddling the diagonal (and the
+ragged last tile) run with masks, those wholly past it without.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fusedattn.mode import EMULATION
+from fusedattn.tiles.flash import LOG2E, emulation_operands
+
+
+@triton.jit
+def _bwd_preprocess(p_o, p_do, p_dlse, p_delta,
+                    so_b, so_h, so_s, so_d, sdo_b, sdo_h, sdo_s, sdo_d,
+                    n_heads, seq_q, head_dim,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """delta = rowsum(dO * O) - dLSE for BLOCK_M rows of one (batch, head)."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // n_heads
+    h = bh % n_heads
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = ((start + offs_m) < seq_q)[:, None] & (offs_d < head_dim)[None, :]
+    b_o = tl.load(p_o + b * so_b + h * so_h + start * so_s + offs_m[:, None] * so_s
+                  + offs_d[None, :] * so_d, mask=mask, other=0.0).to(tl.float32)
+    b_do = tl.load(p_do + b * sdo_b + h * sdo_h + start * sdo_s + offs_m[:, None] * sdo_s
+                   + offs_d[None, :] * sdo_d, mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(b_o * b_do, axis=1)
+    rows = bh * seq_q + start + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(p_dlse + rows, mask=(start + offs_m) < seq_q, other=0.0)
+    tl.store(p_delta + rows, delta, mask=(start + offs_m) < seq_q)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
+                sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q, qk_scale, lo, hi,
+                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                PAD_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Query tiles [lo, hi) against one key tile: accumulate dK (unscaled) and dV. MASKED
+    for the diagonal tiles (causal) and the ragged last query tile; rows past Sq load zeros
+    (dO = 0 and delta = 0 give them dS = 0 and no dV)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        first = tl.cast(start_m, tl.int64)
+        p_qt = p_q_base + first * sq_s + offs_m[None, :] * sq_s + offs_d[:, None] * sq_d
+        p_do = p_do_base + first * sdo_s + offs_m[:, None] * sdo_s + offs_d[None, :] * sdo_d
+        if MASKED:
+            mask_m = rows < seq_q
+            b_qt = tl.load(p_qt, mask=mask_m[None, :] & mask_d[:, None], other=0.0)
+            b_do = tl.load(p_do, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+            lse = tl.load(p_lse_base + rows, mask=mask_m, other=0.0)
+            delta = tl.load(p_delta_base + rows, mask=mask_m, other=0.0)
+        else:
+            if PAD_D:
+                b_qt = tl.load(p_qt, mask=mask_d[:, None], other=0.0)
+                b_do = tl.load(p_do, mask=mask_d[None, :], other=0.0)
+            else:
+                b_qt = tl.load(p_qt)
+                b_do = tl.load(p_do)
+            lse = tl.load(p_lse_base + rows)
+            delta = tl.load(p_delta_base + rows)
+        s_t = tl.dot(b_k, b_qt, input_precision=PRECISION) * qk_scale     # [BLOCK_N, BLOCK_M]
+        p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)          # LSE to base 2
+        if MASKED:
+            if IS_CAUSAL:
+                p_t = tl.where(keys[:, None] <= rows[None, :], p_t, 0.0)
+        dv += tl.dot(p_t.to(b_do.dtype), b_do, input_precision=PRECISION)
+        dp_t = tl.dot(b_v, tl.trans(b_do), input_precision=PRECISION)    # [BLOCK_N, BLOCK_M]
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(b_qt.dtype), tl.trans(b_qt), input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _flash_bwd_dkdv(
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv,
+    sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
+    sdo_b, sdo_h, sdo_s, sdo_d, sdk_b, sdk_h, sdk_s, sdk_d, sdv_b, sdv_h, sdv_s, sdv_d,
+    n_heads, n_heads_kv, group, seq_q, seq_k, head_dim, scale, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """dK and dV of BLOCK_N keys of one (batch, K/V head), summed over its query heads."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1).to(tl.int64)
+    b = bhk // n_heads_kv
+    h_kv = bhk % n_heads_kv
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    keys = start_n + offs_n
+    mask_d = offs_d < head_dim
+    mask_kd = (keys < seq_k)[:, None] & mask_d[None, :]
+    first_n = start_n.to(tl.int64)
+    b_k = tl.load(p_k + b * sk_b + h_kv * sk_h + first_n * sk_s + offs_n[:, None] * sk_s
+                  + offs_d[None, :] * sk_d, mask=mask_kd, other=0.0)
+    b_v = tl.load(p_v + b * sv_b + h_kv * sv_h + first_n * sv_s + offs_n[:, None] * sv_s
+                  + offs_d[None, :] * sv_d, mask=mask_kd, other=0.0)
+    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+
+    if IS_CAUSAL:
+        # rows before this tile's first key see none of it; rows from the first query tile
+        # starting at or after its last key see all of it
+        lo = tl.minimum(start_n // BLOCK_M * BLOCK_M, seq_q)
+        mid = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, seq_q)
+    else:
+        lo = 0
+        mid = 0
+    full = seq_q // BLOCK_M * BLOCK_M  # whole query tiles end here
+    ragged = tl.maximum(mid, full)
+    for g in range(group):
+        h = h_kv * group + g
+        p_q_base = p_q + b * sq_b + h * sq_h
+        p_do_base = p_do + b * sdo_b + h * sdo_h
+        p_lse_base = p_lse + (b * n_heads + h) * seq_q
+        p_delta_base = p_delta + (b * n_heads + h) * seq_q
+        dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
+                             sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
+                             qk_scale, lo, mid, BLOCK_M, True, IS_CAUSAL, PAD_D, PRECISION)
+        dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
+                             sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
+                             qk_scale, mid, full, BLOCK_M, False, IS_CAUSAL, PAD_D, PRECISION)
+        dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
+                             sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
+                             qk_scale, ragged, seq_q, BLOCK_M, True, IS_CAUSAL, PAD_D,
+                             PRECISION)
+    dk *= scale
+    tl.store(p_dk + b * sdk_b + h_kv * sdk_h + first_n * sdk_s + offs_n[:, None] * sdk_s
+             + offs_d[None, :] * sdk_d, dk.to(p_dk.dtype.element_ty), mask=mask_kd)
+    tl.store(p_dv + b * sdv_b + h_kv * sdv_h + first_n * sdv_s + offs_n[:, None] * sdv_s
+             + offs_d[None, :] * sdv_d, dv.to(p_dv.dtype.element_ty), mask=mask_kd)
+
+
+@triton.jit
+def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
+              rows, offs_n, offs_d, mask_d, seq_k, qk_scale, lo, hi,
+              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              PAD_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Key tiles [lo, hi) against one query tile: accumulate dQ (unscaled). MASKED for the
+    diagonal tiles (causal) and the ragged last key tile."""
+    for start_n in range(lo, hi, BLOCK_N):
+        keys = start_n + offs_n
+        first = tl.cast(start_n, tl.int64)
+        p_kt = p_k_base + first * sk_s + offs_n[None, :] * sk_s + offs_d[:, None] * sk_d
+        p_vt = p_v_base + first * sv_s + offs_n[None, :] * sv_s + offs_d[:, None] * sv_d
+        if MASKED:
+            mask_n = keys < seq_k
+            b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+            b_vt = tl.load(p_vt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        elif PAD_D:
+            b_kt = tl.load(p_kt, mask=mask_d[:, None], other=0.0)
+            b_vt = tl.load(p_vt, mask=mask_d[:, None], other=0.0)
+        else:
+            b_kt = tl.load(p_kt)
+            b_vt = tl.load(p_vt)
+        s = tl.dot(b_q, b_kt, input_precision=PRECISION) * qk_scale       # [BLOCK_M, BLOCK_N]
+        p = tl.exp2(s - lse2[:, None])
+        if MASKED:
+            valid = (keys < seq_k)[None, :]
+            if IS_CAUSAL:
+                valid = valid & (keys[None, :] <= rows[:, None])
+            p = tl.where(valid, p, 0.0)
+        dp = tl.dot(b_do, b_vt, input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(b_kt.dtype), tl.trans(b_kt), input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _flash_bwd_dq(
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq,
+    sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
+    sdo_b, sdo_h, sdo_s, sdo_d, sdq_b, sdq_h, sdq_s, sdq_d,
+    n_heads, group, seq_q, seq_k, head_dim, scale, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+):
+    """dQ of BLOCK_M query rows of one (batch, head)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // n_heads
+    h = bh % n_heads
+    h_kv = h // group
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = start_m + offs_m
+    mask_m = rows < seq_q
+    mask_d = offs_d < head_dim
+    mask_md = mask_m[:, None] & mask_d[None, :]
+    first_m = start_m.to(tl.int64)
+    b_q = tl.load(p_q + b * sq_b + h * sq_h + first_m * sq_s + offs_m[:, None] * sq_s
+                  + offs_d[None, :] * sq_d, mask=mask_md, other=0.0)
+    b_do = tl.load(p_do + b * sdo_b + h * sdo_h + first_m * sdo_s + offs_m[:, None] * sdo_s
+                   + offs_d[None, :] * sdo_d, mask=mask_md, other=0.0)
+    lse2 = tl.load(p_lse + bh * seq_q + rows, mask=mask_m, other=0.0) * 1.4426950408889634
+    delta = tl.load(p_delta + bh * seq_q + rows, mask=mask_m, other=0.0)
+    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+
+    p_k_base = p_k + b * sk_b + h_kv * sk_h
+    p_v_base = p_v + b * sv_b + h_kv * sv_h
+    if IS_CAUSAL:
+        open_end = tl.minimum(start_m, seq_k)  # keys every row of the tile sees
+        hi = tl.minimum(seq_k, start_m + BLOCK_M)
+    else:
+        open_end = seq_k
+        hi = seq_k
+    open_end = open_end // BLOCK_N * BLOCK_N
+    dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
+                   rows, offs_n, offs_d, mask_d, seq_k, qk_scale, 0, open_end,
+                   BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION)
+    dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
+                   rows, offs_n, offs_d, mask_d, seq_k, qk_scale, open_end, hi,
+                   BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION)
+    dq *= scale
+    tl.store(p_dq + b * sdq_b + h * sdq_h + first_m * sdq_s + offs_m[:, None] * sdq_s
+             + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)
+
+
+# (BLOCK_M, BLOCK_N, warps, stages) per pass, chosen by head dim; no autotuning, so the
+# first backward on a new shape costs one compile per pass. dK/dV holds two [BLOCK_N, D]
+# fp32 accumulators plus K and V tiles for the whole loop, so it streams narrow query tiles
+# past wide key tiles; dQ the reverse. Larger head dims take smaller tiles to stay in
+# registers and shared memory (228 KB per SM on Hopper). Timed on the H200 with
+# `scripts/bwd_configs.py`; the table in evidence/README.md.
+BWD_CONFIGS = {
+    # head dim up to: (dkdv, dq)
+    64: ((64, 128, 8, 3), (128, 64, 8, 3)),
+    128: ((64, 128, 8, 2), (128, 64, 8, 2)),
+    256: ((32, 64, 4, 1), (64, 32, 4, 1)),
+}
+EMULATION_CONFIG = ((16, 16, 1, 1), (16, 16, 1, 1))  # the interpreter: small and exact
+
+
+def bwd_configs(block_d: int, dtype: torch.dtype):
+    """(dkdv, dq) configs for a padded head dim; fp32 tiles are twice the bytes, so they
+    take the next larger head dim's row."""
+    if EMULATION:
+        return EMULATION_CONFIG
+    if dtype == torch.float32:
+        block_d = min(256, block_d * 2)
+    return next(c for d, c in BWD_CONFIGS.items() if block_d <= d)
+
+
+def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, *,
+                   is_causal: bool, scale: float, precision: str,
+                   configs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of `attention` on validated `[B, H, S, D]` tensors (any strides).
+
+    `lse: [B, H, Sq] float32` is the forward's natural-log LSE; `dlse` its gradient or None.
+    Returns `(dq, dk, dv)`, contiguous, in the inputs' dtype (dK, dV summed over the query
+    heads that share each K/V head). `configs`: ((BLOCK_M, BLOCK_N, warps, stages) for dK/dV,
+    the same for dQ), to time other tiles; default `bwd_configs`."""
+    batch, heads, seq_q, dim = q.shape
+    heads_kv, seq_k = k.shape[1], k.shape[2]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    q, k, v, dout = emulation_operands(q, k, v, dout)
+    block_d = max(16, triton.next_power_of_2(dim))
+    dot_precision = precision if q.dtype == torch.float32 else None
+    lse = lse.contiguous()
+    delta = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    pre_m = 64 if not EMULATION else 16
+    _bwd_preprocess[(triton.cdiv(seq_q, pre_m), batch * heads)](
+        out, dout, dlse if dlse is not None else delta, delta,
+        *out.stride(), *dout.stride(), heads, seq_q, dim,
+        BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None)
+    (km, kn, kw, ks), (qm, qn, qw, qs) = configs or bwd_configs(block_d, q.dtype)
+    common = dict(BLOCK_D=block_d, IS_CAUSAL=is_causal, PRECISION=dot_precision,
+                  PAD_D=block_d != dim)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+    _flash_bwd_dkdv[(triton.cdiv(seq_k, kn), batch * heads_kv)](
+        q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
+        heads, heads_kv, heads // heads_kv, seq_q, seq_k, dim, scale, scale * LOG2E,
+        BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common)
+    _flash_bwd_dq[(triton.cdiv(seq_q, qm), batch * heads)](
+        q, k, v, dout, lse, delta, dq, *strides, *dq.stride(),
+        heads, heads // heads_kv, seq_q, seq_k, dim, scale, scale * LOG2E,
+        BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common)
+    return dq, dk, dv
