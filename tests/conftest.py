@@ -1,6 +1,11 @@
-"""Tests run wherever they are started: in emulation on a CPU (CI), on the GPU otherwise.
+"""Tests run wherever they are started: in emulation on a CPU (CI), on the GPU otherwise
+(the GPU tier: the same suite on the H200, README "The GPU tier").
 
-Importing fusedattn fixes the mode before any kernel module is imported.
+Importing fusedattn fixes the mode before any kernel module is imported. A test that makes
+sense on one side only says so with a marker and a reason, and is skipped on the other:
+
+    @pytest.mark.emulation_only("why")   # CPU emulation only
+    @pytest.mark.gpu_only("why")         # the GPU only
 """
 
 import pytest
@@ -8,8 +13,27 @@ import torch
 
 import fusedattn  # noqa: F401
 from fusedattn.inputs import make_inputs
-from fusedattn.mode import DEVICE
+from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import Problem
+
+SIDES = {"emulation_only": True, "gpu_only": False}  # marker -> runs when EMULATION is
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "emulation_only(reason): runs in CPU emulation only")
+    config.addinivalue_line("markers", "gpu_only(reason): runs on a GPU only")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name, side in SIDES.items():
+            marker = item.get_closest_marker(name)
+            if marker is None:
+                continue
+            if not marker.args or not str(marker.args[0]).strip():
+                raise pytest.UsageError(f"{item.nodeid}: @{name} needs a reason")
+            if EMULATION != side:
+                item.add_marker(pytest.mark.skip(reason=f"{name}: {marker.args[0]}"))
 
 
 @pytest.fixture

@@ -50,10 +50,7 @@ def test_run_all_versions_writes_records(tmp_path, capsys):
         assert all(r["timing"] is None for r in data["records"])
 
 
+@pytest.mark.emulation_only("the small default problem applies to emulation only")
 def test_emulation_default_problem_is_announced(capsys):
-    from fusedattn import mode
-
-    if not mode.EMULATION:
-        pytest.skip("the small default applies to emulation only")
     assert main(["run", "--version", "t0,t1"]) == 0
     assert "small default 16x8" in capsys.readouterr().out

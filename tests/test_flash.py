@@ -150,12 +150,10 @@ def test_flash_is_in_the_registry_for_the_chapters_problem(qkv):
         assert result.ok, result.reasons
 
 
+@pytest.mark.emulation_only("bench in emulation: no times; the GPU bench is evidence")
 def test_bench_tiny_suite_in_emulation(tmp_path, capsys):
-    from fusedattn import mode
     from fusedattn.cli import main
 
-    if not mode.EMULATION:
-        pytest.skip("emulation behaviour")
     assert main(["bench", "--suite", "tiny", "--providers", "flash,sdpa-math",
                  "--out", str(tmp_path)]) == 0
     (folder,) = (tmp_path / "emulation").iterdir()
@@ -165,15 +163,12 @@ def test_bench_tiny_suite_in_emulation(tmp_path, capsys):
     assert main(["bench", "--providers", "t0", "--out", str(tmp_path)]) == 2
 
 
+@pytest.mark.emulation_only("a compile per config on a GPU; the GPU run is evidence")
 def test_bench_times_each_config_on_matching_problems(tmp_path):
     import csv
 
-    from fusedattn import mode
     from fusedattn.cli import main
     from fusedattn.tiles.flash import CONFIGS, candidates
-
-    if not mode.EMULATION:
-        pytest.skip("emulation behaviour")
     assert main(["bench", "--suite", "tiny", "--providers", "flash", "--configs",
                  "--match", "H2/1 S33 D16 causal", "--out", str(tmp_path)]) == 0
     (folder,) = (tmp_path / "emulation").iterdir()

@@ -114,12 +114,9 @@ def test_missing_tools_give_clear_errors(monkeypatch):
         profile.run_sanitizer("racecheck", ["online"], Problem(4, 4, 32))
 
 
+@pytest.mark.emulation_only("what profile prints without a GPU")
 def test_cli_profile_in_emulation_says_what_needs_a_gpu(tmp_path, capsys):
-    from fusedattn import mode
     from fusedattn.cli import main
-
-    if not mode.EMULATION:
-        pytest.skip("emulation behaviour")
     assert main(["profile", "--version", "online,t0", "--seq", "4", "--dim", "3",
                  "--block", "32", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

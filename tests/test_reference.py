@@ -47,5 +47,6 @@ def test_reference_is_float64_and_uses_one_over_sqrt_d(qkv):
     q, k, v = qkv(5, 4)
     ref = attention_ref(q, k, v)
     assert ref.dtype == torch.float64
+    q, k, v = (t.cpu() for t in (q, k, v))  # the reference returns CPU tensors
     manual = torch.softmax(q.double() @ k.double().T / 2.0, -1) @ v.double()
     assert torch.allclose(ref, manual)

@@ -155,12 +155,9 @@ def test_resume_refuses_another_plan(tmp_path):
         execute(_plan(), tmp_path, _Console(), _NoProgress)
 
 
+@pytest.mark.emulation_only("the GPU protocol runs on the H200 as evidence, minutes long")
 def test_run_all_cli_in_emulation_writes_evidence(tmp_path, capsys):
-    from fusedattn import mode
     from fusedattn.cli import main
-
-    if not mode.EMULATION:
-        pytest.skip("the GPU protocol runs on the H200, not in the test suite")
     rc = main(["run-all", "--version", "t0,online", "--boundary", "1x1,3x5",
                "--out", str(tmp_path)])
     assert rc == 0

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from fusedattn.verify import TOLERANCE, check, poison
@@ -77,3 +78,27 @@ def test_poison_for_half_precisions_is_nan_and_detected():
         assert torch.isnan(out).all()
         result = check(out, torch.zeros(3, 2, dtype=torch.float64), peer_error=1e-3)
         assert result.n_unwritten == 6 and result.n_nan == 0 and not result.ok
+
+
+def test_stress_bound_is_relative_to_torchs_fp32_error_and_chapter_bound_stays():
+    from fusedattn.verify import TOLERANCE, needs_peer, precision_key
+
+    # the chapter's protocols keep the fixed 2e-4
+    for protocol in ("uniform", "normal", None):
+        assert precision_key(torch.float32, None, protocol) == "float32"
+        assert not needs_peer(torch.float32, None, protocol)
+    assert precision_key(torch.float32, None, "stress") == "float32-wide"
+    assert TOLERANCE["float32-wide"].limit(1.18e-4) == pytest.approx(2 * 1.18e-4 + 2e-4)
+    # tf32 and low precision are not affected by the protocol
+    assert precision_key(torch.float32, "tf32", "stress") == "tf32"
+    assert precision_key(torch.bfloat16, None, "stress") == "bfloat16"
+
+
+def test_stress_check_fails_an_error_above_twice_the_peer():
+    from fusedattn.verify import check
+
+    ref = torch.zeros(4, 4, dtype=torch.float64)
+    out = torch.full((4, 4), 3e-4)
+    assert check(out, ref, protocol="stress", peer_error=1e-4).ok          # < 4e-4
+    assert not check(out, ref, protocol="stress", peer_error=1e-5).ok      # >= 2.2e-4
+    assert not check(out, ref, protocol="uniform").ok                      # >= 2e-4

@@ -111,11 +111,8 @@ def test_masks_command_and_figure(tmp_path, capsys):
     assert "3 iterations" in out and "fill 0" in out and fig.stat().st_size > 1000
 
 
+@pytest.mark.emulation_only("the sweep without times; on a GPU it is evidence")
 def test_sweep_command_in_emulation(tmp_path, capsys):
-    from fusedattn import mode
-
-    if not mode.EMULATION:
-        pytest.skip("emulation behaviour")
     assert main(["sweep", "--version", "t0", "--block-k", "16,64", "--seq", "20", "--dim",
                  "3", "--out", str(tmp_path)]) == 0
     (folder,) = (tmp_path / "emulation").iterdir()

@@ -13,10 +13,10 @@ import torch
 
 from fusedattn.inputs import make_inputs
 from fusedattn.mode import DEVICE, EMULATION
-from fusedattn.problem import Problem
+from fusedattn.problem import DTYPE, Problem
 from fusedattn.reference import attention_ref
 from fusedattn.timing import time_gpu
-from fusedattn.verify import Check, check, poison
+from fusedattn.verify import Check, check, fp32_peer_error, needs_peer, poison
 from fusedattn.versions import Version
 
 
@@ -69,17 +69,20 @@ def measure(version: Version, problem: Problem, settings: Settings,
     q, k, v = inputs
     if ref is None:
         ref = attention_ref(q, k, v, causal=problem.causal)
+    bound = {"protocol": settings.inputs, "peer_error": None}
+    if needs_peer(DTYPE, None, settings.inputs):
+        bound["peer_error"] = fp32_peer_error(q, k, v, ref, causal=problem.causal)
     prepared = version.prepare(q, k, v, problem)
     poison(prepared.out)
     prepared.call()
     _sync()
-    before = check(prepared.out, ref)
+    before = check(prepared.out, ref, **bound)
     after = timing = None
     if not EMULATION:
         poison(prepared.out)
         timing = time_gpu(prepared.call, warmup=settings.warmup, repeat=settings.repeat,
                           mode=settings.timing).to_dict()
-        after = check(prepared.out, ref)
+        after = check(prepared.out, ref, **bound)
     return Record(version.name, version.route, problem.seq, problem.dim, problem.block,
                   problem.causal, asdict(settings), before, after, timing, prepared.resources())
 

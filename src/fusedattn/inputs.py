@@ -36,6 +36,11 @@ PROTOCOLS: dict[str, tuple[Callable[[tuple[int, ...], torch.Generator], torch.Te
 }
 
 
+CHAPTER = ("uniform", "normal")
+"""The chapter's own protocols: judged by its fixed 2e-4 bound (`verify.TOLERANCE`); other
+protocols by a bound relative to PyTorch's own fp32 error."""
+
+
 def make_inputs(
     problem: Problem, protocol: str = "uniform", seed: int = 0, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fusedattn.configs import autotune_requested, forward_config
 from fusedattn.mode import EMULATION
 
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
@@ -207,18 +208,12 @@ def _prune(configs, named_args, **kwargs):
 _CACHE = ({"cache_results": True}
           if "cache_results" in inspect.signature(triton.autotune).parameters else {})
 
-if EMULATION:
-    # The interpreter runs every config it is given: one fixed, small config. tl.dot needs
-    # tiles of at least 16 on the GPU; the same minimum keeps the interpreter honest.
-    _flash_fwd_kernel = _flash_fwd
-    _FIXED = {"BLOCK_M": 16, "BLOCK_N": 16}
-else:
-    _flash_fwd_kernel = triton.autotune(
-        configs=CONFIGS,
-        key=["bucket_q", "bucket_k", "BLOCK_D", "IS_CAUSAL", "PRECISION", "PAD_D"],
-        prune_configs_by={"early_config_prune": _prune}, **_CACHE,
-    )(_flash_fwd)
-    _FIXED = {}
+# Only with FUSEDATTN_AUTOTUNE=1 (`configs.autotune_requested`): the table's config otherwise.
+_flash_fwd_autotuned = triton.autotune(
+    configs=CONFIGS,
+    key=["bucket_q", "bucket_k", "BLOCK_D", "IS_CAUSAL", "PRECISION", "PAD_D"],
+    prune_configs_by={"early_config_prune": _prune}, **_CACHE,
+)(_flash_fwd)
 
 
 def emulation_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -235,9 +230,10 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
                   lse: torch.Tensor | None, is_causal: bool, scale: float,
                   precision: str, config: triton.Config | None = None):
     """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
-    `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee" or
-    "tf32", used for fp32 inputs only. `config`: run this one config instead of the tuned
-    choice (for timing configs one by one, `scripts/flash_configs.py`)."""
+    `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee",
+    "tf32" or "tf32x3", used for fp32 inputs only. The config is the table's
+    (`configs.forward_config`), Triton's autotuner's with FUSEDATTN_AUTOTUNE=1, or `config`
+    (for timing configs one by one, `fusedattn bench --configs`)."""
     batch, heads, seq_q, dim = q.shape
     seq_k, heads_kv = k.shape[2], k.shape[1]
     q, k, v = emulation_operands(q, k, v)
@@ -248,11 +244,18 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     def grid(meta):
         return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
 
-    kernel, fixed = _flash_fwd_kernel, _FIXED
-    if config is not None:
-        kernel = _flash_fwd
-        fixed = {**config.kwargs, "num_warps": config.num_warps,
-                 "num_stages": config.num_stages}
+    kernel, fixed = _flash_fwd, {}
+    if config is None and autotune_requested():
+        kernel = _flash_fwd_autotuned
+    else:
+        if config is None:
+            bm, bn, warps, stages = forward_config(
+                dim=dim, seq_q=seq_q, programs_per_tile_row=batch * heads, causal=is_causal,
+                precision=dot_precision if q.dtype == torch.float32 else None)
+        else:
+            bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+            warps, stages = config.num_warps, config.num_stages
+        fixed = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
     compiled = kernel[grid](
         q, k, v, out, lse if lse is not None else out,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),

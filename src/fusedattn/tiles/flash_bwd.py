@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fusedattn.configs import backward_configs
 from fusedattn.mode import EMULATION
 from fusedattn.tiles.flash import LOG2E, emulation_operands
 
@@ -252,31 +253,6 @@ def _flash_bwd_dq(
              + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) per pass, chosen by head dim; no autotuning, so the
-# first backward on a new shape costs one compile per pass. dK/dV holds two [BLOCK_N, D]
-# fp32 accumulators plus K and V tiles for the whole loop, so it streams narrow query tiles
-# past wide key tiles; dQ the reverse. Larger head dims take smaller tiles to stay in
-# registers and shared memory (228 KB per SM on Hopper). Timed on the H200 with
-# `scripts/bwd_configs.py`; the table in evidence/README.md.
-BWD_CONFIGS = {
-    # head dim up to: (dkdv, dq)
-    64: ((64, 128, 8, 3), (128, 64, 8, 3)),
-    128: ((64, 128, 8, 2), (128, 64, 8, 2)),
-    256: ((32, 64, 4, 1), (64, 32, 4, 1)),
-}
-EMULATION_CONFIG = ((16, 16, 1, 1), (16, 16, 1, 1))  # the interpreter: small and exact
-
-
-def bwd_configs(block_d: int, dtype: torch.dtype):
-    """(dkdv, dq) configs for a padded head dim; fp32 tiles are twice the bytes, so they
-    take the next larger head dim's row."""
-    if EMULATION:
-        return EMULATION_CONFIG
-    if dtype == torch.float32:
-        block_d = min(256, block_d * 2)
-    return next(c for d, c in BWD_CONFIGS.items() if block_d <= d)
-
-
 def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, *,
                    is_causal: bool, scale: float, precision: str,
@@ -286,7 +262,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     `lse: [B, H, Sq] float32` is the forward's natural-log LSE; `dlse` its gradient or None.
     Returns `(dq, dk, dv)`, contiguous, in the inputs' dtype (dK, dV summed over the query
     heads that share each K/V head). `configs`: ((BLOCK_M, BLOCK_N, warps, stages) for dK/dV,
-    the same for dQ), to time other tiles; default `bwd_configs`."""
+    the same for dQ), to time other tiles; default `configs.backward_configs`."""
     batch, heads, seq_q, dim = q.shape
     heads_kv, seq_k = k.shape[1], k.shape[2]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -304,7 +280,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         out, dout, dlse if dlse is not None else delta, delta,
         *out.stride(), *dout.stride(), heads, seq_q, dim,
         BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None)
-    (km, kn, kw, ks), (qm, qn, qw, qs) = configs or bwd_configs(block_d, q.dtype)
+    (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(dim=dim,
+                                                                    itemsize=q.element_size())
     common = dict(BLOCK_D=block_d, IS_CAUSAL=is_causal, PRECISION=dot_precision,
                   PAD_D=block_d != dim)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())

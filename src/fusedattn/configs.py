@@ -1,0 +1,75 @@
+"""Tile configs for the library's kernels: a table tuned on the H200 and a rule for the
+rest, so the first call on a new shape costs one compile, not a search.
+
+A config is `(BLOCK_M, BLOCK_N, num_warps, num_stages)`. Autotuning (Triton's
+`triton.autotune` over the candidate sets in `tiles/flash.py`) runs only on request:
+`FUSEDATTN_AUTOTUNE=1` in the environment, read at each call. In emulation every kernel
+runs one small config: the interpreter is exact whatever the tile, and slow on big ones.
+
+Where the numbers come from: the forward's winners of `fusedattn bench --configs` on the
+H200 (evidence/nvidia-h200/20261130T044344Z-tune-bf16, ...044457Z-tune-fp32); the
+backward's of `scripts/bwd_configs.py` (evidence/README.md, "Training"). Other GPUs get
+the same table: a rule, not a promise of speed there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+
+from fusedattn.mode import EMULATION
+
+Config = tuple[int, int, int, int]
+
+SMS = 132  # the H200's streaming multiprocessors: a grid under this leaves SMs idle
+EMULATED: Config = (16, 16, 1, 1)  # tl.dot wants tiles >= 16 on the GPU; kept in emulation
+SHORT_SEQ = 256  # query lengths up to this take small query tiles
+
+
+def autotune_requested() -> bool:
+    """`FUSEDATTN_AUTOTUNE=1`: time the candidate configs on each new shape (a search of
+    seconds to minutes per shape) instead of taking the table's config."""
+    return os.environ.get("FUSEDATTN_AUTOTUNE", "") == "1" and not EMULATION
+
+
+def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: bool,
+                   precision: str | None) -> Config:
+    """The forward's config. `programs_per_tile_row`: B * H (programs per query tile
+    position); `precision`: "ieee" for exact fp32 (FMA on CUDA cores), else tensor cores."""
+    if EMULATION:
+        return EMULATED
+    block_d = max(16, triton.next_power_of_2(dim))
+    if triton.next_power_of_2(seq_q) <= SHORT_SEQ:
+        # short queries: a 64-row tile is the whole head; smaller tiles fill the SMs
+        fills = programs_per_tile_row * triton.cdiv(seq_q, 64) >= SMS
+        return (64, 64, 4, 3) if fills and precision != "ieee" else (32, 32, 4, 2)
+    if precision == "ieee":
+        return (64, 64, 4, 2)  # the FMA winner at S=4096 D=64 (12.3 TFLOP/s)
+    if block_d > 128:
+        return (64, 64, 4, 3)  # K, V and a 256-column accumulator: 64-row tiles fit
+    if block_d == 128 and causal:
+        return (64, 64, 4, 3)
+    if block_d == 128:
+        return (128, 128, 8, 3)
+    return (128, 64, 8, 3)
+
+
+# The backward, per padded head dim (fp32 counts twice its head dim: twice the bytes).
+# dK/dV holds two [BLOCK_N, D] fp32 accumulators and the K and V tiles for its whole loop and
+# streams query tiles past them; dQ the reverse. Winners at bf16 B4 H32 S4096, causal and
+# not (scripts/bwd_configs.py); D=256 takes small tiles to fit registers and shared memory.
+BACKWARD: dict[int, tuple[Config, Config]] = {
+    # head dim up to: (dkdv, dq)
+    64: ((32, 64, 4, 3), (128, 64, 8, 3)),
+    128: ((64, 128, 8, 2), (128, 128, 8, 2)),
+    256: ((32, 64, 4, 1), (64, 32, 4, 1)),
+}
+
+
+def backward_configs(*, dim: int, itemsize: int) -> tuple[Config, Config]:
+    """(dK/dV config, dQ config) of the backward."""
+    if EMULATION:
+        return EMULATED, EMULATED
+    block_d = max(16, triton.next_power_of_2(dim)) * max(1, itemsize // 2)
+    return next(c for d, c in BACKWARD.items() if min(block_d, 256) <= d)
