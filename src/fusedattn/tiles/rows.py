@@ -43,7 +43,8 @@ def _rows_fwd_kernel(
     mask_d = offs_d < dim
     offs_k = tl.arange(0, BLOCK_K)
 
-    b_q = tl.load(p_q + row * dim + offs_d, mask=mask_d, other=0.0)
+    row_start = tl.cast(row, tl.int64) * dim  # 64-bit: S * D may pass 2^31
+    b_q = tl.load(p_q + row_start + offs_d, mask=mask_d, other=0.0)
     m_i = tl.full((), float("-inf"), tl.float32)
     l_i = tl.zeros((), tl.float32)
     acc = tl.zeros((BLOCK_D,), tl.float32)
@@ -56,19 +57,22 @@ def _rows_fwd_kernel(
         keys = start + offs_k
         mask_k = keys < n_keys
         mask_kd = mask_k[:, None] & mask_d[None, :]
-        b_k = tl.load(p_k + keys[:, None] * dim + offs_d[None, :], mask=mask_kd, other=0.0)
+        tile_start = tl.cast(start, tl.int64) * dim  # 64-bit tile start, 32-bit inside
+        p_kt = p_k + tile_start + offs_k[:, None] * dim + offs_d[None, :]
+        b_k = tl.load(p_kt, mask=mask_kd, other=0.0)
         s = tl.sum(b_k * b_q[None, :], axis=1) * scale          # [BLOCK_K]
         # -inf, not 0: a 0 would join the max and add exp(0 - m) to the sum.
         s = tl.where(mask_k, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))              # finite: the tile has >= 1 key
         alpha = tl.exp(m_i - m_new)                             # exp(-inf) = 0 on the first tile
         p = tl.exp(s - m_new)                                   # masked keys: exp(-inf) = 0
-        b_v = tl.load(p_v + keys[:, None] * dim + offs_d[None, :], mask=mask_kd, other=0.0)
+        p_vt = p_v + tile_start + offs_k[:, None] * dim + offs_d[None, :]
+        b_v = tl.load(p_vt, mask=mask_kd, other=0.0)
         acc = acc * alpha + tl.sum(p[:, None] * b_v, axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
 
-    tl.store(p_out + row * dim + offs_d, acc / l_i, mask=mask_d)
+    tl.store(p_out + row_start + offs_d, acc / l_i, mask=mask_d)
 
 
 def rows_attention(

@@ -1,0 +1,66 @@
+"""Hugging Face transformers: `attn_implementation="fusedattn"`.
+
+    import fusedattn.integrations.transformers  # registers "fusedattn" (needs the [hf] extra)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="fusedattn")
+
+transformers calls the attention function with `query: [B, H, Sq, D]`, `key, value:
+[B, H_kv, Sk, D]` and expects `[B, Sq, H, D]` back. The mask function registered beside it
+is transformers' own SDPA one, followed by a check, once per model call (not per layer):
+a mask that says no more than `is_causal` does (exactly the lower triangle with Sq == Sk:
+prefill and training; all True with Sq == 1: a decode step, which attends to every cached
+key) becomes None. Then fusedattn runs, causal (top-left) for Sq > 1 on decoder layers.
+Any other mask (a padded batch, chunked prefill after a cache, a sliding window, a static
+cache's unused tail) reaches the attention function, which raises `ProblemError` rather than
+return a silently different result; use "sdpa" for those.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from fusedattn.api import attention
+from fusedattn.problem import ProblemError
+
+NAME = "fusedattn"
+
+
+def fusedattn_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                                scaling: float | None = None, is_causal: bool | None = None,
+                                **kwargs):
+    """transformers' attention-function signature; returns `(out [B, Sq, H, D], None)`."""
+    if attention_mask is not None:
+        raise ProblemError("attention_mask", f"a {tuple(attention_mask.shape)} mask tensor",
+                           "None: fusedattn takes causal or full attention only (no padding, "
+                           "chunked prefill or sliding window); use attn_implementation='sdpa'")
+    if dropout:
+        raise ProblemError("dropout", dropout, "0.0: fusedattn has no attention dropout")
+    for name in ("softcap", "sliding_window"):
+        if kwargs.get(name) is not None:
+            raise ProblemError(name, kwargs[name], "None: not supported by fusedattn yet")
+    if kwargs.get("output_attentions"):
+        raise ProblemError("output_attentions", True, "False: fusedattn never forms P")
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    out = attention(query, key, value, is_causal=bool(causal) and query.shape[2] > 1,
+                    scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def fusedattn_mask(*args, **kwargs):
+    """transformers' SDPA mask, or None where causal/full attention says the same."""
+    mask = sdpa_mask(*args, **kwargs)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return mask
+    seq_q, seq_k = mask.shape[-2:]
+    if seq_q == 1 and bool(mask.all()):
+        return None
+    if seq_q == seq_k:
+        tril = torch.ones(seq_q, seq_k, dtype=torch.bool, device=mask.device).tril()
+        if torch.equal(mask, tril.expand_as(mask)):
+            return None
+    return mask
+
+
+AttentionInterface.register(NAME, fusedattn_attention_forward)
+AttentionMaskInterface.register(NAME, fusedattn_mask)

@@ -1,0 +1,83 @@
+"""`attn_implementation="fusedattn"` in Hugging Face transformers: a small randomly
+initialised Llama-style model (GQA, nothing downloaded) against the same model under "sdpa",
+both judged against a float64 run of it (the low-precision bound: <= 2x sdpa's error + a
+floor; fp32 in emulation, bf16 on the GPU)."""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="the [hf] extra is not installed: pip install -e '.[hf]'")
+
+import fusedattn.integrations.transformers  # noqa: E402,F401  (registers "fusedattn")
+from fusedattn.mode import DEVICE, EMULATION  # noqa: E402
+from fusedattn.problem import ProblemError  # noqa: E402
+from fusedattn.verify import check  # noqa: E402
+
+# emulation: tiny (the interpreter runs every program); GPU: a model with real tiles
+SIZES = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, seq=16, batch=2)
+         if EMULATION else
+         dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+              num_attention_heads=8, num_key_value_heads=2, seq=300, batch=3))
+DTYPE = torch.float32 if EMULATION else torch.bfloat16
+
+
+def _config():
+    sizes = {k: v for k, v in SIZES.items() if k not in ("seq", "batch")}
+    return transformers.LlamaConfig(vocab_size=128, max_position_embeddings=1024, **sizes)
+
+
+def _model(attn: str, state=None, dtype=DTYPE):
+    torch.manual_seed(0)
+    # a config per model: from_config records the implementation on the config it is given
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config()),
+                                                          attn_implementation=attn)
+    if state is not None:
+        model.load_state_dict(state)
+    return model.to(DEVICE, dtype)
+
+
+def _step(model, ids):
+    """Logits and the gradient of every parameter after one training step's backward."""
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return out.logits.detach(), grads
+
+
+def test_logits_and_training_gradients_match_sdpa():
+    ours = _model("fusedattn")
+    assert ours.config._attn_implementation == "fusedattn"
+    state = ours.state_dict()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (SIZES["batch"], SIZES["seq"]), generator=gen).to(DEVICE)
+    # the float64 reference: the same weights, eager attention, on the CPU
+    ref_logits, ref_grads = _step(_model("eager", state, torch.float64).cpu(), ids.cpu())
+    peer_logits, peer_grads = _step(_model("sdpa", state), ids)
+    got_logits, got_grads = _step(ours, ids)
+    for name, got, peer, ref in (("logits", got_logits, peer_logits, ref_logits),
+                                 ("grads", got_grads, peer_grads, ref_grads)):
+        peer_err = float((peer.double().cpu() - ref).abs().max())
+        result = check(got, ref, peer_error=peer_err)
+        assert result.ok, (name, result.reasons, peer_err)
+
+
+def test_generate_with_a_cache_matches_sdpa():
+    # prefill (Sq == Sk, causal) then decode steps (Sq == 1: every cached key, no mask)
+    ours = _model("fusedattn", dtype=torch.float32)
+    peer = _model("sdpa", ours.state_dict(), torch.float32)
+    ids = torch.arange(1, 8, device=DEVICE)[None]  # no pad token (0): no padding mask
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, **kwargs), peer.generate(ids, **kwargs))
+
+
+def test_a_padding_mask_is_refused_not_ignored():
+    model = _model("fusedattn", dtype=torch.float32)
+    ids = torch.ones(2, 8, dtype=torch.long, device=DEVICE)
+    mask = torch.ones(2, 8, dtype=torch.long, device=DEVICE)
+    mask[0, :3] = 0  # left padding: fusedattn would have attended to the pad tokens
+    with pytest.raises(ProblemError, match="attention_mask"):
+        model(ids, attention_mask=mask)
