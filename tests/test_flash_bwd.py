@@ -157,3 +157,43 @@ def test_no_grad_inputs_build_no_graph():
     q, k, v = (_rand(1, 1, 8, 16, seed=s) for s in range(3))
     out = attention(q, k, v)
     assert out.grad_fn is None and not out.requires_grad
+
+
+@pytest.mark.emulation_only("bench in emulation: no times; the GPU bench is evidence")
+def test_bench_tiny_train_suite_verifies_gradients(tmp_path, monkeypatch):
+    import csv
+
+    from fusedattn import flashbench
+    from fusedattn.cli import main
+
+    assert main(["bench", "--suite", "tiny-train", "--providers", "flash,sdpa-math",
+                 "--match", "bwd bf16 B1 H2/1 S33 D16 causal,fwd+bwd fp32 B1 H2 S33 D16",
+                 "--out", str(tmp_path)]) == 0
+    (folder,) = (tmp_path / "emulation").iterdir()
+    with open(folder / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows), rows
+    # --match takes substrings: "bwd ..." also matches "fwd+bwd ...", "... D16" "... causal"
+    assert {r["problem"] for r in rows} == {
+        "bwd bf16 B1 H2/1 S33 D16 causal", "fwd+bwd bf16 B1 H2/1 S33 D16 causal",
+        "fwd+bwd fp32 B1 H2 S33 D16", "fwd+bwd fp32 B1 H2 S33 D16 causal"}
+    # a wrong gradient is caught: dK off by 1% fails the check
+    real = flashbench._grad_call
+
+    def wrong(forward, q, k, v, dout, mode):
+        call = real(forward, q, k, v, dout, mode)
+        return lambda: (lambda g: (g[0], g[1] * 1.01, g[2]))(call())
+
+    monkeypatch.setattr(flashbench, "_grad_call", wrong)
+    assert main(["bench", "--suite", "tiny-train", "--providers", "flash", "--match",
+                 "bwd fp32 B1 H2 S33 D16 causal", "--out", str(tmp_path / "w")]) == 1
+
+
+def test_bench_flops_convention():
+    from fusedattn.flashbench import BenchProblem
+
+    fwd = BenchProblem(4, 32, 4096, 128, "bf16", True)
+    assert fwd.flops() == 4 * 4 * 32 * 4096 * 4096 * 128 / 2
+    assert BenchProblem(4, 32, 4096, 128, "bf16", True, mode="bwd").flops() == 2.5 * fwd.flops()
+    assert BenchProblem(4, 32, 4096, 128, "bf16", True, mode="fwd+bwd").flops() == (
+        3.5 * fwd.flops())

@@ -102,3 +102,15 @@ def test_stress_check_fails_an_error_above_twice_the_peer():
     assert check(out, ref, protocol="stress", peer_error=1e-4).ok          # < 4e-4
     assert not check(out, ref, protocol="stress", peer_error=1e-5).ok      # >= 2.2e-4
     assert not check(out, ref, protocol="uniform").ok                      # >= 2e-4
+
+
+def test_low_precision_floor_is_half_an_ulp_at_the_largest_magnitude():
+    bf16 = TOLERANCE["bfloat16"]
+    assert bf16.limit(1e-3) == pytest.approx(2e-3 + 2.0**-8)            # |ref| <= 1
+    assert bf16.limit(1e-3, magnitude=8.0) == pytest.approx(2e-3 + 8 * 2.0**-8)
+    ref = torch.full((3,), 8.0, dtype=torch.float64)
+    # one bf16 rounding at 8 (half an ulp: 2^-8 * 8 = 0.03125) passes with a zero peer error
+    assert check(torch.full((3,), 8.03125).to(torch.bfloat16), ref, peer_error=0.0).ok
+    assert not check(torch.full((3,), 8.125).to(torch.bfloat16), ref, peer_error=0.0).ok
+    # fp32's fixed bound does not scale
+    assert TOLERANCE["float32"].limit(None, magnitude=100.0) == 2e-4

@@ -124,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="base folder; CSV and plot go to OUT/<gpu>/<timestamp>-sweep/")
 
     bn = sub.add_parser("bench", help="the flash kernel against PyTorch's attention backends")
-    bn.add_argument("--suite", default="bf16", help="bf16|fp16|fp32|memory|tiny|all")
+    bn.add_argument("--suite", default="bf16",
+                    help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
+                    "tiny-train|all")
     bn.add_argument("--providers", default="all",
                     help="all, or a comma-separated list of versions with a batched form")
     bn.add_argument("--match", default="",
@@ -639,8 +641,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                            + ", ".join(known))
     if args.warmup < 0 or args.repeat < 1:
         raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
-    if mode.EMULATION and args.suite != "tiny":
-        raise ProblemError("suite", args.suite, "tiny in emulation (the suites are GPU-sized)")
+    if mode.EMULATION and not args.suite.startswith("tiny"):
+        raise ProblemError("suite", args.suite,
+                           "tiny or tiny-train in emulation (the others are GPU-sized)")
     env = environment()
     out_dir = _stamp_dir(args.out, f"-bench-{args.suite}", env)
     rows = []

@@ -4,6 +4,9 @@ Per problem, in one process, on the same inputs: every provider (a registry vers
 `batched` form) is verified against a float64 reference on a slice of heads before timing,
 then timed with the primed-event protocol (`timing.py`), and its peak memory of one call is
 measured. TFLOP/s = 4*B*H*Sq*Sk*D / time, half of that for causal (`tiles.flash.flops`).
+The training suites time the backward alone (`bwd`, 2.5x the forward's FLOPs) or forward
+and backward (`fwd+bwd`, 3.5x), with dQ, dK and dV verified against the float64 reference's
+autograd gradients first.
 
 Low precision is judged by the one tolerance table: max error <= 2x the error of PyTorch's
 own attention in the same precision (the math backend; for tf32, torch-eager with TF32
@@ -21,6 +24,7 @@ import triton
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref
+from fusedattn.verify import tf32_matmuls
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MATERIALIZING = ("sdpa-math", "torch-eager")
@@ -38,6 +42,7 @@ class BenchProblem:
     causal: bool
     precision: str | None = None  # fp32 opt-in "tf32" or "tf32x3"; None = exact (ieee)
     heads_kv: int | None = None
+    mode: str = "fwd"  # what is timed: "fwd", "bwd" (the backward alone) or "fwd+bwd"
 
     def dot_precision(self) -> str | None:
         """The precision the products use: the opt-in one, "ieee" for fp32 by default, None
@@ -46,14 +51,37 @@ class BenchProblem:
 
     def label(self) -> str:
         kv = f"/{self.heads_kv}" if self.heads_kv and self.heads_kv != self.heads else ""
-        return (f"{self.dtype}{'-' + self.precision if self.precision else ''} B{self.batch} "
-                f"H{self.heads}{kv} S{self.seq} D{self.dim}{' causal' if self.causal else ''}")
+        what = "" if self.mode == "fwd" else f"{self.mode} "
+        return (f"{what}{self.dtype}{'-' + self.precision if self.precision else ''} "
+                f"B{self.batch} H{self.heads}{kv} S{self.seq} D{self.dim}"
+                f"{' causal' if self.causal else ''}")
+
+    def flops(self) -> float:
+        """FlashAttention's convention: 4*B*H*Sq*Sk*D forward (half causal), the backward
+        2.5x the forward (5 GEMMs to the forward's 2), forward + backward 3.5x."""
+        from fusedattn.tiles.flash import flops
+
+        return MODES[self.mode] * flops(self.batch, self.heads, self.seq, self.seq, self.dim,
+                                        self.causal)
+
+
+MODES = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FLOPs as multiples of the forward's
 
 
 def suites() -> dict[str, list[BenchProblem]]:
     low = [BenchProblem(4, 32, s, d, dt, c) for dt in ("bf16", "fp16") for d in (64, 128)
            for c in (False, True) for s in (512, 1024, 2048, 4096, 8192, 16384)]
+    train = [BenchProblem(4, 32, s, d, dt, c, mode=m) for dt in ("bf16", "fp16")
+             for d in (64, 128) for c in (False, True) for s in (2048, 4096, 8192)
+             for m in ("bwd", "fwd+bwd")]
     return {
+        "train-bf16": [p for p in train if p.dtype == "bf16"],
+        "train-fp16": [p for p in train if p.dtype == "fp16"],
+        "train-fp32": [BenchProblem(1, 16, 4096, 64, "fp32", False, prec, mode="bwd")
+                       for prec in (None, "tf32", "tf32x3")],
+        "tiny-train": [BenchProblem(1, 2, 33, 16, dt, c, None, hk, mode=m)
+                       for dt in ("fp32", "bf16") for c in (False, True) for hk in (2, 1)
+                       for m in ("bwd", "fwd+bwd")],
         "bf16": [p for p in low if p.dtype == "bf16"],
         "fp16": [p for p in low if p.dtype == "fp16"],
         "fp32": [BenchProblem(1, 16, 4096, 64, "fp32", False, prec)
@@ -71,13 +99,17 @@ def providers() -> list[str]:
 
 
 def _inputs(p: BenchProblem, seed: int):
+    """q, k, v (leaves that require grad when the backward is timed), and dO for it."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     dt = DTYPES[p.dtype]
     hk = p.heads_kv or p.heads
     shapes = ((p.batch, p.heads, p.seq, p.dim), (p.batch, hk, p.seq, p.dim),
-              (p.batch, hk, p.seq, p.dim))
-    return tuple(torch.randn(s, generator=gen, device=DEVICE, dtype=torch.float32).to(dt)
-                 for s in shapes)
+              (p.batch, hk, p.seq, p.dim), (p.batch, p.heads, p.seq, p.dim))
+    q, k, v, dout = (torch.randn(s, generator=gen, device=DEVICE, dtype=torch.float32).to(dt)
+                     for s in shapes)
+    if p.mode == "fwd":
+        return q, k, v
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), dout
 
 
 def _kv_heads(q, k, heads: list[int]) -> list[int]:
@@ -98,14 +130,66 @@ def _peer_error(q, k, v, p: BenchProblem, heads, ref) -> float:
 
     peer = "torch-eager" if p.precision == "tf32" else "sdpa-math"
     kv = _kv_heads(q, k, heads)
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = p.precision == "tf32"
-    try:
+    with tf32_matmuls(p.precision == "tf32"):
         out = VERSIONS[peer].batched(q[:1, heads], k[:1, kv], v[:1, kv], p.causal,
                                      p.precision)()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
     return float((out[0].double() - ref).abs().max())
+
+
+def _grad_slice(q, k) -> tuple[list[int], list[int]]:
+    """The query heads whose gradients are verified (batch 0): every query head of the first
+    and last K/V heads, so dK and dV of those K/V heads are complete sums."""
+    group = q.shape[1] // k.shape[1]
+    kv = sorted({0, k.shape[1] - 1})
+    return [h for j in kv for h in range(j * group, (j + 1) * group)], kv
+
+
+class _GradCheck:
+    """Gradients of batch 0 on `_grad_slice` against the float64 reference's autograd
+    gradients, each judged by the tolerance table (low precision: against PyTorch's own
+    gradients in the same precision, the math backend)."""
+
+    def __init__(self, q, k, v, dout, p: BenchProblem):
+        from fusedattn.reference import attention_ref_grads
+        from fusedattn.verify import needs_peer
+
+        self.p, (self.heads, self.kv) = p, _grad_slice(q, k)
+        self.slice = [t.detach()[:1, idx] for t, idx in
+                      ((q, self.heads), (k, self.kv), (v, self.kv), (dout, self.heads))]
+        self.ref = attention_ref_grads(*self.slice, causal=p.causal, device=q.device)
+        self.peer = [None] * 3
+        if needs_peer(q.dtype, p.precision):
+            self.peer = [float((g.double() - r).abs().max())
+                         for g, r in zip(self._peer_grads(), self.ref, strict=True)]
+
+    def _peer_grads(self):
+        from fusedattn.versions import VERSIONS
+
+        peer = "torch-eager" if self.p.precision == "tf32" else "sdpa-math"
+        leaves = [t.clone().requires_grad_() for t in self.slice[:3]]
+        with tf32_matmuls(self.p.precision == "tf32"):
+            out = VERSIONS[peer].batched(*leaves, self.p.causal, self.p.precision)()
+            return torch.autograd.grad(out, leaves, self.slice[3])
+
+    def __call__(self, grads):
+        from fusedattn.verify import check
+
+        got = (grads[0][:1, self.heads], grads[1][:1, self.kv], grads[2][:1, self.kv])
+        results = [check(g, r, precision=self.p.precision, peer_error=e)
+                   for g, r, e in zip(got, self.ref, self.peer, strict=True)]
+        worst = max(results, key=lambda r: (not r.ok, r.max_abs / r.tolerance))
+        reasons = [f"d{n}: {x}" for n, r in zip("qkv", results, strict=True)
+                   for x in r.reasons]
+        return all(r.ok for r in results), worst.max_abs, worst.tolerance, reasons
+
+
+def _grad_call(forward, q, k, v, dout, mode: str):
+    """The timed call of a backward mode: the backward alone (on one forward graph, kept)
+    or forward and backward; returns (dq, dk, dv)."""
+    if mode == "bwd":
+        out = forward()
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    return lambda: torch.autograd.grad(forward(), (q, k, v), dout)
 
 
 @dataclass
@@ -158,22 +242,30 @@ def _config_calls(q, k, v, p: BenchProblem) -> list[tuple[str, object]]:
 def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
                 seed: int = 0, configs: bool = False) -> list[BenchRow]:
     """Verify, time and measure every provider in `names` on one problem; with `configs`,
-    also every flash config the autotuner chooses from, one by one."""
-    from fusedattn.tiles.flash import flops
+    also every flash config the autotuner chooses from, one by one (forward only)."""
     from fusedattn.timing import time_gpu
-    from fusedattn.verify import TOLERANCE, check, precision_key
+    from fusedattn.verify import check, needs_peer
     from fusedattn.versions import VERSIONS
 
-    q, k, v = _inputs(p, seed)
+    inputs = _inputs(p, seed)
+    q, k, v = inputs[:3]
     makers = [(n, lambda n=n: VERSIONS[n].batched(q, k, v, p.causal, p.precision))
               for n in names]
-    if configs:
-        makers += _config_calls(q, k, v, p)
-    heads = sorted({0, p.heads - 1})[:CHECK_HEADS]
-    ref = _reference_slice(q, k, v, p.causal, heads)
-    key = precision_key(q.dtype, p.precision)
-    peer_err = None if TOLERANCE[key].abs_max is not None else _peer_error(q, k, v, p, heads,
-                                                                           ref)
+    if p.mode == "fwd":
+        if configs:
+            makers += _config_calls(q, k, v, p)
+        heads = sorted({0, p.heads - 1})[:CHECK_HEADS]
+        ref = _reference_slice(q, k, v, p.causal, heads)
+        peer_err = (_peer_error(q, k, v, p, heads, ref) if needs_peer(q.dtype, p.precision)
+                    else None)
+
+        def verify(out):
+            r = check(out[0, heads], ref, precision=p.precision, peer_error=peer_err)
+            return r.ok, r.max_abs, r.tolerance, list(r.reasons)
+    else:
+        verify = _GradCheck(*inputs, p)
+        makers = [(n, lambda make=make: _grad_call(make(), *inputs, p.mode))
+                  for n, make in makers]
     rows = []
     for name, make in makers:
         base = dict(problem=p.label(), provider=name, batch=p.batch, heads=p.heads, seq=p.seq,
@@ -185,37 +277,39 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
             rows.append(BenchRow(status="skipped", reason=f"materializes B*H*S*S scores; "
                                  f"run up to S={MATERIALIZE_MAX_S}", **base))
             continue
-        tf32 = p.precision == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
-            call = make()
-            out = call()
-            if not EMULATION:
-                torch.cuda.synchronize()
-        except Exception as exc:  # a backend that refuses this problem: recorded, not fatal
-            torch.backends.cuda.matmul.allow_tf32 = False
-            rows.append(BenchRow(status="skipped", reason=f"{type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0][:160]}", **base))
-            continue
-        result = check(out[0, heads], ref, precision=p.precision, peer_error=peer_err)
-        base.update(max_abs_error=result.max_abs, tolerance=result.tolerance)
-        del out
-        status, reason = ("ok", "") if result.ok else ("FAIL", "; ".join(result.reasons))
-        if not EMULATION and result.ok:
-            t = time_gpu(call, warmup=warmup, repeat=repeat)
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            call()
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated()
-            base.update(median_ms=t.median_ms, min_ms=t.min_ms, max_ms=t.max_ms,
-                        tflops=flops(p.batch, p.heads, p.seq, p.seq, p.dim, p.causal)
-                        / (t.median_ms * 1e-3) / 1e12,
-                        peak_bytes=peak, call_bytes=peak - before)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        rows.append(BenchRow(status=status, reason=reason, **base))
+        with tf32_matmuls(p.precision == "tf32"):
+            row = _measure(p, make, verify, base, warmup, repeat, time_gpu)
+        rows.append(row)
     return rows
+
+
+def _measure(p: BenchProblem, make, verify, base: dict, warmup: int, repeat: int,
+             time_gpu) -> BenchRow:
+    """One provider: first call (a refusal is recorded, not fatal), verify, then time and
+    the peak memory of one call, on the GPU."""
+    try:
+        call = make()
+        out = call()
+        if not EMULATION:
+            torch.cuda.synchronize()
+    except Exception as exc:  # a backend that refuses this problem: recorded, not fatal
+        return BenchRow(status="skipped", reason=f"{type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:160]}", **base)
+    ok, max_abs, tol, reasons = verify(out)
+    base.update(max_abs_error=max_abs, tolerance=tol)
+    del out
+    if not EMULATION and ok:
+        t = time_gpu(call, warmup=warmup, repeat=repeat)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        call()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        base.update(median_ms=t.median_ms, min_ms=t.min_ms, max_ms=t.max_ms,
+                    tflops=p.flops() / (t.median_ms * 1e-3) / 1e12,
+                    peak_bytes=peak, call_bytes=peak - before)
+    return BenchRow(status="ok" if ok else "FAIL", reason="; ".join(reasons), **base)
 
 
 def with_ratios(rows: list[BenchRow]) -> list[dict]:
@@ -239,7 +333,8 @@ def with_ratios(rows: list[BenchRow]) -> list[dict]:
 def check_suite(name: str) -> list[BenchProblem]:
     all_suites = suites()
     if name == "all":
-        return [p for s in ("bf16", "fp16", "fp32") for p in all_suites[s]]
+        return [p for s in ("bf16", "fp16", "fp32", "train-bf16", "train-fp16", "train-fp32")
+                for p in all_suites[s]]
     if name not in all_suites:
         raise ProblemError("suite", name, "one of " + ", ".join([*all_suites, "all"]))
     return all_suites[name]
