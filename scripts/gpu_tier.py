@@ -3,13 +3,17 @@
     python3 scripts/gpu_tier.py [--out evidence] [pytest args...]
 
 Runs `python -m pytest` (the same suite as CI; tests that make sense on one side only carry
-an `emulation_only`/`gpu_only` marker with a reason) and writes
+an `emulation_only`/`gpu_only` marker with a reason), with `-n 8` where pytest-xdist is
+installed (most of the GPU suite's time is Triton compiling each kernel specialisation, a
+few seconds each, on the CPU: 8 processes compile in parallel) and `--timeout=240` where
+pytest-timeout is, and writes
 `<out>/<gpu>/<stamp>-gpu-tier/`: `summary.json` (counts, wall time, the slowest tests, the
 environment with its commit), `junit.xml` and `pytest.txt`. Exits with pytest's status.
 The target: green within 300 s on the H200.
 """
 
 import argparse
+import importlib.util
 import subprocess
 import sys
 import time
@@ -31,12 +35,19 @@ def main() -> int:
     out = out.with_name(out.name + "-gpu-tier")
     out.mkdir(parents=True, exist_ok=False)
     junit = out / "junit.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=30",
-           f"--junitxml={junit}", *pytest_args]
+    plugins = [["-n", "8"]] if importlib.util.find_spec("xdist") else []
+    plugins += [["--timeout=240"]] if importlib.util.find_spec("pytest_timeout") else []
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--durations=30",
+           f"--junitxml={junit}", *(a for p in plugins for a in p), *pytest_args]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        for line in proc.stdout:  # streamed, stamped: a run cut short still shows its pace
+            lines.append(f"[{time.perf_counter() - t0:6.1f}s] {line}")
+            print(lines[-1], end="", flush=True)
     wall = time.perf_counter() - t0
-    write_atomic(out / "pytest.txt", proc.stdout + proc.stderr)
+    write_atomic(out / "pytest.txt", "".join(lines))
     suite = ET.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     cases = [(f"{c.get('classname')}::{c.get('name')}", float(c.get("time", 0)),
@@ -46,6 +57,7 @@ def main() -> int:
     counts = {s: sum(1 for *_, st in cases if st == s) for s in ("passed", "failed", "skipped")}
     write_json(out / "summary.json", {
         "command": "python3 scripts/gpu_tier.py " + " ".join(sys.argv[1:]),
+        "pytest_command": " ".join(cmd[1:]),
         "pytest_exit_status": proc.returncode, "wall_seconds": round(wall, 1),
         "target_seconds": TARGET_S, "within_target": wall <= TARGET_S, **counts,
         "skipped_tests": [{"test": n, "reason": (c.find("skipped").get("message"))}
@@ -55,7 +67,6 @@ def main() -> int:
         "slowest": [{"test": n, "seconds": round(t, 2)}
                     for n, t, _ in sorted(cases, key=lambda c: -c[1])[:30]],
         "environment": env})
-    print(proc.stdout[-3000:])
     print(f"GPU tier: {counts}, {wall:.0f} s (target {TARGET_S} s), written: {out}")
     return proc.returncode
 
