@@ -5,7 +5,7 @@
 Runs `python -m pytest` (the same suite as CI; tests that make sense on one side only carry
 an `emulation_only`/`gpu_only` marker with a reason), with `-n 8` where pytest-xdist is
 installed (most of the GPU suite's time is Triton compiling each kernel specialisation, a
-few seconds each, on the CPU: 8 processes compile in parallel) and `--timeout=240` where
+few seconds each, on the CPU: 8 processes compile in parallel) and `--timeout=90` (per test) where
 pytest-timeout is, and writes
 `<out>/<gpu>/<stamp>-gpu-tier/`: `summary.json` (counts, wall time, the slowest tests, the
 environment with its commit), `junit.xml` and `pytest.txt`. Exits with pytest's status.
@@ -36,8 +36,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=False)
     junit = out / "junit.xml"
     plugins = [["-n", "8"]] if importlib.util.find_spec("xdist") else []
-    plugins += [["--timeout=240"]] if importlib.util.find_spec("pytest_timeout") else []
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--durations=30",
+    plugins += [["--timeout=90"]] if importlib.util.find_spec("pytest_timeout") else []
+    # -o addopts=: pyproject's -q would cancel -v (one line per test, streamed)
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider",
+           "--durations=30",
            f"--junitxml={junit}", *(a for p in plugins for a in p), *pytest_args]
     t0 = time.perf_counter()
     lines = []
