@@ -49,7 +49,7 @@ CASES = [
     (1, 2, 2, 33, 31, 16, True),    # causal, diagonal tiles masked, tiles past it skipped
     (2, 4, 2, 17, 40, 24, False),   # Sq < Sk, GQA 2:1 (dK, dV summed over 2 query heads)
     (1, 4, 1, 40, 17, 65, True),    # Sq > Sk causal (rows past Sk see all keys), MQA, D=65
-    (1, 2, 1, 12, 20, 200, True),   # Sq < Sk causal: keys past the last query get dK = dV = 0
+    (1, 2, 1, 12, 20, 128, True),   # Sq < Sk causal: keys past the last query get dK = dV = 0
     (1, 2, 2, 48, 48, 64, True),    # whole tiles: the unmasked loops of both passes
 ]
 
@@ -79,6 +79,28 @@ def test_low_precision_gradients_within_twice_torchs_error(dtype, causal):
     assert all(g.dtype == dtype for g in got)
     peer = _peer_errors(q, k, v, dout, ref, causal)
     assert_grads_pass(got, ref, peer=peer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_head_dim_200_low_precision(dtype):
+    # D=200 padded to 256: the backward's largest tiles (fp32 stops at 128, below)
+    q, k, v = _leaves(1, 2, 1, 12, 20, 200, dtype)
+    dout = _rand(1, 2, 12, 200, dtype=dtype, seed=3)
+    got = _grads(q, k, v, dout, is_causal=True)
+    ref = attention_ref_grads(q, k, v, dout, causal=True)
+    assert_grads_pass(got, ref, peer=_peer_errors(q, k, v, dout, ref, True))
+
+
+def test_fp32_past_the_backward_limit_is_refused_at_the_call():
+    from fusedattn.problem import MAX_FP32_GRAD_DIM, ProblemError
+
+    q, k, v = _leaves(1, 1, 1, 4, 4, MAX_FP32_GRAD_DIM + 1)
+    with pytest.raises(ProblemError, match="require grad") as info:
+        attention(q, k, v)
+    assert info.value.field == "head_dim"
+    with torch.no_grad():  # the forward alone still goes to 256
+        assert attention(q, k, v).shape == q.shape
+    assert attention(q.detach(), k.detach(), v.detach()).shape == q.shape
 
 
 def test_bf16_forward_is_right_in_emulation_too():

@@ -15,7 +15,7 @@ SDPA's fp32 "efficient" kernel). Every bad input raises `ProblemError`.
 
 Differentiable: `.backward()` runs the FlashAttention-2-style backward kernels
 (`tiles/flash_bwd.py`: deterministic, no S x S array) for every combination the forward
-takes. With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij).
+takes, except fp32 head dims over 128 (`problem.MAX_FP32_GRAD_DIM`), refused at the call. With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij).
 
 Registered as `torch.ops.fusedattn.flash_fwd` and `torch.ops.fusedattn.flash_bwd`
 (`torch.library.custom_op` with fake implementations, the backward through
@@ -30,7 +30,7 @@ import math
 import torch
 
 from fusedattn.mode import DEVICE, EMULATION
-from fusedattn.problem import MAX_FLASH_DIM, ProblemError
+from fusedattn.problem import MAX_FLASH_DIM, MAX_FP32_GRAD_DIM, ProblemError
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PRECISIONS = (None, "ieee", "tf32", "tf32x3")
@@ -138,6 +138,11 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
         raise ProblemError("precision", precision, "None, 'ieee', 'tf32' or 'tf32x3'")
     if precision in ("tf32", "tf32x3") and q.dtype != torch.float32:
         raise ProblemError("precision", precision, f"'{precision}' for float32 inputs only")
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if wants_grad and q.dtype == torch.float32 and d > MAX_FP32_GRAD_DIM:
+        raise ProblemError("head_dim", d, f"1..{MAX_FP32_GRAD_DIM} for float32 inputs that "
+                           "require grad (the backward's fp32 limit; fp16/bf16 go to "
+                           f"{MAX_FLASH_DIM}, and without grad fp32 does too)")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,

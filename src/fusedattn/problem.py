@@ -21,6 +21,12 @@ MAX_FLASH_DIM = 256
 """The flash kernel's head-dimension limit (tiles padded to <= 256 columns; larger ones
 overfill a Hopper SM's shared memory and registers): `fusedattn.attention` and the registry."""
 
+MAX_FP32_GRAD_DIM = 128
+"""The backward's head-dim limit for fp32 inputs (any precision). On the H200 the GPU tier's
+fp32 D=200 gradient test did not finish in 190 s (c387465: 256-column fp32 tiles; the FMA
+dots of "ieee" unroll to thousands of instructions per thread); fp16/bf16 go to 256. Inputs
+that require grad past it are refused at the call, not at `.backward()`."""
+
 DTYPE = torch.float32
 
 
