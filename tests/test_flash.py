@@ -209,7 +209,8 @@ def test_ratios_are_ours_over_each_peer_per_problem():
     from fusedattn.flashbench import BenchRow, with_ratios
 
     def row(provider, tflops, problem="p"):
-        return BenchRow(problem, provider, 1, 1, 8, 16, "bf16", False, "", "ok", "", 0.0, 1.0,
+        return BenchRow(problem, provider, 1, 1, 8, 16, "bf16", False, "", "fwd", "ok", "", 0.0,
+                        1.0,
                         1.0, 1.0, 1.0, tflops, None, None)
 
     rows = with_ratios([row("flash", 400.0), row("sdpa-flash", 320.0), row("sdpa-cudnn", 0.0),

@@ -45,3 +45,22 @@ def test_no_timed_rows_no_figures(tmp_path):
     summary = tmp_path / "summary.csv"
     summary.write_text(summary_csv(summarize(recs, ENV, plan, {"t0": "b"})))
     assert draw(summary) == []
+
+
+def test_plot_command_draws_a_bench_folder(tmp_path):
+    import csv
+
+    from fusedattn.cli import main
+
+    fields = ["problem", "provider", "batch", "heads", "seq", "dim", "dtype", "causal",
+              "precision", "mode", "status", "tflops"]
+    with open(tmp_path / "bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for prov, tf in (("flash", 300.0), ("sdpa-flash", 250.0)):
+            w.writerow(dict(problem="bwd bf16 B4 H32 S4096 D64", provider=prov, batch=4,
+                            heads=32, seq=4096, dim=64, dtype="bf16", causal=False,
+                            precision="", mode="bwd", status="ok", tflops=tf))
+    assert main(["plot", str(tmp_path)]) == 0
+    assert (tmp_path / "bench_tflops.png").stat().st_size > 1000
+    assert main(["plot", str(tmp_path / "nothing")]) == 2

@@ -15,7 +15,8 @@ SDPA's fp32 "efficient" kernel). Every bad input raises `ProblemError`.
 
 Differentiable: `.backward()` runs the FlashAttention-2-style backward kernels
 (`tiles/flash_bwd.py`: deterministic, no S x S array) for every combination the forward
-takes, except fp32 head dims over 128 (`problem.MAX_FP32_GRAD_DIM`), refused at the call. With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij).
+takes, except fp32 head dims over 128 (`problem.MAX_FP32_GRAD_DIM`), refused at the call.
+With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij).
 
 Registered as `torch.ops.fusedattn.flash_fwd` and `torch.ops.fusedattn.flash_bwd`
 (`torch.library.custom_op` with fake implementations, the backward through

@@ -307,12 +307,16 @@ def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.plots import draw
+    from fusedattn.plots import draw, draw_bench
 
-    summary = args.run_dir / "summary.csv"
-    if not summary.is_file():
-        raise ProblemError("run_dir", str(args.run_dir), "a run folder holding summary.csv")
-    figures = draw(summary)
+    summary, bench = args.run_dir / "summary.csv", args.run_dir / "bench.csv"
+    if summary.is_file():
+        figures = draw(summary)
+    elif bench.is_file():
+        figures = draw_bench(bench)
+    else:
+        raise ProblemError("run_dir", str(args.run_dir),
+                           "a run folder holding summary.csv (run-all) or bench.csv (bench)")
     for f in figures:
         console.print(f"figure: {f}")
     if not figures:

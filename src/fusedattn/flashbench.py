@@ -203,6 +203,7 @@ class BenchRow:
     dtype: str
     causal: bool
     precision: str
+    mode: str                   # fwd | bwd | fwd+bwd: what was timed (BenchProblem.mode)
     status: str                 # ok | FAIL | skipped
     reason: str
     max_abs_error: float | None
@@ -270,7 +271,7 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
     for name, make in makers:
         base = dict(problem=p.label(), provider=name, batch=p.batch, heads=p.heads, seq=p.seq,
                     dim=p.dim, dtype=p.dtype, causal=p.causal,
-                    precision=p.dot_precision() or "",
+                    precision=p.dot_precision() or "", mode=p.mode,
                     max_abs_error=None, tolerance=None, median_ms=None, min_ms=None,
                     max_ms=None, tflops=None, peak_bytes=None, call_bytes=None)
         if name in MATERIALIZING and p.seq > MATERIALIZE_MAX_S:

@@ -123,31 +123,43 @@ def draw_sweep(sweep_csv: Path) -> list[Path]:
     return _save(fig, sweep_csv.parent, "sweep_block_k")
 
 
+def _bench_mode(r: dict) -> str:
+    """A bench row's timed pass; CSVs written before the `mode` column were forward only,
+    except the training suites' first runs, whose labels start with it."""
+    return r.get("mode") or (r["problem"].split()[0] if r["problem"].startswith(
+        ("bwd ", "fwd+bwd ")) else "fwd")
+
+
 def draw_bench(bench_csv: Path) -> list[Path]:
-    """TFLOP/s against S, one line per provider, one panel per (dtype, D, causal)."""
+    """TFLOP/s against S, one line per provider, one panel per (pass, dtype, D, causal);
+    where every panel has one S, one group of bars per problem instead."""
     import csv
 
     with open(bench_csv, newline="") as f:
         # one line per provider; the one-config tuning rows (flash@...) stay in the CSV
         rows = [r for r in csv.DictReader(f) if r["tflops"] and "@" not in r["provider"]]
-    panels = sorted({(r["dtype"], r["precision"], int(r["dim"]), r["causal"]) for r in rows})
-    if not rows or not any(len({r["seq"] for r in rows if (r["dtype"], r["precision"],
-                                int(r["dim"]), r["causal"]) == key}) > 1 for key in panels):
+    if not rows:
         return []
+
+    def key(r):
+        return (_bench_mode(r), r["dtype"], r["precision"], int(r["dim"]), r["causal"])
+
+    panels = sorted({key(r) for r in rows})
+    if not any(len({r["seq"] for r in rows if key(r) == k}) > 1 for k in panels):
+        return _draw_bench_bars(rows, bench_csv)
     cols = min(4, len(panels))
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
-    for ax, key in zip(axes.flat, panels, strict=False):
-        mine = [r for r in rows if (r["dtype"], r["precision"], int(r["dim"]), r["causal"])
-                == key]
+    for ax, k in zip(axes.flat, panels, strict=False):
+        mine = [r for r in rows if key(r) == k]
         for name in dict.fromkeys(r["provider"] for r in mine):
             pts = sorted((int(r["seq"]), float(r["tflops"])) for r in mine
                          if r["provider"] == name)
             ax.plot(*zip(*pts, strict=True), marker="o", label=name,
                     linewidth=2.5 if name == "flash" else 1.2)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{key[0]}{' ' + key[1] if key[1] else ''} D={key[2]}"
-                     f"{' causal' if key[3] == 'True' else ''}", fontsize=9)
+        ax.set_title(f"{'' if k[0] == 'fwd' else k[0] + ' '}{k[1]}{' ' + k[2] if k[2] else ''}"
+                     f" D={k[3]}{' causal' if k[4] == 'True' else ''}", fontsize=9)
         ax.set_xlabel("S")
         ax.set_ylabel("TFLOP/s")
         ax.grid(True, alpha=0.3)
@@ -155,7 +167,34 @@ def draw_bench(bench_csv: Path) -> list[Path]:
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     r = rows[0]
-    fig.text(0.01, -0.02, f"B={r['batch']} H={r['heads']}; TFLOP/s = 4·B·H·S²·D / time "
-             "(half when causal); primed CUDA events, median", fontsize=7)
+    fig.text(0.01, -0.02, f"B={r['batch']} H={r['heads']}; {BENCH_FLOPS}", fontsize=7)
+    fig.tight_layout()
+    return _save(fig, bench_csv.parent, "bench_tflops")
+
+
+BENCH_FLOPS = ("TFLOP/s = 4·B·H·S²·D / time (half when causal; the backward 2.5×, forward + "
+               "backward 3.5×); primed CUDA events, median")
+
+
+def _draw_bench_bars(rows: list[dict], bench_csv: Path) -> list[Path]:
+    """One group of bars per problem (its label), one bar per provider."""
+    import numpy as np
+
+    problems = list(dict.fromkeys(r["problem"] for r in rows))
+    names = list(dict.fromkeys(r["provider"] for r in rows))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(problems)), 4.2))
+    x = np.arange(len(problems))
+    for i, name in enumerate(names):
+        vals = [next((float(r["tflops"]) for r in rows
+                      if r["problem"] == p and r["provider"] == name), 0.0) for p in problems]
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, vals, width, label=name,
+               edgecolor="black" if name == "flash" else None)
+    ax.set_xticks(x)
+    ax.set_xticklabels(problems, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.text(0.01, -0.02, BENCH_FLOPS, fontsize=7)
     fig.tight_layout()
     return _save(fig, bench_csv.parent, "bench_tflops")
