@@ -166,8 +166,10 @@ def test_run_all_cli_in_emulation_writes_evidence(tmp_path, capsys):
                "--out", str(tmp_path)])
     assert rc == 0
     (run_dir,) = (tmp_path / "emulation").iterdir()
-    assert {p.name for p in run_dir.iterdir()} == {"plan.json", "environment.json",
-                                                    "records.jsonl", "summary.csv"}
+    dirty = json.loads((run_dir / "environment.json").read_text())["git_dirty"]
+    assert {p.name for p in run_dir.iterdir()} == {
+        "plan.json", "environment.json", "records.jsonl", "summary.csv",
+        *(["uncommitted.diff"] if dirty else [])}
     rows = runall.read_summary(run_dir / "summary.csv")
     assert {(r["version"], r["seq"], r["verdict"]) for r in rows} == {
         ("t0", "1", "PASS"), ("t0", "3", "PASS"), ("online", "1", "PASS"),
@@ -184,3 +186,98 @@ def test_sender_named_commit_wins_over_the_copys_git(monkeypatch):
     assert env["git_commit"] == "0123abc" and env["git_dirty"] is False
     monkeypatch.delenv("FUSEDATTN_GIT_COMMIT")
     assert environment()["git_commit"] != "0123abc"  # this checkout's own git, or None
+
+
+def _boundary_plan():
+    return Plan(("t0", "t1"), (128,), 64, 32, 1, SETTINGS, boundary=((1, 1), (3, 2)))
+
+
+def _fake_unit(unit, error=None):
+    """A worker's records for `unit`, made up: one per version, passing (or an error)."""
+    check = {"max_abs": 1e-8, "ok": True, "reasons": []}
+    return [{"unit": unit["unit"], "kind": unit["kind"], "suite": unit["suite"],
+             "version": v, "seq": unit["seq"], "dim": unit["dim"], "block": unit["block"],
+             "process": unit.get("process", 0),
+             **({"error": error} if error else {"before": check, "after": None,
+                                                 "verdict": "PASS", "timing": None})}
+            for v in unit["versions"]]
+
+
+@pytest.fixture
+def boundary_only(monkeypatch):
+    """Plans of boundary units only on either side (the GPU adds main/memory units)."""
+    monkeypatch.setattr(runall.mode, "EMULATION", True)
+
+
+@pytest.mark.parametrize("line, why", [
+    ("{}", "a record is a JSON object"),
+    ("not json", "not JSON"),
+    (json.dumps(_fake_unit({"unit": "boundary-9x9", "kind": "timing", "suite": "boundary",
+                            "versions": ["t0"], "seq": 9, "dim": 9, "block": 32})[0]),
+     "unit 'boundary-9x9' is not in this run's plan"),
+    (json.dumps({**_fake_unit({"unit": "boundary-1x1", "kind": "timing", "suite": "boundary",
+                               "versions": ["t0"], "seq": 1, "dim": 1, "block": 32})[0],
+                 "version": "nope"}), "version 'nope' is not in unit"),
+])
+def test_bad_records_are_errors_naming_their_line(tmp_path, line, why, boundary_only):
+    plan = _boundary_plan()
+    good = _fake_unit(plan.units()[0])
+    (tmp_path / "records.jsonl").write_text(json.dumps(good[0]) + "\n" + line + "\n")
+    with pytest.raises(runall.RecordError, match=f"line 2: {why}"):
+        runall.read_records(tmp_path / "records.jsonl", plan)
+
+
+def test_a_duplicated_record_is_not_another_process(tmp_path, boundary_only):
+    plan = _boundary_plan()
+    rec = json.dumps(_fake_unit(plan.units()[0])[0])
+    (tmp_path / "records.jsonl").write_text(rec + "\n" + rec + "\n")
+    with pytest.raises(runall.RecordError, match="line 2: repeats line 1"):
+        runall.read_records(tmp_path / "records.jsonl", plan)
+
+
+def test_resume_keeps_failed_attempts_marked_superseded(tmp_path, monkeypatch, boundary_only):
+    plan = _boundary_plan()
+    attempts = []
+
+    def flaky(unit):  # the second unit fails the first time it runs
+        attempts.append(unit["unit"])
+        first_try = attempts.count(unit["unit"]) == 1
+        return _fake_unit(unit, "worker exited 1: boom"
+                          if unit["unit"] == "boundary-3x2" and first_try else None)
+
+    monkeypatch.setattr(runall, "run_unit_process", flaky)
+    execute(plan, tmp_path, _Console(), _NoProgress)
+    first = runall.read_records(tmp_path / "records.jsonl", plan)
+    assert (tmp_path / "summary.csv").is_file()
+    assert {r["verdict"] for r in runall.read_summary(tmp_path / "summary.csv")} >= {"ERROR"}
+    records, rows = execute(plan, tmp_path, _Console(), _NoProgress)  # --resume
+    assert attempts == ["boundary-1x1", "boundary-3x2", "boundary-3x2"]
+    on_disk = runall.read_records(tmp_path / "records.jsonl", plan)
+    assert len(on_disk) == len(first) + 2  # the failed attempt is still there
+    old = [r for r in on_disk if r.get("superseded")]
+    assert len(old) == 2 and all("error" in r for r in old)
+    assert all(r.verdict == "PASS" for r in rows)
+
+
+def test_an_interrupted_resume_leaves_no_stale_summary(tmp_path, monkeypatch, boundary_only):
+    plan = _boundary_plan()
+    monkeypatch.setattr(runall, "run_unit_process",
+                        lambda u: _fake_unit(u, "boom" if u["unit"] == "boundary-3x2" else None))
+    execute(plan, tmp_path, _Console(), _NoProgress)
+    assert (tmp_path / "summary.csv").is_file()
+
+    def killed(unit):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runall, "run_unit_process", killed)
+    with pytest.raises(KeyboardInterrupt):
+        execute(plan, tmp_path, _Console(), _NoProgress)
+    assert not (tmp_path / "summary.csv").exists()  # not the old one, which said ERROR
+
+
+def test_summary_rows_say_whether_the_run_was_causal():
+    rec = _timing_record("t0", 0, 1.0, 2.0)
+    causal = Plan(("t0",), (128,), 64, 256, 1, SETTINGS, causal=True)
+    rows = summarize([rec], ENV, causal, {"t0": "h"})
+    assert rows and all(r.causal for r in rows)
+    assert "causal" in summary_csv(rows).splitlines()[0].split(",")

@@ -7,13 +7,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
 from fusedattn.inputs import make_inputs
 from fusedattn.mode import DEVICE, EMULATION
-from fusedattn.problem import DTYPE, Problem
+from fusedattn.problem import DTYPE, Problem, ProblemError
 from fusedattn.reference import attention_ref
 from fusedattn.timing import time_gpu
 from fusedattn.verify import Check, check, fp32_peer_error, needs_peer, poison
@@ -58,6 +60,61 @@ class Record:
 def _sync() -> None:
     if not EMULATION:
         torch.cuda.synchronize()
+
+
+EMULATION_SLOW = 16 * 16 * 32 * 8
+"""S*S*block past which the numba simulator takes long: it runs every CUDA thread as an OS
+thread, and the thread-level kernels' work grows as S rows x S keys x the block's threads.
+The emulation default (16x16, block 32) takes seconds; 8x that, a minute or more; the
+chapter's 128x64 with block 256 ran past 60 s on a 2-core CPU."""
+
+
+def _available_ram() -> int:
+    """Bytes of RAM the OS could give now (Linux MemAvailable; else free pages)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def resource_plan(problem: Problem, versions: list[Version]) -> dict[str, int]:
+    """What one `run` of `versions` on `problem` allocates, in bytes: on the device, the
+    inputs (q, k, v) and each version's output and S x S arrays (the largest version's, as
+    one runs at a time); on the host, the float64 reference (q, k, v and two S x S arrays:
+    scores and probabilities)."""
+    s, d = problem.seq, problem.dim
+    per_version = max((s * d * 4 + v.intermediate_models(s)["capacity_bytes"]
+                       for v in versions), default=0)
+    return {"device": 3 * s * d * 4 + per_version, "host": 3 * s * d * 8 + 2 * s * s * 8}
+
+
+def check_resources(problem: Problem, versions: list[Version], warn) -> None:
+    """Refuse what cannot fit (device memory on a GPU, RAM in emulation and for the
+    reference), naming the figures; `warn(text)` when an emulation run will take long."""
+    need = resource_plan(problem, versions)
+    ram = _available_ram()
+    if EMULATION:
+        need = {"RAM": need["device"] + need["host"]}
+        have = {"RAM": ram}
+    else:
+        have = {"device": torch.cuda.mem_get_info()[0], "host": ram}
+        need = {"device": need["device"], "host": need["host"]}
+    for where, n in need.items():
+        if n > 0.9 * have[where]:
+            raise ProblemError("seq", problem.seq, f"a problem that fits: {problem.label()} "
+                               f"needs {n / 2**30:.2f} GiB of {where} memory (inputs, outputs, "
+                               f"S x S arrays, the float64 reference), {have[where] / 2**30:.2f}"
+                               " GiB is free")
+    threaded = [v for v in versions if v.route == "simt"]
+    work = problem.seq * problem.seq * problem.block
+    if EMULATION and threaded and work > EMULATION_SLOW:
+        warn(f"emulation of {problem.label()} with block {problem.block}: the CUDA simulator "
+             f"runs every thread as an OS thread; {', '.join(v.name for v in threaded)} will "
+             f"take long (about {work / EMULATION_SLOW:.0f}x the work of a run known to take "
+             "a minute)")
 
 
 def measure(version: Version, problem: Problem, settings: Settings,

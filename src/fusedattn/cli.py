@@ -12,6 +12,7 @@ from rich.table import Table
 from fusedattn import mode
 from fusedattn.problem import Problem, ProblemError
 
+OUT_DEFAULT = "(default evidence/ on a GPU, a temporary folder in emulation)"
 GPU_DEFAULT = {"seq": 128, "dim": 64, "block": 256}  # the chapter's main problem
 EMU_DEFAULT = {"seq": 16, "dim": 8, "block": 32}
 """Emulation default: numba's simulator runs every CUDA thread as an OS thread, so the
@@ -33,11 +34,15 @@ def _int_list(text: str) -> list[int]:
 def _shapes(text: str) -> list[tuple[int, int]]:
     if text.strip().lower() in ("", "none"):
         return []
-    try:
-        return [tuple(int(x) for x in t.lower().split("x")) for t in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected SxD[,SxD...], e.g. 1x1,7x13"
-                                         ) from None
+    shapes = []
+    for t in text.split(","):
+        parts = t.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise argparse.ArgumentTypeError(f"{t.strip()!r} in {text!r}: expected SxD with "
+                                             "S, D >= 1, comma-separated, e.g. 1x1,7x13; or "
+                                             "none")
+        shapes.append((int(parts[0]), int(parts[1])))
+    return shapes
 
 
 def _common(p: argparse.ArgumentParser, warmup: int, repeat: int) -> None:
@@ -74,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     ra.add_argument("--processes", type=_int, default=3, help="independent processes")
     ra.add_argument("--boundary", type=_shapes, default="1x1,7x13,33x31,65x33",
                     help="boundary shapes SxD, verified before and after timing; none to skip")
-    ra.add_argument("--out", type=Path, default=Path("evidence"),
-                    help="base folder; the run goes to OUT/<gpu>/<timestamp>/")
+    ra.add_argument("--out", type=Path, default=None,
+                    help="base folder; the run goes to OUT/<gpu>/<timestamp>/ " + OUT_DEFAULT)
     ra.add_argument("--resume", type=Path, help="a run folder to complete (same options)")
 
     pr = sub.add_parser("profile", help="resource fields of every kernel; --ncu for counters")
@@ -85,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--block", type=_int, help="threads per block (GPU default 256)")
     pr.add_argument("--ncu", action="store_true",
                     help="also run each version under Nsight Compute (--clock-control none)")
-    pr.add_argument("--out", type=Path, default=Path("evidence"),
-                    help="base folder; CSVs go to OUT/<gpu>/<timestamp>-profile/")
+    pr.add_argument("--out", type=Path, default=None,
+                    help="base folder; CSVs go to OUT/<gpu>/<timestamp>-profile/ " + OUT_DEFAULT)
 
     cr = sub.add_parser("check-races", help="compute-sanitizer racecheck/synccheck/memcheck/"
                         "initcheck on every kernel, and the planted barrier bug")
@@ -98,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "initcheck")))
     cr.add_argument("--no-planted", action="store_true",
                     help="skip the planted missing-barrier variant")
-    cr.add_argument("--out", type=Path, default=Path("evidence"),
-                    help="base folder; CSV and raw reports go to OUT/<gpu>/<timestamp>-races/")
+    cr.add_argument("--out", type=Path, default=None,
+                    help="base folder; CSV and raw reports go to OUT/<gpu>/<timestamp>-races/ "
+                    + OUT_DEFAULT)
 
     wk = sub.add_parser("walkthrough", help="the online recurrence on one row, key by key")
     wk.add_argument("--scores", default="2,1,4", help="one query row's scores (default: the "
@@ -120,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sw, warmup=10, repeat=50)
     sw.add_argument("--seq", type=_int, help="S (GPU default 128)")
     sw.add_argument("--block-k", type=_int_list, default=[16, 32, 64, 128])
-    sw.add_argument("--out", type=Path, default=Path("evidence"),
-                    help="base folder; CSV and plot go to OUT/<gpu>/<timestamp>-sweep/")
+    sw.set_defaults(version=None)  # the first registry version with a BLOCK_K
+    sw.add_argument("--out", type=Path, default=None,
+                    help="base folder; CSV and plot go to OUT/<gpu>/<timestamp>-sweep/ "
+                    + OUT_DEFAULT)
 
     bn = sub.add_parser("bench", help="the flash kernel against PyTorch's attention backends")
     bn.add_argument("--suite", default="bf16",
@@ -137,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--warmup", type=_int, default=5)
     bn.add_argument("--repeat", type=_int, default=20)
     bn.add_argument("--seed", type=_int, default=0)
-    bn.add_argument("--out", type=Path, default=Path("evidence"),
-                    help="base folder; CSV and plots go to OUT/<gpu>/<timestamp>-bench-SUITE/")
+    bn.add_argument("--out", type=Path, default=None,
+                    help="base folder; CSV and plots go to OUT/<gpu>/<timestamp>-bench-SUITE/ "
+                    + OUT_DEFAULT)
 
     pl = sub.add_parser("plot", help="redraw the figures of a run folder from its summary.csv")
     pl.add_argument("run_dir", type=Path)
@@ -172,8 +181,10 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise ProblemError("inputs", args.inputs, "one of " + ", ".join(PROTOCOLS))
     if args.seed < 0:
         raise ProblemError("seed", args.seed, "an integer >= 0")
-    if getattr(args, "json", None) is not None and args.json.is_dir():
-        raise ProblemError("json", str(args.json), "a file path, not a directory")
+    if getattr(args, "json", None) is not None:
+        from fusedattn.outputs import writable_file
+
+        writable_file("json", args.json)
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -181,7 +192,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.bench import Settings, measure
+    from fusedattn.bench import Settings, check_resources, measure
     from fusedattn.evidence import environment, write_json
     from fusedattn.inputs import make_inputs
     from fusedattn.reference import attention_ref
@@ -193,6 +204,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     settings = Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing)
     for v in versions:  # every limit before anything runs
         v.limits.check(v.name, problem)
+    check_resources(problem, versions, lambda text: console.print(f"[yellow]{text}[/]"))
     inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
     ref = attention_ref(*inputs, causal=problem.causal)
 
@@ -241,10 +253,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fusedattn.bench import Settings
+    from fusedattn.bench import Settings, check_resources
     from fusedattn.evidence import environment
+    from fusedattn.outputs import new_run_dir
     from fusedattn.plots import draw
-    from fusedattn.runall import Plan, execute, run_dir_for
+    from fusedattn.runall import Plan, execute
     from fusedattn.versions import select
 
     versions = select(args.version)
@@ -259,16 +272,21 @@ def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
     for v in versions:
         for p in problems + boundary:
             v.limits.check(v.name, p)
+    for p in boundary + ([] if mode.EMULATION else problems):  # what this machine runs
+        check_resources(p, versions, lambda text: console.print(f"[yellow]{text}[/]"))
     plan = Plan(tuple(v.name for v in versions), tuple(seqs), problems[0].dim,
                 problems[0].block, args.processes,
                 Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing).__dict__,
                 tuple(tuple(b) for b in args.boundary), args.causal)
+    if not plan.units():
+        raise ProblemError("boundary", "none", "at least one shape: in emulation run-all runs "
+                           "the boundary suite only, so an empty one leaves nothing to run")
     if args.resume is not None:
         if not (args.resume / "plan.json").is_file():
             raise ProblemError("resume", str(args.resume), "a run folder holding plan.json")
         run_dir = args.resume
     else:
-        run_dir = run_dir_for(args.out, environment())
+        run_dir = new_run_dir(_out_base(args), environment())
     if mode.EMULATION:
         console.print("[yellow]emulation: boundary suite only, verified, no times and no "
                       "memory peaks; the main shape needs a GPU[/]")
@@ -307,16 +325,20 @@ def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.outputs import writable_dir
     from fusedattn.plots import draw, draw_bench
 
     summary, bench = args.run_dir / "summary.csv", args.run_dir / "bench.csv"
-    if summary.is_file():
-        figures = draw(summary)
-    elif bench.is_file():
-        figures = draw_bench(bench)
-    else:
+    if not summary.is_file() and not bench.is_file():
         raise ProblemError("run_dir", str(args.run_dir),
                            "a run folder holding summary.csv (run-all) or bench.csv (bench)")
+    writable_dir("run_dir", args.run_dir)  # the figures are written beside the CSV
+    csv_path, drawer = (summary, draw) if summary.is_file() else (bench, draw_bench)
+    try:
+        figures = drawer(csv_path)
+    except (KeyError, ValueError, TypeError, IndexError) as err:
+        raise ProblemError(csv_path.name, str(csv_path), "a CSV as fusedattn writes it "
+                           f"(reading it failed: {type(err).__name__}: {err})") from None
     for f in figures:
         console.print(f"figure: {f}")
     if not figures:
@@ -324,11 +346,17 @@ def cmd_plot(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _stamp_dir(base: Path, suffix: str, env: dict) -> Path:
-    from fusedattn.runall import run_dir_for
+def _out_base(args: argparse.Namespace) -> Path:
+    """The checked base folder of a command's evidence (before any work)."""
+    from fusedattn.outputs import default_base, writable_dir
 
-    d = run_dir_for(base, env)
-    return d.with_name(d.name + suffix)
+    return writable_dir("out", default_base(args.out))
+
+
+def _stamp_dir(args: argparse.Namespace, suffix: str, env: dict) -> Path:
+    from fusedattn.outputs import new_run_dir
+
+    return new_run_dir(_out_base(args), env, suffix)
 
 
 def _write_environment(out_dir: Path, env: dict, **extra) -> None:
@@ -362,6 +390,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     problem = _problem(args, console)
     for v in versions:
         v.limits.check(v.name, problem)
+    _out_base(args)  # before any work
     if args.ncu and mode.EMULATION:
         raise ProblemError("ncu", "emulation", "a CUDA GPU: Nsight Compute reads hardware "
                            "counters of real kernels")
@@ -392,7 +421,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
                       "barrier counts; registers, static shared memory, spills and occupancy "
                       "need a GPU (the compiled kernel)")
     env = environment()
-    out_dir = _stamp_dir(args.out, "-profile", env)
+    out_dir = _stamp_dir(args, "-profile", env)
     ncu_rows = []
     if args.ncu:
         for v in versions:
@@ -437,6 +466,7 @@ def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
 
     versions = select(args.version)
     problem = Problem(args.seq, args.dim, args.block)
+    _out_base(args)  # before any work
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     bad = [t for t in tools if t not in SANITIZER_TOOLS]
     if bad or not tools:
@@ -457,7 +487,7 @@ def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
     if not args.no_planted and "racecheck" in tools:
         jobs.append(("racecheck", True))
     env = environment()
-    out_dir = _stamp_dir(args.out, "-races", env)
+    out_dir = _stamp_dir(args, "-races", env)
     rows = []
     for tool, planted in jobs:
         label = PLANTED if planted else "all"
@@ -500,6 +530,8 @@ def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
 
     from fusedattn import walkthrough as wt
 
+    if args.figure:
+        wt.figure_path(args.figure)  # before any work
     scores = _floats("scores", args.scores)
     values = [_floats("values", row) for row in args.values.split(";")]
     if len({len(r) for r in values}) > 1:
@@ -547,6 +579,8 @@ def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
 def cmd_masks(args: argparse.Namespace, console: Console) -> int:
     from fusedattn import walkthrough as wt
 
+    if args.figure:
+        wt.figure_path(args.figure)  # before any work
     masks = wt.key_masks(args.seq, args.block_k)
     console.print(f"S={args.seq}, BLOCK_K={args.block_k}: {len(masks)} iterations "
                   f"(ceil(S/BLOCK_K)); '#' a key, '.' a masked slot (score set to -inf)")
@@ -566,18 +600,25 @@ def cmd_masks(args: argparse.Namespace, console: Console) -> int:
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     import math
 
-    from fusedattn.bench import Settings, measure
+    from fusedattn.bench import Settings, check_resources, measure
     from fusedattn.evidence import environment, sha256_file
     from fusedattn.inputs import make_inputs
     from fusedattn.reference import attention_ref
-    from fusedattn.versions import select
+    from fusedattn.versions import VERSIONS, select
 
+    if args.version is None:
+        args.version = next(n for n, v in VERSIONS.items() if v.retune is not None)
     versions = select(args.version)
     problem = _problem(args, console)
     _check_counts(args)
+    if not args.block_k:
+        raise ProblemError("block_k", "", "a comma-separated list of powers of two, "
+                           "e.g. 16,32,64,128")
+    _out_base(args)  # before any work
     tuned = [v.with_block_k(bk) for v in versions for bk in args.block_k]
     for v in tuned:
         v.limits.check(v.name, problem)
+    check_resources(problem, tuned, lambda text: console.print(f"[yellow]{text}[/]"))
     settings = Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing)
     inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
     ref = attention_ref(*inputs, causal=problem.causal)
@@ -613,7 +654,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
                       _fmt(r["regs_per_thread"], "d"), _fmt(r["spills"], "d"),
                       _fmt(r["shared_bytes"], "d"), f"{r['max_abs_error']:.2e}", r["verdict"])
     console.print(table)
-    out_dir = _stamp_dir(args.out, "-sweep", env)
+    out_dir = _stamp_dir(args, "-sweep", env)
     _write_rows_csv(out_dir / "sweep.csv", rows)
     _write_environment(out_dir, env, problem=problem.__dict__)
     if not mode.EMULATION:
@@ -649,7 +690,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         raise ProblemError("suite", args.suite,
                            "tiny or tiny-train in emulation (the others are GPU-sized)")
     env = environment()
-    out_dir = _stamp_dir(args.out, f"-bench-{args.suite}", env)
+    out_dir = _stamp_dir(args, f"-bench-{args.suite}", env)
     rows = []
     with console.status("bench") as status:
         for p in problems:

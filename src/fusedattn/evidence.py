@@ -15,7 +15,8 @@ import torch
 
 from fusedattn.mode import EMULATION
 
-_REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout the package runs from (git is asked there, not in the working folder)."""
 
 
 def sha256_file(path: Path) -> str:
@@ -24,7 +25,7 @@ def sha256_file(path: Path) -> str:
 
 def _git(*args: str) -> str | None:
     try:
-        res = subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True,
+        res = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                              timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -6,8 +6,11 @@ Units of work, each in its own fresh process (`fusedattn.worker`):
 - memory (GPU only): one process per (version, shape) measuring the peak of one call.
 
 After every unit `records.jsonl` is rewritten atomically, so a killed run leaves whole
-records only, and `--resume DIR` skips every unit already on disk. `summary.csv` (long
-format, schema `SummaryRow`) is derived from the records, and the figures from the CSV.
+records only, and `--resume DIR` skips every unit already on disk. Records are append-only:
+a unit run again (after an error) keeps its failed attempt, marked `superseded`. Every
+record is checked against the plan when it is read (`read_records`). `summary.csv` (long
+format, schema `SummaryRow`) is derived from the live records, atomically, once all are
+there (a run cut short leaves none rather than a stale one), and the figures from the CSV.
 
 Summary per (version, shape): the median of the per-process medians, with the min-max range
 of those medians (the chapter's 12.6 table).
@@ -65,14 +68,69 @@ class Plan:
 
 # --- records -------------------------------------------------------------------------------
 
-def read_records(path: Path) -> list[dict]:
+RECORD_KEYS = ("unit", "kind", "version", "seq", "dim", "block")
+
+
+class RecordError(ValueError):
+    """A line of records.jsonl that is not a record of its run's plan."""
+
+    def __init__(self, path: Path, line: int, why: str):
+        super().__init__(f"{path} line {line}: {why}")
+
+
+def read_records(path: Path, plan: Plan | None = None) -> list[dict]:
+    """Every record of `path` (append-only: superseded attempts included), each checked:
+    a JSON object with `RECORD_KEYS`; with `plan`, also of a unit and version of the plan,
+    and not repeating a live record of the same (unit, version)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RecordError(path, n, f"not JSON ({err.msg})") from None
+        if not isinstance(r, dict) or any(k not in r for k in RECORD_KEYS):
+            raise RecordError(path, n, "a record is a JSON object with " + ", ".join(RECORD_KEYS))
+        records.append((n, r))
+    if plan is not None:
+        _check_against_plan(path, records, plan)
+    return [r for _, r in records]
+
+
+def _check_against_plan(path: Path, records: list[tuple[int, dict]], plan: Plan) -> None:
+    units = {u["unit"]: u for u in plan.units()}
+    seen: dict[tuple[str, str], int] = {}
+    for n, r in records:
+        unit = units.get(r["unit"])
+        if unit is None:
+            raise RecordError(path, n, f"unit {r['unit']!r} is not in this run's plan")
+        if r["version"] not in unit["versions"]:
+            raise RecordError(path, n, f"version {r['version']!r} is not in unit "
+                              f"{r['unit']!r} ({', '.join(unit['versions'])})")
+        if (r["kind"], r["seq"], r["dim"]) != (unit["kind"], unit["seq"], unit["dim"]):
+            raise RecordError(path, n, f"kind/seq/dim {r['kind']}/{r['seq']}/{r['dim']} do "
+                              f"not match unit {r['unit']!r}")
+        if r.get("superseded"):
+            continue
+        key = (r["unit"], r["version"])
+        if key in seen:
+            raise RecordError(path, n, f"repeats line {seen[key]} (unit {r['unit']!r}, "
+                              f"version {r['version']!r}): a duplicated line would count "
+                              "as another process")
+        seen[key] = n
+
+
+def live(records: list[dict]) -> list[dict]:
+    """The records that count: every attempt but those superseded by a retry."""
+    return [r for r in records if not r.get("superseded")]
 
 
 def done_units(records: list[dict]) -> set[str]:
-    """Units whose every record is complete (a unit with an error is run again)."""
+    """Units whose every live record is complete (a unit with an error is run again)."""
+    records = live(records)
     bad = {r["unit"] for r in records if "error" in r}
     return {r["unit"] for r in records} - bad
 
@@ -120,6 +178,7 @@ class SummaryRow:
     max_abs_error: float | None
     verdict: str                # PASS | FAIL | ERROR
     peak_bytes: int | None
+    causal: bool = False        # the plan's mask (top-left): part of what was measured
     inputs: str = ""
     seed: int = 0
     warmup: int = 0
@@ -148,14 +207,15 @@ def summarize(records: list[dict], env: dict, plan: Plan, hashes: dict[str, str]
     from fusedattn.versions import VERSIONS
 
     s = plan.settings
-    static = {"inputs": s["inputs"], "seed": s["seed"], "warmup": s["warmup"],
+    static = {"causal": plan.causal, "inputs": s["inputs"], "seed": s["seed"],
+              "warmup": s["warmup"],
               "repeat": s["repeat"], "timing_mode": s["timing"],
               **{k: env.get(k) for k in ("git_commit", "git_dirty", "gpu", "driver", "torch",
                                          "triton", "numba", "numba_cuda")},
               "date": env.get("date", "")}
     groups: dict[tuple, list[dict]] = {}
     peaks: dict[tuple, int | None] = {}
-    for r in records:
+    for r in live(records):
         key = (r.get("suite") or "boundary", r["version"], r["seq"], r["dim"], r["block"])
         if r["kind"] == "memory":
             peaks[key] = r.get("peak_bytes")
@@ -235,12 +295,16 @@ def execute(plan: Plan, run_dir: Path, console, progress_factory) -> tuple[list[
         write_json(run_dir / "environment.json", env)
     env = json.loads((run_dir / "environment.json").read_text())
     records_path = run_dir / "records.jsonl"
-    records = read_records(records_path)
+    records = read_records(records_path, plan)
     done = done_units(records)
     todo = [u for u in plan.units() if u["unit"] not in done]
-    records = [r for r in records if r["unit"] in done]
+    for r in records:  # a failed attempt stays on disk, marked, when its unit runs again
+        if r["unit"] not in done:
+            r["superseded"] = True
     if done:
         console.print(f"resuming: {len(done)} unit(s) on disk, {len(todo)} to run")
+    if todo:  # the summary is derived from the records: none while they are incomplete
+        (run_dir / "summary.csv").unlink(missing_ok=True)
     with progress_factory() as progress:
         task = progress.add_task("run-all", total=len(todo))
         for unit in todo:

@@ -119,13 +119,20 @@ def forget_rescale(scores=HAND_SCORES, values=HAND_VALUES) -> dict:
 
 # --- exercise 3: masks ---------------------------------------------------------------------
 
+MAX_MASK_ROWS = 256    # iterations shown by `fusedattn masks`: a grid a person can read
+MAX_MASK_SLOTS = 1024  # BLOCK_K: the widest tile of the row kernels
+
+
 def key_masks(seq: int, block_k: int) -> list[list[bool]]:
     """For each of the ceil(S/BLOCK_K) iterations of the row kernel: which of its BLOCK_K key
     slots hold a real key (True) and which are masked (False: key >= S)."""
     if seq < 1:
         raise ProblemError("seq", seq, "an integer >= 1")
-    if block_k < 1 or block_k & (block_k - 1):
-        raise ProblemError("block_k", block_k, "a power of two >= 1")
+    if block_k < 1 or block_k & (block_k - 1) or block_k > MAX_MASK_SLOTS:
+        raise ProblemError("block_k", block_k, f"a power of two in 1..{MAX_MASK_SLOTS}")
+    if -(-seq // block_k) > MAX_MASK_ROWS:
+        raise ProblemError("seq", seq, f"at most {MAX_MASK_ROWS} iterations of BLOCK_K="
+                           f"{block_k} (S <= {MAX_MASK_ROWS * block_k}): the grid is for reading")
     return [[start + j < seq for j in range(block_k)] for start in range(0, seq, block_k)]
 
 
@@ -175,12 +182,15 @@ def wrong_fill(seq: int = 33, block_k: int = 16, dim: int = 4, seed: int = 0) ->
 
 # --- figures -------------------------------------------------------------------------------
 
-def _figure_path(path: Path) -> Path:
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ProblemError("figure", str(path), "a path ending in .png or .svg")
+def figure_path(path: Path) -> Path:
+    """A `--figure` path, checked: .png or .svg, in an existing folder that can be written
+    (the CLI checks it before any work)."""
+    from fusedattn.outputs import writable_file
+
+    path = Path(path)
     if not path.parent.exists():
         raise ProblemError("figure", str(path), "a path in an existing folder")
-    return path
+    return writable_file("figure", path, (".png", ".svg"))
 
 
 def draw_steps(w: Walk, path: Path) -> Path:
@@ -190,7 +200,7 @@ def draw_steps(w: Walk, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = _figure_path(path)
+    path = figure_path(path)
     n = len(w.steps)
     fig, axes = plt.subplots(1, n + 1, figsize=(2.6 * (n + 1), 3.0), squeeze=False)
     scores = [st.score for st in w.steps]
@@ -230,7 +240,7 @@ def draw_masks(masks: list[list[bool]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = _figure_path(path)
+    path = figure_path(path)
     fig, ax = plt.subplots(figsize=(max(4, len(masks[0]) * 0.3), 0.5 + 0.4 * len(masks)))
     ax.imshow([[1.0 if m else 0.0 for m in row] for row in masks], cmap="Greens", vmin=-0.3,
               vmax=1.0, aspect="auto")
