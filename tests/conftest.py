@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fusedattn  # noqa: F401
-from fusedattn.inputs import make_inputs
+from fusedattn.lab.inputs import make_inputs
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import Problem
 
@@ -47,7 +47,7 @@ def qkv():
 
 
 def assert_passes(out: torch.Tensor, ref: torch.Tensor) -> None:
-    from fusedattn.verify import check
+    from fusedattn.lab.verify import check
 
     result = check(out, ref)
     assert result.ok, result.reasons

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from fusedattn.lab.registry import VERSIONS
+from fusedattn.lab.verify import check, poison
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import Problem
 from fusedattn.reference import attention_ref, causal_mask, online_ref
-from fusedattn.verify import check, poison
-from fusedattn.versions import VERSIONS
 
 ROW_VERSIONS = ["materialized", "online", "t0", "t1"]
 SHAPES = [

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from fusedattn.cli import main
-from fusedattn.versions import VERSIONS
+from fusedattn.lab.registry import VERSIONS
 
 
 @pytest.mark.parametrize("argv, field", [

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from fusedattn.api import attention
+from fusedattn.lab.verify import check
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref
-from fusedattn.verify import check
 
 
 def _ref(q, k, v, causal=False, scale=None):
@@ -135,9 +135,9 @@ def test_runs_inside_torch_compile_without_graph_breaks():
 
 
 def test_flash_is_in_the_registry_for_the_chapters_problem(qkv):
+    from fusedattn.lab.registry import VERSIONS, select
+    from fusedattn.lab.verify import poison
     from fusedattn.problem import Problem
-    from fusedattn.verify import poison
-    from fusedattn.versions import VERSIONS, select
 
     assert "flash" in [v.name for v in select("all")]
     assert "sdpa-flash" not in [v.name for v in select("all")]  # peers for bench only
@@ -206,7 +206,7 @@ def test_flops_model():
 
 
 def test_ratios_are_ours_over_each_peer_per_problem():
-    from fusedattn.flashbench import BenchRow, with_ratios
+    from fusedattn.lab.suites import BenchRow, with_ratios
 
     def row(provider, tflops, problem="p"):
         return BenchRow(problem, provider, 1, 1, 8, 16, "bf16", False, "", "fwd", "ok", "", 0.0,

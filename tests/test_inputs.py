@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fusedattn.inputs import PROTOCOLS, make_inputs
+from fusedattn.lab.inputs import PROTOCOLS, make_inputs
 from fusedattn.problem import Problem, ProblemError
 
 

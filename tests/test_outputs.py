@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fusedattn import outputs
 from fusedattn.cli import main
+from fusedattn.lab import outputs
 from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
@@ -39,7 +39,7 @@ def test_two_runs_in_the_same_second_get_their_own_folders(tmp_path):
     (["bench", "--suite", "tiny", "--out", str(UNWRITABLE)], "out"),
 ])
 def test_unwritable_outputs_fail_before_the_work(argv, field, capsys, monkeypatch):
-    from fusedattn import bench
+    from fusedattn.lab import protocol as bench
 
     ran = []
     monkeypatch.setattr(bench, "measure", lambda *a, **k: ran.append(a))
@@ -124,16 +124,16 @@ def test_masks_refuses_an_unreadable_grid(capsys):
     assert main(["masks", "--seq", "100000000", "--block-k", "1"]) == 2
     assert "iterations" in _err(capsys)[0]
     with pytest.raises(ProblemError):
-        from fusedattn.walkthrough import key_masks
+        from fusedattn.lab.walkthrough import key_masks
 
         key_masks(10, 4096)
 
 
 @pytest.mark.emulation_only("the simulator's slowness")
 def test_emulation_warns_when_a_run_will_take_long(capsys, monkeypatch):
-    from fusedattn import bench
+    from fusedattn.lab import protocol as bench
+    from fusedattn.lab.registry import VERSIONS
     from fusedattn.problem import Problem
-    from fusedattn.versions import VERSIONS
 
     warned = []
     bench.check_resources(Problem(128, 64, 256), [VERSIONS["online"]], warned.append)

@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from fusedattn import profile
-from fusedattn.problem import Problem, ProblemError
-from fusedattn.profile import (
+from fusedattn.lab import profile
+from fusedattn.lab.profile import (
     SanitizerReport,
     kernel_verdicts,
     occupancy,
@@ -15,6 +14,7 @@ from fusedattn.profile import (
     parse_sanitizer,
     resource_rows,
 )
+from fusedattn.problem import Problem, ProblemError
 
 FIX = Path(__file__).parent / "fixtures"
 OURS = ["_scores_kernel", "_softmax_rows_kernel", "_pv_kernel", "_online_rows_kernel",

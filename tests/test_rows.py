@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fusedattn.lab.verify import check, fp32_peer_error, needs_peer, poison
 from fusedattn.reference import attention_ref
 from fusedattn.tiles.rows import rows_attention
-from fusedattn.verify import check, fp32_peer_error, needs_peer, poison
 
 SHAPES = [
     (1, 1),    # one key: the first tile holds one valid key, the rest masked
@@ -55,7 +55,7 @@ def test_block_k_is_a_parameter_for_sweeps(qkv):
 @given(seq=st.integers(1, 40), dim=st.integers(1, 40), block_k=st.sampled_from([16, 32]),
        seed=st.integers(0, 2**16))
 def test_rows_random_shapes(seq, dim, block_k, seed):
-    from fusedattn.inputs import make_inputs
+    from fusedattn.lab.inputs import make_inputs
     from fusedattn.mode import DEVICE
     from fusedattn.problem import Problem
 

@@ -8,9 +8,9 @@ from dataclasses import fields
 
 import pytest
 
-from fusedattn import runall
-from fusedattn.evidence import write_atomic
-from fusedattn.runall import Plan, SummaryRow, execute, summarize, summary_csv
+from fusedattn.lab import runall
+from fusedattn.lab.evidence import write_atomic
+from fusedattn.lab.runall import Plan, SummaryRow, execute, summarize, summary_csv
 
 SETTINGS = {"inputs": "uniform", "seed": 0, "warmup": 10, "repeat": 50, "timing": "events"}
 ENV = {"git_commit": "abc", "git_dirty": False, "gpu": "NVIDIA H200", "driver": "580",
@@ -65,7 +65,7 @@ def test_error_record_gives_error_verdict():
 
 
 def test_materialized_models_are_the_chapters():
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.registry import VERSIONS
 
     models = VERSIONS["materialized"].intermediate_models(128)
     assert models == {"capacity_bytes": 2 * 128 * 128 * 4, "traffic_bytes": 16 * 128 * 128}
@@ -178,7 +178,7 @@ def test_run_all_cli_in_emulation_writes_evidence(tmp_path, capsys):
 
 
 def test_sender_named_commit_wins_over_the_copys_git(monkeypatch):
-    from fusedattn.evidence import environment
+    from fusedattn.lab.evidence import environment
 
     monkeypatch.setenv("FUSEDATTN_GIT_COMMIT", "0123abc")
     monkeypatch.setenv("FUSEDATTN_GIT_DIRTY", "0")

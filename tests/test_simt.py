@@ -7,9 +7,9 @@ and blocks 32-64 threads.
 import pytest
 import torch
 
+from fusedattn.lab.verify import check, poison
 from fusedattn.reference import attention_ref
 from fusedattn.simt import materialized, online
-from fusedattn.verify import check, poison
 
 SHAPES = [
     ((1, 1), 32),   # one key, one component: 31 idle threads in every reduction
@@ -76,8 +76,8 @@ def test_each_version_allocates_only_what_it_uses(qkv):
 
 
 def test_barrier_counts_in_the_registry_match_the_kernels():
+    from fusedattn.lab.registry import VERSIONS
     from fusedattn.problem import Problem
-    from fusedattn.versions import VERSIONS
 
     p = Problem(128, 64, 256)
     (online_rows,) = VERSIONS["online"].launches

@@ -1,7 +1,7 @@
 import pytest
 
+from fusedattn.lab.registry import ROUTES, VERSIONS, select
 from fusedattn.problem import Problem, ProblemError
-from fusedattn.versions import ROUTES, VERSIONS, select
 
 
 def test_registry_entries_are_complete():

@@ -6,8 +6,8 @@ import matplotlib.image as mpimg
 import pytest
 import torch
 
-from fusedattn import walkthrough as wt
 from fusedattn.cli import main
+from fusedattn.lab import walkthrough as wt
 from fusedattn.problem import ProblemError
 
 

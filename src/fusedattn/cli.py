@@ -46,9 +46,9 @@ def _shapes(text: str) -> list[tuple[int, int]]:
 
 
 def _common(p: argparse.ArgumentParser, warmup: int, repeat: int) -> None:
-    from fusedattn.inputs import PROTOCOLS
-    from fusedattn.timing import MODES
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.inputs import PROTOCOLS
+    from fusedattn.lab.registry import VERSIONS
+    from fusedattn.lab.timing import MODES
 
     p.add_argument("--version", default="all",
                    help="all, or a comma-separated list of: " + ", ".join(VERSIONS))
@@ -168,8 +168,8 @@ def _problem(args: argparse.Namespace, console: Console, seq: int | None = None)
 
 
 def _check_counts(args: argparse.Namespace) -> None:
-    from fusedattn.inputs import PROTOCOLS
-    from fusedattn.timing import MODES
+    from fusedattn.lab.inputs import PROTOCOLS
+    from fusedattn.lab.timing import MODES
 
     if args.warmup < 0:
         raise ProblemError("warmup", args.warmup, "an integer >= 0")
@@ -182,7 +182,7 @@ def _check_counts(args: argparse.Namespace) -> None:
     if args.seed < 0:
         raise ProblemError("seed", args.seed, "an integer >= 0")
     if getattr(args, "json", None) is not None:
-        from fusedattn.outputs import writable_file
+        from fusedattn.lab.outputs import writable_file
 
         writable_file("json", args.json)
 
@@ -192,11 +192,11 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.bench import Settings, check_resources, measure
-    from fusedattn.evidence import environment, write_json
-    from fusedattn.inputs import make_inputs
+    from fusedattn.lab.evidence import environment, write_json
+    from fusedattn.lab.inputs import make_inputs
+    from fusedattn.lab.protocol import Settings, check_resources, measure
+    from fusedattn.lab.registry import VERSIONS, select
     from fusedattn.reference import attention_ref
-    from fusedattn.versions import VERSIONS, select
 
     versions = select(args.version)
     problem = _problem(args, console)
@@ -253,12 +253,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fusedattn.bench import Settings, check_resources
-    from fusedattn.evidence import environment
-    from fusedattn.outputs import new_run_dir
-    from fusedattn.plots import draw
-    from fusedattn.runall import Plan, execute
-    from fusedattn.versions import select
+    from fusedattn.lab.evidence import environment
+    from fusedattn.lab.outputs import new_run_dir
+    from fusedattn.lab.plots import draw
+    from fusedattn.lab.protocol import Settings, check_resources
+    from fusedattn.lab.registry import select
+    from fusedattn.lab.runall import Plan, execute
 
     versions = select(args.version)
     seqs = args.seq or [GPU_DEFAULT["seq"]]
@@ -325,8 +325,8 @@ def cmd_run_all(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.outputs import writable_dir
-    from fusedattn.plots import draw, draw_bench
+    from fusedattn.lab.outputs import writable_dir
+    from fusedattn.lab.plots import draw, draw_bench
 
     summary, bench = args.run_dir / "summary.csv", args.run_dir / "bench.csv"
     if not summary.is_file() and not bench.is_file():
@@ -348,20 +348,20 @@ def cmd_plot(args: argparse.Namespace, console: Console) -> int:
 
 def _out_base(args: argparse.Namespace) -> Path:
     """The checked base folder of a command's evidence (before any work)."""
-    from fusedattn.outputs import default_base, writable_dir
+    from fusedattn.lab.outputs import default_base, writable_dir
 
     return writable_dir("out", default_base(args.out))
 
 
 def _stamp_dir(args: argparse.Namespace, suffix: str, env: dict) -> Path:
-    from fusedattn.outputs import new_run_dir
+    from fusedattn.lab.outputs import new_run_dir
 
     return new_run_dir(_out_base(args), env, suffix)
 
 
 def _write_environment(out_dir: Path, env: dict, **extra) -> None:
     """`environment.json` of a result folder: the machine, the command line, and `extra`."""
-    from fusedattn.evidence import write_json
+    from fusedattn.lab.evidence import write_json
 
     write_json(out_dir / "environment.json",
                env | {"command": "fusedattn " + " ".join(sys.argv[1:]), **extra})
@@ -371,7 +371,7 @@ def _write_rows_csv(path: Path, rows: list[dict]) -> None:
     import csv
     import io
 
-    from fusedattn.evidence import write_atomic
+    from fusedattn.lab.evidence import write_atomic
 
     buf = io.StringIO()
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -382,9 +382,9 @@ def _write_rows_csv(path: Path, rows: list[dict]) -> None:
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, write_atomic
-    from fusedattn.profile import resource_rows, run_ncu
-    from fusedattn.versions import select
+    from fusedattn.lab.evidence import environment, write_atomic
+    from fusedattn.lab.profile import resource_rows, run_ncu
+    from fusedattn.lab.registry import select
 
     versions = select(args.version)
     problem = _problem(args, console)
@@ -454,15 +454,15 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_check_races(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, write_atomic
-    from fusedattn.profile import (
+    from fusedattn.lab.evidence import environment, write_atomic
+    from fusedattn.lab.profile import (
         PLANTED,
         SANITIZER_TOOLS,
         kernel_verdicts,
         run_sanitizer,
         sanitizer_kernels,
     )
-    from fusedattn.versions import VERSIONS, select
+    from fusedattn.lab.registry import VERSIONS, select
 
     versions = select(args.version)
     problem = Problem(args.seq, args.dim, args.block)
@@ -528,7 +528,7 @@ def _floats(field: str, text: str) -> list[float]:
 def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
     import torch
 
-    from fusedattn import walkthrough as wt
+    from fusedattn.lab import walkthrough as wt
 
     if args.figure:
         wt.figure_path(args.figure)  # before any work
@@ -577,7 +577,7 @@ def cmd_walkthrough(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_masks(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn import walkthrough as wt
+    from fusedattn.lab import walkthrough as wt
 
     if args.figure:
         wt.figure_path(args.figure)  # before any work
@@ -600,11 +600,11 @@ def cmd_masks(args: argparse.Namespace, console: Console) -> int:
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     import math
 
-    from fusedattn.bench import Settings, check_resources, measure
-    from fusedattn.evidence import environment, sha256_file
-    from fusedattn.inputs import make_inputs
+    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.inputs import make_inputs
+    from fusedattn.lab.protocol import Settings, check_resources, measure
+    from fusedattn.lab.registry import VERSIONS, select
     from fusedattn.reference import attention_ref
-    from fusedattn.versions import VERSIONS, select
 
     if args.version is None:
         args.version = next(n for n, v in VERSIONS.items() if v.retune is not None)
@@ -658,7 +658,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     _write_rows_csv(out_dir / "sweep.csv", rows)
     _write_environment(out_dir, env, problem=problem.__dict__)
     if not mode.EMULATION:
-        from fusedattn.plots import draw_sweep
+        from fusedattn.lab.plots import draw_sweep
 
         for f in draw_sweep(out_dir / "sweep.csv"):
             console.print(f"figure: {f}")
@@ -667,9 +667,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.evidence import environment, sha256_file
-    from fusedattn.flashbench import check_suite, providers, run_problem, with_ratios
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.registry import VERSIONS
+    from fusedattn.lab.suites import check_suite, providers, run_problem, with_ratios
 
     problems = check_suite(args.suite)
     if args.match:
@@ -714,7 +714,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                        source_sha256={n: sha256_file(VERSIONS[n].source_file())
                                       for n in names})
     if not mode.EMULATION:
-        from fusedattn.plots import draw_bench
+        from fusedattn.lab.plots import draw_bench
 
         for f in draw_bench(out_dir / "bench.csv"):
             console.print(f"figure: {f}")
@@ -723,7 +723,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
-    from fusedattn.versions import ROUTES, VERSIONS
+    from fusedattn.lab.registry import ROUTES, VERSIONS
 
     table = Table(title="versions (the registry, src/fusedattn/versions.py)")
     for c in ("version", "route", "timed launches", "limits", "in `all`", "description"):

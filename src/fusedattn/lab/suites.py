@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 import torch
 import triton
 
+from fusedattn.lab.verify import tf32_matmuls
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref
-from fusedattn.verify import tf32_matmuls
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MATERIALIZING = ("sdpa-math", "torch-eager")
@@ -93,7 +93,7 @@ def suites() -> dict[str, list[BenchProblem]]:
 
 
 def providers() -> list[str]:
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.registry import VERSIONS
 
     return [n for n, v in VERSIONS.items() if v.batched is not None]
 
@@ -126,7 +126,7 @@ def _reference_slice(q, k, v, causal: bool, heads: list[int]) -> torch.Tensor:
 
 def _peer_error(q, k, v, p: BenchProblem, heads, ref) -> float:
     """PyTorch's own attention in the same precision, on the verified slice."""
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.registry import VERSIONS
 
     peer = "torch-eager" if p.precision == "tf32" else "sdpa-math"
     kv = _kv_heads(q, k, heads)
@@ -150,8 +150,8 @@ class _GradCheck:
     gradients in the same precision, the math backend)."""
 
     def __init__(self, q, k, v, dout, p: BenchProblem):
+        from fusedattn.lab.verify import needs_peer
         from fusedattn.reference import attention_ref_grads
-        from fusedattn.verify import needs_peer
 
         self.p, (self.heads, self.kv) = p, _grad_slice(q, k)
         self.slice = [t.detach()[:1, idx] for t, idx in
@@ -163,7 +163,7 @@ class _GradCheck:
                          for g, r in zip(self._peer_grads(), self.ref, strict=True)]
 
     def _peer_grads(self):
-        from fusedattn.versions import VERSIONS
+        from fusedattn.lab.registry import VERSIONS
 
         peer = "torch-eager" if self.p.precision == "tf32" else "sdpa-math"
         leaves = [t.clone().requires_grad_() for t in self.slice[:3]]
@@ -172,7 +172,7 @@ class _GradCheck:
             return torch.autograd.grad(out, leaves, self.slice[3])
 
     def __call__(self, grads):
-        from fusedattn.verify import check
+        from fusedattn.lab.verify import check
 
         got = (grads[0][:1, self.heads], grads[1][:1, self.kv], grads[2][:1, self.kv])
         results = [check(g, r, precision=self.p.precision, peer_error=e)
@@ -244,9 +244,9 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
                 seed: int = 0, configs: bool = False) -> list[BenchRow]:
     """Verify, time and measure every provider in `names` on one problem; with `configs`,
     also every flash config the autotuner chooses from, one by one (forward only)."""
-    from fusedattn.timing import time_gpu
-    from fusedattn.verify import check, needs_peer
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.registry import VERSIONS
+    from fusedattn.lab.timing import time_gpu
+    from fusedattn.lab.verify import check, needs_peer
 
     inputs = _inputs(p, seed)
     q, k, v = inputs[:3]

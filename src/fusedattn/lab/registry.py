@@ -27,7 +27,6 @@ from fusedattn.problem import (
     ProblemError,
     check_tensors,
 )
-from fusedattn.reference import causal_mask
 
 ROUTES = {
     "simt": "thread-level, numba.cuda API (the chapter's HIP route)",
@@ -211,54 +210,7 @@ for _name, _bk in (("t0", 16), ("t1", 32)):
     ))
 
 
-# --- peers ---------------------------------------------------------------------------------
-
-def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
-    # float32 GEMMs without TF32, so the peer computes what ours compute.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    seq = q.shape[0]
-    scores = torch.empty((seq, seq), dtype=q.dtype, device=q.device)
-    out = torch.empty_like(q)
-    future = None
-    if problem.causal:  # True above the diagonal: key j > i, masked with -inf
-        future = ~causal_mask(seq, seq, q.device)
-
-    def call():
-        torch.addmm(scores, q, k.T, beta=0.0, alpha=problem.scale, out=scores)  # scale fused
-        if future is not None:
-            scores.masked_fill_(future, float("-inf"))
-        torch.mm(torch.softmax(scores, dim=-1), v, out=out)  # softmax allocates P [S, S]
-
-    return Prepared(call, out, {"scores": scores, "out": out}, lambda: [])
-
-
-def _eager_batched(q, k, v, causal: bool, precision: str | None):
-    """torch-eager on `[B, H, S, D]` (equal heads): matmul + softmax + matmul."""
-    scale = q.shape[-1] ** -0.5
-    future = None
-    if causal:
-        future = ~causal_mask(q.shape[-2], k.shape[-2], q.device)
-
-    def call():
-        s = torch.matmul(q, k.transpose(-1, -2)) * scale
-        if future is not None:
-            s = s.masked_fill(future, float("-inf"))
-        return torch.matmul(torch.softmax(s, dim=-1), v)
-
-    return call
-
-
-register(Version(
-    "torch-eager", "peer",
-    "PyTorch: addmm (scaled QK^T) [+ masked_fill if causal] + softmax + mm, float32, TF32 off",
-    (Kernel("addmm", ("Q", "K"), ("Scores",)),
-     Kernel("masked_fill", ("Scores",), ("Scores",), None, "causal only"),
-     Kernel("softmax", ("Scores",), ("P",)), Kernel("mm", ("P", "V"), ("O",))),
-    "fusedattn.versions", _prepare_eager, intermediates=2, batched=_eager_batched,
-))
-
-
-# --- the flash kernel and PyTorch's SDPA backends ------------------------------------------
+# --- the flash kernel ----------------------------------------------------------------------
 
 def _prepare_flash(q, k, v, problem: Problem) -> Prepared:
     from fusedattn.tiles.flash import flash_forward
@@ -295,42 +247,6 @@ register(Version(
 ))
 
 
-def _sdpa_batched(backend: str):
-    def make(q, k, v, causal: bool, precision: str | None):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        which = getattr(SDPBackend, backend)
-        gqa = q.shape[-3] != k.shape[-3]
-
-        def call():
-            with sdpa_kernel(which):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                      enable_gqa=gqa)
-
-        return call
-
-    return make
-
-
-def _sdpa_prepare(backend: str):
-    def prepare(q, k, v, problem: Problem) -> Prepared:
-        call4 = _sdpa_batched(backend)(q[None, None], k[None, None], v[None, None],
-                                       problem.causal, None)
-        out = torch.empty_like(q)
-        return Prepared(lambda: out.copy_(call4()[0, 0]), out, {"out": out}, lambda: [])
-
-    return prepare
-
-
-for _name, _backend, _what in (
-    ("sdpa-flash", "FLASH_ATTENTION", "FlashAttention-2 (fp16/bf16 only)"),
-    ("sdpa-cudnn", "CUDNN_ATTENTION", "cuDNN's fused attention"),
-    ("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient (xFormers) kernel"),
-    ("sdpa-math", "MATH", "the math fallback: matmuls and softmax"),
-):
-    register(Version(
-        _name, "peer", f"PyTorch scaled_dot_product_attention, {_what}",
-        (Kernel(_backend.lower(), ("Q", "K", "V"), ("O",)),), "fusedattn.versions",
-        _sdpa_prepare(_backend), in_all=False, batched=_sdpa_batched(_backend),
-    ))
+# The peers register themselves in their own module (their source hash in the evidence is
+# theirs alone); imported last, as they use the classes above.
+from fusedattn.lab import peers  # noqa: E402,F401

@@ -185,7 +185,7 @@ def wrong_fill(seq: int = 33, block_k: int = 16, dim: int = 4, seed: int = 0) ->
 def figure_path(path: Path) -> Path:
     """A `--figure` path, checked: .png or .svg, in an existing folder that can be written
     (the CLI checks it before any work)."""
-    from fusedattn.outputs import writable_file
+    from fusedattn.lab.outputs import writable_file
 
     path = Path(path)
     if not path.parent.exists():

@@ -1,4 +1,4 @@
-"""One independent process of `fusedattn run-all`: `python -m fusedattn.worker SPEC_JSON`.
+"""One independent process of `fusedattn run-all`: `python -m fusedattn.lab.worker SPEC_JSON`.
 
 SPEC: {"unit": id, "kind": "timing" | "memory", "versions": [...], "seq", "dim", "block",
 "settings": {...}, "process": i}. Prints one `FUSEDATTN-RECORD <json>` line per version;
@@ -15,12 +15,12 @@ MARK = "FUSEDATTN-RECORD "
 
 
 def run_unit(spec: dict) -> list[dict]:
-    from fusedattn.bench import Settings, measure, measure_peak
-    from fusedattn.inputs import make_inputs
+    from fusedattn.lab.inputs import make_inputs
+    from fusedattn.lab.protocol import Settings, measure, measure_peak
+    from fusedattn.lab.registry import VERSIONS
     from fusedattn.mode import DEVICE
     from fusedattn.problem import Problem
     from fusedattn.reference import attention_ref
-    from fusedattn.versions import VERSIONS
 
     problem = Problem(spec["seq"], spec["dim"], spec["block"], spec.get("causal", False))
     settings = Settings(**spec["settings"])

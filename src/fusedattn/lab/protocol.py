@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from fusedattn.inputs import make_inputs
+from fusedattn.lab.inputs import make_inputs
+from fusedattn.lab.registry import Version
+from fusedattn.lab.timing import time_gpu
+from fusedattn.lab.verify import Check, check, fp32_peer_error, needs_peer, poison
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import DTYPE, Problem, ProblemError
 from fusedattn.reference import attention_ref
-from fusedattn.timing import time_gpu
-from fusedattn.verify import Check, check, fp32_peer_error, needs_peer, poison
-from fusedattn.versions import Version
 
 
 @dataclass(frozen=True)

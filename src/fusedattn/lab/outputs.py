@@ -77,7 +77,7 @@ def writable_file(field: str, path: Path | str, suffixes: tuple[str, ...] = ()) 
 def new_run_dir(base: Path, env: dict, suffix: str = "") -> Path:
     """A fresh folder `base/<gpu>/<stamp><suffix>[-N]`, created exclusively, with the
     uncommitted diff beside it when the tree was dirty."""
-    from fusedattn.runall import run_dir_for
+    from fusedattn.lab.runall import run_dir_for
 
     writable_dir("out", base)
     first = run_dir_for(base, env)
@@ -97,7 +97,7 @@ def new_run_dir(base: Path, env: dict, suffix: str = "") -> Path:
 def _git(*args: str) -> str:
     """git's output in the package's repository ('' where git or the repository is not
     there); `diff --no-index` exits 1 when the files differ, which is its success."""
-    from fusedattn.evidence import REPO
+    from fusedattn.lab.evidence import REPO
 
     try:
         proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
@@ -112,7 +112,7 @@ def record_uncommitted(folder: Path, env: dict) -> None:
     recorded commit, and every untracked file as an addition). Where the commit was named
     by the machine that sent the tree (its own .git is stale), the diff lives there:
     `uncommitted.txt` says so."""
-    from fusedattn.evidence import write_atomic
+    from fusedattn.lab.evidence import write_atomic
 
     if not env.get("git_dirty"):
         return

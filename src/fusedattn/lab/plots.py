@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no screen needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fusedattn.runall import read_summary  # noqa: E402
+from fusedattn.lab.runall import read_summary  # noqa: E402
 
 
 def _caption(rows: list[dict]) -> str:

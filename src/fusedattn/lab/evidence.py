@@ -15,7 +15,7 @@ import torch
 
 from fusedattn.mode import EMULATION
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 """The checkout the package runs from (git is asked there, not in the working folder)."""
 
 

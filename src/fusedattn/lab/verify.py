@@ -70,7 +70,7 @@ def precision_key(dtype: torch.dtype, precision: str | None = None,
     `protocol` (None: the caller's own inputs): "tf32" has its own bound; "tf32x3" (three
     TF32 products, about fp32's accuracy) and "ieee" keep float32's, which becomes
     "float32-wide" for a protocol outside the chapter's (`inputs.CHAPTER`)."""
-    from fusedattn.inputs import CHAPTER
+    from fusedattn.lab.inputs import CHAPTER
 
     if dtype == torch.float32 and precision == "tf32":
         return "tf32"

@@ -6,7 +6,7 @@
 - `run_ncu`: the version under `ncu --clock-control none` with a small fixed metric set.
 - `run_sanitizer`: the version under compute-sanitizer (racecheck, synccheck, memcheck,
   initcheck), with one verdict per kernel and tool.
-- `python -m fusedattn.profile target ...`: the process that both tools wrap: inputs,
+- `python -m fusedattn.lab.profile target ...`: the process that both tools wrap: inputs,
   one prepare + call, verify. `--planted` swaps in the row softmax without the
   read-the-max barrier (the chapter's historical bug), which racecheck must catch.
 """
@@ -88,9 +88,9 @@ def occupancy(threads: int, regs: int | None, shared: int | None, limits: dict |
 
 def resource_rows(name: str, problem: Problem, seed: int = 0) -> list[dict]:
     """Run the version once on `problem` and describe each of its kernels."""
-    from fusedattn.inputs import make_inputs
+    from fusedattn.lab.inputs import make_inputs
+    from fusedattn.lab.registry import VERSIONS
     from fusedattn.mode import DEVICE, EMULATION
-    from fusedattn.versions import VERSIONS
 
     version = VERSIONS[name]
     q, k, v = make_inputs(problem, "uniform", seed, DEVICE)
@@ -130,14 +130,14 @@ def resource_rows(name: str, problem: Problem, seed: int = 0) -> list[dict]:
 # --- the wrapped process -------------------------------------------------------------------
 
 def target_main(argv: list[str]) -> int:
-    """`python -m fusedattn.profile target --version X --seq S --dim D --block B [--planted]`"""
-    from fusedattn.inputs import make_inputs
+    """`python -m fusedattn.lab.profile target --version X --seq S --dim D --block B [--planted]`"""
+    from fusedattn.lab.inputs import make_inputs
+    from fusedattn.lab.registry import VERSIONS
+    from fusedattn.lab.verify import check, poison
     from fusedattn.mode import DEVICE, EMULATION
     from fusedattn.reference import attention_ref
-    from fusedattn.verify import check, poison
-    from fusedattn.versions import VERSIONS
 
-    ap = argparse.ArgumentParser(prog="fusedattn.profile target")
+    ap = argparse.ArgumentParser(prog="fusedattn.lab.profile target")
     ap.add_argument("--version", required=True, help="one name or a comma-separated list")
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--dim", type=int, required=True)
@@ -178,7 +178,7 @@ def target_main(argv: list[str]) -> int:
 
 def _target_cmd(name: str, problem: Problem, planted: bool = False) -> list[str]:
     """`name`: a version or a comma-separated list, run one after another in one process."""
-    cmd = [sys.executable, "-m", "fusedattn.profile", "target", "--version",
+    cmd = [sys.executable, "-m", "fusedattn.lab.profile", "target", "--version",
            "materialized" if planted else name, "--seq", str(problem.seq), "--dim",
            str(problem.dim), "--block", str(problem.block)]
     return cmd + (["--planted"] if planted else [])
@@ -294,7 +294,7 @@ Python function name inside the mangled symbol, Triton the jit function's name).
 def sanitizer_kernels(names: list[str]) -> dict[str, list[str]]:
     """Symbol -> the versions that launch it, for our own kernels; a library's kernels
     (torch-eager's) have no symbol of ours and are reported as `other`."""
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.registry import VERSIONS
 
     out: dict[str, list[str]] = {}
     for name in names:
@@ -351,6 +351,6 @@ if __name__ == "__main__":
         import fusedattn  # noqa: F401  (fix the mode first)
 
         raise SystemExit(target_main(sys.argv[2:]))
-    print("usage: python -m fusedattn.profile target --version X --seq S --dim D --block B",
+    print("usage: python -m fusedattn.lab.profile target --version X --seq S --dim D --block B",
           file=sys.stderr)
     raise SystemExit(2)

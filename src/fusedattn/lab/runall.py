@@ -1,6 +1,6 @@
 """`fusedattn run-all`: the chapter's `run_all.sh` as one resumable command.
 
-Units of work, each in its own fresh process (`fusedattn.worker`):
+Units of work, each in its own fresh process (`fusedattn.lab.worker`):
 - boundary: every version on 1x1, 7x13, 33x31, 65x33, verified before and after timing;
 - main: the main shape(s) in N independent processes, each with warm-up and repeat;
 - memory (GPU only): one process per (version, shape) measuring the peak of one call.
@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fusedattn import mode
-from fusedattn.evidence import environment, sha256_file, write_atomic, write_json
-from fusedattn.worker import MARK
+from fusedattn.lab.evidence import environment, sha256_file, write_atomic, write_json
+from fusedattn.lab.worker import MARK
 
 BOUNDARY = ((1, 1), (7, 13), (33, 31), (65, 33))  # the chapter's 2026-09-11 recheck
 
@@ -139,7 +139,7 @@ def run_unit_process(unit: dict, timeout_s: float = 3600) -> list[dict]:
     """Run one unit in a fresh Python process; parse its record lines."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
-        proc = subprocess.run([sys.executable, "-m", "fusedattn.worker", json.dumps(unit)],
+        proc = subprocess.run([sys.executable, "-m", "fusedattn.lab.worker", json.dumps(unit)],
                               capture_output=True, text=True, timeout=timeout_s, env=env)
         stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
@@ -204,7 +204,7 @@ def _spread(values: list[float]) -> tuple[float, float, float]:
 def summarize(records: list[dict], env: dict, plan: Plan, hashes: dict[str, str]
               ) -> list[SummaryRow]:
     """Group records by (suite, version, shape) and reduce them to summary rows."""
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.registry import VERSIONS
 
     s = plan.settings
     static = {"causal": plan.causal, "inputs": s["inputs"], "seed": s["seed"],
@@ -281,7 +281,7 @@ def run_dir_for(base: Path, env: dict) -> Path:
 def execute(plan: Plan, run_dir: Path, console, progress_factory) -> tuple[list[dict],
                                                                           list[SummaryRow]]:
     """Run every unit not yet on disk, then write summary.csv (and return both)."""
-    from fusedattn.versions import VERSIONS
+    from fusedattn.lab.registry import VERSIONS
 
     plan_path = run_dir / "plan.json"
     if plan_path.exists():
