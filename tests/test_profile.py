@@ -107,7 +107,7 @@ def test_resource_rows_name_buffers_and_barriers():
 
 
 def test_missing_tools_give_clear_errors(monkeypatch):
-    monkeypatch.setattr(profile.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(ProblemError, match="ncu=.*not found on PATH"):
         profile.run_ncu("t0", Problem(4, 4, 32))
     with pytest.raises(ProblemError, match="compute-sanitizer=.*not found"):

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusedattn.lab.verify import check, fp32_peer_error, needs_peer, poison
+from fusedattn.lab.verify import check, poison
 from fusedattn.reference import attention_ref
 from fusedattn.tiles.rows import rows_attention
 
@@ -18,10 +18,13 @@ SHAPES = [
 
 
 def _run(q, k, v, block_k, protocol=None):
+    from fusedattn.lab.protocol import peer_error
+    from fusedattn.problem import Problem
+
     out = poison(torch.empty_like(q))
     rows_attention(q, k, v, block_k=block_k, out=out)
     ref = attention_ref(q, k, v)
-    peer = fp32_peer_error(q, k, v, ref) if needs_peer(q.dtype, None, protocol) else None
+    peer = peer_error(q, k, v, Problem(*q.shape, 32), ref, protocol)
     return check(out, ref, protocol=protocol, peer_error=peer)
 
 

@@ -58,6 +58,7 @@ register(Version(
      Kernel("masked_fill", ("Scores",), ("Scores",), None, "causal only"),
      Kernel("softmax", ("Scores",), ("P",)), Kernel("mm", ("P", "V"), ("O",))),
     "fusedattn.lab.peers", _prepare_eager, intermediates=2, batched=_eager_batched,
+    judges=("tf32", "float32-wide"),  # honours TF32 when asked; plain fp32 otherwise
 ))
 
 
@@ -92,14 +93,17 @@ def _sdpa_prepare(backend: str):
     return prepare
 
 
-for _name, _backend, _what in (
-    ("sdpa-flash", "FLASH_ATTENTION", "FlashAttention-2 (fp16/bf16 only)"),
-    ("sdpa-cudnn", "CUDNN_ATTENTION", "cuDNN's fused attention"),
-    ("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient (xFormers) kernel"),
-    ("sdpa-math", "MATH", "the math fallback: matmuls and softmax"),
+# (name, backend, what, S x S arrays it holds, tolerance keys it is the peer for)
+for _name, _backend, _what, _inter, _judges in (
+    ("sdpa-flash", "FLASH_ATTENTION", "FlashAttention-2 (fp16/bf16 only)", 0, ()),
+    ("sdpa-cudnn", "CUDNN_ATTENTION", "cuDNN's fused attention", 0, ()),
+    ("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient (xFormers) kernel", 0, ()),
+    ("sdpa-math", "MATH", "the math fallback: matmuls and softmax", 2,
+     ("float16", "bfloat16")),
 ):
     register(Version(
         _name, "peer", f"PyTorch scaled_dot_product_attention, {_what}",
         (Kernel(_backend.lower(), ("Q", "K", "V"), ("O",)),), "fusedattn.lab.peers",
         _sdpa_prepare(_backend), in_all=False, batched=_sdpa_batched(_backend),
+        intermediates=_inter, judges=_judges,
     ))

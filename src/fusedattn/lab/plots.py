@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no screen needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fusedattn.lab.registry import bench_subject  # noqa: E402
 from fusedattn.lab.runall import read_summary  # noqa: E402
 
 
@@ -144,6 +145,7 @@ def draw_bench(bench_csv: Path) -> list[Path]:
     def key(r):
         return (_bench_mode(r), r["dtype"], r["precision"], int(r["dim"]), r["causal"])
 
+    subject = bench_subject()
     panels = sorted({key(r) for r in rows})
     if not any(len({r["seq"] for r in rows if key(r) == k}) > 1 for k in panels):
         return _draw_bench_bars(rows, bench_csv)
@@ -156,7 +158,7 @@ def draw_bench(bench_csv: Path) -> list[Path]:
             pts = sorted((int(r["seq"]), float(r["tflops"])) for r in mine
                          if r["provider"] == name)
             ax.plot(*zip(*pts, strict=True), marker="o", label=name,
-                    linewidth=2.5 if name == "flash" else 1.2)
+                    linewidth=2.5 if name == subject else 1.2)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{'' if k[0] == 'fwd' else k[0] + ' '}{k[1]}{' ' + k[2] if k[2] else ''}"
                      f" D={k[3]}{' causal' if k[4] == 'True' else ''}", fontsize=9)
@@ -180,6 +182,7 @@ def _draw_bench_bars(rows: list[dict], bench_csv: Path) -> list[Path]:
     """One group of bars per problem (its label), one bar per provider."""
     import numpy as np
 
+    subject = bench_subject()
     problems = list(dict.fromkeys(r["problem"] for r in rows))
     names = list(dict.fromkeys(r["provider"] for r in rows))
     width = 0.8 / len(names)
@@ -189,7 +192,7 @@ def _draw_bench_bars(rows: list[dict], bench_csv: Path) -> list[Path]:
         vals = [next((float(r["tflops"]) for r in rows
                       if r["problem"] == p and r["provider"] == name), 0.0) for p in problems]
         ax.bar(x + (i - (len(names) - 1) / 2) * width, vals, width, label=name,
-               edgecolor="black" if name == "flash" else None)
+               edgecolor="black" if name == subject else None)
     ax.set_xticks(x)
     ax.set_xticklabels(problems, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("TFLOP/s")

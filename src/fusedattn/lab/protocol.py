@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from fusedattn.lab.inputs import make_inputs
-from fusedattn.lab.registry import Version
+from fusedattn.lab.registry import VERSIONS, Version, tolerance_peer
 from fusedattn.lab.timing import time_gpu
-from fusedattn.lab.verify import Check, check, fp32_peer_error, needs_peer, poison
+from fusedattn.lab.verify import Check, check, needs_peer, poison, precision_key
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import DTYPE, Problem, ProblemError
 from fusedattn.reference import attention_ref
@@ -117,6 +117,19 @@ def check_resources(problem: Problem, versions: list[Version], warn) -> None:
              "a minute)")
 
 
+def peer_error(q, k, v, problem: Problem, ref: torch.Tensor, protocol: str | None
+               ) -> float | None:
+    """The max error of PyTorch's own computation in the same precision (the registry's
+    peer for this tolerance key) on the same inputs, where the bound is relative to it;
+    None where the bound is fixed (the chapter's protocols)."""
+    if not needs_peer(DTYPE, None, protocol):
+        return None
+    peer = VERSIONS[tolerance_peer(precision_key(DTYPE, None, protocol))]
+    prepared = peer.prepare(q, k, v, problem)
+    prepared.call()
+    return float((prepared.out.double().cpu() - ref.double().cpu()).abs().max())
+
+
 def measure(version: Version, problem: Problem, settings: Settings,
             inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
             ref: torch.Tensor | None = None) -> Record:
@@ -126,9 +139,8 @@ def measure(version: Version, problem: Problem, settings: Settings,
     q, k, v = inputs
     if ref is None:
         ref = attention_ref(q, k, v, causal=problem.causal)
-    bound = {"protocol": settings.inputs, "peer_error": None}
-    if needs_peer(DTYPE, None, settings.inputs):
-        bound["peer_error"] = fp32_peer_error(q, k, v, ref, causal=problem.causal)
+    bound = {"protocol": settings.inputs,
+             "peer_error": peer_error(q, k, v, problem, ref, settings.inputs)}
     prepared = version.prepare(q, k, v, problem)
     poison(prepared.out)
     prepared.call()

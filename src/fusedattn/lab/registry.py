@@ -48,6 +48,9 @@ class Kernel:
     writes: tuple[str, ...]
     barriers: Callable[[Problem], int] | None = field(default=None, repr=False)
     barriers_note: str = ""
+    symbol: str | None = None
+    """The name inside the symbol that tools print (numba keeps the Python function's name
+    in the mangled symbol, Triton the jit function's); None for a library's kernel."""
 
 
 @dataclass
@@ -76,6 +79,14 @@ class Version:
     """For `fusedattn bench`: `batched(q, k, v, causal, precision)` on `[B, H, S, D]` inputs
     returns a call computing O (allocating it); None when the version has no batched form."""
     retune: Callable[[int], Callable[..., Prepared]] | None = field(default=None, repr=False)
+    planted: Callable[..., Prepared] | None = field(default=None, repr=False)
+    """A prepare function of this version with a barrier removed on purpose (the chapter's
+    historical bug), which `check-races` must catch in the kernel named `planted_kernel`."""
+    planted_kernel: str | None = None
+    bench_subject: bool = False  # the version the bench's ratios are about (ours)
+    judges: tuple[str, ...] = ()
+    """Tolerance keys (`verify.TOLERANCE`) for which this version is PyTorch's own
+    computation in the same precision: the peer whose error sets the relative bound."""
 
     def with_block_k(self, block_k: int) -> Version:
         """The same version at another BLOCK_K (the sweep of exercise 4)."""
@@ -120,6 +131,40 @@ def register(version: Version) -> Version:
     return version
 
 
+def kernel_symbols(names: list[str]) -> dict[str, list[str]]:
+    """Symbol -> the versions (of `names`) that launch it; kernels without a symbol of ours
+    (a library's) are left out."""
+    out: dict[str, list[str]] = {}
+    for name in names:
+        for k in VERSIONS[name].launches:
+            if k.symbol is not None:
+                out.setdefault(k.symbol, []).append(name)
+    return out
+
+
+def planted_version() -> Version:
+    """The version that carries the planted missing-barrier variant."""
+    return next(v for v in VERSIONS.values() if v.planted is not None)
+
+
+def bench_subject() -> str:
+    """The bench's subject: the provider every ratio is about."""
+    return next(n for n, v in VERSIONS.items() if v.bench_subject)
+
+
+def tolerance_peer(key: str) -> str:
+    """The peer whose error sets the bound of tolerance key `key`."""
+    found = [n for n, v in VERSIONS.items() if key in v.judges]
+    if not found:
+        raise ValueError(f"no registered peer judges {key!r}")
+    return found[0]
+
+
+def materializing() -> set[str]:
+    """Versions that hold S x S arrays (the bench runs them only up to moderate S)."""
+    return {n for n, v in VERSIONS.items() if v.intermediates}
+
+
 def select(spec: str) -> list[Version]:
     """`all` or a comma-separated list of names -> versions, in registry order for `all`."""
     if spec == "all":
@@ -155,24 +200,39 @@ def _log2(n: int) -> int:
     return n.bit_length() - 1
 
 
+def _prepare_materialized_planted(q, k, v, problem: Problem) -> Prepared:
+    """materialized with the row softmax that lacks the read-the-max barrier."""
+    from fusedattn.simt import materialized
+
+    bufs = materialized.allocate(q)
+    kernel = materialized.planted_softmax_kernel()
+
+    def call():
+        materialized.materialized_attention(q, k, v, bufs, block=problem.block,
+                                            softmax_kernel=kernel)
+
+    return Prepared(call, bufs["out"], bufs, lambda: [])
+
+
 register(Version(
     "materialized", "simt",
     "3 launches: scores [S,S] -> row softmax P [S,S] -> P.V; S x S arrays in global memory",
-    (Kernel("scores", ("Q", "K"), ("Scores",), lambda p: 0, "one thread per (i, j)"),
+    (Kernel("scores", ("Q", "K"), ("Scores",), lambda p: 0, "one thread per (i, j)",
+            "_scores_kernel"),
      # per row: partial max, log2(B) max levels, the read-the-max wait, partial sum, log2(B)
      Kernel("softmax_rows", ("Scores",), ("P",), lambda p: 3 + 2 * _log2(p.block),
-            "per block (= per query row): 3 + 2*log2(block)"),
-     Kernel("pv", ("P", "V"), ("O",), lambda p: 0, "one thread per (i, d)")),
+            "per block (= per query row): 3 + 2*log2(block)", "_softmax_rows_kernel"),
+     Kernel("pv", ("P", "V"), ("O",), lambda p: 0, "one thread per (i, d)", "_pv_kernel")),
     "fusedattn.simt.materialized",
     _prepare_simt("fusedattn.simt.materialized", "materialized_attention"), ROW_LIMITS,
-    intermediates=2,
+    intermediates=2, planted=_prepare_materialized_planted, planted_kernel="softmax_rows",
 ))
 register(Version(
     "online", "simt",
     "1 launch: one block per query row, online softmax key by key, barriers per key",
     (Kernel("online_rows", ("Q", "K", "V"), ("O",),
             lambda p: 1 + p.seq * (3 + _log2(p.block)),
-            "per block (= per query row): 1 + S*(3 + log2(block))"),),
+            "per block (= per query row): 1 + S*(3 + log2(block))", "_online_rows_kernel"),),
     "fusedattn.simt.online",
     _prepare_simt("fusedattn.simt.online", "online_attention"), ROW_LIMITS,
 ))
@@ -204,7 +264,8 @@ for _name, _bk in (("t0", 16), ("t1", 32)):
         _name, "tiles",
         f"1 launch: one program per query row, online softmax over BLOCK_K={_bk} key tiles",
         (Kernel("rows_fwd", ("Q", "K", "V"), ("O",), None,
-                "inserted by Triton for cross-warp tl.sum/tl.max; not counted"),),
+                "inserted by Triton for cross-warp tl.sum/tl.max; not counted",
+                "_rows_fwd_kernel"),),
         "fusedattn.tiles.rows", _prepare_rows(_bk), ROW_LIMITS, block_k=_bk,
         retune=_prepare_rows,
     ))
@@ -240,10 +301,11 @@ register(Version(
     "1 launch: FlashAttention-2 style, BLOCK_M query rows x BLOCK_N key tiles, tl.dot "
     "(fp32: ieee)",
     (Kernel("flash_fwd", ("Q", "K", "V"), ("O",), None,
-            "inserted by Triton around tl.dot and the row reductions; not counted"),),
+            "inserted by Triton around tl.dot and the row reductions; not counted",
+            "_flash_fwd"),),
     "fusedattn.tiles.flash", _prepare_flash,
     Limits(max_dim=MAX_FLASH_DIM, note="head dims up to 256, padded to a power of two >= 16"),
-    batched=_flash_batched,
+    batched=_flash_batched, bench_subject=True,
 ))
 
 

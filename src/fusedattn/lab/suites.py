@@ -27,7 +27,6 @@ from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-MATERIALIZING = ("sdpa-math", "torch-eager")
 MATERIALIZE_MAX_S = 4096  # they hold B*H*S*S scores: 4*32*16384^2*2 B = 64 GiB at S=16384
 CHECK_HEADS = 2  # verified heads per problem (b=0, first and last head): float64 is costly
 
@@ -126,9 +125,10 @@ def _reference_slice(q, k, v, causal: bool, heads: list[int]) -> torch.Tensor:
 
 def _peer_error(q, k, v, p: BenchProblem, heads, ref) -> float:
     """PyTorch's own attention in the same precision, on the verified slice."""
-    from fusedattn.lab.registry import VERSIONS
+    from fusedattn.lab.registry import VERSIONS, tolerance_peer
+    from fusedattn.lab.verify import precision_key
 
-    peer = "torch-eager" if p.precision == "tf32" else "sdpa-math"
+    peer = tolerance_peer(precision_key(q.dtype, p.precision))
     kv = _kv_heads(q, k, heads)
     with tf32_matmuls(p.precision == "tf32"):
         out = VERSIONS[peer].batched(q[:1, heads], k[:1, kv], v[:1, kv], p.causal,
@@ -163,9 +163,10 @@ class _GradCheck:
                          for g, r in zip(self._peer_grads(), self.ref, strict=True)]
 
     def _peer_grads(self):
-        from fusedattn.lab.registry import VERSIONS
+        from fusedattn.lab.registry import VERSIONS, tolerance_peer
+        from fusedattn.lab.verify import precision_key
 
-        peer = "torch-eager" if self.p.precision == "tf32" else "sdpa-math"
+        peer = tolerance_peer(precision_key(self.slice[0].dtype, self.p.precision))
         leaves = [t.clone().requires_grad_() for t in self.slice[:3]]
         with tf32_matmuls(self.p.precision == "tf32"):
             out = VERSIONS[peer].batched(*leaves, self.p.causal, self.p.precision)()
@@ -244,7 +245,7 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
                 seed: int = 0, configs: bool = False) -> list[BenchRow]:
     """Verify, time and measure every provider in `names` on one problem; with `configs`,
     also every flash config the autotuner chooses from, one by one (forward only)."""
-    from fusedattn.lab.registry import VERSIONS
+    from fusedattn.lab.registry import VERSIONS, materializing
     from fusedattn.lab.timing import time_gpu
     from fusedattn.lab.verify import check, needs_peer
 
@@ -274,7 +275,7 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
                     precision=p.dot_precision() or "", mode=p.mode,
                     max_abs_error=None, tolerance=None, median_ms=None, min_ms=None,
                     max_ms=None, tflops=None, peak_bytes=None, call_bytes=None)
-        if name in MATERIALIZING and p.seq > MATERIALIZE_MAX_S:
+        if name in materializing() and p.seq > MATERIALIZE_MAX_S:
             rows.append(BenchRow(status="skipped", reason=f"materializes B*H*S*S scores; "
                                  f"run up to S={MATERIALIZE_MAX_S}", **base))
             continue
@@ -318,12 +319,15 @@ def with_ratios(rows: list[BenchRow]) -> list[dict]:
     problem (None where either is missing)."""
     out = []
     by_problem: dict[str, dict[str, BenchRow]] = {}
+    from fusedattn.lab.registry import bench_subject
+
+    subject = bench_subject()
     for r in rows:
         by_problem.setdefault(r.problem, {})[r.provider] = r
     for r in rows:
         d = asdict(r)
-        ours = by_problem[r.problem].get("flash")
-        if r.provider != "flash" and ours and ours.tflops and r.tflops:
+        ours = by_problem[r.problem].get(subject)
+        if r.provider != subject and ours and ours.tflops and r.tflops:
             d["flash_over_this"] = ours.tflops / r.tflops
         else:
             d["flash_over_this"] = None

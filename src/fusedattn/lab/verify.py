@@ -51,7 +51,7 @@ TOLERANCE: dict[str, Bound] = {
     # the output's error grows with the scores whatever the kernel does (SDPA's own fp32
     # error on 12*N(0,1) inputs at D=64 was 1.18e-4 on the H200, the row kernels' under
     # `stress` 2.05e-4). Judged like low precision: <= 2x PyTorch's own fp32 error on the
-    # same inputs (TF32 off, `fp32_peer_error`) + the chapter's 2e-4.
+    # same inputs (TF32 off: the registry's peer for this key) + the chapter's 2e-4.
     "float32-wide": Bound(factor=2.0, floor=2e-4),
     # Low precision: <= 2x PyTorch's error in the same precision + half an ulp of the
     # storage type at the reference's largest magnitude, at least at 1.0 (unit roundoff:
@@ -83,22 +83,6 @@ def needs_peer(dtype: torch.dtype, precision: str | None = None,
                protocol: str | None = None) -> bool:
     """Whether the bound for these outputs is relative to PyTorch's own error."""
     return TOLERANCE[precision_key(dtype, precision, protocol)].abs_max is None
-
-
-def fp32_peer_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ref: torch.Tensor, *,
-                    causal: bool = False) -> float:
-    """Max abs error of PyTorch's own fp32 attention (matmul, softmax, matmul; TF32 off) on
-    `q, k, v: [S, D]` against the float64 `ref`: the peer of the "float32-wide" bound."""
-    from fusedattn.reference import causal_mask
-
-    with tf32_matmuls(False):
-        q, k, v = (t.float() for t in (q, k, v))
-        scores = (q @ k.T) * (1.0 / q.shape[-1] ** 0.5)
-        if causal:
-            scores = scores.masked_fill(~causal_mask(*scores.shape, scores.device),
-                                        float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v
-    return float((out.double().cpu() - ref.double().cpu()).abs().max())
 
 
 @contextlib.contextmanager
