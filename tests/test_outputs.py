@@ -97,7 +97,7 @@ def test_bad_boundary_shapes_are_argument_errors(argv, capsys):
 
 
 def test_sweep_defaults_to_a_version_with_a_block_k(tmp_path):
-    from fusedattn.cli import build_parser
+    from fusedattn.cli import build_parser  # noqa: F401
 
     assert build_parser().parse_args(["sweep"]).version is None  # resolved from the registry
     if EMULATION:

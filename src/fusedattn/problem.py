@@ -2,7 +2,7 @@
 
 Every bad input raises `ProblemError`, which names the field, the value and what is allowed;
 the CLI prints it as one line. Version-specific limits (D <= 256 for the row kernels) live
-in the registry (`versions.py`) and are checked through `Limits.check`.
+in the registry (`lab/registry.py`) and are checked through `Limits.check`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The registry: every version of attention forward that fusedattn can run.
 
-CLI, benchmarks, plots and tests read `VERSIONS`; adding a version touches only its module
-and one `register(...)` call here.
+CLI, benchmarks, profile, plots and tests read `VERSIONS` and the helpers below; no other
+list of version or kernel names exists. Adding a version touches only its kernel module and
+one `register(...)` call here (ours) or in `peers.py` (PyTorch's).
 
-A version knows its route, a one-line description, the kernels its timed region launches,
-its limits, and how to allocate its own buffers: `prepare(q, k, v, problem)` allocates
+A version knows its route, a one-line description, the kernels its timed region launches
+(with their symbols, buffers and barrier counts), its limits, its planted variant if it has
+one, whether it is the bench's subject or a tolerance peer, and how to allocate its own
+buffers: `prepare(q, k, v, problem)` allocates
 exactly what the version uses (the online versions allocate no S x S array) and returns a
 `Prepared` whose `call()` performs exactly the timed launches.
 """

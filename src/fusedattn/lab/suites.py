@@ -2,7 +2,7 @@
 
 Per problem, in one process, on the same inputs: every provider (a registry version with a
 `batched` form) is verified against a float64 reference on a slice of heads before timing,
-then timed with the primed-event protocol (`timing.py`), and its peak memory of one call is
+then timed with the primed-event protocol (`lab/timing.py`), and its peak memory of one call is
 measured. TFLOP/s = 4*B*H*Sq*Sk*D / time, half of that for causal (`tiles.flash.flops`).
 The training suites time the backward alone (`bwd`, 2.5x the forward's FLOPs) or forward
 and backward (`fwd+bwd`, 3.5x), with dQ, dK and dV verified against the float64 reference's

@@ -1,0 +1,96 @@
+"""`fusedattn bench`: the flash kernel against PyTorch's backends, suite by suite."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fusedattn import mode
+from fusedattn.cli.shared import (
+    OUT_DEFAULT,
+    fmt,
+    int_arg,
+    stamp_dir,
+    write_environment,
+    write_rows_csv,
+)
+from fusedattn.problem import ProblemError
+
+
+def add(sub) -> None:
+    p = sub.add_parser("bench", help="the flash kernel against PyTorch's attention backends")
+    p.add_argument("--suite", default="bf16",
+                    help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
+                    "tiny-train|all")
+    p.add_argument("--providers", default="all",
+                    help="all, or a comma-separated list of versions with a batched form")
+    p.add_argument("--match", default="",
+                    help="only problems whose label contains one of these comma-separated "
+                    "texts, e.g. 'S8192 D64 causal'")
+    p.add_argument("--configs", action="store_true",
+                    help="also time each flash config the autotuner picks from, one by one")
+    p.add_argument("--warmup", type=int_arg, default=5)
+    p.add_argument("--repeat", type=int_arg, default=20)
+    p.add_argument("--seed", type=int_arg, default=0)
+    p.add_argument("--out", type=Path, default=None,
+                    help="base folder; CSV and plots go to OUT/<gpu>/<timestamp>-bench-SUITE/ "
+                    + OUT_DEFAULT)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.registry import VERSIONS
+    from fusedattn.lab.suites import check_suite, providers, run_problem, with_ratios
+
+    problems = check_suite(args.suite)
+    if args.match:
+        wanted = [m.strip() for m in args.match.split(",") if m.strip()]
+        problems = [p for p in problems if any(m in p.label() for m in wanted)]
+        if not problems:
+            raise ProblemError("match", args.match, "texts found in the suite's labels, e.g. "
+                               + ", ".join(p.label() for p in check_suite(args.suite)[:2]))
+    known = providers()
+    names = known if args.providers == "all" else [
+        n.strip() for n in args.providers.split(",") if n.strip()]
+    if not names or any(n not in known for n in names):
+        raise ProblemError("providers", args.providers, "all, or a comma-separated list of: "
+                           + ", ".join(known))
+    if args.warmup < 0 or args.repeat < 1:
+        raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
+    if mode.EMULATION and not args.suite.startswith("tiny"):
+        raise ProblemError("suite", args.suite,
+                           "tiny or tiny-train in emulation (the others are GPU-sized)")
+    env = environment()
+    out_dir = stamp_dir(args, f"-bench-{args.suite}", env)
+    rows = []
+    with console.status("bench") as status:
+        for p in problems:
+            status.update(p.label())
+            rows += run_problem(p, names, warmup=args.warmup, repeat=args.repeat,
+                                seed=args.seed, configs=args.configs)
+            write_rows_csv(out_dir / "bench.csv", with_ratios(rows))  # whole after each
+    table = Table(title=f"bench {args.suite} — {mode.describe()}")
+    for c in ("problem", "provider", "status", "max err", "tol", "ms", "TFLOP/s",
+              "flash ×", "call MiB"):
+        table.add_column(c, no_wrap=True)
+    for r in with_ratios(rows):
+        table.add_row(r["problem"], r["provider"], r["status"] + (
+            f" ({r['reason'][:50]})" if r["reason"] else ""),
+            fmt(r["max_abs_error"], ".2e"), fmt(r["tolerance"], ".1e"),
+            fmt(r["median_ms"], ".4f"), fmt(r["tflops"], ".1f"),
+            fmt(r["flash_over_this"], ".2f"),
+            fmt(r["call_bytes"] and r["call_bytes"] / 2**20, ".1f"))
+    console.print(table)
+    write_environment(out_dir, env, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
+                       source_sha256={n: sha256_file(VERSIONS[n].source_file())
+                                      for n in names})
+    if not mode.EMULATION:
+        from fusedattn.lab.plots import draw_bench
+
+        for f in draw_bench(out_dir / "bench.csv"):
+            console.print(f"figure: {f}")
+    console.print(f"written: {out_dir}")
+    return 0 if all(r.status != "FAIL" for r in rows) else 1

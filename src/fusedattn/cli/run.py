@@ -1,0 +1,79 @@
+"""`fusedattn run`: verify and time versions on one problem."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fusedattn import mode
+from fusedattn.cli.shared import check_counts, common_options, fmt, int_arg, problem_from
+from fusedattn.problem import ProblemError
+
+
+def add(sub) -> None:
+    p = sub.add_parser("run", help="verify and time versions on one problem")
+    common_options(p, warmup=5, repeat=20)
+    p.add_argument("--seq", type=int_arg, help="S, rows of Q/K/V (GPU default 128)")
+    p.add_argument("--json", type=Path, help="write every record (and the environment) here")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.lab.evidence import environment, write_json
+    from fusedattn.lab.inputs import make_inputs
+    from fusedattn.lab.protocol import Settings, check_resources, measure
+    from fusedattn.lab.registry import VERSIONS, select
+    from fusedattn.reference import attention_ref
+
+    versions = select(args.version)
+    problem = problem_from(args, console)
+    check_counts(args)
+    settings = Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing)
+    for v in versions:  # every limit before anything runs
+        v.limits.check(v.name, problem)
+    check_resources(problem, versions, lambda text: console.print(f"[yellow]{text}[/]"))
+    inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
+    ref = attention_ref(*inputs, causal=problem.causal)
+
+    records, failures = [], {}
+    with console.status("running…") as status:
+        for v in versions:
+            status.update(f"{v.name}: verify" + ("" if mode.EMULATION else " + time"))
+            try:
+                records.append(measure(v, problem, settings, inputs, ref))
+            except ProblemError:
+                raise
+            except Exception as exc:  # a kernel that fails to compile or launch: one row
+                failures[v.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+    table = Table(title=f"attention forward {problem.label()} float32, block {problem.block}, "
+                        f"inputs {settings.inputs} seed {settings.seed} — {mode.describe()}")
+    for col in ("version", "route", "max abs err", "verdict", "median ms", "min ms",
+                "max ms", "host µs/call"):
+        left = col in ("version", "route")
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for r in records:
+        t = r.timing or {}
+        err = max(r.before.max_abs, r.after.max_abs if r.after else 0.0)
+        verdict = "PASS" if r.ok else "FAIL: " + "; ".join(
+            r.before.reasons + (r.after.reasons if r.after else ()))
+        table.add_row(r.version, r.route, f"{err:.2e}", verdict,
+                      fmt(t.get("median_ms"), ".4f"), fmt(t.get("min_ms"), ".4f"),
+                      fmt(t.get("max_ms"), ".4f"), fmt(t.get("host_us_median"), ".1f"))
+    for name, why in failures.items():
+        table.add_row(name, VERSIONS[name].route, "—", f"ERROR: {why}", "—", "—", "—", "—")
+    console.print(table)
+    if mode.EMULATION:
+        console.print("emulation: results verified, no times (emulation proves logic, not speed)")
+    else:
+        console.print(f"GPU times: CUDA events around exactly each version's launches "
+                      f"({settings.timing} mode, GPU primed), warmup {settings.warmup}, "
+                      f"repeat {settings.repeat}; host µs/call is the launch cost on the CPU")
+    if args.json is not None:
+        write_json(args.json, {"environment": environment(), "problem": problem.__dict__,
+                               "records": [r.to_dict() for r in records],
+                               "errors": failures})
+        console.print(f"records written to {args.json}")
+    return 0 if all(r.ok for r in records) and not failures else 1

@@ -1,0 +1,112 @@
+"""`fusedattn run-all`: the chapter's protocol in independent processes, with evidence."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fusedattn import mode
+from fusedattn.cli.shared import (
+    EMU_DEFAULT,
+    GPU_DEFAULT,
+    OUT_DEFAULT,
+    check_counts,
+    common_options,
+    fmt,
+    int_arg,
+    int_list_arg,
+    out_base,
+    problem_from,
+    shapes_arg,
+)
+from fusedattn.problem import Problem, ProblemError
+
+
+def add(sub) -> None:
+    p = sub.add_parser("run-all", help="the chapter's full protocol, with evidence files")
+    common_options(p, warmup=10, repeat=50)  # the chapter's historical group
+    p.add_argument("--seq", type=int_list_arg,
+                    help="main S, or a comma-separated sweep, e.g. 128,1024,16384 (default 128)")
+    p.add_argument("--processes", type=int_arg, default=3, help="independent processes")
+    p.add_argument("--boundary", type=shapes_arg, default="1x1,7x13,33x31,65x33",
+                    help="boundary shapes SxD, verified before and after timing; none to skip")
+    p.add_argument("--out", type=Path, default=None,
+                    help="base folder; the run goes to OUT/<gpu>/<timestamp>/ " + OUT_DEFAULT)
+    p.add_argument("--resume", type=Path, help="a run folder to complete (same options)")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fusedattn.lab.evidence import environment
+    from fusedattn.lab.outputs import new_run_dir
+    from fusedattn.lab.plots import draw
+    from fusedattn.lab.protocol import Settings, check_resources
+    from fusedattn.lab.registry import select
+    from fusedattn.lab.runall import Plan, execute
+
+    versions = select(args.version)
+    seqs = args.seq or [GPU_DEFAULT["seq"]]
+    if mode.EMULATION and args.block is None:
+        args.block = EMU_DEFAULT["block"]
+    problems = [problem_from(args, console, seq) for seq in seqs]
+    boundary = [Problem(s, d, problems[0].block) for s, d in args.boundary]
+    check_counts(args)
+    if args.processes < 1:
+        raise ProblemError("processes", args.processes, "an integer >= 1")
+    for v in versions:
+        for p in problems + boundary:
+            v.limits.check(v.name, p)
+    for p in boundary + ([] if mode.EMULATION else problems):  # what this machine runs
+        check_resources(p, versions, lambda text: console.print(f"[yellow]{text}[/]"))
+    plan = Plan(tuple(v.name for v in versions), tuple(seqs), problems[0].dim,
+                problems[0].block, args.processes,
+                Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing).__dict__,
+                tuple(tuple(b) for b in args.boundary), args.causal)
+    if not plan.units():
+        raise ProblemError("boundary", "none", "at least one shape: in emulation run-all runs "
+                           "the boundary suite only, so an empty one leaves nothing to run")
+    if args.resume is not None:
+        if not (args.resume / "plan.json").is_file():
+            raise ProblemError("resume", str(args.resume), "a run folder holding plan.json")
+        run_dir = args.resume
+    else:
+        run_dir = new_run_dir(out_base(args), environment())
+    if mode.EMULATION:
+        console.print("[yellow]emulation: boundary suite only, verified, no times and no "
+                      "memory peaks; the main shape needs a GPU[/]")
+    console.print(f"run folder: {run_dir}")
+
+    def progress():
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+
+    try:
+        _, rows = execute(plan, run_dir, console, progress)
+    except ValueError as err:
+        raise ProblemError("resume", str(run_dir), str(err)) from None
+    figures = draw(run_dir / "summary.csv")
+
+    table = Table(title=f"run-all — {mode.describe()}")
+    for col in ("suite", "shape", "version", "verdict", "max abs err", "GPU ms median",
+                "range", "peak MiB"):
+        table.add_column(col, no_wrap=True)
+    by_key = {}
+    for r in rows:
+        by_key.setdefault((r.suite, r.seq, r.dim, r.version), {})[r.metric] = r
+    for (suite, seq, dim, name), metrics in by_key.items():
+        base = metrics["max_abs_error"]
+        t = metrics.get("gpu_ms")
+        peak = metrics.get("peak_bytes")
+        table.add_row(suite, f"{seq}x{dim}", name, base.verdict,
+                      fmt(base.max_abs_error, ".2e"), fmt(t and t.median, ".4f"),
+                      f"{t.range_low:.4f}–{t.range_high:.4f}" if t else "—",
+                      fmt(peak and peak.median / 2**20, ".3f"))
+    console.print(table)
+    for f in figures:
+        console.print(f"figure: {f}")
+    console.print(f"evidence: {run_dir}/records.jsonl, summary.csv, environment.json")
+    return 0 if all(r.verdict == "PASS" for r in rows) else 1

@@ -1,0 +1,105 @@
+"""`fusedattn sweep`: exercise 4, one row version at several BLOCK_K."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fusedattn import mode
+from fusedattn.cli.shared import (
+    OUT_DEFAULT,
+    check_counts,
+    common_options,
+    fmt,
+    int_arg,
+    int_list_arg,
+    out_base,
+    problem_from,
+    stamp_dir,
+    write_environment,
+    write_rows_csv,
+)
+from fusedattn.problem import ProblemError
+
+
+def add(sub) -> None:
+    p = sub.add_parser("sweep", help="exercise 4: one row version at several BLOCK_K")
+    common_options(p, warmup=10, repeat=50)
+    p.add_argument("--seq", type=int_arg, help="S (GPU default 128)")
+    p.add_argument("--block-k", type=int_list_arg, default=[16, 32, 64, 128])
+    p.set_defaults(version=None)  # the first registry version with a BLOCK_K
+    p.add_argument("--out", type=Path, default=None,
+                    help="base folder; CSV and plot go to OUT/<gpu>/<timestamp>-sweep/ "
+                    + OUT_DEFAULT)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    import math
+
+    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.inputs import make_inputs
+    from fusedattn.lab.protocol import Settings, check_resources, measure
+    from fusedattn.lab.registry import VERSIONS, select
+    from fusedattn.reference import attention_ref
+
+    if args.version is None:
+        args.version = next(n for n, v in VERSIONS.items() if v.retune is not None)
+    versions = select(args.version)
+    problem = problem_from(args, console)
+    check_counts(args)
+    if not args.block_k:
+        raise ProblemError("block_k", "", "a comma-separated list of powers of two, "
+                           "e.g. 16,32,64,128")
+    out_base(args)  # before any work
+    tuned = [v.with_block_k(bk) for v in versions for bk in args.block_k]
+    for v in tuned:
+        v.limits.check(v.name, problem)
+    check_resources(problem, tuned, lambda text: console.print(f"[yellow]{text}[/]"))
+    settings = Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing)
+    inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
+    ref = attention_ref(*inputs, causal=problem.causal)
+    env = environment()
+    rows = []
+    with console.status("sweep") as status:
+        for v in tuned:
+            status.update(v.name)
+            r = measure(v, problem, settings, inputs, ref)
+            t = r.timing or {}
+            res = (r.resources or [{}])[0]
+            rows.append({
+                "version": v.name, "block_k": v.block_k, "seq": problem.seq,
+                "dim": problem.dim, "causal": problem.causal,
+                "iterations": math.ceil(problem.seq / v.block_k),
+                "median_ms": t.get("median_ms"), "min_ms": t.get("min_ms"),
+                "max_ms": t.get("max_ms"), "regs_per_thread": res.get("regs_per_thread"),
+                "spills": res.get("spills"), "shared_bytes": res.get("static_shared_bytes"),
+                "max_abs_error": max(r.before.max_abs, r.after.max_abs if r.after else 0.0),
+                "verdict": "PASS" if r.ok else "FAIL", "inputs": settings.inputs,
+                "seed": settings.seed, "warmup": settings.warmup, "repeat": settings.repeat,
+                "timing_mode": settings.timing, "gpu": env["gpu"], "driver": env["driver"],
+                "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
+                "source_sha256": sha256_file(v.source_file()), "date": env["date"]})
+    table = Table(title=f"BLOCK_K sweep at {problem.label()} — {mode.describe()}")
+    for c in ("version", "BLOCK_K", "iterations", "median ms", "range ms", "regs", "spills",
+              "shared B", "max abs err", "verdict"):
+        table.add_column(c, no_wrap=True)
+    for r in rows:
+        table.add_row(r["version"], str(r["block_k"]), str(r["iterations"]),
+                      fmt(r["median_ms"], ".4f"),
+                      f"{r['min_ms']:.4f}–{r['max_ms']:.4f}" if r["min_ms"] else "—",
+                      fmt(r["regs_per_thread"], "d"), fmt(r["spills"], "d"),
+                      fmt(r["shared_bytes"], "d"), f"{r['max_abs_error']:.2e}", r["verdict"])
+    console.print(table)
+    out_dir = stamp_dir(args, "-sweep", env)
+    write_rows_csv(out_dir / "sweep.csv", rows)
+    write_environment(out_dir, env, problem=problem.__dict__)
+    if not mode.EMULATION:
+        from fusedattn.lab.plots import draw_sweep
+
+        for f in draw_sweep(out_dir / "sweep.csv"):
+            console.print(f"figure: {f}")
+    console.print(f"written: {out_dir}  (every BLOCK_K is kept, the slower ones too)")
+    return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
