@@ -30,11 +30,12 @@ import math
 
 import torch
 
-from fusedattn.mode import DEVICE, EMULATION
-from fusedattn.problem import MAX_FLASH_DIM, MAX_FP32_GRAD_DIM, ProblemError
+from fusedattn.mode import DEVICE
+from fusedattn.precision import resolve
+from fusedattn.problem import MAX_FLASH_DIM, MAX_FP32_GRAD_DIM, ProblemError, check_qkv
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-PRECISIONS = (None, "ieee", "tf32", "tf32x3")
+LAYOUTS = {2: "[S, D]", 3: "[H, S, D]", 4: "[B, H, S, D]"}
 
 
 @torch.library.custom_op("fusedattn::flash_fwd", mutates_args=())
@@ -92,26 +93,10 @@ _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
+    check_qkv(q, k, v, device=DEVICE, ranks=LAYOUTS, dtypes=DTYPES)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ProblemError(name, type(t).__name__, "a torch.Tensor")
-        if t.dim() not in (2, 3, 4):
-            raise ProblemError(f"{name}.shape", tuple(t.shape),
-                               "[S, D], [H, S, D] or [B, H, S, D]")
-        if t.dtype not in DTYPES:
-            raise ProblemError(f"{name}.dtype", str(t.dtype), "float16, bfloat16 or float32")
-        if t.device.type != DEVICE.type:
-            raise ProblemError(f"{name}.device", str(t.device),
-                               f"a {DEVICE.type} tensor" + (" (emulation)" if EMULATION else ""))
         if t.numel() == 0:
             raise ProblemError(f"{name}.shape", tuple(t.shape), "no zero-sized dimension")
-    if not (q.dim() == k.dim() == v.dim()):
-        raise ProblemError("ranks", (q.dim(), k.dim(), v.dim()), "q, k and v of one rank")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ProblemError("dtypes", (str(q.dtype), str(k.dtype), str(v.dtype)), "one dtype")
-    if not (q.device == k.device == v.device):
-        raise ProblemError("devices", (str(q.device), str(k.device), str(v.device)),
-                           "one device")
     d = q.shape[-1]
     if k.shape[-1] != d or v.shape[-1] != d:
         raise ProblemError("head_dim", (d, k.shape[-1], v.shape[-1]),
@@ -135,10 +120,7 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
     if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)
                                   and scale > 0):
         raise ProblemError("scale", scale, "None or a finite number > 0")
-    if precision not in PRECISIONS:
-        raise ProblemError("precision", precision, "None, 'ieee', 'tf32' or 'tf32x3'")
-    if precision in ("tf32", "tf32x3") and q.dtype != torch.float32:
-        raise ProblemError("precision", precision, f"'{precision}' for float32 inputs only")
+    resolve(q.dtype, precision)
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if wants_grad and q.dtype == torch.float32 and d > MAX_FP32_GRAD_DIM:
         raise ProblemError("head_dim", d, f"1..{MAX_FP32_GRAD_DIM} for float32 inputs that "

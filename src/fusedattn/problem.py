@@ -103,22 +103,41 @@ class Limits:
             )
 
 
+def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: dict[int, str],
+              dtypes: tuple[torch.dtype, ...], contiguous: bool = False) -> None:
+    """The one tensor validator, for every entry point (the public ops and the registry's
+    `[S, D]` versions): each of q, k, v a tensor of an allowed rank (`ranks`: rank -> its
+    layout, for the message), dtype and device (and contiguous where asked); then one rank,
+    one dtype and one device for the three. Each failure names the field."""
+    layouts = ", ".join(ranks.values())
+    kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ProblemError(name, type(t).__name__, "a torch.Tensor")
+        if t.dim() not in ranks:
+            raise ProblemError(f"{name}.shape", tuple(t.shape), layouts)
+        if t.dtype not in dtypes:
+            raise ProblemError(f"{name}.dtype", str(t.dtype), kinds)
+        if t.device.type != device.type:
+            raise ProblemError(f"{name}.device", str(t.device), f"a {device.type} tensor")
+        if contiguous and not t.is_contiguous():
+            raise ProblemError(f"{name}.strides", t.stride(), "a contiguous tensor (row-major)")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ProblemError("ranks", (q.dim(), k.dim(), v.dim()), "q, k and v of one rank")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ProblemError("dtypes", (str(q.dtype), str(k.dtype), str(v.dtype)), "one dtype")
+    if not (q.device == k.device == v.device):
+        raise ProblemError("devices", (str(q.device), str(k.device), str(v.device)),
+                           "one device")
+
+
 def check_tensors(q: object, k: object, v: object, device: torch.device) -> Problem:
     """Validate Q, K, V for the row versions and return the problem they describe.
 
     `q, k, v: [S, D] float32`, contiguous, on `device`, all the same shape.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ProblemError(name, type(t).__name__, "a torch.Tensor")
-        if t.dim() != 2:
-            raise ProblemError(f"{name}.shape", tuple(t.shape), "2 dimensions [S, D]")
-        if t.dtype != DTYPE:
-            raise ProblemError(f"{name}.dtype", str(t.dtype), "torch.float32")
-        if t.device.type != device.type:
-            raise ProblemError(f"{name}.device", str(t.device), f"a {device.type} tensor")
-        if not t.is_contiguous():
-            raise ProblemError(f"{name}.strides", t.stride(), "a contiguous tensor (row-major)")
+    check_qkv(q, k, v, device=device, ranks={2: "2 dimensions [S, D]"}, dtypes=(DTYPE,),
+              contiguous=True)
     if not (q.shape == k.shape == v.shape):
         raise ProblemError(
             "shapes",

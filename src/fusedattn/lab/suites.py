@@ -23,6 +23,7 @@ import triton
 
 from fusedattn.lab.verify import tf32_matmuls
 from fusedattn.mode import DEVICE, EMULATION
+from fusedattn.precision import Precision, resolve
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref
 
@@ -43,10 +44,13 @@ class BenchProblem:
     heads_kv: int | None = None
     mode: str = "fwd"  # what is timed: "fwd", "bwd" (the backward alone) or "fwd+bwd"
 
+    def resolved(self) -> Precision:
+        """The problem's precision, resolved once (`fusedattn.precision`)."""
+        return resolve(DTYPES[self.dtype], self.precision)
+
     def dot_precision(self) -> str | None:
-        """The precision the products use: the opt-in one, "ieee" for fp32 by default, None
-        for fp16/bf16 (tensor cores as they are)."""
-        return self.precision or ("ieee" if self.dtype == "fp32" else None)
+        """The precision the products use."""
+        return self.resolved().dot
 
     def label(self) -> str:
         kv = f"/{self.heads_kv}" if self.heads_kv and self.heads_kv != self.heads else ""
@@ -130,7 +134,7 @@ def _peer_error(q, k, v, p: BenchProblem, heads, ref) -> float:
 
     peer = tolerance_peer(precision_key(q.dtype, p.precision))
     kv = _kv_heads(q, k, heads)
-    with tf32_matmuls(p.precision == "tf32"):
+    with tf32_matmuls(p.resolved().peer_tf32):
         out = VERSIONS[peer].batched(q[:1, heads], k[:1, kv], v[:1, kv], p.causal,
                                      p.precision)()
     return float((out[0].double() - ref).abs().max())
@@ -168,7 +172,7 @@ class _GradCheck:
 
         peer = tolerance_peer(precision_key(self.slice[0].dtype, self.p.precision))
         leaves = [t.clone().requires_grad_() for t in self.slice[:3]]
-        with tf32_matmuls(self.p.precision == "tf32"):
+        with tf32_matmuls(self.p.resolved().peer_tf32):
             out = VERSIONS[peer].batched(*leaves, self.p.causal, self.p.precision)()
             return torch.autograd.grad(out, leaves, self.slice[3])
 
@@ -279,7 +283,7 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
             rows.append(BenchRow(status="skipped", reason=f"materializes B*H*S*S scores; "
                                  f"run up to S={MATERIALIZE_MAX_S}", **base))
             continue
-        with tf32_matmuls(p.precision == "tf32"):
+        with tf32_matmuls(p.resolved().peer_tf32):
             row = _measure(p, make, verify, base, warmup, repeat, time_gpu)
         rows.append(row)
     return rows

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from fusedattn.precision import Precision
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -67,16 +69,12 @@ loosened for CI."""
 def precision_key(dtype: torch.dtype, precision: str | None = None,
                   protocol: str | None = None) -> str:
     """The TOLERANCE key for outputs of `dtype` computed with `precision` on inputs drawn by
-    `protocol` (None: the caller's own inputs): "tf32" has its own bound; "tf32x3" (three
-    TF32 products, about fp32's accuracy) and "ieee" keep float32's, which becomes
+    `protocol` (None: the caller's own inputs): `fusedattn.precision` resolves it, with
     "float32-wide" for a protocol outside the chapter's (`inputs.CHAPTER`)."""
     from fusedattn.lab.inputs import CHAPTER
 
-    if dtype == torch.float32 and precision == "tf32":
-        return "tf32"
-    if dtype == torch.float32 and protocol is not None and protocol not in CHAPTER:
-        return "float32-wide"
-    return str(dtype).removeprefix("torch.")
+    outside = protocol is not None and protocol not in CHAPTER
+    return Precision(dtype, precision).tolerance_key(outside)
 
 
 def needs_peer(dtype: torch.dtype, precision: str | None = None,

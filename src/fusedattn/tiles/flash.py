@@ -41,6 +41,7 @@ import triton.language as tl
 
 from fusedattn.configs import autotune_requested, forward_config
 from fusedattn.mode import EMULATION
+from fusedattn.precision import resolve
 
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 
@@ -239,7 +240,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     q, k, v = emulation_operands(q, k, v)
     block_d = max(16, triton.next_power_of_2(dim))
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
-    dot_precision = precision if q.dtype == torch.float32 else None
+    dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
 
     def grid(meta):
         return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
@@ -251,7 +252,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         if config is None:
             bm, bn, warps, stages = forward_config(
                 dim=dim, seq_q=seq_q, programs_per_tile_row=batch * heads, causal=is_causal,
-                precision=dot_precision if q.dtype == torch.float32 else None)
+                precision=dot_precision)
         else:
             bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
             warps, stages = config.num_warps, config.num_stages

@@ -39,6 +39,7 @@ import triton.language as tl
 
 from fusedattn.configs import backward_configs
 from fusedattn.mode import EMULATION
+from fusedattn.precision import resolve
 from fusedattn.tiles.flash import LOG2E, emulation_operands
 
 
@@ -270,7 +271,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     q, k, v, dout = emulation_operands(q, k, v, dout)
     block_d = max(16, triton.next_power_of_2(dim))
-    dot_precision = precision if q.dtype == torch.float32 else None
+    dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
     lse = lse.contiguous()
     delta = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     if dlse is not None:
