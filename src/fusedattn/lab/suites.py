@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass
 import torch
 import triton
 
+from fusedattn.lab.slices import GradCheck, peer_error, reference_slice
 from fusedattn.lab.verify import tf32_matmuls
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.precision import Precision, resolve
 from fusedattn.problem import ProblemError
-from fusedattn.reference import attention_ref
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MATERIALIZE_MAX_S = 4096  # they hold B*H*S*S scores: 4*32*16384^2*2 B = 64 GiB at S=16384
@@ -115,79 +115,6 @@ def _inputs(p: BenchProblem, seed: int):
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), dout
 
 
-def _kv_heads(q, k, heads: list[int]) -> list[int]:
-    """The K/V head each query head reads (GQA: `H / H_kv` query heads share one)."""
-    group = q.shape[1] // k.shape[1]
-    return [h // group for h in heads]
-
-
-def _reference_slice(q, k, v, causal: bool, heads: list[int]) -> torch.Tensor:
-    """float64 attention of batch 0, the given query heads, on the inputs' device."""
-    kv = _kv_heads(q, k, heads)
-    return attention_ref(q[0, heads], k[0, kv], v[0, kv], causal=causal, device=q.device)
-
-
-def _peer_error(q, k, v, p: BenchProblem, heads, ref) -> float:
-    """PyTorch's own attention in the same precision, on the verified slice."""
-    from fusedattn.lab.registry import VERSIONS, tolerance_peer
-    from fusedattn.lab.verify import precision_key
-
-    peer = tolerance_peer(precision_key(q.dtype, p.precision))
-    kv = _kv_heads(q, k, heads)
-    with tf32_matmuls(p.resolved().peer_tf32):
-        out = VERSIONS[peer].batched(q[:1, heads], k[:1, kv], v[:1, kv], p.causal,
-                                     p.precision)()
-    return float((out[0].double() - ref).abs().max())
-
-
-def _grad_slice(q, k) -> tuple[list[int], list[int]]:
-    """The query heads whose gradients are verified (batch 0): every query head of the first
-    and last K/V heads, so dK and dV of those K/V heads are complete sums."""
-    group = q.shape[1] // k.shape[1]
-    kv = sorted({0, k.shape[1] - 1})
-    return [h for j in kv for h in range(j * group, (j + 1) * group)], kv
-
-
-class _GradCheck:
-    """Gradients of batch 0 on `_grad_slice` against the float64 reference's autograd
-    gradients, each judged by the tolerance table (low precision: against PyTorch's own
-    gradients in the same precision, the math backend)."""
-
-    def __init__(self, q, k, v, dout, p: BenchProblem):
-        from fusedattn.lab.verify import needs_peer
-        from fusedattn.reference import attention_ref_grads
-
-        self.p, (self.heads, self.kv) = p, _grad_slice(q, k)
-        self.slice = [t.detach()[:1, idx] for t, idx in
-                      ((q, self.heads), (k, self.kv), (v, self.kv), (dout, self.heads))]
-        self.ref = attention_ref_grads(*self.slice, causal=p.causal, device=q.device)
-        self.peer = [None] * 3
-        if needs_peer(q.dtype, p.precision):
-            self.peer = [float((g.double() - r).abs().max())
-                         for g, r in zip(self._peer_grads(), self.ref, strict=True)]
-
-    def _peer_grads(self):
-        from fusedattn.lab.registry import VERSIONS, tolerance_peer
-        from fusedattn.lab.verify import precision_key
-
-        peer = tolerance_peer(precision_key(self.slice[0].dtype, self.p.precision))
-        leaves = [t.clone().requires_grad_() for t in self.slice[:3]]
-        with tf32_matmuls(self.p.resolved().peer_tf32):
-            out = VERSIONS[peer].batched(*leaves, self.p.causal, self.p.precision)()
-            return torch.autograd.grad(out, leaves, self.slice[3])
-
-    def __call__(self, grads):
-        from fusedattn.lab.verify import check
-
-        got = (grads[0][:1, self.heads], grads[1][:1, self.kv], grads[2][:1, self.kv])
-        results = [check(g, r, precision=self.p.precision, peer_error=e)
-                   for g, r, e in zip(got, self.ref, self.peer, strict=True)]
-        worst = max(results, key=lambda r: (not r.ok, r.max_abs / r.tolerance))
-        reasons = [f"d{n}: {x}" for n, r in zip("qkv", results, strict=True)
-                   for x in r.reasons]
-        return all(r.ok for r in results), worst.max_abs, worst.tolerance, reasons
-
-
 def _grad_call(forward, q, k, v, dout, mode: str):
     """The timed call of a backward mode: the backward alone (on one forward graph, kept)
     or forward and backward; returns (dq, dk, dv)."""
@@ -261,15 +188,15 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
         if configs:
             makers += _config_calls(q, k, v, p)
         heads = sorted({0, p.heads - 1})[:CHECK_HEADS]
-        ref = _reference_slice(q, k, v, p.causal, heads)
-        peer_err = (_peer_error(q, k, v, p, heads, ref) if needs_peer(q.dtype, p.precision)
+        ref = reference_slice(q, k, v, p.causal, heads)
+        peer_err = (peer_error(q, k, v, p, heads, ref) if needs_peer(q.dtype, p.precision)
                     else None)
 
         def verify(out):
             r = check(out[0, heads], ref, precision=p.precision, peer_error=peer_err)
             return r.ok, r.max_abs, r.tolerance, list(r.reasons)
     else:
-        verify = _GradCheck(*inputs, p)
+        verify = GradCheck(*inputs, p)
         makers = [(n, lambda make=make: _grad_call(make(), *inputs, p.mode))
                   for n, make in makers]
     rows = []
