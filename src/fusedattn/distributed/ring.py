@@ -1,0 +1,201 @@
+"""Context-parallel attention over a ring of ranks (torch.distributed: NCCL on GPUs, gloo
+on CPUs), forward and backward, on fusedattn's kernels. Only the glue is here: the P2P
+transfers are torch.distributed's (`batch_isend_irecv`), the attention of each block is
+`fusedattn.attention`'s custom ops, and the blocks are merged by their LSE.
+
+Each of P ranks holds a shard of the sequence, `[B, H, S/P, D]` for q, k and v. At step s
+rank r attends its queries to the K/V shard of rank (r - s) mod P, while that shard's
+successor is already in flight to it; after P steps every query has seen every key. The
+partial outputs merge exactly:
+
+    lse = logaddexp(lse_a, lse_b),  out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)
+
+The backward recomputes each block from the final `out` and `lse` (so P of a block is the
+final softmax's, and delta = rowsum(dO * O) is the final one) and sends each K/V shard's
+dK and dV around the ring with it, back to its owner after a last hop.
+
+Causal attention uses zigzag shards: the sequence is cut into 2P chunks and rank r holds
+chunks r and 2P-1-r (`zigzag_shard`), so every rank has as much work as every other. Then
+its own shard is causal (top-left within the shard is exact), a shard from an earlier rank
+is seen by all queries but only in its first chunk, and a shard from a later rank is seen
+by the second query chunk only, wholly: each step is half a shard's worth of blocks. A
+non-causal ring takes any equal split (`contiguous_shard` or zigzag).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from fusedattn.problem import ProblemError
+
+
+def contiguous_shard(x: torch.Tensor, rank: int, world: int, dim: int = -2) -> torch.Tensor:
+    """Rank `rank`'s part of `x` cut into `world` equal pieces along `dim` (a view)."""
+    return x.chunk(world, dim=dim)[rank]
+
+
+def zigzag_shard(x: torch.Tensor, rank: int, world: int, dim: int = -2) -> torch.Tensor:
+    """Rank `rank`'s zigzag part of the full sequence `x`: chunks `rank` and
+    `2*world-1-rank` of 2*world equal chunks along `dim`, concatenated (a copy). The length
+    along `dim` must divide by 2*world."""
+    if x.shape[dim] % (2 * world):
+        raise ProblemError("seq", x.shape[dim], f"a multiple of 2*P = {2 * world} for zigzag "
+                           "shards")
+    chunks = x.chunk(2 * world, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]], dim=dim)
+
+
+def zigzag_unshard(shards: list[torch.Tensor], dim: int = -2) -> torch.Tensor:
+    """The full sequence from every rank's zigzag shard (rank order), the inverse of
+    `zigzag_shard`."""
+    world = len(shards)
+    halves = [s.chunk(2, dim=dim) for s in shards]
+    order = [halves[r][0] for r in range(world)] + [halves[r][1] for r in reversed(range(world))]
+    return torch.cat(order, dim=dim)
+
+
+def _blocks(rank: int, src: int, seq: int, causal: bool):
+    """(query slice, key slice, causal) blocks of rank `rank`'s queries against the zigzag
+    K/V shard of rank `src` (the module docstring says why these)."""
+    every, half = slice(0, seq), seq // 2
+    if not causal:
+        return [(every, every, False)]
+    if src == rank:
+        return [(every, every, True)]
+    if src < rank:
+        return [(every, slice(0, half), False)]
+    return [(slice(half, seq), every, False)]
+
+
+def _check_shards(q, k, v, group, causal: bool, world: int) -> None:
+    """Every rank the same shapes, dtype and options (one all_gather of 10 integers), then
+    the shard rules; every rank reaches the same verdict, so none waits on a raised one."""
+    mine = torch.tensor([*q.shape, k.shape[-3], k.shape[-2], int(causal), q.element_size(),
+                         int(q.dtype.is_floating_point)], dtype=torch.int64,
+                        device=q.device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    seen = {tuple(t.tolist()) for t in every}
+    if len(seen) > 1:
+        raise ProblemError("shards", sorted(seen), "the same [B, H, S/P, D], K/V heads, "
+                           "dtype and is_causal on every rank")
+    if q.shape[-2] != k.shape[-2]:
+        raise ProblemError("shards", (q.shape[-2], k.shape[-2]),
+                           "q and k/v shards of one length on every rank")
+    if causal and q.shape[-2] % 2:
+        raise ProblemError("seq", q.shape[-2] * world, f"a multiple of 2*P = {2 * world} "
+                           "(zigzag: two equal chunks per rank)")
+
+
+def _exchange(tensors: list[torch.Tensor], group, rank: int, world: int):
+    """Post sends of `tensors` to the next rank and receives of as many from the previous
+    one; returns (requests, receive buffers)."""
+    nxt = dist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world
+    prv = dist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world
+    bufs = [torch.empty_like(t) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t, nxt, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, b, prv, group) for b in bufs]
+    return dist.batch_isend_irecv(ops), bufs
+
+
+def _wait(reqs) -> None:
+    for r in reqs:
+        r.wait()
+
+
+def _merge(out, lse, part_out, part_lse, qs):
+    """Fold one block's (out, lse) into the running ones, rows `qs`, in fp32."""
+    cur = lse[..., qs]
+    new = torch.logaddexp(cur, part_lse)
+    out[..., qs, :] = (out[..., qs, :] * torch.exp(cur - new)[..., None]
+                       + part_out.float() * torch.exp(part_lse - new)[..., None])
+    lse[..., qs] = new
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal: bool, scale: float, precision: str):
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        seq = q.shape[-2]
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+        k_cur, v_cur = k.contiguous(), v.contiguous()
+        for step in range(world):
+            if step < world - 1:  # the next shard travels while this one is computed
+                reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
+            src = (rank - step) % world
+            for qs, ks, c in _blocks(rank, src, seq, causal):
+                part, part_lse = torch.ops.fusedattn.flash_fwd(
+                    q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :], c, scale, precision)
+                _merge(out, lse, part, part_lse, qs)
+            if step < world - 1:
+                _wait(reqs)
+                k_cur, v_cur = k_next, v_next
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (group, causal, scale, precision)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, causal, scale, precision = ctx.options
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        seq = q.shape[-2]
+        dout = dout.contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        k_cur, v_cur = k.contiguous(), v.contiguous()
+        dk_cur = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv_cur = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        for step in range(world):
+            if step < world - 1:  # K/V travel on while their gradients are computed
+                kv_reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
+            src = (rank - step) % world
+            for qs, ks, c in _blocks(rank, src, seq, causal):
+                dq_i, dk_i, dv_i = torch.ops.fusedattn.flash_bwd(
+                    dout[..., qs, :], q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :],
+                    out[..., qs, :], lse[..., qs].contiguous(), None, c, scale, precision)
+                dq[..., qs, :] += dq_i
+                dk_cur[..., ks, :] += dk_i
+                dv_cur[..., ks, :] += dv_i
+            # dK, dV of src's shard follow it; after the last step one more hop brings
+            # every shard's gradients home
+            d_reqs, (dk_next, dv_next) = _exchange([dk_cur, dv_cur], group, rank, world)
+            if step < world - 1:
+                _wait(kv_reqs)
+                k_cur, v_cur = k_next, v_next
+            _wait(d_reqs)
+            dk_cur, dv_cur = dk_next, dv_next
+        return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype),
+                None, None, None, None)
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
+                   is_causal: bool = False, scale: float | None = None,
+                   precision: str | None = None) -> torch.Tensor:
+    """Attention over a sequence sharded across the ranks of `group` (default: the world).
+
+    `q: [B, H, S/P, D]`, `k, v: [B, H_kv, S/P, D]` (GQA when H_kv divides H), the same
+    shapes on every rank; returns this rank's `[B, H, S/P, D]` of the output, differentiable
+    for q, k and v. `is_causal=True` expects zigzag shards (`zigzag_shard`; S divisible by
+    2P); a non-causal ring takes any equal split. A group of one rank is plain `attention`.
+    The shapes are checked on every rank (one small all_gather per call): disagreeing ranks
+    get a ProblemError, not a hang or a wrong result.
+    """
+    from fusedattn.api import _validate
+
+    _validate(q, k, v, is_causal, scale, k.shape[-3] != q.shape[-3], precision)
+    if q.dim() != 4:
+        raise ProblemError("q.shape", tuple(q.shape), "[B, H, S/P, D] shards")
+    world = dist.get_world_size(group)
+    if world == 1:
+        from fusedattn.api import attention
+
+        return attention(q, k, v, is_causal=is_causal, scale=scale, precision=precision,
+                         enable_gqa=k.shape[-3] != q.shape[-3])
+    _check_shards(q, k, v, group, is_causal, world)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _RingAttention.apply(q, k, v, group, is_causal, scale, precision or "ieee")
