@@ -42,56 +42,56 @@ def _time(fn, reps=5, warm=2, together=True):
     return statistics.median(times)
 
 
+def _one_seq(seq: int, rank: int, world: int) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    full = [torch.randn(B, H, seq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(4)]
+    q, k, v, dout = (zigzag_shard(t, rank, world).contiguous() for t in full)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def ring():
+        torch.autograd.grad(ring_attention(q, k, v, is_causal=True), (q, k, v), dout)
+
+    def transfers():  # what the ring sends: K, V forward; K, V, dK, dV backward
+        for _ in range((2 * (world - 1) + 4 * world) // 2):
+            reqs, _ = _exchange([k.detach(), v.detach()], None, rank, world)
+            _wait(reqs)
+
+    torch.cuda.reset_peak_memory_stats()
+    t_ring = _time(ring)
+    peak = torch.cuda.max_memory_allocated()
+    t_comm = _time(transfers)
+    half = seq // world // 2
+    qc, kc = q.detach()[..., :half, :].requires_grad_(), k.detach()[..., :2 * half, :]
+
+    def compute():  # world blocks of half a shard's queries against a shard's keys
+        for _ in range(world):
+            o = attention(qc, kc, kc, is_causal=False)
+            torch.autograd.grad(o, qc, o)
+
+    t_compute = _time(compute)
+    flops = 3.5 * 2 * B * H * seq * seq * D
+    row = dict(seq=seq, world=world, ring_ms=t_ring, compute_ms=t_compute,
+               transfer_ms=t_comm, hidden_share=(t_compute + t_comm - t_ring) / t_comm,
+               ring_tflops=flops / t_ring / 1e9, peak_gib=peak / 2**30)
+    if rank == 0:
+        fq, fk, fv = (t.detach().requires_grad_() for t in full[:3])
+
+        def single():
+            torch.autograd.grad(attention(fq, fk, fv, is_causal=True), (fq, fk, fv), full[3])
+
+        row["one_gpu_ms"] = t_one = _time(single, together=False)  # rank 0 alone
+        row["speedup_over_one_gpu"] = t_one / t_ring
+        print(row, flush=True)
+    dist.barrier()  # the other ranks wait while rank 0 times one GPU
+    return row
+
+
 def main(path: str) -> None:
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank)
-    rows = []
-    for seq in (32768, 65536, 131072, 262144):
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        full = [torch.randn(B, H, seq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-                for _ in range(4)]
-        q, k, v, dout = (zigzag_shard(t, rank, world).contiguous() for t in full)
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-
-        def ring():
-            torch.autograd.grad(ring_attention(q, k, v, is_causal=True), (q, k, v), dout)
-
-        def transfers():  # what the ring sends: K, V forward; K, V, dK, dV backward
-            for n in (2 * (world - 1), 4 * world):
-                for _ in range(n // 2):
-                    reqs, _ = _exchange([k.detach(), v.detach()], None, rank, world)
-                    _wait(reqs)
-
-        torch.cuda.reset_peak_memory_stats()
-        t_ring = _time(ring)
-        peak = torch.cuda.max_memory_allocated()
-        t_comm = _time(transfers)
-        half = seq // world // 2
-        qc, kc = q.detach()[..., :half, :].requires_grad_(), k.detach()[..., :2 * half, :]
-
-        def compute():  # world blocks of half a shard's queries against a shard's keys
-            for _ in range(world):
-                o = attention(qc, kc, kc, is_causal=False)
-                torch.autograd.grad(o, qc, o)
-
-        t_compute = _time(compute)
-        flops = 3.5 * 2 * B * H * seq * seq * D
-        row = dict(seq=seq, world=world, ring_ms=t_ring, compute_ms=t_compute,
-                   transfer_ms=t_comm, hidden_share=(t_compute + t_comm - t_ring) / t_comm,
-                   ring_tflops=flops / t_ring / 1e9, peak_gib=peak / 2**30)
-        if rank == 0:
-            fq, fk, fv = (t.detach().requires_grad_() for t in full[:3])
-
-            def single():
-                torch.autograd.grad(attention(fq, fk, fv, is_causal=True), (fq, fk, fv),
-                                    full[3])
-
-            row["one_gpu_ms"] = t_one = _time(single, together=False)  # rank 0 alone
-            row["speedup_over_one_gpu"] = t_one / t_ring
-            rows.append(row)
-            print(row, flush=True)
-        dist.barrier()  # the other ranks wait while rank 0 times one GPU
+    rows = [_one_seq(seq, rank, world) for seq in (32768, 65536, 131072, 262144)]
     if rank == 0:
         with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
