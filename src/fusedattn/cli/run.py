@@ -22,10 +22,8 @@ def add(sub) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.lab.evidence import environment, write_json
-    from fusedattn.lab.inputs import make_inputs
-    from fusedattn.lab.protocol import Settings, check_resources, measure
+    from fusedattn.lab.protocol import Settings, case_for, check_resources, measure
     from fusedattn.lab.registry import VERSIONS, select
-    from fusedattn.reference import attention_ref
 
     versions = select(args.version)
     problem = problem_from(args, console)
@@ -34,15 +32,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for v in versions:  # every limit before anything runs
         v.limits.check(v.name, problem)
     check_resources(problem, versions, lambda text: console.print(f"[yellow]{text}[/]"))
-    inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
-    ref = attention_ref(*inputs, causal=problem.causal)
+    case = case_for(problem, settings)
 
     records, failures = [], {}
     with console.status("running…") as status:
         for v in versions:
             status.update(f"{v.name}: verify" + ("" if mode.EMULATION else " + time"))
             try:
-                records.append(measure(v, problem, settings, inputs, ref))
+                records.append(measure(v, problem, settings, case))
             except ProblemError:
                 raise
             except Exception as exc:  # a kernel that fails to compile or launch: one row

@@ -40,10 +40,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     import math
 
     from fusedattn.lab.evidence import environment, sha256_file
-    from fusedattn.lab.inputs import make_inputs
-    from fusedattn.lab.protocol import Settings, check_resources, measure
+    from fusedattn.lab.protocol import Settings, case_for, check_resources, measure
     from fusedattn.lab.registry import VERSIONS, select
-    from fusedattn.reference import attention_ref
 
     if args.version is None:
         args.version = next(n for n, v in VERSIONS.items() if v.retune is not None)
@@ -59,14 +57,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         v.limits.check(v.name, problem)
     check_resources(problem, tuned, lambda text: console.print(f"[yellow]{text}[/]"))
     settings = Settings(args.inputs, args.seed, args.warmup, args.repeat, args.timing)
-    inputs = make_inputs(problem, settings.inputs, settings.seed, mode.DEVICE)
-    ref = attention_ref(*inputs, causal=problem.causal)
+    case = case_for(problem, settings)
     env = environment()
     rows = []
     with console.status("sweep") as status:
         for v in tuned:
             status.update(v.name)
-            r = measure(v, problem, settings, inputs, ref)
+            r = measure(v, problem, settings, case)
             t = r.timing or {}
             res = (r.resources or [{}])[0]
             rows.append({

@@ -130,17 +130,32 @@ def peer_error(q, k, v, problem: Problem, ref: torch.Tensor, protocol: str | Non
     return float((prepared.out.double().cpu() - ref.double().cpu()).abs().max())
 
 
+@dataclass(frozen=True)
+class Case:
+    """One problem's inputs (from its protocol and seed), their float64 reference, and the
+    peer error of its bound: built once (`case_for`), shared by every version measured."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    ref: torch.Tensor
+    protocol: str
+    peer_error: float | None
+
+
+def case_for(problem: Problem, settings: Settings) -> Case:
+    q, k, v = make_inputs(problem, settings.inputs, settings.seed, DEVICE)
+    ref = attention_ref(q, k, v, causal=problem.causal)
+    return Case(q, k, v, ref, settings.inputs,
+                peer_error(q, k, v, problem, ref, settings.inputs))
+
+
 def measure(version: Version, problem: Problem, settings: Settings,
-            inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-            ref: torch.Tensor | None = None) -> Record:
-    """Run the protocol; `inputs`/`ref` may be passed to share them between versions."""
-    if inputs is None:
-        inputs = make_inputs(problem, settings.inputs, settings.seed, DEVICE)
-    q, k, v = inputs
-    if ref is None:
-        ref = attention_ref(q, k, v, causal=problem.causal)
-    bound = {"protocol": settings.inputs,
-             "peer_error": peer_error(q, k, v, problem, ref, settings.inputs)}
+            case: Case | None = None) -> Record:
+    """Run the protocol on `case` (built here when not given)."""
+    case = case or case_for(problem, settings)
+    q, k, v, ref = case.q, case.k, case.v, case.ref
+    bound = {"protocol": case.protocol, "peer_error": case.peer_error}
     prepared = version.prepare(q, k, v, problem)
     poison(prepared.out)
     prepared.call()

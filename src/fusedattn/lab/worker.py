@@ -15,12 +15,9 @@ MARK = "FUSEDATTN-RECORD "
 
 
 def run_unit(spec: dict) -> list[dict]:
-    from fusedattn.lab.inputs import make_inputs
-    from fusedattn.lab.protocol import Settings, measure, measure_peak
+    from fusedattn.lab.protocol import Settings, case_for, measure, measure_peak
     from fusedattn.lab.registry import VERSIONS
-    from fusedattn.mode import DEVICE
     from fusedattn.problem import Problem
-    from fusedattn.reference import attention_ref
 
     problem = Problem(spec["seq"], spec["dim"], spec["block"], spec.get("causal", False))
     settings = Settings(**spec["settings"])
@@ -29,8 +26,7 @@ def run_unit(spec: dict) -> list[dict]:
             "block": problem.block, "causal": problem.causal}
     shared = None
     if spec["kind"] == "timing":
-        shared = make_inputs(problem, settings.inputs, settings.seed, DEVICE)
-        shared = (shared, attention_ref(*shared, causal=problem.causal))
+        shared = case_for(problem, settings)
     out = []
     for name in spec["versions"]:
         version = VERSIONS[name]
@@ -39,7 +35,7 @@ def run_unit(spec: dict) -> list[dict]:
             if spec["kind"] == "memory":
                 rec.update(measure_peak(version, problem, settings))
             else:
-                rec.update(measure(version, problem, settings, *shared).to_dict())
+                rec.update(measure(version, problem, settings, shared).to_dict())
         except Exception as exc:  # one failing version must not hide the others
             rec["error"] = f"{type(exc).__name__}: {exc}"
             rec["traceback"] = traceback.format_exc(limit=5)
