@@ -53,10 +53,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
     for r in records:
         t = r.timing or {}
-        err = max(r.before.max_abs, r.after.max_abs if r.after else 0.0)
-        verdict = "PASS" if r.ok else "FAIL: " + "; ".join(
-            r.before.reasons + (r.after.reasons if r.after else ()))
-        table.add_row(r.version, r.route, f"{err:.2e}", verdict,
+        verdict = r.verdict if r.ok else "FAIL: " + "; ".join(r.reasons)
+        table.add_row(r.version, r.route, f"{r.max_abs:.2e}", verdict,
                       fmt(t.get("median_ms"), ".4f"), fmt(t.get("min_ms"), ".4f"),
                       fmt(t.get("max_ms"), ".4f"), fmt(t.get("host_us_median"), ".1f"))
     for name, why in failures.items():

@@ -51,9 +51,22 @@ class Record:
     def ok(self) -> bool:
         return self.before.ok and (self.after is None or self.after.ok)
 
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.ok else "FAIL"
+
+    @property
+    def max_abs(self) -> float:
+        """The worse max abs error of the first run and the last timed one."""
+        return max(self.before.max_abs, self.after.max_abs if self.after else 0.0)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return self.before.reasons + (self.after.reasons if self.after else ())
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["verdict"] = "PASS" if self.ok else "FAIL"
+        d["verdict"] = self.verdict
         return d
 
 
@@ -188,9 +201,18 @@ def measure_peak(version: Version, problem: Problem, settings: Settings) -> dict
     baseline = torch.cuda.memory_allocated()
     prepared = version.prepare(*inputs, problem)
     prepared.call()  # compile / autotune
+    peak, _ = call_peak(prepared.call)
+    return {"peak_bytes": peak, "baseline_bytes": baseline, "version_bytes": peak - baseline}
+
+
+def call_peak(call) -> tuple[int, int]:
+    """The device-memory high-water mark of one `call()` (after its first call did the
+    one-time work), and that minus what was allocated before it: `(peak, call_bytes)`.
+    The one way peak memory is measured (run-all's memory units, the bench)."""
     torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()  # the peak restarts at what is held now
-    prepared.call()
+    call()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    return {"peak_bytes": peak, "baseline_bytes": baseline, "version_bytes": peak - baseline}
+    return peak, peak - before

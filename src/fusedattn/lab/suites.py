@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass
 import torch
 import triton
 
+from fusedattn.lab.protocol import call_peak
 from fusedattn.lab.slices import GradCheck, peer_error, reference_slice
+from fusedattn.lab.timing import time_gpu
 from fusedattn.lab.verify import tf32_matmuls
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.precision import Precision, resolve
@@ -177,7 +179,6 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
     """Verify, time and measure every provider in `names` on one problem; with `configs`,
     also every flash config the autotuner chooses from, one by one (forward only)."""
     from fusedattn.lab.registry import VERSIONS, materializing
-    from fusedattn.lab.timing import time_gpu
     from fusedattn.lab.verify import check, needs_peer
 
     inputs = _inputs(p, seed)
@@ -211,13 +212,13 @@ def run_problem(p: BenchProblem, names: list[str], *, warmup: int, repeat: int,
                                  f"run up to S={MATERIALIZE_MAX_S}", **base))
             continue
         with tf32_matmuls(p.resolved().peer_tf32):
-            row = _measure(p, make, verify, base, warmup, repeat, time_gpu)
+            row = _measure(p, make, verify, base, warmup, repeat)
         rows.append(row)
     return rows
 
 
-def _measure(p: BenchProblem, make, verify, base: dict, warmup: int, repeat: int,
-             time_gpu) -> BenchRow:
+def _measure(p: BenchProblem, make, verify, base: dict, warmup: int, repeat: int
+             ) -> BenchRow:
     """One provider: first call (a refusal is recorded, not fatal), verify, then time and
     the peak memory of one call, on the GPU."""
     try:
@@ -233,15 +234,10 @@ def _measure(p: BenchProblem, make, verify, base: dict, warmup: int, repeat: int
     del out
     if not EMULATION and ok:
         t = time_gpu(call, warmup=warmup, repeat=repeat)
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        call()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
+        peak, call_bytes = call_peak(call)
         base.update(median_ms=t.median_ms, min_ms=t.min_ms, max_ms=t.max_ms,
                     tflops=p.flops() / (t.median_ms * 1e-3) / 1e12,
-                    peak_bytes=peak, call_bytes=peak - before)
+                    peak_bytes=peak, call_bytes=call_bytes)
     return BenchRow(status="ok" if ok else "FAIL", reason="; ".join(reasons), **base)
 
 
