@@ -48,13 +48,17 @@ def writable_dir(field: str, path: Path | str) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ProblemError(field, str(path), "a folder (this is a file)")
-    existing = path
+    _check_nearest(field, path, path, "a folder that can be written")
+    return path
+
+
+def _check_nearest(field: str, path: Path, start: Path, what: str) -> None:
+    """`start`'s nearest existing folder must take a new file, or `path` is refused."""
+    existing = start
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir() or not _probe(existing):
-        raise ProblemError(field, str(path), f"a folder that can be written ({existing} "
-                           "cannot be written)")
-    return path
+        raise ProblemError(field, str(path), f"{what} ({existing} cannot be written)")
 
 
 def writable_file(field: str, path: Path | str, suffixes: tuple[str, ...] = ()) -> Path:
@@ -65,12 +69,7 @@ def writable_file(field: str, path: Path | str, suffixes: tuple[str, ...] = ()) 
         raise ProblemError(field, str(path), "a file path, not a directory")
     if suffixes and path.suffix.lower() not in suffixes:
         raise ProblemError(field, str(path), "a file ending in " + " or ".join(suffixes))
-    existing = path.parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not _probe(existing):
-        raise ProblemError(field, str(path), f"a path that can be written ({existing} "
-                           "cannot be written)")
+    _check_nearest(field, path, path.parent, "a path that can be written")
     return path
 
 
