@@ -216,3 +216,21 @@ def test_ratios_are_ours_over_each_peer_per_problem():
     rows = with_ratios([row("flash", 400.0), row("sdpa-flash", 320.0), row("sdpa-cudnn", 0.0),
                         row("sdpa-flash", 100.0, "other")])
     assert [r["flash_over_this"] for r in rows] == [None, 1.25, None, None]
+
+
+def test_offsets_are_64_bit_exactly_where_32_would_overflow(monkeypatch):
+    import triton.language as tl
+
+    from fusedattn.tiles.flash import index_dtype
+
+    small = torch.empty((4, 32, 4096, 128), device="meta")   # 67M elements
+    big = torch.empty((4200, 8, 512, 128), device="meta")    # 2.2e9: the crash
+    assert index_dtype(small, small) == tl.int32
+    assert index_dtype(small, big) == tl.int64
+    # a view whose last element lies past 2^31 though it holds few: strides count, not numel
+    strided = torch.empty((2, 1, 1, 1), device="meta").as_strided((2, 1, 1, 1),
+                                                                  (2**31, 1, 1, 1))
+    assert index_dtype(strided) == tl.int64
+    assert index_dtype(small, rows=2**31) == tl.int64          # LSE / delta rows
+    monkeypatch.setenv("FUSEDATTN_INDEX64", "1")                # forced, to measure the cost
+    assert index_dtype(small) == tl.int64

@@ -34,6 +34,7 @@ ceil(Sq / BLOCK_M) times, from L2 when it holds them. FLOPs: 4 * Sq * Sk * D (ha
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 import triton
@@ -50,7 +51,7 @@ LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
                offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, lo, hi,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-               PAD_D: tl.constexpr, PRECISION: tl.constexpr):
+               PAD_D: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr):
     """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
     tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
     select per element, no bounds on the loads); MASKED=True for the diagonal tiles (causal)
@@ -58,7 +59,7 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         mask_n = keys < seq_k
-        first = tl.cast(start_n, tl.int64)  # the tile's first row, 64-bit; offsets inside, 32-bit
+        first = tl.cast(start_n, INDEX)  # the tile's first row (INDEX bits); inside it, 32
         p_kt = (p_k_base + first * sk_s
                 + offs_n[None, :] * sk_s + offs_d[:, None] * sk_d)         # [BLOCK_D, BLOCK_N]
         p_vt = (p_v_base + first * sv_s
@@ -103,7 +104,7 @@ def _flash_fwd(
     bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
-    PAD_D: tl.constexpr,
+    PAD_D: tl.constexpr, INDEX: tl.constexpr,
 ):
     if IS_CAUSAL:
         # the last query tiles see the most keys: launch them first, so the short tiles
@@ -111,7 +112,7 @@ def _flash_fwd(
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
         start_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit: b * stride passes 2^31 on big batches
+    bh = tl.program_id(1).to(INDEX)  # int64 where b * stride can pass 2^31 (`index_dtype`)
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // group  # GQA: `group` query heads share one K/V head
@@ -122,7 +123,7 @@ def _flash_fwd(
     mask_m = offs_m < seq_q
     mask_d = offs_d < head_dim
 
-    first_m = (start_m * BLOCK_M).to(tl.int64)
+    first_m = (start_m * BLOCK_M).to(INDEX)
     p_q_tile = (p_q + b * sq_b + h * sq_h + first_m * sq_s
                 + tl.arange(0, BLOCK_M)[:, None] * sq_s + offs_d[None, :] * sq_d)
     b_q = tl.load(p_q_tile, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
@@ -144,10 +145,10 @@ def _flash_fwd(
     open_end = open_end // BLOCK_N * BLOCK_N  # whole key tiles only
     acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
                                offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, 0, open_end,
-                               BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION)
+                               BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION, INDEX)
     acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
                                offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, open_end, hi,
-                               BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION)
+                               BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION, INDEX)
 
     out = acc / l_i[:, None]
     p_o_tile = (p_o + b * so_b + h * so_h + first_m * so_s
@@ -217,6 +218,19 @@ _flash_fwd_autotuned = triton.autotune(
 )(_flash_fwd)
 
 
+def index_dtype(*tensors: torch.Tensor, rows: int = 0):
+    """The kernels' offset type: `tl.int32` when every element offset of `tensors` (and
+    `rows`, the LSE/delta length) fits in 31 bits, else `tl.int64` (batch and head offsets
+    and tiles' first rows; offsets inside a tile stay 32-bit). 32 bits where they suffice:
+    the same code as before 64-bit offsets existed. FUSEDATTN_INDEX64=1 forces 64 bits (to
+    measure what they cost)."""
+    span = max([rows] + [sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+                         for t in tensors])
+    if span >= 2**31 - 1 or os.environ.get("FUSEDATTN_INDEX64") == "1":
+        return tl.int64
+    return tl.int32
+
+
 def emulation_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The kernels' operands as they are, except bf16 in the interpreter: there they become
     fp32 copies, because the interpreter's bf16 `tl.dot` returns garbage (an upstream bug:
@@ -263,7 +277,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         heads, heads // heads_kv, seq_q, seq_k, dim, scale * LOG2E,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, IS_CAUSAL=is_causal, WRITE_LSE=lse is not None,
-        PRECISION=dot_precision, PAD_D=block_d != dim, **fixed,
+        PRECISION=dot_precision, PAD_D=block_d != dim,
+        INDEX=index_dtype(q, k, v, out, rows=batch * heads * seq_q), **fixed,
     )
     return out, compiled
 

@@ -23,8 +23,8 @@ FLOP convention still counts 2.5x the forward (FlashAttention's).
 Extra memory: delta, 4 * B * H * Sq bytes; dQ, dK, dV are written once in the input dtype
 (no fp32 dQ accumulator is needed without atomics).
 
-Offsets: batch and head offsets and each tile's first row are 64-bit (`.to(tl.int64)`), so
-tensors past 2^31 elements index correctly; offsets inside a tile stay 32-bit.
+Offsets: batch and head offsets and each tile's first row take `INDEX` bits, 64 where a
+tensor passes 2^31 elements (`flash.index_dtype`); offsets inside a tile stay 32-bit.
 
 Causal is top-left aligned, as in the forward: query i sees keys j <= i. A key tile is seen
 by the query tiles from its own first key onwards: those straddling the diagonal (and the
@@ -40,7 +40,7 @@ import triton.language as tl
 from fusedattn.configs import backward_configs
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
-from fusedattn.tiles.flash import LOG2E, emulation_operands
+from fusedattn.tiles.flash import LOG2E, emulation_operands, index_dtype
 
 
 @triton.jit
@@ -71,13 +71,13 @@ def _bwd_preprocess(p_o, p_do, p_dlse, p_delta,
 def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                 sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q, qk_scale, lo, hi,
                 BLOCK_M: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                PAD_D: tl.constexpr, PRECISION: tl.constexpr):
+                PAD_D: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr):
     """Query tiles [lo, hi) against one key tile: accumulate dK (unscaled) and dV. MASKED
     for the diagonal tiles (causal) and the ragged last query tile; rows past Sq load zeros
     (dO = 0 and delta = 0 give them dS = 0 and no dV)."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
-        first = tl.cast(start_m, tl.int64)
+        first = tl.cast(start_m, INDEX)
         p_qt = p_q_base + first * sq_s + offs_m[None, :] * sq_s + offs_d[:, None] * sq_d
         p_do = p_do_base + first * sdo_s + offs_m[:, None] * sdo_s + offs_d[None, :] * sdo_d
         if MASKED:
@@ -115,10 +115,11 @@ def _flash_bwd_dkdv(
     n_heads, n_heads_kv, group, seq_q, seq_k, head_dim, scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+    INDEX: tl.constexpr,
 ):
     """dK and dV of BLOCK_N keys of one (batch, K/V head), summed over its query heads."""
     start_n = tl.program_id(0) * BLOCK_N
-    bhk = tl.program_id(1).to(tl.int64)
+    bhk = tl.program_id(1).to(INDEX)
     b = bhk // n_heads_kv
     h_kv = bhk % n_heads_kv
     offs_n = tl.arange(0, BLOCK_N)
@@ -127,7 +128,7 @@ def _flash_bwd_dkdv(
     keys = start_n + offs_n
     mask_d = offs_d < head_dim
     mask_kd = (keys < seq_k)[:, None] & mask_d[None, :]
-    first_n = start_n.to(tl.int64)
+    first_n = start_n.to(INDEX)
     b_k = tl.load(p_k + b * sk_b + h_kv * sk_h + first_n * sk_s + offs_n[:, None] * sk_s
                   + offs_d[None, :] * sk_d, mask=mask_kd, other=0.0)
     b_v = tl.load(p_v + b * sv_b + h_kv * sv_h + first_n * sv_s + offs_n[:, None] * sv_s
@@ -153,14 +154,16 @@ def _flash_bwd_dkdv(
         p_delta_base = p_delta + (b * n_heads + h) * seq_q
         dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                              sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             qk_scale, lo, mid, BLOCK_M, True, IS_CAUSAL, PAD_D, PRECISION)
+                             qk_scale, lo, mid, BLOCK_M, True, IS_CAUSAL, PAD_D, PRECISION,
+                             INDEX)
         dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                              sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             qk_scale, mid, full, BLOCK_M, False, IS_CAUSAL, PAD_D, PRECISION)
+                             qk_scale, mid, full, BLOCK_M, False, IS_CAUSAL, PAD_D,
+                             PRECISION, INDEX)
         dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                              sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
                              qk_scale, ragged, seq_q, BLOCK_M, True, IS_CAUSAL, PAD_D,
-                             PRECISION)
+                             PRECISION, INDEX)
     dk *= scale
     tl.store(p_dk + b * sdk_b + h_kv * sdk_h + first_n * sdk_s + offs_n[:, None] * sdk_s
              + offs_d[None, :] * sdk_d, dk.to(p_dk.dtype.element_ty), mask=mask_kd)
@@ -172,12 +175,12 @@ def _flash_bwd_dkdv(
 def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
               rows, offs_n, offs_d, mask_d, seq_k, qk_scale, lo, hi,
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-              PAD_D: tl.constexpr, PRECISION: tl.constexpr):
+              PAD_D: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr):
     """Key tiles [lo, hi) against one query tile: accumulate dQ (unscaled). MASKED for the
     diagonal tiles (causal) and the ragged last key tile."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
-        first = tl.cast(start_n, tl.int64)
+        first = tl.cast(start_n, INDEX)
         p_kt = p_k_base + first * sk_s + offs_n[None, :] * sk_s + offs_d[:, None] * sk_d
         p_vt = p_v_base + first * sv_s + offs_n[None, :] * sv_s + offs_d[:, None] * sv_d
         if MASKED:
@@ -211,10 +214,11 @@ def _flash_bwd_dq(
     n_heads, group, seq_q, seq_k, head_dim, scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+    INDEX: tl.constexpr,
 ):
     """dQ of BLOCK_M query rows of one (batch, head)."""
     start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(1).to(INDEX)
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // group
@@ -225,7 +229,7 @@ def _flash_bwd_dq(
     mask_m = rows < seq_q
     mask_d = offs_d < head_dim
     mask_md = mask_m[:, None] & mask_d[None, :]
-    first_m = start_m.to(tl.int64)
+    first_m = start_m.to(INDEX)
     b_q = tl.load(p_q + b * sq_b + h * sq_h + first_m * sq_s + offs_m[:, None] * sq_s
                   + offs_d[None, :] * sq_d, mask=mask_md, other=0.0)
     b_do = tl.load(p_do + b * sdo_b + h * sdo_h + first_m * sdo_s + offs_m[:, None] * sdo_s
@@ -245,10 +249,10 @@ def _flash_bwd_dq(
     open_end = open_end // BLOCK_N * BLOCK_N
     dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
                    rows, offs_n, offs_d, mask_d, seq_k, qk_scale, 0, open_end,
-                   BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION)
+                   BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION, INDEX)
     dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
                    rows, offs_n, offs_d, mask_d, seq_k, qk_scale, open_end, hi,
-                   BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION)
+                   BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION, INDEX)
     dq *= scale
     tl.store(p_dq + b * sdq_b + h * sdq_h + first_m * sdq_s + offs_m[:, None] * sdq_s
              + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)
@@ -284,7 +288,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(dim=dim,
                                                                     itemsize=q.element_size())
     common = dict(BLOCK_D=block_d, IS_CAUSAL=is_causal, PRECISION=dot_precision,
-                  PAD_D=block_d != dim)
+                  PAD_D=block_d != dim,
+                  INDEX=index_dtype(q, k, v, dout, out, rows=batch * heads * seq_q))
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     _flash_bwd_dkdv[(triton.cdiv(seq_k, kn), batch * heads_kv)](
         q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
