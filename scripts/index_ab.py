@@ -35,7 +35,9 @@ def _problem(dim: int, causal: bool) -> list[dict]:
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     out = fwd()
-    grads = (lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+
+    def grads():
+        return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     label = f"bf16 B{b} H{h} S{s} D{dim}{' causal' if causal else ''}"
     times: dict[str, list[float]] = {}
     for _ in range(3):  # A, B alternating
