@@ -17,15 +17,50 @@ def causal_mask(seq_q: int, seq_k: int, device: torch.device | str = "cpu") -> t
     return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril()
 
 
-def _scores(q, k, scale, causal):
-    """Scaled scores `[..., Sq, Sk]` with GQA (k's heads repeated to q's) and the causal
-    mask as -inf; float64 in, float64 out."""
+ALIGNMENTS = ("top-left", "bottom-right")
+
+
+def visible(seq_q: int, seq_k: int, *, causal: bool = False, align: str = "top-left",
+            window: tuple[int | None, int | None] | None = None,
+            device: torch.device | str = "cpu") -> torch.Tensor:
+    """`[seq_q, seq_k] bool`: which keys each query sees.
+
+    Query i sits at position p = i (top-left, SDPA's `is_causal`) or p = i + seq_k - seq_q
+    (bottom-right: queries that follow a cache, FlashAttention's causal). Causal: keys
+    j <= p. A window (left, right), None for an unbounded side: keys in [p - left,
+    p + right], on top of causal. A row may see no key at all (bottom-right with
+    seq_q > seq_k, or a window past the keys): its output is 0 and its LSE -inf.
+    """
+    if align not in ALIGNMENTS:
+        raise ValueError(f"align={align!r}: one of {ALIGNMENTS}")
+    pos = torch.arange(seq_q, device=device)[:, None]
+    if align == "bottom-right":
+        pos = pos + (seq_k - seq_q)
+    keys = torch.arange(seq_k, device=device)[None, :]
+    seen = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    if causal:
+        seen &= keys <= pos
+    if window is not None:
+        left, right = window
+        if left is not None:
+            seen &= keys >= pos - left
+        if right is not None:
+            seen &= keys <= pos + right
+    return seen
+
+
+def _scores(q, k, scale, causal, align="top-left", window=None, softcap=None):
+    """Scaled scores `[..., Sq, Sk]` with GQA (k's heads repeated to q's), softcap
+    (s -> c * tanh(s / c)) and the visibility mask as -inf; float64 in, float64 out."""
     if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        mask = causal_mask(q.shape[-2], k.shape[-2], scores.device)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if causal or window is not None or align != "top-left":
+        mask = visible(q.shape[-2], k.shape[-2], causal=causal, align=align, window=window,
+                       device=scores.device)
         scores = scores.masked_fill(~mask, -math.inf)
     return scores
 
@@ -34,38 +69,82 @@ def _gqa(v, heads):
     return v.repeat_interleave(heads // v.shape[-3], -3) if v.dim() >= 3 else v
 
 
+def _forward(q, k, v, scores):
+    """Softmax rows (a row that sees no key gives 0, not NaN) times V; and the LSE."""
+    lse = torch.logsumexp(scores, dim=-1)
+    p = torch.exp(scores - lse[..., None].masked_fill(torch.isinf(lse)[..., None], 0.0))
+    return p @ _gqa(v, q.shape[-3] if q.dim() >= 3 else 1), lse
+
+
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
                   causal: bool = False, device: torch.device | str = "cpu",
-                  return_lse: bool = False):
-    """`O = softmax(Q K^T * scale [+ causal mask]) V` in float64.
+                  return_lse: bool = False, align: str = "top-left",
+                  window: tuple[int | None, int | None] | None = None,
+                  softcap: float | None = None):
+    """`O = softmax(mask(softcap(Q K^T * scale))) V` in float64.
 
     `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (GQA/MQA: query head h reads K/V head
     h // (H / H_kv)), or `[Sq, D]`/`[Sk, D]`; any float dtype; returns `[..., Sq, D] float64`
     on `device` (the CPU by default; the benchmark passes the GPU for large slices), and with
     `return_lse` also the natural-log LSE of the scaled scores, `[..., Sq] float64`. scale
-    defaults to 1/sqrt(D). Causal (top-left): key j > i gets -inf before the softmax.
+    defaults to 1/sqrt(D). Causal, `align` and `window` as `visible` says (default: causal
+    top-left, key j > i gets -inf before the softmax); `softcap` c maps each scaled score s
+    to c * tanh(s / c) before the mask.
     """
     q, k, v = (t.detach().to(device, torch.float64) for t in (q, k, v))
-    scores = _scores(q, k, scale, causal)
-    out = torch.softmax(scores, dim=-1) @ _gqa(v, q.shape[-3] if q.dim() >= 3 else 1)
-    return (out, torch.logsumexp(scores, dim=-1)) if return_lse else out
+    out, lse = _forward(q, k, v, _scores(q, k, scale, causal, align, window, softcap))
+    return (out, lse) if return_lse else out
 
 
 def attention_ref_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
                         *, scale: float | None = None, causal: bool = False,
-                        dlse: torch.Tensor | None = None, device: torch.device | str = "cpu"
+                        dlse: torch.Tensor | None = None, device: torch.device | str = "cpu",
+                        align: str = "top-left",
+                        window: tuple[int | None, int | None] | None = None,
+                        softcap: float | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float64 `(dq, dk, dv)` of `attention_ref` by autograd, for the upstream gradient
-    `dout` (shaped like O) and optionally `dlse` (shaped like the LSE); dk and dv summed
-    over the query heads of each GQA group, shaped like k and v."""
+    """float64 `(dq, dk, dv)` of `attention_ref` (same options) by autograd, for the
+    upstream gradient `dout` (shaped like O) and optionally `dlse` (shaped like the LSE);
+    dk and dv summed over the query heads of each GQA group, shaped like k and v."""
     q, k, v = (t.detach().to(device, torch.float64).requires_grad_() for t in (q, k, v))
-    scores = _scores(q, k, scale, causal)
-    out = torch.softmax(scores, dim=-1) @ _gqa(v, q.shape[-3] if q.dim() >= 3 else 1)
+    out, lse = _forward(q, k, v, _scores(q, k, scale, causal, align, window, softcap))
     outputs, grads = [out], [dout.detach().to(device, torch.float64)]
     if dlse is not None:
-        outputs.append(torch.logsumexp(scores, dim=-1))
+        outputs.append(lse)
         grads.append(dlse.detach().to(device, torch.float64))
     return torch.autograd.grad(outputs, (q, k, v), grads)
+
+
+def varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, *, causal: bool = False, **options) -> torch.Tensor:
+    """Packed variable-length batches: `q: [total_q, H, D]`, `k, v: [total_k, H_kv, D]`,
+    sequence b spanning rows cu_seqlens[b]:cu_seqlens[b+1]. Each sequence on its own, causal
+    aligned bottom-right within it (FlashAttention's varlen convention); returns
+    `[total_q, H, D] float64`. `options`: `attention_ref`'s (scale, window, softcap)."""
+    outs = []
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    spans_q = zip(bounds_q[:-1], bounds_q[1:], strict=True)
+    spans_k = zip(bounds_k[:-1], bounds_k[1:], strict=True)
+    for (q0, q1), (k0, k1) in zip(spans_q, spans_k, strict=True):
+        qs, ks, vs = (t[a:b].transpose(0, 1) for t, a, b in ((q, q0, q1), (k, k0, k1),
+                                                               (v, k0, k1)))
+        outs.append(attention_ref(qs, ks, vs, causal=causal, align="bottom-right",
+                                  **options).transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
+def paged_to_dense(cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor
+                   ) -> list[torch.Tensor]:
+    """A paged cache `[num_blocks, H_kv, block_size, D]` read through `block_table
+    [B, max_blocks]` as each sequence's dense `[H_kv, seqlens[b], D]` (what a kernel reading
+    the pages must see)."""
+    block = cache.shape[2]
+    dense = []
+    for b, n in enumerate(seqlens.tolist()):
+        pages = block_table[b, : -(-n // block)] if n else block_table[b, :0]
+        rows = cache[pages].permute(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])
+        dense.append(rows[:, :n])
+    return dense
 
 
 @dataclass(frozen=True)
