@@ -45,7 +45,11 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
         fills = programs_per_tile_row * triton.cdiv(seq_q, 64) >= SMS
         return (64, 64, 4, 3) if fills and precision != "ieee" else (32, 32, 4, 2)
     if precision == "ieee":
-        return (64, 64, 4, 2)  # the FMA winner at S=4096 D=64 (12.3 TFLOP/s)
+        # the FMA winner at S=4096 D=64 (12.3 TFLOP/s); past D=128 smaller tiles, as the
+        # FMA dot unrolls to M*N*D/threads instructions (never timed: not run on the GPU)
+        return (64, 64, 4, 2) if block_d <= 128 else (32, 32, 4, 2)
+    if block_d > 128 and precision is not None:
+        return (64, 32, 4, 1)  # tf32 tiles are 4 bytes: one stage of K, V fits (not run)
     if block_d > 128:
         return (64, 64, 4, 3)  # K, V and a 256-column accumulator: 64-row tiles fit
     if block_d == 128 and causal:
