@@ -39,7 +39,7 @@ def add(sub) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     import math
 
-    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.evidence import environment, provenance, sha256_file
     from fusedattn.lab.protocol import Settings, case_for, check_resources, measure
     from fusedattn.lab.registry import VERSIONS, select
 
@@ -75,9 +75,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 "spills": res.get("spills"), "shared_bytes": res.get("static_shared_bytes"),
                 "max_abs_error": r.max_abs, "verdict": r.verdict, "inputs": settings.inputs,
                 "seed": settings.seed, "warmup": settings.warmup, "repeat": settings.repeat,
-                "timing_mode": settings.timing, "gpu": env["gpu"], "driver": env["driver"],
-                "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
-                "source_sha256": sha256_file(v.source_file()), "date": env["date"]})
+                "timing_mode": settings.timing, **provenance(env),
+                "source_sha256": sha256_file(v.source_file())})
     table = Table(title=f"BLOCK_K sweep at {problem.label()} — {mode.describe()}")
     for c in ("version", "BLOCK_K", "iterations", "median ms", "range ms", "regs", "spills",
               "shared B", "max abs err", "verdict"):

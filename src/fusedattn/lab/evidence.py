@@ -87,6 +87,23 @@ def environment() -> dict:
     return env
 
 
+PROVENANCE = ("git_commit", "git_dirty", "gpu", "driver", "torch", "triton", "numba",
+              "numba_cuda", "date")
+"""The environment's fields that every result row carries (summary.csv, sweep.csv)."""
+
+
+def provenance(env: dict) -> dict:
+    """The `PROVENANCE` fields of `environment()`, for a result row."""
+    return {k: env.get(k) for k in PROVENANCE}
+
+
+def caption(row: dict) -> str:
+    """One line for a figure: where and from what commit its numbers come."""
+    return (f"{row.get('gpu') or 'emulation'} · driver {row.get('driver') or '—'} · "
+            f"torch {row.get('torch')} · triton {row.get('triton')} · "
+            f"{(row.get('date') or '')[:10]} · commit {(row.get('git_commit') or '')[:10]}")
+
+
 def write_atomic(path: Path | str, text: str) -> None:
     """Write `text` to `path` so that a killed process leaves the old file or the new one,
     never half of it: write a temporary file beside it, fsync, rename over."""

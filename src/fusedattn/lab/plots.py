@@ -15,16 +15,15 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no screen needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fusedattn.lab.evidence import caption  # noqa: E402
 from fusedattn.lab.registry import bench_subject  # noqa: E402
 from fusedattn.lab.runall import read_summary  # noqa: E402
 
 
 def _caption(rows: list[dict]) -> str:
     r = rows[0]
-    return (f"{r['gpu'] or 'emulation'} · driver {r['driver'] or '—'} · torch {r['torch']} · "
-            f"triton {r['triton']} · {r['date'][:10]} · inputs {r['inputs']} seed {r['seed']} · "
-            f"{r['timing_mode']} timing, warmup {r['warmup']}, repeat {r['repeat']} · "
-            f"commit {(r['git_commit'] or '')[:10]}")
+    return (f"{caption(r)} · inputs {r['inputs']} seed {r['seed']} · "
+            f"{r['timing_mode']} timing, warmup {r['warmup']}, repeat {r['repeat']}")
 
 
 def _save(fig, out_dir: Path, stem: str) -> list[Path]:
@@ -118,8 +117,7 @@ def draw_sweep(sweep_csv: Path) -> list[Path]:
     r = rows[0]
     ax.set_title(f"row kernel BLOCK_K sweep, S={r['seq']}, D={r['dim']}")
     ax.legend(fontsize=7)
-    fig.text(0.01, -0.04, f"{r['gpu']} · driver {r['driver']} · {r['date'][:10]} · "
-             f"warmup {r['warmup']}, repeat {r['repeat']} · commit {(r['git_commit'] or '')[:10]}",
+    fig.text(0.01, -0.04, f"{caption(r)} · warmup {r['warmup']}, repeat {r['repeat']}",
              fontsize=6)
     return _save(fig, sweep_csv.parent, "sweep_block_k")
 

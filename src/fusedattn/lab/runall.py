@@ -31,7 +31,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fusedattn import mode
-from fusedattn.lab.evidence import environment, sha256_file, write_atomic, write_json
+from fusedattn.lab.evidence import (
+    environment,
+    provenance,
+    sha256_file,
+    write_atomic,
+    write_json,
+)
 from fusedattn.lab.worker import MARK
 
 BOUNDARY = ((1, 1), (7, 13), (33, 31), (65, 33))  # the chapter's 2026-09-11 recheck
@@ -210,9 +216,8 @@ def summarize(records: list[dict], env: dict, plan: Plan, hashes: dict[str, str]
     static = {"causal": plan.causal, "inputs": s["inputs"], "seed": s["seed"],
               "warmup": s["warmup"],
               "repeat": s["repeat"], "timing_mode": s["timing"],
-              **{k: env.get(k) for k in ("git_commit", "git_dirty", "gpu", "driver", "torch",
-                                         "triton", "numba", "numba_cuda")},
-              "date": env.get("date", "")}
+              **provenance(env)}
+    static["date"] = static["date"] or ""
     groups: dict[tuple, list[dict]] = {}
     peaks: dict[tuple, int | None] = {}
     for r in live(records):
