@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from fusedattn import mode
 from fusedattn.cli.shared import (
     OUT_DEFAULT,
     fmt,
     int_arg,
+    render_table,
     stamp_dir,
     write_environment,
     write_rows_csv,
@@ -72,18 +72,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
             rows += run_problem(p, names, warmup=args.warmup, repeat=args.repeat,
                                 seed=args.seed, configs=args.configs)
             write_rows_csv(out_dir / "bench.csv", with_ratios(rows))  # whole after each
-    table = Table(title=f"bench {args.suite} — {mode.describe()}")
-    for c in ("problem", "provider", "status", "max err", "tol", "ms", "TFLOP/s",
-              "flash ×", "call MiB"):
-        table.add_column(c, no_wrap=True)
-    for r in with_ratios(rows):
-        table.add_row(r["problem"], r["provider"], r["status"] + (
-            f" ({r['reason'][:50]})" if r["reason"] else ""),
-            fmt(r["max_abs_error"], ".2e"), fmt(r["tolerance"], ".1e"),
-            fmt(r["median_ms"], ".4f"), fmt(r["tflops"], ".1f"),
-            fmt(r["flash_over_this"], ".2f"),
-            fmt(r["call_bytes"] and r["call_bytes"] / 2**20, ".1f"))
-    console.print(table)
+    render_table(console, f"bench {args.suite} — {mode.describe()}", with_ratios(rows), [
+        ("problem", lambda r: r["problem"]), ("provider", lambda r: r["provider"]),
+        ("status", lambda r: r["status"] + (f" ({r['reason'][:50]})" if r["reason"] else "")),
+        ("max err", lambda r: fmt(r["max_abs_error"], ".2e")),
+        ("tol", lambda r: fmt(r["tolerance"], ".1e")),
+        ("ms", lambda r: fmt(r["median_ms"], ".4f")),
+        ("TFLOP/s", lambda r: fmt(r["tflops"], ".1f")),
+        ("flash ×", lambda r: fmt(r["flash_over_this"], ".2f")),
+        ("call MiB", lambda r: fmt(r["call_bytes"] and r["call_bytes"] / 2**20, ".1f"))])
     write_environment(out_dir, env, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
                        source_sha256={n: sha256_file(VERSIONS[n].source_file())
                                       for n in names})

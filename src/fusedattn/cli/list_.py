@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.table import Table
+
+from fusedattn.cli.shared import render_table
 
 
 def add(sub) -> None:
@@ -15,14 +16,15 @@ def add(sub) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.lab.registry import ROUTES, VERSIONS
 
-    table = Table(title="versions (the registry: src/fusedattn/lab/registry.py, peers.py)")
-    for c in ("version", "route", "timed launches", "limits", "in `all`", "description"):
-        table.add_column(c)
-    for v in VERSIONS.values():
-        table.add_row(v.name, v.route, " → ".join(k.name for k in v.launches),
-                      f"D ≤ {v.limits.max_dim}" if v.limits.max_dim else "—",
-                      "yes" if v.in_all else "bench", v.description)
-    console.print(table)
+    render_table(console, "versions (the registry: src/fusedattn/lab/registry.py, peers.py)",
+                 VERSIONS.values(), [
+                     ("version", lambda v: v.name), ("route", lambda v: v.route),
+                     ("timed launches", lambda v: " → ".join(k.name for k in v.launches)),
+                     ("limits", lambda v: f"D ≤ {v.limits.max_dim}" if v.limits.max_dim
+                      else "—"),
+                     ("in `all`", lambda v: "yes" if v.in_all else "bench"),
+                     ("description", lambda v: v.description)],
+                 wrap=("timed launches", "limits", "description"))
     for route, what in ROUTES.items():
         console.print(f"{route}: {what}")
     return 0

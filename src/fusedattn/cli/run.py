@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 from rich.console import Console
-from rich.table import Table
 
 from fusedattn import mode
-from fusedattn.cli.shared import check_counts, common_options, fmt, int_arg, problem_from
+from fusedattn.cli.shared import (
+    check_counts,
+    common_options,
+    fmt,
+    int_arg,
+    problem_from,
+    render_table,
+)
 from fusedattn.problem import ProblemError
 
 
@@ -45,21 +52,25 @@ def run(args: argparse.Namespace, console: Console) -> int:
             except Exception as exc:  # a kernel that fails to compile or launch: one row
                 failures[v.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
-    table = Table(title=f"attention forward {problem.label()} float32, block {problem.block}, "
-                        f"inputs {settings.inputs} seed {settings.seed} — {mode.describe()}")
-    for col in ("version", "route", "max abs err", "verdict", "median ms", "min ms",
-                "max ms", "host µs/call"):
-        left = col in ("version", "route")
-        table.add_column(col, justify="left" if left else "right", no_wrap=left)
-    for r in records:
-        t = r.timing or {}
-        verdict = r.verdict if r.ok else "FAIL: " + "; ".join(r.reasons)
-        table.add_row(r.version, r.route, f"{r.max_abs:.2e}", verdict,
-                      fmt(t.get("median_ms"), ".4f"), fmt(t.get("min_ms"), ".4f"),
-                      fmt(t.get("max_ms"), ".4f"), fmt(t.get("host_us_median"), ".1f"))
-    for name, why in failures.items():
-        table.add_row(name, VERSIONS[name].route, "—", f"ERROR: {why}", "—", "—", "—", "—")
-    console.print(table)
+    errors = [SimpleNamespace(version=n, route=VERSIONS[n].route, why=why)
+              for n, why in failures.items()]
+
+    def timing(key, spec):
+        return lambda r: "—" if not hasattr(r, "timing") else fmt((r.timing or {}).get(key),
+                                                                 spec)
+
+    render_table(console, f"attention forward {problem.label()} float32, block "
+                 f"{problem.block}, inputs {settings.inputs} seed {settings.seed} — "
+                 f"{mode.describe()}", records + errors, [
+                     ("version", lambda r: r.version), ("route", lambda r: r.route),
+                     ("max abs err", lambda r: f"{r.max_abs:.2e}" if hasattr(r, "max_abs")
+                      else "—"),
+                     ("verdict", lambda r: f"ERROR: {r.why}" if hasattr(r, "why") else
+                      r.verdict if r.ok else "FAIL: " + "; ".join(r.reasons)),
+                     ("median ms", timing("median_ms", ".4f")),
+                     ("min ms", timing("min_ms", ".4f")), ("max ms", timing("max_ms", ".4f")),
+                     ("host µs/call", timing("host_us_median", ".1f"))],
+                 wrap=("verdict",))
     if mode.EMULATION:
         console.print("emulation: results verified, no times (emulation proves logic, not speed)")
     else:

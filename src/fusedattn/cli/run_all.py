@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from fusedattn import mode
 from fusedattn.cli.shared import (
@@ -20,6 +19,7 @@ from fusedattn.cli.shared import (
     int_list_arg,
     out_base,
     problem_from,
+    render_table,
     shapes_arg,
 )
 from fusedattn.problem import Problem, ProblemError
@@ -90,22 +90,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise ProblemError("resume", str(run_dir), str(err)) from None
     figures = draw(run_dir / "summary.csv")
 
-    table = Table(title=f"run-all — {mode.describe()}")
-    for col in ("suite", "shape", "version", "verdict", "max abs err", "GPU ms median",
-                "range", "peak MiB"):
-        table.add_column(col, no_wrap=True)
-    by_key = {}
+    by_key: dict[tuple, dict] = {}  # the summary's metric rows, one dict per version/shape
     for r in rows:
         by_key.setdefault((r.suite, r.seq, r.dim, r.version), {})[r.metric] = r
-    for (suite, seq, dim, name), metrics in by_key.items():
-        base = metrics["max_abs_error"]
-        t = metrics.get("gpu_ms")
-        peak = metrics.get("peak_bytes")
-        table.add_row(suite, f"{seq}x{dim}", name, base.verdict,
-                      fmt(base.max_abs_error, ".2e"), fmt(t and t.median, ".4f"),
-                      f"{t.range_low:.4f}–{t.range_high:.4f}" if t else "—",
-                      fmt(peak and peak.median / 2**20, ".3f"))
-    console.print(table)
+    render_table(console, f"run-all — {mode.describe()}", by_key.values(), [
+        ("suite", lambda m: m["max_abs_error"].suite),
+        ("shape", lambda m: f"{m['max_abs_error'].seq}x{m['max_abs_error'].dim}"),
+        ("version", lambda m: m["max_abs_error"].version),
+        ("verdict", lambda m: m["max_abs_error"].verdict),
+        ("max abs err", lambda m: fmt(m["max_abs_error"].max_abs_error, ".2e")),
+        ("GPU ms median", lambda m: fmt(m["gpu_ms"].median if "gpu_ms" in m else None, ".4f")),
+        ("range", lambda m: f"{m['gpu_ms'].range_low:.4f}–{m['gpu_ms'].range_high:.4f}"
+         if "gpu_ms" in m else "—"),
+        ("peak MiB", lambda m: fmt(m["peak_bytes"].median / 2**20 if "peak_bytes" in m
+                                   else None, ".3f"))])
     for f in figures:
         console.print(f"figure: {f}")
     console.print(f"evidence: {run_dir}/records.jsonl, summary.csv, environment.json")

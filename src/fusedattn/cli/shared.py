@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable  # noqa: F401  (in Column)
 from pathlib import Path
 
 from rich.console import Console
@@ -133,3 +134,21 @@ def write_rows_csv(path: Path, rows: list[dict]) -> None:
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, buf.getvalue())
+
+
+Column = tuple[str, "Callable[[object], str]"]
+
+
+def render_table(console: Console, title: str, rows, columns: list[Column],
+                 wrap: tuple[str, ...] = ()) -> None:
+    """The one table renderer: `columns` is data, (header, row -> cell text), applied to
+    each row (a record, a dataclass or a dict) in order; the headers in `wrap` may wrap
+    (long texts), the others keep one line."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for header, _ in columns:
+        table.add_column(header, no_wrap=header not in wrap)
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell in columns))
+    console.print(table)

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from fusedattn import mode
 from fusedattn.cli.shared import (
@@ -18,6 +17,7 @@ from fusedattn.cli.shared import (
     int_list_arg,
     out_base,
     problem_from,
+    render_table,
     stamp_dir,
     write_environment,
     write_rows_csv,
@@ -77,17 +77,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 "seed": settings.seed, "warmup": settings.warmup, "repeat": settings.repeat,
                 "timing_mode": settings.timing, **provenance(env),
                 "source_sha256": sha256_file(v.source_file())})
-    table = Table(title=f"BLOCK_K sweep at {problem.label()} — {mode.describe()}")
-    for c in ("version", "BLOCK_K", "iterations", "median ms", "range ms", "regs", "spills",
-              "shared B", "max abs err", "verdict"):
-        table.add_column(c, no_wrap=True)
-    for r in rows:
-        table.add_row(r["version"], str(r["block_k"]), str(r["iterations"]),
-                      fmt(r["median_ms"], ".4f"),
-                      f"{r['min_ms']:.4f}–{r['max_ms']:.4f}" if r["min_ms"] else "—",
-                      fmt(r["regs_per_thread"], "d"), fmt(r["spills"], "d"),
-                      fmt(r["shared_bytes"], "d"), f"{r['max_abs_error']:.2e}", r["verdict"])
-    console.print(table)
+    render_table(console, f"BLOCK_K sweep at {problem.label()} — {mode.describe()}", rows, [
+        ("version", lambda r: r["version"]), ("BLOCK_K", lambda r: str(r["block_k"])),
+        ("iterations", lambda r: str(r["iterations"])),
+        ("median ms", lambda r: fmt(r["median_ms"], ".4f")),
+        ("range ms", lambda r: f"{r['min_ms']:.4f}–{r['max_ms']:.4f}" if r["min_ms"] else "—"),
+        ("regs", lambda r: fmt(r["regs_per_thread"], "d")),
+        ("spills", lambda r: fmt(r["spills"], "d")),
+        ("shared B", lambda r: fmt(r["shared_bytes"], "d")),
+        ("max abs err", lambda r: f"{r['max_abs_error']:.2e}"),
+        ("verdict", lambda r: r["verdict"])])
     out_dir = stamp_dir(args, "-sweep", env)
     write_rows_csv(out_dir / "sweep.csv", rows)
     write_environment(out_dir, env, problem=problem.__dict__)
