@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from fusedattn import mode
 from fusedattn.cli.shared import (
@@ -14,6 +13,7 @@ from fusedattn.cli.shared import (
     fmt,
     int_arg,
     out_base,
+    render_table,
     stamp_dir,
     write_environment,
     write_rows_csv,
@@ -86,14 +86,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
                          "findings_in_kernel": report.kernels.get(kernel, report.other
                                                                   if kernel == "other" else 0),
                          "verdict": word})
-    table = Table(title=f"compute-sanitizer at {problem.label()}, block {problem.block}")
-    for c in ("versions", "kernel", "tool", "errors (run)", "hazards (run)", "findings here",
-              "verdict"):
-        table.add_column(c, no_wrap=True)
-    for r in rows:
-        table.add_row(r["versions"], r["kernel"], r["tool"], fmt(r["errors"], "d"),
-                      fmt(r["hazards"], "d"), str(r["findings_in_kernel"]), r["verdict"])
-    console.print(table)
+    render_table(console, f"compute-sanitizer at {problem.label()}, block {problem.block}",
+                 rows, [
+                     ("versions", lambda r: r["versions"]), ("kernel", lambda r: r["kernel"]),
+                     ("tool", lambda r: r["tool"]),
+                     ("errors (run)", lambda r: fmt(r["errors"], "d")),
+                     ("hazards (run)", lambda r: fmt(r["hazards"], "d")),
+                     ("findings here", lambda r: str(r["findings_in_kernel"])),
+                     ("verdict", lambda r: r["verdict"])])
     write_rows_csv(out_dir / "races.csv", rows)
     write_environment(out_dir, env, problem=problem.__dict__)
     console.print(f"written: {out_dir}")

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from fusedattn import mode
 from fusedattn.cli.shared import (
@@ -15,6 +14,7 @@ from fusedattn.cli.shared import (
     int_arg,
     out_base,
     problem_from,
+    render_table,
     stamp_dir,
     write_environment,
     write_rows_csv,
@@ -48,27 +48,29 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise ProblemError("ncu", "emulation", "a CUDA GPU: Nsight Compute reads hardware "
                            "counters of real kernels")
     rows = [r for v in versions for r in resource_rows(v.name, problem)]
-    table = Table(title=f"kernels at {problem.label()}, block {problem.block} — "
-                        f"{mode.describe()}")
-    cols = ("version", "kernel", "grid", "block", "regs", "smem static+dyn", "local B",
-            "warps/stages", "occupancy", "reads → writes", "barriers/block")
-    for c in cols:
-        table.add_column(c, no_wrap=True)
     gpu_only = "needs a GPU"
-    for r in rows:
+
+    def smem(r):
         static = r["static_shared_bytes"]
-        smem = "—" if not r["measured"] else (
+        return "—" if not r["measured"] else (
             f"{'?' if static is None else static}+{r['dynamic_shared_bytes'] or 0}")
-        table.add_row(
-            r["version"], r["kernel"], fmt(r["grid"], "d"), fmt(r["block"], "d"),
-            gpu_only if r["regs_per_thread"] is None and mode.EMULATION
-            else fmt(r["regs_per_thread"], "d"),
-            smem, fmt(r["local_bytes_per_thread"], "d"),
-            f"{r['num_warps']}/{r['num_stages']}" if r["num_warps"] else "—",
-            gpu_only if mode.EMULATION else fmt(r["occupancy"], ".0%"),
-            f"{r['reads']} → {r['writes']}",
-            "—" if r["barriers_per_block"] is None else str(r["barriers_per_block"]))
-    console.print(table)
+
+    render_table(console, f"kernels at {problem.label()}, block {problem.block} — "
+                 f"{mode.describe()}", rows, [
+                     ("version", lambda r: r["version"]), ("kernel", lambda r: r["kernel"]),
+                     ("grid", lambda r: fmt(r["grid"], "d")),
+                     ("block", lambda r: fmt(r["block"], "d")),
+                     ("regs", lambda r: gpu_only if r["regs_per_thread"] is None
+                      and mode.EMULATION else fmt(r["regs_per_thread"], "d")),
+                     ("smem static+dyn", smem),
+                     ("local B", lambda r: fmt(r["local_bytes_per_thread"], "d")),
+                     ("warps/stages", lambda r: f"{r['num_warps']}/{r['num_stages']}"
+                      if r["num_warps"] else "—"),
+                     ("occupancy", lambda r: gpu_only if mode.EMULATION
+                      else fmt(r["occupancy"], ".0%")),
+                     ("reads → writes", lambda r: f"{r['reads']} → {r['writes']}"),
+                     ("barriers/block", lambda r: "—" if r["barriers_per_block"] is None
+                      else str(r["barriers_per_block"]))])
     if mode.EMULATION:
         console.print("emulation knows grids, blocks, dynamic shared memory, buffers and "
                       "barrier counts; registers, static shared memory, spills and occupancy "
@@ -85,19 +87,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
             if not parsed:
                 console.print(f"[red]ncu gave no rows for {v.name}:[/] "
                               + " | ".join(raw.strip().splitlines()[-3:]))
-        t2 = Table(title="Nsight Compute (--clock-control none)")
-        for c in ("version", "kernel", "duration", "DRAM read", "DRAM write",
-                  "achieved occ %", "SM thru %", "barrier stall %"):
-            t2.add_column(c, no_wrap=True)
-        for r in ncu_rows:
-            t2.add_row(r["version"], r["kernel"][:40],
-                       f"{fmt(r.get('duration'), '.0f')} {r.get('duration_unit', '')}",
-                       f"{fmt(r.get('dram_read'), '.0f')} {r.get('dram_read_unit', '')}",
-                       f"{fmt(r.get('dram_write'), '.0f')} {r.get('dram_write_unit', '')}",
-                       fmt(r.get("achieved_occupancy_pct"), ".1f"),
-                       fmt(r.get("sm_throughput_pct"), ".1f"),
-                       fmt(r.get("barrier_stall_pct"), ".1f"))
-        console.print(t2)
+        def unit(key):
+            return lambda r: f"{fmt(r.get(key), '.0f')} {r.get(key + '_unit', '')}"
+
+        render_table(console, "Nsight Compute (--clock-control none)", ncu_rows, [
+            ("version", lambda r: r["version"]), ("kernel", lambda r: r["kernel"][:40]),
+            ("duration", unit("duration")), ("DRAM read", unit("dram_read")),
+            ("DRAM write", unit("dram_write")),
+            ("achieved occ %", lambda r: fmt(r.get("achieved_occupancy_pct"), ".1f")),
+            ("SM thru %", lambda r: fmt(r.get("sm_throughput_pct"), ".1f")),
+            ("barrier stall %", lambda r: fmt(r.get("barrier_stall_pct"), ".1f"))])
     write_rows_csv(out_dir / "resources.csv", rows)
     if ncu_rows:
         write_rows_csv(out_dir / "ncu.csv", ncu_rows)
