@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable  # noqa: F401  (in Column)
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -136,7 +136,7 @@ def write_rows_csv(path: Path, rows: list[dict]) -> None:
     write_atomic(path, buf.getvalue())
 
 
-Column = tuple[str, "Callable[[object], str]"]
+Column = tuple[str, Callable[[object], str]]  # (header, row -> cell text)
 
 
 def render_table(console: Console, title: str, rows, columns: list[Column],
