@@ -51,7 +51,8 @@ def test_planted_race_is_attributed_to_the_row_softmax():
     rep = parse_sanitizer("racecheck", (FIX / "racecheck_planted.txt").read_text(), OURS)
     assert rep.hazards == 1 and rep.kernels["_softmax_rows_kernel"] == 1
     assert sum(rep.kernels.values()) == 1 and rep.other == 0
-    assert kernel_verdicts(ROUTES, rep, planted=True) == {"_softmax_rows_kernel": "caught"}
+    caught = kernel_verdicts(ROUTES, rep, planted="materialized")
+    assert caught == {"_softmax_rows_kernel": "caught"}
 
 
 def test_clean_racecheck_and_synccheck():
@@ -60,7 +61,8 @@ def test_clean_racecheck_and_synccheck():
     v = kernel_verdicts(ROUTES, rep)
     assert v["_online_rows_kernel"] == "clean"
     assert v["_rows_fwd_kernel"] == "advisory: clean"  # Triton racecheck does not gate
-    assert kernel_verdicts(ROUTES, rep, planted=True) == {"_softmax_rows_kernel": "MISSED"}
+    missed = kernel_verdicts(ROUTES, rep, planted="materialized")
+    assert missed == {"_softmax_rows_kernel": "MISSED"}
     rep = parse_sanitizer("synccheck", (FIX / "synccheck_clean.txt").read_text(), OURS)
     assert rep.errors == 0 and set(kernel_verdicts(ROUTES, rep).values()) >= {"clean"}
 

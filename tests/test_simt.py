@@ -86,3 +86,42 @@ def test_barrier_counts_in_the_registry_match_the_kernels():
     scores, softmax, pv = VERSIONS["materialized"].launches
     assert (scores.barriers(p), softmax.barriers(p), pv.barriers(p)) == (0, 19, 0)
     assert softmax.barriers(Problem(128, 64, 32)) == 3 + 2 * 5
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("shape, block, causal", [
+    ((1, 1), 32, False),    # one key in a 32-key tile: 31 masked slots
+    ((7, 13), 32, True),    # causal, S < TILE, D odd
+    ((33, 5), 32, False),   # S = TILE + 1: a second tile with one key
+    ((40, 16), 64, True),   # two warps, causal rows spanning two tiles
+    ((6, 3), 32, False),    # rows=4: the last block holds 2 rows
+])
+def test_online_tiled_shapes(qkv, rows, shape, block, causal):
+    from fusedattn.simt import online_tiled
+
+    q, k, v = qkv(*shape)
+    bufs = online_tiled.allocate(q)
+    poison(bufs["out"])
+    online_tiled.online_tiled_attention(q, k, v, bufs, block=block, rows=rows, causal=causal)
+    result = check(bufs["out"], attention_ref(q, k, v, causal=causal))
+    assert result.ok, result.reasons
+
+
+def test_online_tiled_barriers_shared_memory_and_registry():
+    from fusedattn.lab.registry import VERSIONS, planted_symbol, planted_versions
+    from fusedattn.problem import Problem
+    from fusedattn.simt import online_tiled
+
+    p = Problem(128, 64, 256)
+    (kernel,) = VERSIONS["online-tiled"].launches
+    # 1 init + 4 per tile (load, scores, statistics, accumulate): 17 against online's 1409
+    assert kernel.barriers(p) == 1 + 4 * 4
+    assert VERSIONS["online"].launches[0].barriers(p) == 1409
+    assert online_tiled.shared_bytes(4, 256) > online_tiled.SHARED_LIMIT  # refused
+    assert VERSIONS["online-tiled-4"].limits.max_dim < VERSIONS["online-tiled"].limits.max_dim
+    assert {"materialized", "online-tiled", "online-tiled-4"} <= set(planted_versions())
+    assert planted_symbol("online-tiled") == "_online_tiled_kernel"
+    assert planted_symbol("materialized") == "_softmax_rows_kernel"
+    q = torch.zeros(4, 256)
+    with pytest.raises(ValueError, match="shared memory"):
+        online_tiled.online_tiled_attention(q, q, q, online_tiled.allocate(q), block=32, rows=4)

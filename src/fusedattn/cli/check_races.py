@@ -40,13 +40,13 @@ def add(sub) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.lab.evidence import environment, write_atomic
     from fusedattn.lab.profile import (
-        PLANTED,
         SANITIZER_TOOLS,
         kernel_verdicts,
+        planted_label,
         run_sanitizer,
         sanitizer_kernels,
     )
-    from fusedattn.lab.registry import VERSIONS, select
+    from fusedattn.lab.registry import VERSIONS, planted_versions, select
 
     versions = select(args.version)
     problem = Problem(args.seq, args.dim, args.block)
@@ -67,19 +67,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
     kernels = sanitizer_kernels(names)
     routes = {sym: VERSIONS[users[0]].route for sym, users in kernels.items()}
     routes |= {"other": "peer"} if any(v.route == "peer" for v in versions) else {}
-    jobs = [(tool, False) for tool in tools]
-    if not args.no_planted and "racecheck" in tools:
-        jobs.append(("racecheck", True))
+    jobs = [(tool, None) for tool in tools]
+    if not args.no_planted and "racecheck" in tools:  # every registry version with one
+        jobs += [("racecheck", name) for name in planted_versions()]
     env = environment()
     out_dir = stamp_dir(args, "-races", env)
     rows = []
     for tool, planted in jobs:
-        label = PLANTED if planted else "all"
+        label = planted_label(planted) if planted else "all"
         with console.status(f"{tool}: {label}"):
             report, raw = run_sanitizer(tool, names, problem, planted)
         write_atomic(out_dir / f"{label}.{tool}.txt", raw)
         for kernel, word in kernel_verdicts(routes, report, planted).items():
-            users = [PLANTED] if planted else kernels.get(kernel, [
+            users = [label] if planted else kernels.get(kernel, [
                 v.name for v in versions if v.route == "peer"])
             rows.append({"versions": "+".join(users), "kernel": kernel, "tool": tool,
                          "errors": report.errors, "hazards": report.hazards,

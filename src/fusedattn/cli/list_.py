@@ -22,7 +22,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                      ("timed launches", lambda v: " → ".join(k.name for k in v.launches)),
                      ("limits", lambda v: f"D ≤ {v.limits.max_dim}" if v.limits.max_dim
                       else "—"),
-                     ("in `all`", lambda v: "yes" if v.in_all else "bench"),
+                     ("in `all`", lambda v: "yes" if v.in_all else "bench" if v.route == "peer"
+                      else "no"),
                      ("description", lambda v: v.description)],
                  wrap=("timed launches", "limits", "description"))
     for route, what in ROUTES.items():

@@ -145,9 +145,15 @@ def kernel_symbols(names: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def planted_version() -> Version:
-    """The version that carries the planted missing-barrier variant."""
-    return next(v for v in VERSIONS.values() if v.planted is not None)
+def planted_versions() -> list[str]:
+    """The versions that carry a planted missing-barrier variant (check-races runs each)."""
+    return [n for n, v in VERSIONS.items() if v.planted is not None]
+
+
+def planted_symbol(name: str) -> str:
+    """The symbol racecheck must flag in version `name`'s planted variant."""
+    v = VERSIONS[name]
+    return next(k.symbol for k in v.launches if k.name == v.planted_kernel)
 
 
 def bench_subject() -> str:
@@ -239,6 +245,57 @@ register(Version(
     "fusedattn.simt.online",
     _prepare_simt("fusedattn.simt.online", "online_attention"), ROW_LIMITS,
 ))
+
+
+def _prepare_tiled(rows: int, planted: bool = False):
+    """Prepare function of online-tiled with `rows` query rows per block."""
+
+    def prepare(q, k, v, problem: Problem) -> Prepared:
+        from fusedattn.simt import online_tiled
+        from fusedattn.simt._launch import resource_fields
+
+        bufs = online_tiled.allocate(q)
+        last: list = []
+
+        def call():
+            last[:] = online_tiled.online_tiled_attention(
+                q, k, v, bufs, block=problem.block, rows=rows, causal=problem.causal,
+                planted=planted)
+
+        return Prepared(call, bufs["out"], bufs, lambda: resource_fields(last))
+
+    return prepare
+
+
+def _tiled_limits(rows: int) -> Limits:
+    """Head dims whose K/V tiles and row state fit a block's 48 KB of shared memory."""
+    from fusedattn.simt.online_tiled import SHARED_LIMIT, shared_bytes
+
+    dim = next(d for d in range(MAX_ROW_DIM, 0, -1) if shared_bytes(rows, d) <= SHARED_LIMIT)
+    return Limits(max_dim=dim, note=f"K/V tiles and {rows} row(s) of state in 48 KB of "
+                  "shared memory")
+
+
+for _rows, _name in ((1, "online-tiled"), (4, "online-tiled-4")):
+    register(Version(
+        _name, "simt",
+        f"1 launch: a block per {_rows} query row(s), K/V tiles of 32 keys in shared memory, "
+        "one max/sum update per tile: 4 barriers per tile (not yet run on a GPU: not in "
+        "`all` until it is)",
+        (Kernel("online_tiled", ("Q", "K", "V"), ("O",),
+                lambda p, r=_rows: _tiled_barriers(p, r),
+                "per block: 1 + 4*ceil(S/32) (load, scores, row statistics, accumulate)",
+                "_online_tiled_kernel"),),
+        "fusedattn.simt.online_tiled", _prepare_tiled(_rows), _tiled_limits(_rows),
+        in_all=False, planted=_prepare_tiled(_rows, planted=True),
+        planted_kernel="online_tiled",
+    ))
+
+
+def _tiled_barriers(problem: Problem, rows: int) -> int:
+    from fusedattn.simt.online_tiled import barriers_per_block
+
+    return barriers_per_block(problem.seq, rows, problem.causal)
 
 
 # --- tile-level (Triton) -------------------------------------------------------------------

@@ -14,17 +14,16 @@ from fusedattn.lab.profile.ncu import NCU_METRICS, parse_ncu_csv, run_ncu
 from fusedattn.lab.profile.resources import ToolMissing, occupancy, resource_rows
 from fusedattn.lab.profile.sanitizer import (
     GATING,
-    PLANTED,
     SANITIZER_TOOLS,
     SanitizerReport,
     kernel_verdicts,
     parse_sanitizer,
-    planted_symbol,
+    planted_label,
     run_sanitizer,
     sanitizer_kernels,
 )
 
-__all__ = ["GATING", "NCU_METRICS", "PLANTED", "SANITIZER_TOOLS", "SanitizerReport",
+__all__ = ["GATING", "NCU_METRICS", "SANITIZER_TOOLS", "SanitizerReport",
            "ToolMissing", "kernel_verdicts", "occupancy", "parse_ncu_csv", "parse_sanitizer",
-           "planted_symbol", "resource_rows", "run_ncu", "run_sanitizer",
+           "planted_label", "resource_rows", "run_ncu", "run_sanitizer",
            "sanitizer_kernels"]

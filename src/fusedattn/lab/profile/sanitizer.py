@@ -20,7 +20,9 @@ GATING = {"simt": SANITIZER_TOOLS, "tiles": ("synccheck", "memcheck", "initcheck
 positives (triton-lang/triton issues 7264, 4736): reported, advisory. Peers are library
 kernels: racecheck/initcheck findings there are reported, not ours to gate on."""
 
-PLANTED = "materialized-planted"  # the test-only variant's label in reports
+def planted_label(name: str) -> str:
+    """A planted variant's label in reports."""
+    return f"{name}-planted"
 
 
 @dataclass(frozen=True)
@@ -77,17 +79,10 @@ def sanitizer_kernels(names: list[str]) -> dict[str, list[str]]:
     return kernel_symbols(names)
 
 
-def planted_symbol() -> str:
-    """The symbol racecheck must flag in the planted variant."""
-    from fusedattn.lab.registry import planted_version
-
-    v = planted_version()
-    return next(k.symbol for k in v.launches if k.name == v.planted_kernel)
-
-
-def run_sanitizer(tool: str, names: list[str], problem: Problem, planted: bool = False
+def run_sanitizer(tool: str, names: list[str], problem: Problem, planted: str | None = None
                   ) -> tuple[SanitizerReport, str]:
-    """One sanitizer process running every version in `names` (or the planted variant)."""
+    """One sanitizer process running every version in `names`, or with `planted` (a
+    version's name) that version's planted variant."""
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         raise ToolMissing("compute-sanitizer")
@@ -95,17 +90,15 @@ def run_sanitizer(tool: str, names: list[str], problem: Problem, planted: bool =
     if tool == "memcheck":
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"  # so out-of-bounds hit unallocated memory
     cmd = [exe, "--tool", tool, "--target-processes", "all", "--report-api-errors", "no",
-           *_target_cmd(",".join(names), problem, planted)]
+           *_target_cmd(planted or ",".join(names), problem, planted is not None)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     raw = proc.stdout + proc.stderr
-    from fusedattn.lab.registry import planted_version
-
-    symbols = list(sanitizer_kernels([planted_version().name] if planted else names))
+    symbols = list(sanitizer_kernels([planted] if planted else names))
     return parse_sanitizer(tool, raw, symbols), raw
 
 
-def kernel_verdicts(routes: dict[str, str], report: SanitizerReport, planted: bool = False
-                    ) -> dict[str, str]:
+def kernel_verdicts(routes: dict[str, str], report: SanitizerReport,
+                    planted: str | None = None) -> dict[str, str]:
     """One verdict per kernel for one tool: `clean`, `FOUND`, or `advisory: ...` when the
     tool does not gate that kernel's route (`routes`: symbol -> route). Findings that name
     none of our kernels (torch's own) are judged as the peer route, under `other`; a report
@@ -115,7 +108,9 @@ def kernel_verdicts(routes: dict[str, str], report: SanitizerReport, planted: bo
     total = (report.errors or 0) + (report.hazards or 0)
     attributed = sum(report.kernels.values()) + report.other
     if planted:
-        symbol = planted_symbol()
+        from fusedattn.lab.registry import planted_symbol
+
+        symbol = planted_symbol(planted)
         caught = total > 0 and report.kernels.get(symbol, 0) > 0
         return {symbol: "caught" if caught else "MISSED"}
 

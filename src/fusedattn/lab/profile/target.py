@@ -14,7 +14,7 @@ def target_main(argv: list[str]) -> int:
     """`python -m fusedattn.lab.profile target --version X --seq S --dim D --block B
     [--planted]`"""
     from fusedattn.lab.inputs import make_inputs
-    from fusedattn.lab.registry import VERSIONS, planted_version
+    from fusedattn.lab.registry import VERSIONS, planted_versions
     from fusedattn.lab.verify import check, poison
     from fusedattn.mode import DEVICE, EMULATION
     from fusedattn.reference import attention_ref
@@ -35,8 +35,8 @@ def target_main(argv: list[str]) -> int:
         version = VERSIONS[name]
         prepare = version.planted if args.planted else version.prepare
         if prepare is None:
-            raise ProblemError("planted", name, f"a version with a planted variant: "
-                               f"{planted_version().name}")
+            raise ProblemError("planted", name, "a version with a planted variant: "
+                               + ", ".join(planted_versions()))
         prepared = prepare(q, k, v, problem)
         out = prepared.out
         if not args.no_poison:
@@ -53,10 +53,8 @@ def target_main(argv: list[str]) -> int:
 
 
 def _target_cmd(name: str, problem: Problem, planted: bool = False) -> list[str]:
-    """`name`: a version or a comma-separated list, run one after another in one process."""
-    from fusedattn.lab.registry import planted_version
-
-    cmd = [sys.executable, "-m", "fusedattn.lab.profile", "target", "--version",
-           planted_version().name if planted else name, "--seq", str(problem.seq), "--dim",
-           str(problem.dim), "--block", str(problem.block)]
+    """`name`: a version or a comma-separated list, run one after another in one process;
+    with `planted`, `name`'s planted variant."""
+    cmd = [sys.executable, "-m", "fusedattn.lab.profile", "target", "--version", name,
+           "--seq", str(problem.seq), "--dim", str(problem.dim), "--block", str(problem.block)]
     return cmd + (["--planted"] if planted else [])
