@@ -2,7 +2,8 @@
 # What this tree still owes the H200, in order of need (NOT YET RUN; each step has its own
 # limit, and what finished is kept): the GPU tier at this commit, the 64-bit-offset A/B, the
 # training benches not yet measured (S 2048 and 8192, fp16 D64, fp32 tf32x3 against SDPA
-# efficient), online-tiled against materialized and online (run-all, check-races). Evidence lands in /tmp/ev and comes back as $OUT/ev.tgz.
+# efficient), online-tiled against materialized and online (run-all, check-races).
+# Evidence lands in /tmp/ev and comes back as $OUT/ev.tgz.
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
 #   export PYTHONPATH=/tmp/site:$PWD/src FUSEDATTN_GIT_COMMIT=<sha> FUSEDATTN_GIT_DIRTY=0 &&
 #   bash scripts/h200_next.sh
