@@ -110,14 +110,14 @@ def test_online_tiled_shapes(qkv, rows, shape, block, causal):
 def test_online_tiled_barriers_shared_memory_and_registry():
     from fusedattn.lab.registry import VERSIONS, planted_symbol, planted_versions
     from fusedattn.problem import Problem
-    from fusedattn.simt import online_tiled
+    from fusedattn.simt import online_tiled, tiled_plan
 
     p = Problem(128, 64, 256)
     (kernel,) = VERSIONS["online-tiled"].launches
     # 1 init + 4 per tile (load, scores, statistics, accumulate): 17 against online's 1409
     assert kernel.barriers(p) == 1 + 4 * 4
     assert VERSIONS["online"].launches[0].barriers(p) == 1409
-    assert online_tiled.shared_bytes(4, 256) > online_tiled.SHARED_LIMIT  # refused
+    assert tiled_plan.shared_bytes(4, 256) > tiled_plan.SHARED_LIMIT  # refused
     assert VERSIONS["online-tiled-4"].limits.max_dim < VERSIONS["online-tiled"].limits.max_dim
     assert {"materialized", "online-tiled", "online-tiled-4"} <= set(planted_versions())
     assert planted_symbol("online-tiled") == "_online_tiled_kernel"

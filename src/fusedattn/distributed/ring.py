@@ -71,7 +71,7 @@ def _blocks(rank: int, src: int, seq: int, causal: bool):
 
 
 def _check_shards(q, k, v, group, causal: bool, world: int) -> None:
-    """Every rank the same shapes, dtype and options (one all_gather of 10 integers), then
+    """Every rank the same shapes, dtype and options (one all_gather of 9 integers), then
     the shard rules; every rank reaches the same verdict, so none waits on a raised one."""
     mine = torch.tensor([*q.shape, k.shape[-3], k.shape[-2], int(causal), q.element_size(),
                          int(q.dtype.is_floating_point)], dtype=torch.int64,

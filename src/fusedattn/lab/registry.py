@@ -30,6 +30,7 @@ from fusedattn.problem import (
     ProblemError,
     check_tensors,
 )
+from fusedattn.simt.tiled_plan import barriers_per_block
 
 ROUTES = {
     "simt": "thread-level, numba.cuda API (the chapter's HIP route)",
@@ -269,7 +270,7 @@ def _prepare_tiled(rows: int, planted: bool = False):
 
 def _tiled_limits(rows: int) -> Limits:
     """Head dims whose K/V tiles and row state fit a block's 48 KB of shared memory."""
-    from fusedattn.simt.online_tiled import SHARED_LIMIT, shared_bytes
+    from fusedattn.simt.tiled_plan import SHARED_LIMIT, shared_bytes
 
     dim = next(d for d in range(MAX_ROW_DIM, 0, -1) if shared_bytes(rows, d) <= SHARED_LIMIT)
     return Limits(max_dim=dim, note=f"K/V tiles and {rows} row(s) of state in 48 KB of "
@@ -283,19 +284,13 @@ for _rows, _name in ((1, "online-tiled"), (4, "online-tiled-4")):
         "one max/sum update per tile: 4 barriers per tile (not yet run on a GPU: not in "
         "`all` until it is)",
         (Kernel("online_tiled", ("Q", "K", "V"), ("O",),
-                lambda p, r=_rows: _tiled_barriers(p, r),
+                lambda p: barriers_per_block(p.seq),
                 "per block: 1 + 4*ceil(S/32) (load, scores, row statistics, accumulate)",
                 "_online_tiled_kernel"),),
         "fusedattn.simt.online_tiled", _prepare_tiled(_rows), _tiled_limits(_rows),
         in_all=False, planted=_prepare_tiled(_rows, planted=True),
         planted_kernel="online_tiled",
     ))
-
-
-def _tiled_barriers(problem: Problem, rows: int) -> int:
-    from fusedattn.simt.online_tiled import barriers_per_block
-
-    return barriers_per_block(problem.seq, rows, problem.causal)
 
 
 # --- tile-level (Triton) -------------------------------------------------------------------

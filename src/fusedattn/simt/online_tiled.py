@@ -17,10 +17,10 @@ so 4 barriers per tile instead of (3 + log2 B) per key: at S=128, TILE=32, B=256
 1 + 4*4 = 17 per block against online's 1409 per row. The ragged last tile and causal
 keys past a row get -inf (the chapter's mask), so exp gives them weight 0.
 
-Shared memory (dynamic, sized by D): K and V tiles 2*TILE*D floats, the rows' q and acc
-2*ROWS*D, scores ROWS*TILE, per-row m, l, alpha 3*ROWS: 4 * (2*TILE*D + 2*ROWS*D +
-ROWS*TILE + 3*ROWS) bytes, 70 KB at D=256, ROWS=4, TILE=32 (past 48 KB a block asks for
-the opt-in carve-out; numba does not, so D > 128 with ROWS=4 is refused by the launcher).
+Shared memory (dynamic, sized by D; `tiled_plan.shared_bytes`): K and V tiles 2*TILE*D
+floats, the rows' q and acc 2*ROWS*D, scores ROWS*TILE, per-row m, l, alpha 3*ROWS:
+73 KB at D=256, ROWS=4. Past 48 KB a block must opt in to more, which numba does not, so
+the launcher refuses it: head dims up to 185 with one row, 168 with four.
 
 Traffic per block: its ROWS rows of q once, K and V once each: K and V are read
 S/ROWS times in all, against S times for `online`.
@@ -34,14 +34,7 @@ import torch
 from numba import cuda, float32
 
 from fusedattn.simt._launch import F32, as_array, simulated_threads, stream
-
-TILE = 32          # keys per tile: one warp's worth of (row, key) pairs per row
-SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
-
-
-def shared_bytes(rows: int, dim: int) -> int:
-    """Dynamic shared memory of one block (see the module docstring)."""
-    return 4 * (2 * TILE * dim + 2 * rows * dim + rows * TILE + 3 * rows)
+from fusedattn.simt.tiled_plan import SHARED_LIMIT, TILE, shared_bytes
 
 
 @cuda.jit
@@ -133,11 +126,6 @@ def _online_tiled_kernel(q, k, v, out, scale, causal, rows, skip_stats_barrier):
 def allocate(q: torch.Tensor) -> dict[str, torch.Tensor]:
     """The buffers this version needs: only O `[S, D]` float32, no S x S array."""
     return {"out": torch.empty_like(q)}
-
-
-def barriers_per_block(seq: int, rows: int, causal: bool = False) -> int:
-    """1 (initialisation) + 4 per key tile the block visits (the most: the last block)."""
-    return 1 + 4 * math.ceil(seq / TILE)
 
 
 def online_tiled_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int,
