@@ -61,8 +61,10 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
 
 # The backward, per padded head dim (fp32 counts twice its head dim: twice the bytes).
 # dK/dV holds two [BLOCK_N, D] fp32 accumulators and the K and V tiles for its whole loop and
-# streams query tiles past them; dQ the reverse. Winners at bf16 B4 H32 S4096, causal and
-# not (scripts/bwd_configs.py); D=256 takes small tiles to fit registers and shared memory.
+# streams query tiles past them; dQ the reverse. The fastest at bf16 B4 H32 S4096
+# (scripts/bwd_configs.py): dQ's in all four of D64/D128 x causal or not, dK/dV's in three
+# (D128 causal ran 4% faster with 3 stages). D=256 takes small tiles to fit registers and
+# shared memory (never timed).
 BACKWARD: dict[int, tuple[Config, Config]] = {
     # head dim up to: (dkdv, dq)
     64: ((32, 64, 4, 3), (128, 64, 8, 3)),

@@ -221,8 +221,8 @@ _flash_fwd_autotuned = triton.autotune(
 def index_dtype(*tensors: torch.Tensor, rows: int = 0):
     """The kernels' offset type: `tl.int32` when every element offset of `tensors` (and
     `rows`, the LSE/delta length) fits in 31 bits, else `tl.int64` (batch and head offsets
-    and tiles' first rows; offsets inside a tile stay 32-bit). 32 bits where they suffice:
-    the same code as before 64-bit offsets existed. FUSEDATTN_INDEX64=1 forces 64 bits (to
+    and tiles' first rows; offsets inside a tile stay 32-bit). 32 bits where they suffice,
+    the widths used before 64-bit offsets existed. FUSEDATTN_INDEX64=1 forces 64 bits (to
     measure what they cost)."""
     span = max([rows] + [sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
                          for t in tensors])
