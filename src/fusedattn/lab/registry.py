@@ -189,7 +189,10 @@ def select(spec: str) -> list[Version]:
 
 # --- thread-level (numba.cuda) -------------------------------------------------------------
 
-def _prepare_simt(module: str, launcher: str):
+def _prepare_simt(module: str, launcher: str, **options):
+    """Prepare function of a numba.cuda version: its module's `allocate`, then its launcher
+    with the problem's block and mask and `options`."""
+
     def prepare(q, k, v, problem: Problem) -> Prepared:
         from fusedattn.simt._launch import resource_fields
 
@@ -199,7 +202,7 @@ def _prepare_simt(module: str, launcher: str):
         last: list = []
 
         def call():
-            last[:] = fn(q, k, v, bufs, block=problem.block, causal=problem.causal)
+            last[:] = fn(q, k, v, bufs, block=problem.block, causal=problem.causal, **options)
 
         return Prepared(call, bufs["out"], bufs, lambda: resource_fields(last))
 
@@ -248,26 +251,6 @@ register(Version(
 ))
 
 
-def _prepare_tiled(rows: int, planted: bool = False):
-    """Prepare function of online-tiled with `rows` query rows per block."""
-
-    def prepare(q, k, v, problem: Problem) -> Prepared:
-        from fusedattn.simt import online_tiled
-        from fusedattn.simt._launch import resource_fields
-
-        bufs = online_tiled.allocate(q)
-        last: list = []
-
-        def call():
-            last[:] = online_tiled.online_tiled_attention(
-                q, k, v, bufs, block=problem.block, rows=rows, causal=problem.causal,
-                planted=planted)
-
-        return Prepared(call, bufs["out"], bufs, lambda: resource_fields(last))
-
-    return prepare
-
-
 def _tiled_limits(rows: int) -> Limits:
     """Head dims whose K/V tiles and row state fit a block's 48 KB of shared memory."""
     from fusedattn.simt.tiled_plan import SHARED_LIMIT, shared_bytes
@@ -287,8 +270,11 @@ for _rows, _name in ((1, "online-tiled"), (4, "online-tiled-4")):
                 lambda p: barriers_per_block(p.seq),
                 "per block: 1 + 4*ceil(S/32) (load, scores, row statistics, accumulate)",
                 "_online_tiled_kernel"),),
-        "fusedattn.simt.online_tiled", _prepare_tiled(_rows), _tiled_limits(_rows),
-        in_all=False, planted=_prepare_tiled(_rows, planted=True),
+        "fusedattn.simt.online_tiled",
+        _prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention", rows=_rows),
+        _tiled_limits(_rows), in_all=False,
+        planted=_prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention",
+                              rows=_rows, planted=True),
         planted_kernel="online_tiled",
     ))
 
