@@ -38,6 +38,10 @@ def test_backward_table_by_head_dim_and_bytes(gpu_rules):
     assert configs.backward_configs(dim=65, itemsize=2) == configs.BACKWARD[128]
     assert configs.backward_configs(dim=64, itemsize=4) == configs.BACKWARD[128]  # fp32
     assert configs.backward_configs(dim=200, itemsize=2) == configs.BACKWARD[256]
+    for dim in (1, 64, 128):  # exact fp32: CUDA-core FMA dots, small tiles at every head dim
+        assert configs.backward_configs(dim=dim, itemsize=4,
+                                        precision="ieee") == configs.BACKWARD_IEEE
+    assert configs.backward_configs(dim=64, itemsize=4, precision="tf32") == configs.BACKWARD[128]
 
 
 @pytest.mark.emulation_only("the interpreter's one config; the GPU's are the tables above")

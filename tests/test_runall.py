@@ -128,6 +128,7 @@ def test_interrupted_run_resumes_without_redoing_units(tmp_path, monkeypatch):
     # either side (on the GPU they would compile and time real kernels per unit; there this
     # test failed after 45 s in the tier of c387465)
     monkeypatch.setenv("FUSEDATTN_EMULATE", "1")
+    monkeypatch.setattr(runall.mode, "EMULATION", True)  # this process plans as the workers run
     plan = Plan(("t0", "t1"), (128,), 64, 32, 1, SETTINGS, boundary=((1, 1), (3, 2), (4, 5)))
     calls = []
     real = runall.run_unit_process
@@ -143,6 +144,7 @@ def test_interrupted_run_resumes_without_redoing_units(tmp_path, monkeypatch):
         execute(plan, tmp_path, _Console(), _NoProgress)
     on_disk = runall.read_records(tmp_path / "records.jsonl")
     assert {r["unit"] for r in on_disk} == {"boundary-1x1", "boundary-3x2"}
+    assert not [r["error"] for r in on_disk if "error" in r]
     assert not (tmp_path / "summary.csv").exists()
 
     calls.clear()

@@ -73,9 +73,19 @@ BACKWARD: dict[int, tuple[Config, Config]] = {
 }
 
 
-def backward_configs(*, dim: int, itemsize: int) -> tuple[Config, Config]:
-    """(dK/dV config, dQ config) of the backward."""
+# Exact fp32 ("ieee") dots are FMA loops on CUDA cores that Triton unrolls to
+# M*N*D/threads instructions per dot: tensor-core tiles (128x128 at D=64) took 65-76 s to
+# compile each in the GPU tier of ccb29d2. Small tiles keep the compile in seconds; exact
+# fp32 is the correctness path, not the fast one.
+BACKWARD_IEEE: tuple[Config, Config] = ((32, 32, 4, 2), (32, 32, 4, 2))
+
+
+def backward_configs(*, dim: int, itemsize: int,
+                     precision: str | None = None) -> tuple[Config, Config]:
+    """(dK/dV config, dQ config) of the backward; `precision` as in `forward_config`."""
     if EMULATION:
         return EMULATED, EMULATED
+    if precision == "ieee":
+        return BACKWARD_IEEE
     block_d = max(16, triton.next_power_of_2(dim)) * max(1, itemsize // 2)
     return next(c for d, c in BACKWARD.items() if min(block_d, 256) <= d)

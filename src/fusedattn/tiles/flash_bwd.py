@@ -285,8 +285,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         out, dout, dlse if dlse is not None else delta, delta,
         *out.stride(), *dout.stride(), heads, seq_q, dim,
         BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None)
-    (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(dim=dim,
-                                                                    itemsize=q.element_size())
+    (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
+        dim=dim, itemsize=q.element_size(), precision=dot_precision)
     common = dict(BLOCK_D=block_d, IS_CAUSAL=is_causal, PRECISION=dot_precision,
                   PAD_D=block_d != dim,
                   INDEX=index_dtype(q, k, v, dout, out, rows=batch * heads * seq_q))
