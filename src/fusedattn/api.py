@@ -2,7 +2,7 @@
 SDPA-like API, as a PyTorch custom op.
 
     attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, return_lse=False,
-              precision=None)
+              precision=None, window=None, softcap=None)
 
 `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (any strides; `[S, D]` and `[H, S, D]`
 work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
@@ -12,6 +12,13 @@ fp32 products on CUDA cores, the default), "tf32" (tensor cores, 10-bit mantissa
 "tf32x3" (tensor cores, each product as three TF32 products of the high and low parts,
 big*big + big*small + small*big: about fp32's accuracy, not bitwise IEEE; the technique of
 SDPA's fp32 "efficient" kernel). Every bad input raises `ProblemError`.
+
+Masks are aligned top-left, as SDPA's `is_causal`: query i sits at position i. `window =
+(left, right)` (None for an unbounded side) lets it see keys i - left .. i + right (with
+`is_causal`, right is 0); key tiles outside every row's window are skipped, not masked.
+`softcap=c` maps each scaled score s to c * tanh(s / c) before the mask (Gemma 2's logit
+softcap). A row that sees no key gives O = 0 and LSE = -inf. (`attention_varlen` and
+`attention_with_kvcache` align bottom-right, as FlashAttention does.)
 
 Differentiable: `.backward()` runs the FlashAttention-2-style backward kernels
 (`tiles/flash_bwd.py`: deterministic, no S x S array) for every combination the forward
@@ -32,27 +39,44 @@ import torch
 
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
-from fusedattn.problem import MAX_FLASH_DIM, MAX_FP32_GRAD_DIM, ProblemError, check_qkv
+from fusedattn.problem import (MAX_FLASH_DIM, MAX_FP32_GRAD_DIM, ProblemError, check_qkv,
+                               check_softcap, check_window)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LAYOUTS = {2: "[S, D]", 3: "[H, S, D]", 4: "[B, H, S, D]"}
 
 
+def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
+          bottom_right: bool = False):
+    """The kernels' `Mask` from the ops' plain arguments (-1: no window side; 0.0: no
+    softcap)."""
+    from fusedattn.tiles.flash import Mask
+
+    window = None
+    if window_left >= 0 or window_right >= 0:
+        window = (window_left if window_left >= 0 else None,
+                  window_right if window_right >= 0 else None)
+    return Mask(causal=is_causal, window=window, softcap=softcap or None,
+                bottom_right=bottom_right)
+
+
 @torch.library.custom_op("fusedattn::flash_fwd", mutates_args=())
 def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                  scale: float, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float, precision: str, window_left: int, window_right: int,
+                  softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     from fusedattn.tiles.flash import flash_forward
 
     batch, heads, seq_q, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     flash_forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
-                  precision=precision)
+                  precision=precision,
+                  mask=_mask(is_causal, window_left, window_right, softcap))
     return out, lse
 
 
 @_flash_fwd_op.register_fake
-def _(q, k, v, is_causal, scale, precision):
+def _(q, k, v, is_causal, scale, precision, window_left, window_right, softcap):
     batch, heads, seq_q, _ = q.shape
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((batch, heads, seq_q), dtype=torch.float32))
@@ -61,24 +85,27 @@ def _(q, k, v, is_causal, scale, precision):
 @torch.library.custom_op("fusedattn::flash_bwd", mutates_args=())
 def _flash_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
-                  is_causal: bool, scale: float,
-                  precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  is_causal: bool, scale: float, precision: str, window_left: int,
+                  window_right: int,
+                  softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from fusedattn.tiles.flash_bwd import flash_backward
 
     return flash_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale,
-                          precision=precision)
+                          precision=precision,
+                          mask=_mask(is_causal, window_left, window_right, softcap))
 
 
 @_flash_bwd_op.register_fake
-def _(dout, q, k, v, out, lse, dlse, is_causal, scale, precision):
+def _(dout, q, k, v, out, lse, dlse, is_causal, scale, precision, window_left, window_right,
+      softcap):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, is_causal, scale, precision = inputs
+    q, k, v, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = (is_causal, scale, precision)
+    ctx.options = options
 
 
 def _backward(ctx, dout, dlse):
@@ -86,23 +113,54 @@ def _backward(ctx, dout, dlse):
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
     dq, dk, dv = _flash_bwd_op(dout, q, k, v, out, lse, dlse, *ctx.options)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, *(None for _ in ctx.options)
 
 
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
-    check_qkv(q, k, v, device=DEVICE, ranks=LAYOUTS, dtypes=DTYPES)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.numel() == 0:
-            raise ProblemError(f"{name}.shape", tuple(t.shape), "no zero-sized dimension")
+def check_options(q, k, v, is_causal, scale, precision, window, softcap):
+    """The options every entry point shares (attention, varlen, KV cache): is_causal,
+    scale, precision for q's dtype, window, softcap; the same head dim for q, k, v and
+    within the limit. Returns (window, softcap) normalised."""
     d = q.shape[-1]
     if k.shape[-1] != d or v.shape[-1] != d:
         raise ProblemError("head_dim", (d, k.shape[-1], v.shape[-1]),
                            "the same head dim for q, k and v")
     if d > MAX_FLASH_DIM:
         raise ProblemError("head_dim", d, f"1..{MAX_FLASH_DIM}")
+    if not isinstance(is_causal, bool):
+        raise ProblemError("is_causal", is_causal, "True or False")
+    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)
+                                  and scale > 0):
+        raise ProblemError("scale", scale, "None or a finite number > 0")
+    resolve(q.dtype, precision)
+    return check_window(window), check_softcap(softcap)
+
+
+def check_grad_dim(q, k, v) -> None:
+    """fp32 inputs that require grad: head dims up to the backward's fp32 limit."""
+    d = q.shape[-1]
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if wants_grad and q.dtype == torch.float32 and d > MAX_FP32_GRAD_DIM:
+        raise ProblemError("head_dim", d, f"1..{MAX_FP32_GRAD_DIM} for float32 inputs that "
+                           "require grad (the backward's fp32 limit; fp16/bf16 go to "
+                           f"{MAX_FLASH_DIM}, and without grad fp32 does too)")
+
+
+def kernel_options(window, softcap) -> tuple[int, int, float]:
+    """(window_left, window_right, softcap) as the custom ops take them: -1 for no window
+    side, 0.0 for no softcap."""
+    left, right = window if window is not None else (None, None)
+    return (-1 if left is None else left, -1 if right is None else right, softcap or 0.0)
+
+
+def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, softcap=None):
+    check_qkv(q, k, v, device=DEVICE, ranks=LAYOUTS, dtypes=DTYPES)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            raise ProblemError(f"{name}.shape", tuple(t.shape), "no zero-sized dimension")
+    options = check_options(q, k, v, is_causal, scale, precision, window, softcap)
     if k.shape != v.shape:
         raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
     if q.shape[:-3] != k.shape[:-3]:
@@ -115,28 +173,22 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision) -> None:
                                "with k/v heads dividing q heads")
         if hq % hkv:
             raise ProblemError("heads", (hq, hkv), "k/v heads dividing q heads (GQA/MQA)")
-    if not isinstance(is_causal, bool):
-        raise ProblemError("is_causal", is_causal, "True or False")
-    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)
-                                  and scale > 0):
-        raise ProblemError("scale", scale, "None or a finite number > 0")
-    resolve(q.dtype, precision)
-    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if wants_grad and q.dtype == torch.float32 and d > MAX_FP32_GRAD_DIM:
-        raise ProblemError("head_dim", d, f"1..{MAX_FP32_GRAD_DIM} for float32 inputs that "
-                           "require grad (the backward's fp32 limit; fp16/bf16 go to "
-                           f"{MAX_FLASH_DIM}, and without grad fp32 does too)")
+    check_grad_dim(q, k, v)
+    return options
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
-              precision: str | None = None):
+              precision: str | None = None, window: tuple[int | None, int | None] | None = None,
+              softcap: float | None = None):
     """Attention forward with the flash kernel; see the module docstring."""
-    _validate(q, k, v, is_causal, scale, enable_gqa, precision)
+    window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
+                                softcap)
     lead = q.shape[:-2]
     q4, k4, v4 = (t.reshape((-1,) + t.shape[-3:]) if t.dim() >= 3 else t[None, None]
                   for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, precision or "ieee")
+    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, precision or "ieee",
+                             *kernel_options(window, softcap))
     out = out.reshape(q.shape)
     return (out, lse.reshape(lead + (q.shape[-2],))) if return_lse else out

@@ -59,6 +59,23 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     return (128, 64, 8, 3)
 
 
+def decode_config(*, dim: int, rows: int) -> Config:
+    """Few query rows per K/V head (decode: Sq * H / H_kv rows with GQA packing, split
+    across programs along the keys): the smallest tile that tl.dot takes and holds them, and
+    key tiles wide enough to stream K and V at memory speed."""
+    if EMULATION:
+        return EMULATED
+    block_m = min(64, max(16, triton.next_power_of_2(rows)))
+    return (block_m, 64 if dim > 128 else 128, 4, 3)
+
+
+def decode_splits(*, programs: int, seq_k: int) -> int:
+    """How many splits of the keys give the SMs about four programs each, with at least 256
+    keys per split (a split's partials cost a write and a read of [rows, D] fp32)."""
+    want = triton.cdiv(4 * SMS, max(1, programs))
+    return max(1, min(want, triton.cdiv(seq_k, 256), 64))
+
+
 # The backward, per padded head dim (fp32 counts twice its head dim: twice the bytes).
 # dK/dV holds two [BLOCK_N, D] fp32 accumulators and the K and V tiles for its whole loop and
 # streams query tiles past them; dQ the reverse. The fastest at bf16 B4 H32 S4096

@@ -131,6 +131,28 @@ def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: d
                            "one device")
 
 
+def check_window(window: object) -> tuple[int | None, int | None] | None:
+    """None, or `(left, right)`: each None (unbounded) or an integer >= 0."""
+    if window is None:
+        return None
+    if not isinstance(window, tuple | list) or len(window) != 2 or any(
+            w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0)
+            for w in window):
+        raise ProblemError("window", window, "None or (left, right), each None (unbounded) "
+                           "or an integer >= 0")
+    return tuple(window)
+
+
+def check_softcap(softcap: object) -> float | None:
+    """None, or a finite number > 0 (scores s become softcap * tanh(s / softcap))."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not (
+            math.isfinite(softcap) and softcap > 0):
+        raise ProblemError("softcap", softcap, "None or a finite number > 0")
+    return float(softcap)
+
+
 def check_tensors(q: object, k: object, v: object, device: torch.device) -> Problem:
     """Validate Q, K, V for the row versions and return the problem they describe.
 

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import inspect
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from fusedattn.configs import autotune_requested, forward_config
+from fusedattn.configs import autotune_requested, decode_config, forward_config
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
 
@@ -48,39 +49,102 @@ LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 
 
 @triton.jit
-def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-               offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, lo, hi,
-               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-               PAD_D: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr):
+def _visible(pos, keys, seq_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Which (query, key) pairs are seen, on broadcastable `pos` (query positions after the
+    alignment) and `keys`: keys inside the sequence, no later than pos + right (causal:
+    right = 0) and no earlier than pos - left (a sliding window)."""
+    valid = keys < seq_k
+    if HAS_RIGHT:
+        valid = valid & (keys <= pos + right)
+    if HAS_LEFT:
+        valid = valid & (keys >= pos - left)
+    return valid
+
+
+@triton.jit
+def _spans(first, last, count, lo_off, hi_off, BLOCK: tl.constexpr, HAS_LO: tl.constexpr,
+           HAS_HI: tl.constexpr):
+    """The partner tiles a run of own indices first..last visits, when own index y sees
+    partners x in [y + lo_off, y + hi_off] (bounds only where HAS_LO / HAS_HI) of `count`:
+    (lo, ulo, uhi, hi) in steps of BLOCK, with tiles [lo, ulo) and [uhi, hi) masked and
+    [ulo, uhi) whole and visible to every own index (no compare, no select). Tiles outside
+    [lo, hi) are skipped, not masked. The forward: own = query positions, partner = keys; the
+    dK/dV pass: own = keys, partner = query rows."""
+    lo = first * 0
+    ulo = first * 0
+    hi = first * 0 + count
+    uhi = first * 0 + count
+    if HAS_LO:
+        lo = tl.maximum(first + lo_off, 0)
+        ulo = last + lo_off
+    if HAS_HI:
+        hi = tl.minimum(last + hi_off + 1, count)
+        uhi = first + hi_off + 1
+    lo = lo // BLOCK * BLOCK
+    hi = tl.maximum(hi, lo)
+    ulo = tl.minimum(tl.maximum(tl.cdiv(ulo, BLOCK) * BLOCK, lo), hi)
+    uhi = tl.maximum(tl.minimum(tl.minimum(uhi, count) // BLOCK * BLOCK, hi), ulo)
+    return lo, ulo, uhi, hi
+
+
+@triton.jit
+def _scores(dot, qk_scale, cap, SOFTCAP: tl.constexpr):
+    """Scores in base 2 from Q K^T: dot * scale * log2(e); with a softcap c,
+    c * tanh(dot * scale / c) * log2(e) (here qk_scale = scale / c and cap = c * log2(e);
+    tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both ends of the range)."""
+    if SOFTCAP:
+        t = 1.0 - 2.0 / (tl.exp2(dot * (qk_scale * 2.8853900817779268)) + 1.0)
+        return t * cap
+    else:
+        return dot * qk_scale
+
+
+@triton.jit
+def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d, sv_b,
+               sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left,
+               right, lo, hi, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+               PAGED: tl.constexpr, PAD_D: tl.constexpr, PRECISION: tl.constexpr,
+               INDEX: tl.constexpr):
     """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
     tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
-    select per element, no bounds on the loads); MASKED=True for the diagonal tiles (causal)
-    and the ragged last one. PAD_D: the head dim is padded up to BLOCK_D (masked columns)."""
+    select per element, no bounds on the loads); MASKED=True for the tiles on a mask's edge
+    (causal diagonal, window edge) and the ragged last one. PAD_D: the head dim is padded up
+    to BLOCK_D (masked columns). PAGED: key j lives in page `pages[j // page]` of the cache
+    (`sk_b`/`sv_b` the page stride), row j % page."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         mask_n = keys < seq_k
-        first = tl.cast(start_n, INDEX)  # the tile's first row (INDEX bits); inside it, 32
-        p_kt = (p_k_base + first * sk_s
-                + offs_n[None, :] * sk_s + offs_d[:, None] * sk_d)         # [BLOCK_D, BLOCK_N]
-        p_vt = (p_v_base + first * sv_s
-                + offs_n[:, None] * sv_s + offs_d[None, :] * sv_d)         # [BLOCK_N, BLOCK_D]
+        if PAGED:
+            blk = tl.load(p_pages + keys // page, mask=mask_n, other=0).to(INDEX)
+            k_rows = blk * sk_b + (keys % page) * sk_s
+            v_rows = blk * sv_b + (keys % page) * sv_s
+        else:
+            first = tl.cast(start_n, INDEX)  # the tile's first row (INDEX bits); inside, 32
+            k_rows = first * sk_s + offs_n * sk_s
+            v_rows = first * sv_s + offs_n * sv_s
+        p_kt = p_k_base + k_rows[None, :] + offs_d[:, None] * sk_d           # [BLOCK_D, BLOCK_N]
+        p_vt = p_v_base + v_rows[:, None] + offs_d[None, :] * sv_d           # [BLOCK_N, BLOCK_D]
         if MASKED:
             b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         elif PAD_D:
             b_kt = tl.load(p_kt, mask=mask_d[:, None], other=0.0)
         else:
             b_kt = tl.load(p_kt)
-        s = tl.dot(b_q, b_kt, input_precision=PRECISION) * qk_scale      # [BLOCK_M, BLOCK_N]
+        s = _scores(tl.dot(b_q, b_kt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
         if MASKED:
-            valid = mask_n[None, :]
-            if IS_CAUSAL:
-                valid = valid & (keys[None, :] <= offs_m[:, None])
+            valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
+                             HAS_RIGHT)
             s = tl.where(valid, s, float("-inf"))
-        # Every row sees key 0, which is in the first tile visited, so m_i is finite from
-        # the first tile on and a row whose keys in a later tile are all masked keeps m_i.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # a row that has seen no key yet keeps m = -inf; its exponents subtract 0
+            # instead (alpha = p = 0, never -inf - -inf = NaN)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = m_new
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if MASKED:
             b_v = tl.load(p_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
@@ -95,69 +159,156 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
 
 @triton.jit
 def _flash_fwd(
-    p_q, p_k, p_v, p_o, p_lse,
+    p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table,
     sq_b, sq_h, sq_s, sq_d,
     sk_b, sk_h, sk_s, sk_d,
     sv_b, sv_h, sv_s, sv_d,
-    so_b, so_h, so_s, so_d,
-    n_heads, group, seq_q, seq_k, head_dim, qk_scale,
+    so_b, so_h, so_s, so_d, so_split,
+    sl_b, sl_h, sl_split, st_b,
+    n_heads, group, seq_q, seq_k, head_dim, qk_scale, cap, left, right, page, split_len,
     bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
     PAD_D: tl.constexpr, INDEX: tl.constexpr,
+    HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
+    SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
+    PACK_GQA: tl.constexpr = False, SPLIT: tl.constexpr = False,
 ):
-    if IS_CAUSAL:
+    """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
+    head) that are (query r // group, head r % group), so one K/V tile serves the whole
+    group (decode). HAS_RIGHT (an upper bound: causal and/or a window's right side) and
+    HAS_LEFT bound the keys each row sees; BOTTOM_RIGHT places query i at i + Sk - Sq.
+    VARLEN: sequence b is rows cu[b]..cu[b+1] of packed tensors; SEQLENS_K: key lengths
+    per batch (a KV cache); PAGED: keys through a block table; SPLIT: program_id(2) takes
+    keys [split * split_len, +split_len) and writes its normalised partial O and LSE for the
+    merge (flash-decoding)."""
+    if HAS_RIGHT and not HAS_LEFT:
         # the last query tiles see the most keys: launch them first, so the short tiles
         # fill the end of the grid instead of leaving SMs idle behind one long tile
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
         start_m = tl.program_id(0)
     bh = tl.program_id(1).to(INDEX)  # int64 where b * stride can pass 2^31 (`index_dtype`)
-    b = bh // n_heads
-    h = bh % n_heads
-    h_kv = h // group  # GQA: `group` query heads share one K/V head
+    if PACK_GQA:
+        b = bh // (n_heads // group)
+        h_kv = bh % (n_heads // group)
+    else:
+        b = bh // n_heads
+        h = bh % n_heads
+        h_kv = h // group  # GQA: `group` query heads share one K/V head
+    q_start = b * 0
+    k_start = b * 0
+    if VARLEN:
+        q_start = tl.load(p_cu_q + b).to(INDEX)
+        seq_q = tl.load(p_cu_q + b + 1).to(INDEX) - q_start
+        k_start = tl.load(p_cu_k + b).to(INDEX)
+        seq_k = tl.load(p_cu_k + b + 1).to(INDEX) - k_start
+    if SEQLENS_K:
+        seq_k = tl.load(p_seqlens_k + b)
+    rows_total = seq_q * group if PACK_GQA else seq_q
+    if start_m * BLOCK_M >= rows_total:
+        return  # varlen: this sequence is shorter than the longest
+    diag = seq_k - seq_q if BOTTOM_RIGHT else 0
 
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < seq_q
+    if PACK_GQA:
+        offs_m = offs_r // group
+        heads = h_kv * group + offs_r % group
+        first_pos = start_m * BLOCK_M // group
+    else:
+        offs_m = offs_r
+        heads = offs_r * 0 + h
+        first_pos = start_m * BLOCK_M
+    mask_m = offs_r < rows_total
     mask_d = offs_d < head_dim
+    pos = offs_m + diag
+    last_pos = tl.minimum((start_m * BLOCK_M + BLOCK_M - 1) // (group if PACK_GQA else 1),
+                          seq_q - 1) + diag
 
-    first_m = (start_m * BLOCK_M).to(INDEX)
-    p_q_tile = (p_q + b * sq_b + h * sq_h + first_m * sq_s
-                + tl.arange(0, BLOCK_M)[:, None] * sq_s + offs_d[None, :] * sq_d)
+    row_q = (q_start + offs_m).to(INDEX)
+    p_q_tile = (p_q + b * sq_b + heads[:, None].to(INDEX) * sq_h + row_q[:, None] * sq_s
+                + offs_d[None, :] * sq_d)
     b_q = tl.load(p_q_tile, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
 
-    p_k_base = p_k + b * sk_b + h_kv * sk_h
-    p_v_base = p_v + b * sv_b + h_kv * sv_h
-    if IS_CAUSAL:
-        # keys before this tile's first row are visible to all its rows; the last key any
-        # of its rows sees is its last row: stop there (tiles past the diagonal are skipped)
-        open_end = tl.minimum(start_m * BLOCK_M, seq_k)
-        hi = tl.minimum(seq_k, (start_m + 1) * BLOCK_M)
+    if PAGED:
+        p_k_base = p_k + h_kv * sk_h
+        p_v_base = p_v + h_kv * sv_h
     else:
-        open_end = seq_k
-        hi = seq_k
-    open_end = open_end // BLOCK_N * BLOCK_N  # whole key tiles only
-    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-                               offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, 0, open_end,
-                               BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION, INDEX)
-    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-                               offs_m, offs_n, offs_d, mask_d, seq_k, qk_scale, open_end, hi,
-                               BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION, INDEX)
+        p_k_base = p_k + b * sk_b + h_kv * sk_h + k_start * sk_s
+        p_v_base = p_v + b * sv_b + h_kv * sv_h + k_start * sv_s
+    p_pages = p_table + b * st_b
+    lo, ulo, uhi, hi = _spans(first_pos + diag, last_pos, seq_k, -left, right, BLOCK_N,
+                              HAS_LEFT, HAS_RIGHT)
+    if SPLIT:
+        s0 = tl.program_id(2) * split_len
+        lo = tl.maximum(lo, s0)
+        hi = tl.maximum(tl.minimum(hi, s0 + split_len), lo)
+        ulo = tl.minimum(tl.maximum(ulo, lo), hi)
+        uhi = tl.maximum(tl.minimum(uhi, hi), ulo)
+    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
+                               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
+                               seq_k, qk_scale, cap, left, right, lo, ulo, BLOCK_N, True,
+                               HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
+    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
+                               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
+                               seq_k, qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False,
+                               HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
+    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
+                               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
+                               seq_k, qk_scale, cap, left, right, uhi, hi, BLOCK_N, True,
+                               HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
 
-    out = acc / l_i[:, None]
-    p_o_tile = (p_o + b * so_b + h * so_h + first_m * so_s
-                + tl.arange(0, BLOCK_M)[:, None] * so_s + offs_d[None, :] * so_d)
+    # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
+    # split) has l = 0: its output is 0 and its LSE -inf
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    split = tl.program_id(2).to(INDEX) if SPLIT else 0
+    p_o_tile = (p_o + split * so_split + b * so_b + heads[:, None].to(INDEX) * so_h
+                + row_q[:, None] * so_s + offs_d[None, :] * so_d)
     tl.store(p_o_tile, out.to(p_o.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
     if WRITE_LSE:
         # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
-        tl.store(p_lse + bh * seq_q + offs_m, (m_i + tl.log2(l_i)) * 0.6931471805599453,
-                 mask=mask_m)
+        tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
+                 (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=mask_m)
+
+
+@triton.jit
+def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
+                  so_row, so_d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                  SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Flash-decoding's merge of BLOCK_R rows: LSE = log sum_s exp(LSE_s) and
+    O = sum_s exp(LSE_s - LSE) O_s, from the splits' normalised partials (fp32, rows
+    contiguous: `[splits, rows, head_dim]` and `[splits, rows]`). A row no split saw keeps
+    O = 0, LSE = -inf."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = r < rows
+    mask_s = offs_s < n_splits
+    mask_d = offs_d < head_dim
+    lse_s = tl.load(p_lse_part + offs_s[:, None].to(tl.int64) * rows + r[None, :],
+                    mask=mask_s[:, None] & mask_r[None, :], other=float("-inf"))
+    m = tl.max(lse_s, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe[None, :])                                   # [SPLITS, BLOCK_R]
+    total = tl.sum(w, axis=0)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    for s in range(0, n_splits):
+        part = tl.load(p_part + (s * rows + r[:, None]).to(tl.int64) * head_dim
+                       + offs_d[None, :], mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+        w_s = tl.sum(tl.where(offs_s[:, None] == s, w, 0.0), axis=0)
+        acc += part * w_s[:, None]
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(p_o + r[:, None].to(tl.int64) * so_row + offs_d[None, :] * so_d,
+             out.to(p_o.dtype.element_ty), mask=mask_r[:, None] & mask_d[None, :])
+    if WRITE_LSE:
+        tl.store(p_lse + r, m_safe + tl.log(total), mask=mask_r)
 
 
 # Hopper configs, (BLOCK_M, BLOCK_N, warps, stages). Tensor cores (fp16, bf16, tf32):
@@ -213,7 +364,7 @@ _CACHE = ({"cache_results": True}
 # Only with FUSEDATTN_AUTOTUNE=1 (`configs.autotune_requested`): the table's config otherwise.
 _flash_fwd_autotuned = triton.autotune(
     configs=CONFIGS,
-    key=["bucket_q", "bucket_k", "BLOCK_D", "IS_CAUSAL", "PRECISION", "PAD_D"],
+    key=["bucket_q", "bucket_k", "BLOCK_D", "HAS_RIGHT", "PRECISION", "PAD_D"],
     prune_configs_by={"early_config_prune": _prune}, **_CACHE,
 )(_flash_fwd)
 
@@ -241,45 +392,158 @@ def emulation_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tensors
 
 
+@dataclass(frozen=True)
+class Mask:
+    """What each query sees, as the kernels take it: `causal` and `window = (left, right)`
+    (None for an unbounded side) around each query's position, which is its row
+    (top-left) or its row + Sk - Sq (`bottom_right`); `softcap` c maps each scaled score s
+    to c * tanh(s / c). The forward and the backward kernels read the same arguments."""
+
+    causal: bool = False
+    window: tuple[int | None, int | None] | None = None
+    softcap: float | None = None
+    bottom_right: bool = False
+
+    def kernel_args(self, scale: float) -> tuple[tuple, dict]:
+        """((qk_scale, cap, left, right), constexprs) for the kernels."""
+        left, right = self.window if self.window is not None else (None, None)
+        has_right = self.causal or right is not None
+        if self.causal:
+            right = 0  # a window's right side (>= 0) adds nothing to causal
+        elif right is None:
+            right = 0  # unused: no upper bound
+        if self.softcap:
+            scores = (scale / self.softcap, self.softcap * LOG2E)
+        else:
+            scores = (scale * LOG2E, 1.0)
+        return ((*scores, left or 0, right),
+                {"HAS_LEFT": left is not None, "HAS_RIGHT": has_right,
+                 "SOFTCAP": bool(self.softcap), "BOTTOM_RIGHT": self.bottom_right})
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """A packed batch for the kernels: sequence b is rows cu_q[b]..cu_q[b+1] of q (and of
+    cu_k's of k, v); the tensors come as `[1, H, total, D]` views."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def batch(self) -> int:
+        return self.cu_q.numel() - 1
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Keys of a cache for the kernels: `seqlens [B] int32` keys per sequence; with
+    `block_table [B, max_blocks] int32` the cache is paged, `[num_blocks, H_kv, page, D]`."""
+
+    seqlens: torch.Tensor
+    block_table: torch.Tensor | None = None
+
+
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
                   lse: torch.Tensor | None, is_causal: bool, scale: float,
-                  precision: str, config: triton.Config | None = None):
+                  precision: str, config: triton.Config | None = None,
+                  mask: Mask | None = None, varlen: Varlen | None = None,
+                  cache: KVCache | None = None, splits: int = 1, pack_gqa: bool = False):
     """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
     `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee",
     "tf32" or "tf32x3", used for fp32 inputs only. The config is the table's
     (`configs.forward_config`), Triton's autotuner's with FUSEDATTN_AUTOTUNE=1, or `config`
-    (for timing configs one by one, `fusedattn bench --configs`)."""
-    batch, heads, seq_q, dim = q.shape
-    seq_k, heads_kv = k.shape[2], k.shape[1]
+    (for timing configs one by one, `fusedattn bench --configs`).
+
+    `mask` (default: `is_causal` top-left) adds windows, softcap and bottom-right
+    alignment; `varlen` takes packed sequences (q, k, v, out as `[1, H, total, D]` views,
+    lse `[1, H, total_q]`); `cache` reads K/V from a KV cache; `splits` > 1 splits each
+    sequence's keys across programs and merges their partials by LSE (flash-decoding);
+    `pack_gqa` lets one program serve every query head of a K/V head."""
+    mask = mask or Mask(causal=is_causal)
+    heads, dim = q.shape[1], q.shape[3]
+    heads_kv = k.shape[1]
+    group = heads // heads_kv
+    if varlen is not None:
+        batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+    else:
+        batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
+    if cache is not None and cache.block_table is not None:
+        seq_k = cache.block_table.shape[1] * k.shape[2]
     q, k, v = emulation_operands(q, k, v)
     block_d = max(16, triton.next_power_of_2(dim))
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-
-    def grid(meta):
-        return (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)
+    rows = seq_q * group if pack_gqa else seq_q
+    per_row = batch * (heads_kv if pack_gqa else heads)
 
     kernel, fixed = _flash_fwd, {}
-    if config is None and autotune_requested():
+    if config is None and autotune_requested() and mask == Mask(causal=is_causal) \
+            and varlen is None and cache is None and splits == 1 and not pack_gqa:
         kernel = _flash_fwd_autotuned
     else:
-        if config is None:
+        if config is None and (pack_gqa or splits > 1):
+            bm, bn, warps, stages = decode_config(dim=dim, rows=rows)
+        elif config is None:
             bm, bn, warps, stages = forward_config(
-                dim=dim, seq_q=seq_q, programs_per_tile_row=batch * heads, causal=is_causal,
-                precision=dot_precision)
+                dim=dim, seq_q=rows, programs_per_tile_row=per_row,
+                causal=mask.causal or mask.window is not None, precision=dot_precision)
         else:
             bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
             warps, stages = config.num_warps, config.num_stages
         fixed = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+        if splits > 1:
+            split_len = triton.cdiv(triton.cdiv(seq_k, splits), bn) * bn
+            splits = triton.cdiv(seq_k, split_len)
+    if splits <= 1:
+        splits, split_len = 1, 0
+
+    # where the kernel writes: `out`/`lse`, or each split's fp32 partials, merged below
+    target, target_lse = out, lse
+    if splits > 1:
+        target = torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+        target_lse = torch.empty((splits, *out.shape[:3]), dtype=torch.float32,
+                                 device=out.device)
+    (qk_scale, cap, left, right), flags = mask.kernel_args(scale)
+    if varlen is not None:
+        batch_strides = (0, 0, 0, 0)  # q, k, v, out: sequences start at cu_q[b] / cu_k[b]
+        seq_args = (varlen.cu_q, varlen.cu_k)
+        lse_bh = (0, target_lse.stride(-2)) if target_lse is not None else (0, 0)
+    else:
+        batch_strides = (q.stride(0), k.stride(0), v.stride(0), target.stride(-4))
+        seq_args = (q, q)  # unused pointers
+        lse_bh = (target_lse.stride(-3), target_lse.stride(-2)) if target_lse is not None \
+            else (0, 0)
+    table = cache.block_table if cache is not None and cache.block_table is not None else None
+
+    def grid(meta):
+        return (triton.cdiv(rows, meta["BLOCK_M"]), per_row, splits)
+
     compiled = kernel[grid](
-        q, k, v, out, lse if lse is not None else out,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        heads, heads // heads_kv, seq_q, seq_k, dim, scale * LOG2E,
+        q, k, v, target, target_lse if target_lse is not None else target, *seq_args,
+        cache.seqlens if cache is not None else q, table if table is not None else q,
+        batch_strides[0], *q.stride()[1:], batch_strides[1], *k.stride()[1:],
+        batch_strides[2], *v.stride()[1:], batch_strides[3], *target.stride()[-3:],
+        target.stride(0) if splits > 1 else 0,
+        *lse_bh, target_lse.stride(0) if splits > 1 else 0,
+        table.stride(0) if table is not None else 0,
+        heads, group, seq_q, seq_k, dim, qk_scale, cap, left, right,
+        k.shape[2] if table is not None else 0, split_len,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
-        BLOCK_D=block_d, IS_CAUSAL=is_causal, WRITE_LSE=lse is not None,
-        PRECISION=dot_precision, PAD_D=block_d != dim,
-        INDEX=index_dtype(q, k, v, out, rows=batch * heads * seq_q), **fixed,
+        BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
+        PAD_D=block_d != dim,
+        INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
+        VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
+        PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
     )
+    if splits > 1:
+        n_rows = target_lse[0].numel()
+        block_r = 16
+        _merge_splits[(triton.cdiv(n_rows, block_r),)](
+            target, target_lse, out, lse if lse is not None else target_lse, splits, n_rows,
+            dim, out.stride(-2), out.stride(-1), BLOCK_R=block_r, BLOCK_D=block_d,
+            SPLITS=max(2, triton.next_power_of_2(splits)), WRITE_LSE=lse is not None)
     return out, compiled
 
 

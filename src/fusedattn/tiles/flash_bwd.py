@@ -40,7 +40,8 @@ import triton.language as tl
 from fusedattn.configs import backward_configs
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
-from fusedattn.tiles.flash import LOG2E, emulation_operands, index_dtype
+from fusedattn.tiles.flash import (Mask, Varlen, _scores, _spans, _visible, emulation_operands,
+                                   index_dtype)
 
 
 @triton.jit
@@ -68,12 +69,25 @@ def _bwd_preprocess(p_o, p_do, p_dlse, p_delta,
 
 
 @triton.jit
+def _grad_scores(s2, p, dp, delta, cap, SOFTCAP: tl.constexpr):
+    """d loss / d (scale * Q K^T) from P and dP: P (dP - delta), times the softcap's
+    derivative 1 - tanh^2 (tanh = s2 / cap, s2 the capped base-2 score) when there is one."""
+    ds = p * (dp - delta)
+    if SOFTCAP:
+        t = s2 / cap
+        ds = ds * (1.0 - t * t)
+    return ds
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
-                sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q, qk_scale, lo, hi,
-                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                PAD_D: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr):
+                sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q, seq_k, diag,
+                qk_scale, cap, left, right, lo, hi,
+                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+                HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAD_D: tl.constexpr,
+                PRECISION: tl.constexpr, INDEX: tl.constexpr):
     """Query tiles [lo, hi) against one key tile: accumulate dK (unscaled) and dV. MASKED
-    for the diagonal tiles (causal) and the ragged last query tile; rows past Sq load zeros
+    for the tiles on a mask's edge and the ragged last query tile; rows past Sq load zeros
     (dO = 0 and delta = 0 give them dS = 0 and no dV)."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -86,6 +100,8 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
             b_do = tl.load(p_do, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
             lse = tl.load(p_lse_base + rows, mask=mask_m, other=0.0)
             delta = tl.load(p_delta_base + rows, mask=mask_m, other=0.0)
+            # a row that saw no key (LSE = -inf) has P = 0: take LSE = +inf
+            lse = tl.where(lse == float("-inf"), float("inf"), lse)
         else:
             if PAD_D:
                 b_qt = tl.load(p_qt, mask=mask_d[:, None], other=0.0)
@@ -95,40 +111,59 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                 b_do = tl.load(p_do)
             lse = tl.load(p_lse_base + rows)
             delta = tl.load(p_delta_base + rows)
-        s_t = tl.dot(b_k, b_qt, input_precision=PRECISION) * qk_scale     # [BLOCK_N, BLOCK_M]
+        s_t = _scores(tl.dot(b_k, b_qt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
         p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)          # LSE to base 2
         if MASKED:
-            if IS_CAUSAL:
-                p_t = tl.where(keys[:, None] <= rows[None, :], p_t, 0.0)
+            valid = _visible(rows[None, :] + diag, keys[:, None], seq_k, left, right,
+                             HAS_LEFT, HAS_RIGHT)
+            p_t = tl.where(valid, p_t, 0.0)
         dv += tl.dot(p_t.to(b_do.dtype), b_do, input_precision=PRECISION)
         dp_t = tl.dot(b_v, tl.trans(b_do), input_precision=PRECISION)    # [BLOCK_N, BLOCK_M]
-        ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = _grad_scores(s_t, p_t, dp_t, delta[None, :], cap, SOFTCAP)
         dk += tl.dot(ds_t.to(b_qt.dtype), tl.trans(b_qt), input_precision=PRECISION)
     return dk, dv
 
 
 @triton.jit
+def _sequence(p_cu_q, p_cu_k, b, seq_q, seq_k, VARLEN: tl.constexpr, INDEX: tl.constexpr):
+    """(first query row, query count, first key row, key count) of sequence b."""
+    if VARLEN:
+        q_start = tl.load(p_cu_q + b).to(INDEX)
+        k_start = tl.load(p_cu_k + b).to(INDEX)
+        return (q_start, tl.load(p_cu_q + b + 1).to(INDEX) - q_start, k_start,
+                tl.load(p_cu_k + b + 1).to(INDEX) - k_start)
+    else:
+        return b * 0, b * 0 + seq_q, b * 0, b * 0 + seq_k
+
+
+@triton.jit
 def _flash_bwd_dkdv(
-    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv,
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     sdo_b, sdo_h, sdo_s, sdo_d, sdk_b, sdk_h, sdk_s, sdk_d, sdv_b, sdv_h, sdv_s, sdv_d,
-    n_heads, n_heads_kv, group, seq_q, seq_k, head_dim, scale, qk_scale,
+    sl_b, sl_h, n_heads, n_heads_kv, group, seq_q, seq_k, head_dim, scale, qk_scale, cap,
+    left, right,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
-    INDEX: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+    INDEX: tl.constexpr, HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
 ):
     """dK and dV of BLOCK_N keys of one (batch, K/V head), summed over its query heads."""
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1).to(INDEX)
     b = bhk // n_heads_kv
     h_kv = bhk % n_heads_kv
+    q_start, seq_q, k_start, seq_k = _sequence(p_cu_q, p_cu_k, b, seq_q, seq_k, VARLEN, INDEX)
+    if start_n >= seq_k:
+        return  # varlen: this sequence has fewer keys than the longest
+    diag = seq_k - seq_q if BOTTOM_RIGHT else 0
     offs_n = tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     keys = start_n + offs_n
     mask_d = offs_d < head_dim
     mask_kd = (keys < seq_k)[:, None] & mask_d[None, :]
-    first_n = start_n.to(INDEX)
+    first_n = k_start + start_n
     b_k = tl.load(p_k + b * sk_b + h_kv * sk_h + first_n * sk_s + offs_n[:, None] * sk_s
                   + offs_d[None, :] * sk_d, mask=mask_kd, other=0.0)
     b_v = tl.load(p_v + b * sv_b + h_kv * sv_h + first_n * sv_s + offs_n[:, None] * sv_s
@@ -136,34 +171,27 @@ def _flash_bwd_dkdv(
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
 
-    if IS_CAUSAL:
-        # rows before this tile's first key see none of it; rows from the first query tile
-        # starting at or after its last key see all of it
-        lo = tl.minimum(start_n // BLOCK_M * BLOCK_M, seq_q)
-        mid = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, seq_q)
-    else:
-        lo = 0
-        mid = 0
-    full = seq_q // BLOCK_M * BLOCK_M  # whole query tiles end here
-    ragged = tl.maximum(mid, full)
+    # query i (position i + diag) sees key j when j - diag - right <= i <= j - diag + left
+    lo, ulo, uhi, hi = _spans(start_n, tl.minimum(start_n + BLOCK_N, seq_k) - 1, seq_q,
+                              -diag - right, left - diag, BLOCK_M, HAS_RIGHT, HAS_LEFT)
     for g in range(group):
         h = h_kv * group + g
-        p_q_base = p_q + b * sq_b + h * sq_h
-        p_do_base = p_do + b * sdo_b + h * sdo_h
-        p_lse_base = p_lse + (b * n_heads + h) * seq_q
-        p_delta_base = p_delta + (b * n_heads + h) * seq_q
+        p_q_base = p_q + b * sq_b + h * sq_h + q_start * sq_s
+        p_do_base = p_do + b * sdo_b + h * sdo_h + q_start * sdo_s
+        p_lse_base = p_lse + b * sl_b + h * sl_h + q_start
+        p_delta_base = p_delta + b * sl_b + h * sl_h + q_start
         dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                              sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             qk_scale, lo, mid, BLOCK_M, True, IS_CAUSAL, PAD_D, PRECISION,
-                             INDEX)
+                             seq_k, diag, qk_scale, cap, left, right, lo, ulo, BLOCK_M, True,
+                             HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
         dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                              sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             qk_scale, mid, full, BLOCK_M, False, IS_CAUSAL, PAD_D,
-                             PRECISION, INDEX)
+                             seq_k, diag, qk_scale, cap, left, right, ulo, uhi, BLOCK_M,
+                             False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
         dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                              sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             qk_scale, ragged, seq_q, BLOCK_M, True, IS_CAUSAL, PAD_D,
-                             PRECISION, INDEX)
+                             seq_k, diag, qk_scale, cap, left, right, uhi, hi, BLOCK_M, True,
+                             HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
     dk *= scale
     tl.store(p_dk + b * sdk_b + h_kv * sdk_h + first_n * sdk_s + offs_n[:, None] * sdk_s
              + offs_d[None, :] * sdk_d, dk.to(p_dk.dtype.element_ty), mask=mask_kd)
@@ -173,11 +201,12 @@ def _flash_bwd_dkdv(
 
 @triton.jit
 def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-              rows, offs_n, offs_d, mask_d, seq_k, qk_scale, lo, hi,
-              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-              PAD_D: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr):
+              pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, lo, hi,
+              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+              HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAD_D: tl.constexpr,
+              PRECISION: tl.constexpr, INDEX: tl.constexpr):
     """Key tiles [lo, hi) against one query tile: accumulate dQ (unscaled). MASKED for the
-    diagonal tiles (causal) and the ragged last key tile."""
+    tiles on a mask's edge and the ragged last key tile."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         first = tl.cast(start_n, INDEX)
@@ -193,28 +222,28 @@ def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, 
         else:
             b_kt = tl.load(p_kt)
             b_vt = tl.load(p_vt)
-        s = tl.dot(b_q, b_kt, input_precision=PRECISION) * qk_scale       # [BLOCK_M, BLOCK_N]
+        s = _scores(tl.dot(b_q, b_kt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
         p = tl.exp2(s - lse2[:, None])
         if MASKED:
-            valid = (keys < seq_k)[None, :]
-            if IS_CAUSAL:
-                valid = valid & (keys[None, :] <= rows[:, None])
+            valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
+                             HAS_RIGHT)
             p = tl.where(valid, p, 0.0)
         dp = tl.dot(b_do, b_vt, input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        ds = _grad_scores(s, p, dp, delta[:, None], cap, SOFTCAP)
         dq += tl.dot(ds.to(b_kt.dtype), tl.trans(b_kt), input_precision=PRECISION)
     return dq
 
 
 @triton.jit
 def _flash_bwd_dq(
-    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq,
+    p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     sdo_b, sdo_h, sdo_s, sdo_d, sdq_b, sdq_h, sdq_s, sdq_d,
-    n_heads, group, seq_q, seq_k, head_dim, scale, qk_scale,
+    sl_b, sl_h, n_heads, group, seq_q, seq_k, head_dim, scale, qk_scale, cap, left, right,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
-    INDEX: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+    INDEX: tl.constexpr, HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
 ):
     """dQ of BLOCK_M query rows of one (batch, head)."""
     start_m = tl.program_id(0) * BLOCK_M
@@ -222,6 +251,10 @@ def _flash_bwd_dq(
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // group
+    q_start, seq_q, k_start, seq_k = _sequence(p_cu_q, p_cu_k, b, seq_q, seq_k, VARLEN, INDEX)
+    if start_m >= seq_q:
+        return
+    diag = seq_k - seq_q if BOTTOM_RIGHT else 0
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -229,30 +262,30 @@ def _flash_bwd_dq(
     mask_m = rows < seq_q
     mask_d = offs_d < head_dim
     mask_md = mask_m[:, None] & mask_d[None, :]
-    first_m = start_m.to(INDEX)
+    first_m = q_start + start_m
     b_q = tl.load(p_q + b * sq_b + h * sq_h + first_m * sq_s + offs_m[:, None] * sq_s
                   + offs_d[None, :] * sq_d, mask=mask_md, other=0.0)
     b_do = tl.load(p_do + b * sdo_b + h * sdo_h + first_m * sdo_s + offs_m[:, None] * sdo_s
                    + offs_d[None, :] * sdo_d, mask=mask_md, other=0.0)
-    lse2 = tl.load(p_lse + bh * seq_q + rows, mask=mask_m, other=0.0) * 1.4426950408889634
-    delta = tl.load(p_delta + bh * seq_q + rows, mask=mask_m, other=0.0)
+    lse = tl.load(p_lse + b * sl_b + h * sl_h + q_start + rows, mask=mask_m, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+    delta = tl.load(p_delta + b * sl_b + h * sl_h + q_start + rows, mask=mask_m, other=0.0)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
 
-    p_k_base = p_k + b * sk_b + h_kv * sk_h
-    p_v_base = p_v + b * sv_b + h_kv * sv_h
-    if IS_CAUSAL:
-        open_end = tl.minimum(start_m, seq_k)  # keys every row of the tile sees
-        hi = tl.minimum(seq_k, start_m + BLOCK_M)
-    else:
-        open_end = seq_k
-        hi = seq_k
-    open_end = open_end // BLOCK_N * BLOCK_N
+    p_k_base = p_k + b * sk_b + h_kv * sk_h + k_start * sk_s
+    p_v_base = p_v + b * sv_b + h_kv * sv_h + k_start * sv_s
+    lo, ulo, uhi, hi = _spans(start_m + diag, tl.minimum(start_m + BLOCK_M, seq_q) - 1 + diag,
+                              seq_k, -left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    pos = rows + diag
     dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-                   rows, offs_n, offs_d, mask_d, seq_k, qk_scale, 0, open_end,
-                   BLOCK_N, False, IS_CAUSAL, PAD_D, PRECISION, INDEX)
+                   pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, lo, ulo,
+                   BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
     dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-                   rows, offs_n, offs_d, mask_d, seq_k, qk_scale, open_end, hi,
-                   BLOCK_N, True, IS_CAUSAL, PAD_D, PRECISION, INDEX)
+                   pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, ulo, uhi,
+                   BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
+    dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
+                   pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, uhi, hi,
+                   BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
     dq *= scale
     tl.store(p_dq + b * sdq_b + h * sdq_h + first_m * sdq_s + offs_m[:, None] * sdq_s
              + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)
@@ -260,43 +293,57 @@ def _flash_bwd_dq(
 
 def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, *,
-                   is_causal: bool, scale: float, precision: str,
-                   configs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   is_causal: bool, scale: float, precision: str, configs=None,
+                   mask: Mask | None = None, varlen: Varlen | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of `attention` on validated `[B, H, S, D]` tensors (any strides).
 
     `lse: [B, H, Sq] float32` is the forward's natural-log LSE; `dlse` its gradient or None.
-    Returns `(dq, dk, dv)`, contiguous, in the inputs' dtype (dK, dV summed over the query
-    heads that share each K/V head). `configs`: ((BLOCK_M, BLOCK_N, warps, stages) for dK/dV,
-    the same for dQ), to time other tiles; default `configs.backward_configs`."""
-    batch, heads, seq_q, dim = q.shape
-    heads_kv, seq_k = k.shape[1], k.shape[2]
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    Returns `(dq, dk, dv)` (`empty_like` q, k, v: their strides where dense, else
+    contiguous), in the inputs' dtype (dK, dV summed over the query heads that share each
+    K/V head). `configs`: ((BLOCK_M, BLOCK_N, warps, stages) for dK/dV, the same for dQ), to
+    time other tiles; default `configs.backward_configs`. `mask` and `varlen` as in
+    `flash.flash_forward` (packed sequences come as `[1, H, total, D]` views)."""
+    mask = mask or Mask(causal=is_causal)
+    rows_b, heads, rows_q, dim = q.shape  # rows_q: all query rows (packed: total_q)
+    heads_kv = k.shape[1]
+    if varlen is not None:
+        batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+        seq_args = (varlen.cu_q, varlen.cu_k)
+    else:
+        batch, seq_q, seq_k = rows_b, rows_q, k.shape[2]
+        seq_args = (q, q)  # unused pointers
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, dout = emulation_operands(q, k, v, dout)
     block_d = max(16, triton.next_power_of_2(dim))
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
     lse = lse.contiguous()
-    delta = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    delta = torch.empty((rows_b, heads, rows_q), dtype=torch.float32, device=q.device)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
     pre_m = 64 if not EMULATION else 16
-    _bwd_preprocess[(triton.cdiv(seq_q, pre_m), batch * heads)](
+    _bwd_preprocess[(triton.cdiv(rows_q, pre_m), rows_b * heads)](
         out, dout, dlse if dlse is not None else delta, delta,
-        *out.stride(), *dout.stride(), heads, seq_q, dim,
+        *out.stride(), *dout.stride(), heads, rows_q, dim,
         BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None)
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
         dim=dim, itemsize=q.element_size(), precision=dot_precision)
-    common = dict(BLOCK_D=block_d, IS_CAUSAL=is_causal, PRECISION=dot_precision,
-                  PAD_D=block_d != dim,
-                  INDEX=index_dtype(q, k, v, dout, out, rows=batch * heads * seq_q))
-    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+    (qk_scale, cap, left, right), flags = mask.kernel_args(scale)
+    common = dict(BLOCK_D=block_d, PRECISION=dot_precision, PAD_D=block_d != dim,
+                  INDEX=index_dtype(q, k, v, dout, out, rows=rows_b * heads * rows_q),
+                  VARLEN=varlen is not None, **flags)
+    packed = varlen is not None  # sequences start at cu[b]: no batch strides
+
+    def strides(*tensors):
+        return [x for t in tensors for x in ((0 if packed else t.stride(0)), *t.stride()[1:])]
+
+    lse_bh = (0 if packed else heads * rows_q, rows_q)
     _flash_bwd_dkdv[(triton.cdiv(seq_k, kn), batch * heads_kv)](
-        q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
-        heads, heads_kv, heads // heads_kv, seq_q, seq_k, dim, scale, scale * LOG2E,
-        BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common)
+        q, k, v, dout, lse, delta, dk, dv, *seq_args, *strides(q, k, v, dout, dk, dv),
+        *lse_bh, heads, heads_kv, heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale, cap,
+        left, right, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common)
     _flash_bwd_dq[(triton.cdiv(seq_q, qm), batch * heads)](
-        q, k, v, dout, lse, delta, dq, *strides, *dq.stride(),
-        heads, heads // heads_kv, seq_q, seq_k, dim, scale, scale * LOG2E,
-        BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common)
+        q, k, v, dout, lse, delta, dq, *seq_args, *strides(q, k, v, dout, dq),
+        *lse_bh, heads, heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale, cap, left,
+        right, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common)
     return dq, dk, dv
