@@ -8,10 +8,14 @@ from fusedattn import mode as _mode  # noqa: F401  (must run before kernel impor
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    # `fusedattn.attention` without importing Triton at package import time
-    if name == "attention":
-        from fusedattn.api import attention
+_PUBLIC = {"attention": "fusedattn.api", "attention_varlen": "fusedattn.varlen",
+           "attention_with_kvcache": "fusedattn.kvcache"}
 
-        return attention
+
+def __getattr__(name: str):
+    # `fusedattn.attention` and its siblings without importing Triton at package import time
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'fusedattn' has no attribute {name!r}")

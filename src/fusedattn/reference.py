@@ -133,6 +133,23 @@ def varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
     return torch.cat(outs, dim=0)
 
 
+def varlen_ref_grads(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False,
+                     **options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 `(dq, dk, dv)` of `varlen_ref` for the upstream gradient `dout`
+    `[total_q, H, D]`: each sequence's `attention_ref_grads`, bottom-right aligned."""
+    grads = ([], [], [])
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(bounds_q) - 1):
+        (q0, q1), (k0, k1) = bounds_q[b:b + 2], bounds_k[b:b + 2]
+        parts = [t[a:z].transpose(0, 1) for t, a, z in
+                 ((q, q0, q1), (k, k0, k1), (v, k0, k1), (dout, q0, q1))]
+        for acc, g in zip(grads, attention_ref_grads(*parts, causal=causal,
+                                                     align="bottom-right", **options),
+                          strict=True):
+            acc.append(g.transpose(0, 1))
+    return tuple(torch.cat(g, dim=0) for g in grads)
+
+
 def paged_to_dense(cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor
                    ) -> list[torch.Tensor]:
     """A paged cache `[num_blocks, H_kv, block_size, D]` read through `block_table

@@ -1,0 +1,152 @@
+"""`fusedattn.attention_varlen`: packed variable-length batches, forward and backward.
+
+    attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     is_causal=False, window=None, softcap=None, scale=None,
+                     return_lse=False, precision=None)
+
+`q: [total_q, H, D]`, `k, v: [total_k, H_kv, D]` (GQA when H_kv divides H): sequence b is
+rows `cu_seqlens_q[b]:cu_seqlens_q[b+1]` of q and `cu_seqlens_k[b]:cu_seqlens_k[b+1]` of k
+and v (int32, starting at 0, non-decreasing, ending at the totals). No padding is read or
+computed: programs past a sequence's end return at once, and each sequence sees only its
+own keys. Causal and windows are aligned bottom-right within each sequence, as in
+FlashAttention: query i of a sequence with Sq queries and Sk keys sits at position
+i + Sk - Sq. Returns O `[total_q, H, D]` (and the LSE `[H, total_q] float32`).
+Differentiable (the flash backward kernels with the same sequence offsets); registered as
+`torch.ops.fusedattn.varlen_fwd` / `varlen_bwd`.
+
+`max_seqlen_q/k` size the grid; they are checked against `cu_seqlens` (a too-small value
+would skip rows silently), which costs one device-to-host copy of the two small tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fusedattn.api import DTYPES, _mask, check_grad_dim, check_options, kernel_options
+from fusedattn.mode import DEVICE
+from fusedattn.problem import ProblemError, check_qkv
+
+
+def _varlen(cu_q, cu_k, max_q, max_k):
+    from fusedattn.tiles.flash import Varlen
+
+    return Varlen(cu_q, cu_k, max_q, max_k)
+
+
+def _packed(t: torch.Tensor) -> torch.Tensor:
+    """`[total, H, D]` as the kernels' `[1, H, total, D]` view (no copy)."""
+    return t.permute(1, 0, 2)[None]
+
+
+@torch.library.custom_op("fusedattn::varlen_fwd", mutates_args=())
+def _varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                   cu_k: torch.Tensor, max_q: int, max_k: int, is_causal: bool, scale: float,
+                   precision: str, window_left: int, window_right: int,
+                   softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from fusedattn.tiles.flash import flash_forward
+
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    flash_forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
+                  is_causal=is_causal, scale=scale, precision=precision,
+                  mask=_mask(is_causal, window_left, window_right, softcap, True),
+                  varlen=_varlen(cu_q, cu_k, max_q, max_k))
+    return out, lse
+
+
+@_varlen_fwd_op.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, precision, window_left,
+      window_right, softcap):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("fusedattn::varlen_bwd", mutates_args=())
+def _varlen_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+                   cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
+                   is_causal: bool, scale: float, precision: str, window_left: int,
+                   window_right: int,
+                   softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from fusedattn.tiles.flash_bwd import flash_backward
+
+    dq, dk, dv = flash_backward(
+        _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out), lse[None],
+        dlse[None] if dlse is not None else None, is_causal=is_causal, scale=scale,
+        precision=precision, mask=_mask(is_causal, window_left, window_right, softcap, True),
+        varlen=_varlen(cu_q, cu_k, max_q, max_k))
+    return tuple(g[0].permute(1, 0, 2) for g in (dq, dk, dv))
+
+
+@_varlen_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, is_causal, scale, precision,
+      window_left, window_right, softcap):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *options = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+    ctx.options = options
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    grads = _varlen_bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
+    return *grads, None, None, *(None for _ in ctx.options)
+
+
+_varlen_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
+                     max_seqlen: object) -> int:
+    """`cu` a 1-D int32 tensor on the kernels' device: 0, non-decreasing, ending at
+    `total` (and `batch + 1` long where given); `max_seqlen` an int >= its longest
+    sequence. Returns the batch size."""
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
+        raise ProblemError(name, getattr(cu, "shape", type(cu).__name__),
+                           "a 1-D tensor of B + 1 offsets (B >= 1)")
+    if cu.dtype != torch.int32 or cu.device.type != DEVICE.type:
+        raise ProblemError(f"{name}.dtype", f"{cu.dtype} on {cu.device}",
+                           f"torch.int32 on the {DEVICE.type} device")
+    if batch is not None and cu.numel() != batch + 1:
+        raise ProblemError(name, tuple(cu.shape), f"{batch + 1} offsets, as cu_seqlens_q")
+    bounds = cu.tolist()
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if bounds[0] != 0 or min(lengths) < 0 or bounds[-1] != total:
+        raise ProblemError(name, bounds if len(bounds) <= 12 else f"{bounds[:12]}...",
+                           f"offsets from 0, non-decreasing, ending at the total rows {total}")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or \
+            max_seqlen < max(lengths):
+        raise ProblemError(name.replace("cu_seqlens", "max_seqlen"), max_seqlen,
+                           f"an int >= the longest sequence, {max(lengths)}")
+    return cu.numel() - 1
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
+                     window: tuple[int | None, int | None] | None = None,
+                     softcap: float | None = None, scale: float | None = None,
+                     return_lse: bool = False, precision: str | None = None):
+    """Attention over a packed batch of sequences; see the module docstring."""
+    check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"}, dtypes=DTYPES)
+    window, softcap = check_options(q, k, v, is_causal, scale, precision, window, softcap)
+    if k.shape != v.shape:
+        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
+    if q.shape[1] % k.shape[1] or 0 in q.shape[1:] or 0 in k.shape[1:]:
+        raise ProblemError("heads", (q.shape[1], k.shape[1]),
+                           ">= 1 each, k/v heads dividing q heads (GQA/MQA)")
+    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k)
+    check_grad_dim(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    out, lse = _varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max(1, max_seqlen_q),
+                              max(1, max_seqlen_k), is_causal, scale, precision or "ieee",
+                              *kernel_options(window, softcap))
+    return (out, lse) if return_lse else out
