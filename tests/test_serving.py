@@ -274,3 +274,16 @@ def test_attention_bad_window_and_softcap():
     for cap in [0, -1.0, math.inf, True]:
         with pytest.raises(ProblemError, match="softcap"):
             fusedattn.attention(q, q, q, softcap=cap)
+
+
+@pytest.mark.emulation_only("the GPU-sized serving suites run on the H200 as evidence")
+def test_serving_bench_verifies_every_kind(tmp_path):
+    import csv
+
+    from fusedattn.cli import main
+    assert main(["bench", "--suite", "tiny-serving", "--out", str(tmp_path)]) == 0
+    (csv_path,) = tmp_path.rglob("bench.csv")
+    rows = list(csv.DictReader(csv_path.open()))
+    assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window"}
+    assert all(r["status"] == "ok" and float(r["max_abs_error"]) <= float(r["tolerance"])
+               for r in rows)

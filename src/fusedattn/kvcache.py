@@ -25,7 +25,10 @@ chunked prefill), with the new keys appended in place.
 
 Every bad input raises `ProblemError` before anything is written, so a cache is never left
 half-updated; checking the lengths and block table against the cache costs one
-device-to-host copy of `cache_seqlens` (and of `block_table`). Returns O `[B, H, Sq, D]`
+device-to-host copy of `cache_seqlens` (and of `block_table`). `check_lengths=False` skips
+that copy (a decode loop whose lengths are known good, CUDA graphs): shapes, dtypes and
+options are still checked, but lengths past the cache or block indices out of range are
+then the caller's bug (they read or write outside the cache). Returns O `[B, H, Sq, D]`
 (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """
 
@@ -51,8 +54,10 @@ def _check_index(name: str, t: object, shape: tuple[int, ...] | None, rank: int)
                            f"torch.int32 on the {DEVICE.type} device")
 
 
-def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table) -> tuple:
-    """Check everything; returns (capacity per sequence, S_new)."""
+def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
+              check_lengths: bool) -> tuple:
+    """Check everything (the lengths and block table only with `check_lengths`); returns
+    (capacity per sequence, S_new)."""
     check_qkv(q, k_cache, v_cache, device=DEVICE, ranks={4: "[B, H, S, D]"}, dtypes=DTYPES)
     if k_cache.shape != v_cache.shape:
         raise ProblemError("k_cache/v_cache shapes",
@@ -91,6 +96,8 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table) -> 
                 raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
                                    f"{q.dtype} on {q.device}, as q")
         s_new = want[2]
+    if not check_lengths:
+        return capacity, s_new
     lengths = cache_seqlens.tolist()
     if min(lengths) < 0 or max(lengths) + s_new > capacity:
         raise ProblemError("cache_seqlens", lengths if batch <= 16 else f"max {max(lengths)}",
@@ -129,7 +136,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            window: tuple[int | None, int | None] | None = None,
                            softcap: float | None = None, scale: float | None = None,
                            return_lse: bool = False, precision: str | None = None,
-                           splits: int | None = None):
+                           splits: int | None = None, check_lengths: bool = True):
     """Attention of new queries over a KV cache; see the module docstring."""
     from fusedattn.configs import decode_splits
     from fusedattn.tiles.flash import KVCache, Mask, flash_forward
@@ -137,7 +144,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision, window,
                                     softcap)
     capacity, s_new = _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
-                                block_table)
+                                block_table, check_lengths)
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int)
                                or not 1 <= splits <= 64):
         raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")

@@ -24,7 +24,7 @@ def add(sub) -> None:
     p = sub.add_parser("bench", help="the flash kernel against PyTorch's attention backends")
     p.add_argument("--suite", default="bf16",
                     help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
-                    "tiny-train|all")
+                    "tiny-train|all, or the serving suites decode|varlen|window|tiny-serving")
     p.add_argument("--providers", default="all",
                     help="all, or a comma-separated list of versions with a batched form")
     p.add_argument("--match", default="",
@@ -41,6 +41,10 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from fusedattn.lab.serving import serving_suites
+
+    if args.suite in serving_suites():
+        return run_serving_suite(args, console)
     from fusedattn.lab.evidence import environment, sha256_file
     from fusedattn.lab.registry import VERSIONS
     from fusedattn.lab.suites import check_suite, providers, run_problem, with_ratios
@@ -91,3 +95,55 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"figure: {f}")
     console.print(f"written: {out_dir}")
     return 0 if all(r.status != "FAIL" for r in rows) else 1
+
+
+def run_serving_suite(args: argparse.Namespace, console: Console) -> int:
+    """decode / varlen / window: the serving entry points against their peers."""
+    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.serving import BUILDERS, run_serving, serving_suites
+
+    problems = serving_suites()[args.suite]
+    if args.match:
+        wanted = [m.strip() for m in args.match.split(",") if m.strip()]
+        problems = [p for p in problems if any(m in p.label() for m in wanted)]
+        if not problems:
+            raise ProblemError("match", args.match, "texts found in the suite's labels, e.g. "
+                               + serving_suites()[args.suite][0].label())
+    known = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex")
+    names = None if args.providers == "all" else [
+        n.strip() for n in args.providers.split(",") if n.strip()]
+    if names is not None and (not names or any(n not in known for n in names)):
+        raise ProblemError("providers", args.providers,
+                           "all, or a comma-separated list of: " + ", ".join(known))
+    if args.warmup < 0 or args.repeat < 1:
+        raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
+    if mode.EMULATION and not args.suite.startswith("tiny"):
+        raise ProblemError("suite", args.suite, "tiny-serving in emulation (the others are "
+                           "GPU-sized)")
+    env = environment()
+    out_dir = stamp_dir(args, f"-bench-{args.suite}", env)
+    rows = []
+    with console.status("bench") as status:
+        for p in problems:
+            status.update(p.label())
+            rows += run_serving(p, names, warmup=args.warmup, repeat=args.repeat,
+                                seed=args.seed)
+            write_rows_csv(out_dir / "bench.csv", rows)
+    render_table(console, f"bench {args.suite} — {mode.describe()}", rows, [
+        ("problem", lambda r: r["problem"]), ("provider", lambda r: r["provider"]),
+        ("status", lambda r: r["status"] + (f" ({r['reason'][:50]})" if r["reason"] else "")),
+        ("max err", lambda r: fmt(r["max_abs_error"], ".2e")),
+        ("tol", lambda r: fmt(r["tolerance"], ".1e")),
+        ("ms", lambda r: fmt(r["median_ms"], ".4f")),
+        ("useful TFLOP/s", lambda r: fmt(r["tflops"], ".1f")),
+        ("K+V GB/s", lambda r: fmt(r["gbps"], ".0f")),
+        ("fusedattn ×", lambda r: fmt(r["flash_over_this"], ".2f"))])
+    from fusedattn import kvcache, varlen
+    from fusedattn.tiles import flash
+
+    write_environment(out_dir, env, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
+                      source_sha256={m.__name__: sha256_file(m.__file__)
+                                     for m in (flash, kvcache, varlen)},
+                      kinds=sorted(BUILDERS))
+    console.print(f"written: {out_dir}")
+    return 0 if all(r["status"] != "FAIL" for r in rows) else 1

@@ -29,7 +29,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from fusedattn.api import kernel_options
 from fusedattn.problem import ProblemError
+
+_NO_WINDOW = kernel_options(None, None)  # the ops' window and softcap arguments: none
 
 
 def contiguous_shard(x: torch.Tensor, rank: int, world: int, dim: int = -2) -> torch.Tensor:
@@ -129,7 +132,8 @@ class _RingAttention(torch.autograd.Function):
             src = (rank - step) % world
             for qs, ks, c in _blocks(rank, src, seq, causal):
                 part, part_lse = torch.ops.fusedattn.flash_fwd(
-                    q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :], c, scale, precision)
+                    q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :], c, scale, precision,
+                    *_NO_WINDOW)
                 _merge(out, lse, part, part_lse, qs)
             if step < world - 1:
                 _wait(reqs)
@@ -157,7 +161,8 @@ class _RingAttention(torch.autograd.Function):
             for qs, ks, c in _blocks(rank, src, seq, causal):
                 dq_i, dk_i, dv_i = torch.ops.fusedattn.flash_bwd(
                     dout[..., qs, :], q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :],
-                    out[..., qs, :], lse[..., qs].contiguous(), None, c, scale, precision)
+                    out[..., qs, :], lse[..., qs].contiguous(), None, c, scale, precision,
+                    *_NO_WINDOW)
                 dq[..., qs, :] += dq_i
                 dk_cur[..., ks, :] += dk_i
                 dv_cur[..., ks, :] += dv_i
