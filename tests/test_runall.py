@@ -123,32 +123,41 @@ class _Console:
         pass
 
 
+def _boundary_records(unit):
+    """What a worker writes for a boundary unit that passed (the record shape of
+    `fusedattn.lab.worker` in emulation), without starting a process."""
+    check = {"ok": True, "max_abs": 0.0, "where": [0, 0], "max_rel": 0.0, "n_nan": 0,
+             "n_inf": 0, "n_unwritten": 0, "tolerance": 2e-4, "reasons": []}
+    return [{"unit": unit["unit"], "kind": unit["kind"], "suite": "boundary", "process": 0,
+             "seq": unit["seq"], "dim": unit["dim"], "block": unit["block"], "causal": False,
+             "version": v, "route": "tiles", "settings": unit["settings"], "before": check,
+             "after": None, "timing": None, "resources": [], "verdict": "PASS"}
+            for v in unit["versions"]]
+
+
 def test_interrupted_run_resumes_without_redoing_units(tmp_path, monkeypatch):
-    # the resume logic is device-independent: the worker processes run in emulation on
-    # either side (on the GPU they would compile and time real kernels per unit; there this
-    # test failed after 45 s in the tier of c387465)
-    monkeypatch.setenv("FUSEDATTN_EMULATE", "1")
-    monkeypatch.setattr(runall.mode, "EMULATION", True)  # this process plans as the workers run
+    # the resume logic alone: units "run" without worker processes (real workers are
+    # test_cli's; an emulated worker on the H200 hit Triton 3.6's interpreter there)
+    monkeypatch.setattr(runall.mode, "EMULATION", True)  # the boundary units only
     plan = Plan(("t0", "t1"), (128,), 64, 32, 1, SETTINGS, boundary=((1, 1), (3, 2), (4, 5)))
     calls = []
-    real = runall.run_unit_process
 
     def interrupted(unit):
         if len(calls) == 2:
             raise KeyboardInterrupt  # the run is killed during its third unit
         calls.append(unit["unit"])
-        return real(unit)
+        return _boundary_records(unit)
 
     monkeypatch.setattr(runall, "run_unit_process", interrupted)
     with pytest.raises(KeyboardInterrupt):
         execute(plan, tmp_path, _Console(), _NoProgress)
     on_disk = runall.read_records(tmp_path / "records.jsonl")
     assert {r["unit"] for r in on_disk} == {"boundary-1x1", "boundary-3x2"}
-    assert not [r["error"] for r in on_disk if "error" in r]
     assert not (tmp_path / "summary.csv").exists()
 
     calls.clear()
-    monkeypatch.setattr(runall, "run_unit_process", lambda u: calls.append(u["unit"]) or real(u))
+    monkeypatch.setattr(runall, "run_unit_process",
+                        lambda u: calls.append(u["unit"]) or _boundary_records(u))
     records, rows = execute(plan, tmp_path, _Console(), _NoProgress)
     assert calls == ["boundary-4x5"]  # only what was missing
     assert len(records) == 3 * 2 and all(r.verdict == "PASS" for r in rows)
