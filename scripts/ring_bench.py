@@ -1,4 +1,5 @@
-"""Ring attention on several GPUs against one GPU (issue: context parallel). NOT YET RUN.
+"""Ring attention on several GPUs against one GPU (issue: context parallel); run on 2xH200
+(evidence/nvidia-h200-x2/20261130T1253Z-ring).
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \\
         torchrun --nproc-per-node 2 scripts/ring_bench.py OUT.csv
