@@ -168,7 +168,7 @@ def test_bench_times_each_config_on_matching_problems(tmp_path):
     import csv
 
     from fusedattn.cli import main
-    from fusedattn.tiles.flash import CONFIGS, candidates
+    from fusedattn.configs import CONFIGS, candidates
     assert main(["bench", "--suite", "tiny", "--providers", "flash", "--configs",
                  "--match", "H2/1 S33 D16 causal", "--out", str(tmp_path)]) == 0
     (folder,) = (tmp_path / "emulation").iterdir()
@@ -184,7 +184,7 @@ def test_bench_times_each_config_on_matching_problems(tmp_path):
 
 
 def test_config_candidates_per_problem():
-    from fusedattn.tiles.flash import CONFIGS, FMA, SHORT, TENSOR_CORE, candidates
+    from fusedattn.configs import CONFIGS, FMA, SHORT, TENSOR_CORE, candidates
 
     def shapes(*args):
         return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
@@ -221,7 +221,7 @@ def test_ratios_are_ours_over_each_peer_per_problem():
 def test_offsets_are_64_bit_exactly_where_32_would_overflow(monkeypatch):
     import triton.language as tl
 
-    from fusedattn.tiles.flash import index_dtype
+    from fusedattn.tiles.common import index_dtype
 
     small = torch.empty((4, 32, 4096, 128), device="meta")   # 67M elements
     big = torch.empty((4200, 8, 512, 128), device="meta")    # 2.2e9: the crash

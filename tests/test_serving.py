@@ -12,8 +12,14 @@ import fusedattn
 from fusedattn.lab.verify import check
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
-from fusedattn.reference import (attention_ref, attention_ref_grads, paged_to_dense, varlen_ref,
-                                 varlen_ref_grads, visible)
+from fusedattn.reference import (
+    attention_ref,
+    attention_ref_grads,
+    paged_to_dense,
+    varlen_ref,
+    varlen_ref_grads,
+    visible,
+)
 
 LOW = (torch.float16, torch.bfloat16)
 

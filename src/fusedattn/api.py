@@ -39,8 +39,14 @@ import torch
 
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
-from fusedattn.problem import (MAX_FLASH_DIM, MAX_FP32_GRAD_DIM, ProblemError, check_qkv,
-                               check_softcap, check_window)
+from fusedattn.problem import (
+    MAX_FLASH_DIM,
+    MAX_FP32_GRAD_DIM,
+    ProblemError,
+    check_qkv,
+    check_softcap,
+    check_window,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LAYOUTS = {2: "[S, D]", 3: "[H, S, D]", 4: "[B, H, S, D]"}
@@ -50,7 +56,7 @@ def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
           bottom_right: bool = False):
     """The kernels' `Mask` from the ops' plain arguments (-1: no window side; 0.0: no
     softcap)."""
-    from fusedattn.tiles.flash import Mask
+    from fusedattn.tiles.common import Mask
 
     window = None
     if window_left >= 0 or window_right >= 0:

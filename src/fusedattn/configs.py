@@ -2,7 +2,7 @@
 rest, so the first call on a new shape costs one compile, not a search.
 
 A config is `(BLOCK_M, BLOCK_N, num_warps, num_stages)`. Autotuning (Triton's
-`triton.autotune` over the candidate sets in `tiles/flash.py`) runs only on request:
+`triton.autotune` over the candidate sets below) runs only on request:
 `FUSEDATTN_AUTOTUNE=1` in the environment, read at each call. In emulation every kernel
 runs one small config: the interpreter is exact whatever the tile, and slow on big ones.
 
@@ -24,7 +24,7 @@ Config = tuple[int, int, int, int]
 
 SMS = 132  # the H200's streaming multiprocessors: a grid under this leaves SMs idle
 EMULATED: Config = (16, 16, 1, 1)  # tl.dot wants tiles >= 16 on the GPU; kept in emulation
-SHORT_SEQ = 256  # query lengths up to this take small query tiles
+SHORT_SEQ = 256  # query lengths up to this take small query tiles (the autotuner too)
 
 
 def autotune_requested() -> bool:
@@ -106,3 +106,50 @@ def backward_configs(*, dim: int, itemsize: int,
         return BACKWARD_IEEE
     block_d = max(16, triton.next_power_of_2(dim)) * max(1, itemsize // 2)
     return next(c for d, c in BACKWARD.items() if min(block_d, 256) <= d)
+
+
+# --- the autotuner's candidates (FUSEDATTN_AUTOTUNE=1, `fusedattn bench --configs`) -----
+
+# Hopper configs, (BLOCK_M, BLOCK_N, warps, stages). Tensor cores (fp16, bf16, tf32):
+# 128-row query tiles feed wgmma (a warpgroup of 4 warps takes 64 rows); 64-row tiles give
+# more programs when B*H*Sq is small. The four kept are those that won on the H200 (bf16
+# D=64 causal S=8192/16384, D=128 S=4096, fp32-tf32 S=4096, each config timed alone with
+# `fusedattn bench --configs`); 128x64 with 4 warps (3 or 4 stages), 64x128 and 64x64 with
+# 4 stages never did and went. fp32-ieee runs tl.dot as FMA on CUDA cores, where a thread's
+# share of the tile sets the shared-memory traffic per FMA: it tries both sets (at S=4096,
+# D=64 the FMA set alone reached 12.3 TFLOP/s). Short queries (bucket <= 256) try only
+# small tiles: there one 128-row tile would be the whole grid of a head, and compiling
+# fewer configs keeps a fresh process's first call short.
+TENSOR_CORE = ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4))
+FMA = ((64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2),
+       (32, 64, 4, 2), (64, 32, 4, 3), (32, 32, 2, 2), (128, 64, 4, 3))
+SHORT = ((64, 64, 4, 3), (32, 32, 4, 2), (16, 32, 2, 2), (16, 16, 1, 1))
+
+
+def _shape(c: triton.Config) -> tuple[int, int, int, int]:
+    return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
+
+
+CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+           for bm, bn, w, st in dict.fromkeys(TENSOR_CORE + FMA + SHORT)]
+
+
+def candidates(configs, head_dim: int, bucket_q: int, precision) -> list:
+    """The configs worth timing for one problem: the short-sequence set for short queries,
+    else both sets for fp32-ieee and the tensor-core set otherwise; for head dims over 128
+    only tiles of <= 64 (K, V and an accumulator of 256 columns overfill a Hopper SM's
+    shared memory and registers at 128)."""
+    if bucket_q <= SHORT_SEQ:
+        sets = SHORT
+    else:
+        sets = TENSOR_CORE + FMA if precision == "ieee" else TENSOR_CORE
+    keep = [c for c in configs if _shape(c) in sets]
+    if head_dim > 128:
+        keep = [c for c in keep if c.kwargs["BLOCK_N"] <= 64 and c.kwargs["BLOCK_M"] <= 64]
+    return keep or configs[:1]
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """The autotuner's early prune: `candidates` for the launch's arguments."""
+    args = {**named_args, **kwargs}
+    return candidates(configs, args["head_dim"], args["bucket_q"], args["PRECISION"])

@@ -139,7 +139,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            splits: int | None = None, check_lengths: bool = True):
     """Attention of new queries over a KV cache; see the module docstring."""
     from fusedattn.configs import decode_splits
-    from fusedattn.tiles.flash import KVCache, Mask, flash_forward
+    from fusedattn.tiles.common import KVCache, Mask
+    from fusedattn.tiles.flash import flash_forward
 
     window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision, window,
                                     softcap)

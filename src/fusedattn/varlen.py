@@ -30,7 +30,7 @@ from fusedattn.problem import ProblemError, check_qkv
 
 
 def _varlen(cu_q, cu_k, max_q, max_k):
-    from fusedattn.tiles.flash import Varlen
+    from fusedattn.tiles.common import Varlen
 
     return Varlen(cu_q, cu_k, max_q, max_k)
 

@@ -159,7 +159,8 @@ def config_name(c) -> str:
 def _config_calls(q, k, v, p: BenchProblem) -> list[tuple[str, object]]:
     """(name, make call) for every config the autotuner would time on this problem, each
     run as the only config: the tuning table behind `flash`'s choice."""
-    from fusedattn.tiles.flash import CONFIGS, candidates, flash_forward
+    from fusedattn.configs import CONFIGS, candidates
+    from fusedattn.tiles.flash import flash_forward
 
     def make(config):
         def call():

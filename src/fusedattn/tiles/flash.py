@@ -34,69 +34,30 @@ ceil(Sq / BLOCK_M) times, from L2 when it holds them. FLOPs: 4 * Sq * Sk * D (ha
 from __future__ import annotations
 
 import inspect
-import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from fusedattn.configs import autotune_requested, decode_config, forward_config
-from fusedattn.mode import EMULATION
+from fusedattn.configs import (
+    CONFIGS,
+    autotune_requested,
+    decode_config,
+    forward_config,
+    prune_configs,
+)
 from fusedattn.precision import resolve
-
-LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
-
-
-@triton.jit
-def _visible(pos, keys, seq_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """Which (query, key) pairs are seen, on broadcastable `pos` (query positions after the
-    alignment) and `keys`: keys inside the sequence, no later than pos + right (causal:
-    right = 0) and no earlier than pos - left (a sliding window)."""
-    valid = keys < seq_k
-    if HAS_RIGHT:
-        valid = valid & (keys <= pos + right)
-    if HAS_LEFT:
-        valid = valid & (keys >= pos - left)
-    return valid
-
-
-@triton.jit
-def _spans(first, last, count, lo_off, hi_off, BLOCK: tl.constexpr, HAS_LO: tl.constexpr,
-           HAS_HI: tl.constexpr):
-    """The partner tiles a run of own indices first..last visits, when own index y sees
-    partners x in [y + lo_off, y + hi_off] (bounds only where HAS_LO / HAS_HI) of `count`:
-    (lo, ulo, uhi, hi) in steps of BLOCK, with tiles [lo, ulo) and [uhi, hi) masked and
-    [ulo, uhi) whole and visible to every own index (no compare, no select). Tiles outside
-    [lo, hi) are skipped, not masked. The forward: own = query positions, partner = keys; the
-    dK/dV pass: own = keys, partner = query rows."""
-    lo = first * 0
-    ulo = first * 0
-    hi = first * 0 + count
-    uhi = first * 0 + count
-    if HAS_LO:
-        lo = tl.maximum(first + lo_off, 0)
-        ulo = last + lo_off
-    if HAS_HI:
-        hi = tl.minimum(last + hi_off + 1, count)
-        uhi = first + hi_off + 1
-    lo = lo // BLOCK * BLOCK
-    hi = tl.maximum(hi, lo)
-    ulo = tl.minimum(tl.maximum(tl.cdiv(ulo, BLOCK) * BLOCK, lo), hi)
-    uhi = tl.maximum(tl.minimum(tl.minimum(uhi, count) // BLOCK * BLOCK, hi), ulo)
-    return lo, ulo, uhi, hi
-
-
-@triton.jit
-def _scores(dot, qk_scale, cap, SOFTCAP: tl.constexpr):
-    """Scores in base 2 from Q K^T: dot * scale * log2(e); with a softcap c,
-    c * tanh(dot * scale / c) * log2(e) (here qk_scale = scale / c and cap = c * log2(e);
-    tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both ends of the range)."""
-    if SOFTCAP:
-        t = 1.0 - 2.0 / (tl.exp2(dot * (qk_scale * 2.8853900817779268)) + 1.0)
-        return t * cap
-    else:
-        return dot * qk_scale
+from fusedattn.tiles.common import (
+    KVCache,
+    Mask,
+    Varlen,
+    _scores,
+    _spans,
+    _visible,
+    emulation_operands,
+    index_dtype,
+)
+from fusedattn.tiles.splitkv import merge_splits
 
 
 @triton.jit
@@ -277,85 +238,6 @@ def _flash_fwd(
         tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
                  (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=mask_m)
 
-
-@triton.jit
-def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
-                  so_row, so_d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                  SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """Flash-decoding's merge of BLOCK_R rows: LSE = log sum_s exp(LSE_s) and
-    O = sum_s exp(LSE_s - LSE) O_s, from the splits' normalised partials (fp32, rows
-    contiguous: `[splits, rows, head_dim]` and `[splits, rows]`). A row no split saw keeps
-    O = 0, LSE = -inf."""
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_s = tl.arange(0, SPLITS)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = r < rows
-    mask_s = offs_s < n_splits
-    mask_d = offs_d < head_dim
-    lse_s = tl.load(p_lse_part + offs_s[:, None].to(tl.int64) * rows + r[None, :],
-                    mask=mask_s[:, None] & mask_r[None, :], other=float("-inf"))
-    m = tl.max(lse_s, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse_s - m_safe[None, :])                                   # [SPLITS, BLOCK_R]
-    total = tl.sum(w, axis=0)
-    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    for s in range(0, n_splits):
-        part = tl.load(p_part + (s * rows + r[:, None]).to(tl.int64) * head_dim
-                       + offs_d[None, :], mask=mask_r[:, None] & mask_d[None, :], other=0.0)
-        w_s = tl.sum(tl.where(offs_s[:, None] == s, w, 0.0), axis=0)
-        acc += part * w_s[:, None]
-    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-    tl.store(p_o + r[:, None].to(tl.int64) * so_row + offs_d[None, :] * so_d,
-             out.to(p_o.dtype.element_ty), mask=mask_r[:, None] & mask_d[None, :])
-    if WRITE_LSE:
-        tl.store(p_lse + r, m_safe + tl.log(total), mask=mask_r)
-
-
-# Hopper configs, (BLOCK_M, BLOCK_N, warps, stages). Tensor cores (fp16, bf16, tf32):
-# 128-row query tiles feed wgmma (a warpgroup of 4 warps takes 64 rows); 64-row tiles give
-# more programs when B*H*Sq is small. The four kept are those that won on the H200 (bf16
-# D=64 causal S=8192/16384, D=128 S=4096, fp32-tf32 S=4096, each config timed alone with
-# `fusedattn bench --configs`); 128x64 with 4 warps (3 or 4 stages), 64x128 and 64x64 with
-# 4 stages never did and went. fp32-ieee runs tl.dot as FMA on CUDA cores, where a thread's
-# share of the tile sets the shared-memory traffic per FMA: it tries both sets (at S=4096,
-# D=64 the FMA set alone reached 12.3 TFLOP/s). Short queries (bucket <= 256) try only
-# small tiles: there one 128-row tile would be the whole grid of a head, and compiling
-# fewer configs keeps a fresh process's first call short.
-TENSOR_CORE = ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4))
-FMA = ((64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2),
-       (32, 64, 4, 2), (64, 32, 4, 3), (32, 32, 2, 2), (128, 64, 4, 3))
-SHORT = ((64, 64, 4, 3), (32, 32, 4, 2), (16, 32, 2, 2), (16, 16, 1, 1))
-SHORT_SEQ = 256  # a query length bucket up to this tries the SHORT configs only
-
-
-def _shape(c: triton.Config) -> tuple[int, int, int, int]:
-    return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
-
-
-CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-           for bm, bn, w, st in dict.fromkeys(TENSOR_CORE + FMA + SHORT)]
-
-
-def candidates(configs, head_dim: int, bucket_q: int, precision) -> list:
-    """The configs worth timing for one problem: the short-sequence set for short queries,
-    else both sets for fp32-ieee and the tensor-core set otherwise; for head dims over 128
-    only tiles of <= 64 (K, V and an accumulator of 256 columns overfill a Hopper SM's
-    shared memory and registers at 128)."""
-    if bucket_q <= SHORT_SEQ:
-        sets = SHORT
-    else:
-        sets = TENSOR_CORE + FMA if precision == "ieee" else TENSOR_CORE
-    keep = [c for c in configs if _shape(c) in sets]
-    if head_dim > 128:
-        keep = [c for c in keep if c.kwargs["BLOCK_N"] <= 64 and c.kwargs["BLOCK_M"] <= 64]
-    return keep or configs[:1]
-
-
-def _prune(configs, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    return candidates(configs, args["head_dim"], args["bucket_q"], args["PRECISION"])
-
-
 # Autotune results saved in Triton's cache dir, so a fresh process (run-all starts several)
 # does not time every config again; a keyword of newer Tritons, passed where it exists.
 _CACHE = ({"cache_results": True}
@@ -365,85 +247,8 @@ _CACHE = ({"cache_results": True}
 _flash_fwd_autotuned = triton.autotune(
     configs=CONFIGS,
     key=["bucket_q", "bucket_k", "BLOCK_D", "HAS_RIGHT", "PRECISION", "PAD_D"],
-    prune_configs_by={"early_config_prune": _prune}, **_CACHE,
+    prune_configs_by={"early_config_prune": prune_configs}, **_CACHE,
 )(_flash_fwd)
-
-
-def index_dtype(*tensors: torch.Tensor, rows: int = 0):
-    """The kernels' offset type: `tl.int32` when every element offset of `tensors` (and
-    `rows`, the LSE/delta length) fits in 31 bits, else `tl.int64` (batch and head offsets
-    and tiles' first rows; offsets inside a tile stay 32-bit). 32 bits where they suffice,
-    the widths used before 64-bit offsets existed. FUSEDATTN_INDEX64=1 forces 64 bits (to
-    measure what they cost)."""
-    span = max([rows] + [sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-                         for t in tensors])
-    if span >= 2**31 - 1 or os.environ.get("FUSEDATTN_INDEX64") == "1":
-        return tl.int64
-    return tl.int32
-
-
-def emulation_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The kernels' operands as they are, except bf16 in the interpreter: there they become
-    fp32 copies, because the interpreter's bf16 `tl.dot` returns garbage (an upstream bug:
-    values near 8e8 for inputs of N(0,1)). Products from fp32 copies of bf16 values are
-    exact, so emulated bf16 is at least as accurate as the GPU's; outputs keep their dtype."""
-    if EMULATION:
-        return tuple(t.float() if t.dtype == torch.bfloat16 else t for t in tensors)
-    return tensors
-
-
-@dataclass(frozen=True)
-class Mask:
-    """What each query sees, as the kernels take it: `causal` and `window = (left, right)`
-    (None for an unbounded side) around each query's position, which is its row
-    (top-left) or its row + Sk - Sq (`bottom_right`); `softcap` c maps each scaled score s
-    to c * tanh(s / c). The forward and the backward kernels read the same arguments."""
-
-    causal: bool = False
-    window: tuple[int | None, int | None] | None = None
-    softcap: float | None = None
-    bottom_right: bool = False
-
-    def kernel_args(self, scale: float) -> tuple[tuple, dict]:
-        """((qk_scale, cap, left, right), constexprs) for the kernels."""
-        left, right = self.window if self.window is not None else (None, None)
-        has_right = self.causal or right is not None
-        if self.causal:
-            right = 0  # a window's right side (>= 0) adds nothing to causal
-        elif right is None:
-            right = 0  # unused: no upper bound
-        if self.softcap:
-            scores = (scale / self.softcap, self.softcap * LOG2E)
-        else:
-            scores = (scale * LOG2E, 1.0)
-        return ((*scores, left or 0, right),
-                {"HAS_LEFT": left is not None, "HAS_RIGHT": has_right,
-                 "SOFTCAP": bool(self.softcap), "BOTTOM_RIGHT": self.bottom_right})
-
-
-@dataclass(frozen=True)
-class Varlen:
-    """A packed batch for the kernels: sequence b is rows cu_q[b]..cu_q[b+1] of q (and of
-    cu_k's of k, v); the tensors come as `[1, H, total, D]` views."""
-
-    cu_q: torch.Tensor
-    cu_k: torch.Tensor
-    max_seqlen_q: int
-    max_seqlen_k: int
-
-    @property
-    def batch(self) -> int:
-        return self.cu_q.numel() - 1
-
-
-@dataclass(frozen=True)
-class KVCache:
-    """Keys of a cache for the kernels: `seqlens [B] int32` keys per sequence; with
-    `block_table [B, max_blocks] int32` the cache is paged, `[num_blocks, H_kv, page, D]`."""
-
-    seqlens: torch.Tensor
-    block_table: torch.Tensor | None = None
-
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
                   lse: torch.Tensor | None, is_causal: bool, scale: float,
@@ -538,12 +343,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
     )
     if splits > 1:
-        n_rows = target_lse[0].numel()
-        block_r = 16
-        _merge_splits[(triton.cdiv(n_rows, block_r),)](
-            target, target_lse, out, lse if lse is not None else target_lse, splits, n_rows,
-            dim, out.stride(-2), out.stride(-1), BLOCK_R=block_r, BLOCK_D=block_d,
-            SPLITS=max(2, triton.next_power_of_2(splits)), WRITE_LSE=lse is not None)
+        merge_splits(target, target_lse, out, lse)
     return out, compiled
 
 

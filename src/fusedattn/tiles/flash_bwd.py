@@ -40,8 +40,15 @@ import triton.language as tl
 from fusedattn.configs import backward_configs
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
-from fusedattn.tiles.flash import (Mask, Varlen, _scores, _spans, _visible, emulation_operands,
-                                   index_dtype)
+from fusedattn.tiles.common import (
+    Mask,
+    Varlen,
+    _scores,
+    _spans,
+    _visible,
+    emulation_operands,
+    index_dtype,
+)
 
 
 @triton.jit

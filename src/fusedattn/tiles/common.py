@@ -1,0 +1,144 @@
+"""What the flash kernels share: the visibility rule, the tile spans it gives, the scores
+(with softcap), the host-side descriptions of a mask, a packed batch and a KV cache, the
+offsets' width, and the operands in emulation. `flash.py` (forward), `flash_bwd.py`
+(backward) and `splitkv.py` (the split-KV merge) import from here."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from fusedattn.mode import EMULATION
+
+LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
+
+
+@triton.jit
+def _visible(pos, keys, seq_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Which (query, key) pairs are seen, on broadcastable `pos` (query positions after the
+    alignment) and `keys`: keys inside the sequence, no later than pos + right (causal:
+    right = 0) and no earlier than pos - left (a sliding window)."""
+    valid = keys < seq_k
+    if HAS_RIGHT:
+        valid = valid & (keys <= pos + right)
+    if HAS_LEFT:
+        valid = valid & (keys >= pos - left)
+    return valid
+
+
+@triton.jit
+def _spans(first, last, count, lo_off, hi_off, BLOCK: tl.constexpr, HAS_LO: tl.constexpr,
+           HAS_HI: tl.constexpr):
+    """The partner tiles a run of own indices first..last visits, when own index y sees
+    partners x in [y + lo_off, y + hi_off] (bounds only where HAS_LO / HAS_HI) of `count`:
+    (lo, ulo, uhi, hi) in steps of BLOCK, with tiles [lo, ulo) and [uhi, hi) masked and
+    [ulo, uhi) whole and visible to every own index (no compare, no select). Tiles outside
+    [lo, hi) are skipped, not masked. The forward: own = query positions, partner = keys; the
+    dK/dV pass: own = keys, partner = query rows."""
+    lo = first * 0
+    ulo = first * 0
+    hi = first * 0 + count
+    uhi = first * 0 + count
+    if HAS_LO:
+        lo = tl.maximum(first + lo_off, 0)
+        ulo = last + lo_off
+    if HAS_HI:
+        hi = tl.minimum(last + hi_off + 1, count)
+        uhi = first + hi_off + 1
+    lo = lo // BLOCK * BLOCK
+    hi = tl.maximum(hi, lo)
+    ulo = tl.minimum(tl.maximum(tl.cdiv(ulo, BLOCK) * BLOCK, lo), hi)
+    uhi = tl.maximum(tl.minimum(tl.minimum(uhi, count) // BLOCK * BLOCK, hi), ulo)
+    return lo, ulo, uhi, hi
+
+
+@triton.jit
+def _scores(dot, qk_scale, cap, SOFTCAP: tl.constexpr):
+    """Scores in base 2 from Q K^T: dot * scale * log2(e); with a softcap c,
+    c * tanh(dot * scale / c) * log2(e) (here qk_scale = scale / c and cap = c * log2(e);
+    tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both ends of the range)."""
+    if SOFTCAP:
+        t = 1.0 - 2.0 / (tl.exp2(dot * (qk_scale * 2.8853900817779268)) + 1.0)
+        return t * cap
+    else:
+        return dot * qk_scale
+
+
+def index_dtype(*tensors: torch.Tensor, rows: int = 0):
+    """The kernels' offset type: `tl.int32` when every element offset of `tensors` (and
+    `rows`, the LSE/delta length) fits in 31 bits, else `tl.int64` (batch and head offsets
+    and tiles' first rows; offsets inside a tile stay 32-bit). 32 bits where they suffice,
+    the widths used before 64-bit offsets existed. FUSEDATTN_INDEX64=1 forces 64 bits (to
+    measure what they cost)."""
+    span = max([rows] + [sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+                         for t in tensors])
+    if span >= 2**31 - 1 or os.environ.get("FUSEDATTN_INDEX64") == "1":
+        return tl.int64
+    return tl.int32
+
+
+def emulation_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The kernels' operands as they are, except bf16 in the interpreter: there they become
+    fp32 copies, because the interpreter's bf16 `tl.dot` returns garbage (an upstream bug:
+    values near 8e8 for inputs of N(0,1)). Products from fp32 copies of bf16 values are
+    exact, so emulated bf16 is at least as accurate as the GPU's; outputs keep their dtype."""
+    if EMULATION:
+        return tuple(t.float() if t.dtype == torch.bfloat16 else t for t in tensors)
+    return tensors
+
+
+@dataclass(frozen=True)
+class Mask:
+    """What each query sees, as the kernels take it: `causal` and `window = (left, right)`
+    (None for an unbounded side) around each query's position, which is its row
+    (top-left) or its row + Sk - Sq (`bottom_right`); `softcap` c maps each scaled score s
+    to c * tanh(s / c). The forward and the backward kernels read the same arguments."""
+
+    causal: bool = False
+    window: tuple[int | None, int | None] | None = None
+    softcap: float | None = None
+    bottom_right: bool = False
+
+    def kernel_args(self, scale: float) -> tuple[tuple, dict]:
+        """((qk_scale, cap, left, right), constexprs) for the kernels."""
+        left, right = self.window if self.window is not None else (None, None)
+        has_right = self.causal or right is not None
+        if self.causal:
+            right = 0  # a window's right side (>= 0) adds nothing to causal
+        elif right is None:
+            right = 0  # unused: no upper bound
+        if self.softcap:
+            scores = (scale / self.softcap, self.softcap * LOG2E)
+        else:
+            scores = (scale * LOG2E, 1.0)
+        return ((*scores, left or 0, right),
+                {"HAS_LEFT": left is not None, "HAS_RIGHT": has_right,
+                 "SOFTCAP": bool(self.softcap), "BOTTOM_RIGHT": self.bottom_right})
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """A packed batch for the kernels: sequence b is rows cu_q[b]..cu_q[b+1] of q (and of
+    cu_k's of k, v); the tensors come as `[1, H, total, D]` views."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def batch(self) -> int:
+        return self.cu_q.numel() - 1
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Keys of a cache for the kernels: `seqlens [B] int32` keys per sequence; with
+    `block_table [B, max_blocks] int32` the cache is paged, `[num_blocks, H_kv, page, D]`."""
+
+    seqlens: torch.Tensor
+    block_table: torch.Tensor | None = None

@@ -1,0 +1,55 @@
+"""Flash-decoding's merge: each split of a sequence's keys wrote a normalised partial O and
+its LSE (`flash._flash_fwd` with SPLIT); one small kernel combines them by LSE."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
+                  so_row, so_d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                  SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Flash-decoding's merge of BLOCK_R rows: LSE = log sum_s exp(LSE_s) and
+    O = sum_s exp(LSE_s - LSE) O_s, from the splits' normalised partials (fp32, rows
+    contiguous: `[splits, rows, head_dim]` and `[splits, rows]`). A row no split saw keeps
+    O = 0, LSE = -inf."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = r < rows
+    mask_s = offs_s < n_splits
+    mask_d = offs_d < head_dim
+    lse_s = tl.load(p_lse_part + offs_s[:, None].to(tl.int64) * rows + r[None, :],
+                    mask=mask_s[:, None] & mask_r[None, :], other=float("-inf"))
+    m = tl.max(lse_s, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe[None, :])                                   # [SPLITS, BLOCK_R]
+    total = tl.sum(w, axis=0)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    for s in range(0, n_splits):
+        part = tl.load(p_part + (s * rows + r[:, None]).to(tl.int64) * head_dim
+                       + offs_d[None, :], mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+        w_s = tl.sum(tl.where(offs_s[:, None] == s, w, 0.0), axis=0)
+        acc += part * w_s[:, None]
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(p_o + r[:, None].to(tl.int64) * so_row + offs_d[None, :] * so_d,
+             out.to(p_o.dtype.element_ty), mask=mask_r[:, None] & mask_d[None, :])
+    if WRITE_LSE:
+        tl.store(p_lse + r, m_safe + tl.log(total), mask=mask_r)
+
+
+def merge_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor | None) -> None:
+    """Combine `part [splits, B, H, Sq, D] fp32` and `part_lse [splits, B, H, Sq]` into
+    `out [B, H, Sq, D]` (rows contiguous) and `lse [B, H, Sq]` (or None)."""
+    splits, dim = part.shape[0], part.shape[-1]
+    rows = part_lse[0].numel()
+    block_r = 16
+    _merge_splits[(triton.cdiv(rows, block_r),)](
+        part, part_lse, out, lse if lse is not None else part_lse, splits, rows, dim,
+        out.stride(-2), out.stride(-1), BLOCK_R=block_r,
+        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        SPLITS=max(2, triton.next_power_of_2(splits)), WRITE_LSE=lse is not None)
