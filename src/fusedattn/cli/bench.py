@@ -24,7 +24,8 @@ def add(sub) -> None:
     p = sub.add_parser("bench", help="the flash kernel against PyTorch's attention backends")
     p.add_argument("--suite", default="bf16",
                     help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
-                    "tiny-train|all, or the serving suites decode|varlen|window|tiny-serving")
+                    "tiny-train|prefill|all, the serving suites decode|varlen|window|tiny-serving, "
+                    "or coldstart (first calls in fresh processes)")
     p.add_argument("--providers", default="all",
                     help="all, or a comma-separated list of versions with a batched form")
     p.add_argument("--match", default="",
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     if args.suite in serving_suites():
         return run_serving_suite(args, console)
+    if args.suite == "coldstart":
+        return run_coldstart(args, console)
     from fusedattn.lab.evidence import environment, sha256_file
     from fusedattn.lab.registry import VERSIONS
     from fusedattn.lab.suites import check_suite, providers, run_problem, with_ratios
@@ -147,3 +150,31 @@ def run_serving_suite(args: argparse.Namespace, console: Console) -> int:
                       kinds=sorted(BUILDERS))
     console.print(f"written: {out_dir}")
     return 0 if all(r["status"] != "FAIL" for r in rows) else 1
+
+
+def run_coldstart(args: argparse.Namespace, console: Console) -> int:
+    """Each first-call case in a fresh process with an empty Triton cache."""
+    from fusedattn.lab.coldstart import problems, run_fresh
+    from fusedattn.lab.evidence import environment
+
+    if mode.EMULATION:
+        raise ProblemError("suite", "coldstart", "a GPU: in emulation nothing is compiled")
+    env = environment()
+    out_dir = stamp_dir(args, "-bench-coldstart", env)
+    rows = []
+    with console.status("coldstart") as status:
+        for p in problems():
+            status.update(p.label())
+            rows.append(run_fresh(p))
+            write_rows_csv(out_dir / "coldstart.csv", rows)
+    render_table(console, f"first calls, fresh processes — {mode.describe()}", rows, [
+        ("problem", lambda r: r["problem"]),
+        ("first call s", lambda r: fmt(r.get("first_call_s"), ".2f")),
+        ("second call ms", lambda r: fmt(r.get("second_call_s") and
+                                         r["second_call_s"] * 1e3, ".2f")),
+        ("SDPA first s", lambda r: fmt(r.get("sdpa_first_call_s"), ".3f")),
+        ("process s", lambda r: fmt(r.get("process_s"), ".1f")),
+        ("verified", lambda r: str(r.get("verified", r.get("error", ""))[:60]))])
+    write_environment(out_dir, env)
+    console.print(f"written: {out_dir}")
+    return 0 if all(r.get("verified") for r in rows) else 1

@@ -92,6 +92,18 @@ def suites() -> dict[str, list[BenchProblem]]:
         "fp32": [BenchProblem(1, 16, 4096, 64, "fp32", False, prec)
                  for prec in (None, "tf32", "tf32x3")],
         "memory": [BenchProblem(4, 32, 32768, 128, "bf16", False)],
+        # the prefill issue's rows, in one run: the tile table's hard cases
+        "prefill": [BenchProblem(4, 32, 4096, 128, "bf16", False),
+                    BenchProblem(4, 32, 4096, 128, "bf16", True),
+                    BenchProblem(4, 32, 4096, 64, "bf16", False),
+                    BenchProblem(2, 32, 8192, 64, "bf16", True),
+                    BenchProblem(2, 32, 8192, 128, "bf16", True, heads_kv=8),
+                    BenchProblem(1, 16, 16384, 80, "bf16", False),
+                    BenchProblem(2, 16, 4096, 96, "bf16", False),
+                    BenchProblem(2, 16, 4096, 256, "bf16", False),
+                    BenchProblem(64, 16, 256, 64, "bf16", False),
+                    BenchProblem(64, 16, 256, 64, "bf16", True),
+                    BenchProblem(1, 16, 4096, 64, "fp32", False)],
         "tiny": [BenchProblem(1, 2, 33, 16, "fp32", c, None, hk) for c in (False, True)
                  for hk in (2, 1)],
     }
