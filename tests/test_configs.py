@@ -42,6 +42,8 @@ def test_backward_table_by_head_dim_and_bytes(gpu_rules):
         assert configs.backward_configs(dim=dim, itemsize=4,
                                         precision="ieee") == configs.BACKWARD_IEEE
     assert configs.backward_configs(dim=64, itemsize=4, precision="tf32") == configs.BACKWARD[128]
+    assert configs.backward_configs(dim=64, itemsize=4,
+                                    precision="tf32x3") == configs.BACKWARD[256]
 
 
 @pytest.mark.emulation_only("the interpreter's one config; the GPU's are the tables above")

@@ -169,6 +169,7 @@ def run_coldstart(args: argparse.Namespace, console: Console) -> int:
             write_rows_csv(out_dir / "coldstart.csv", rows)
     render_table(console, f"first calls, fresh processes — {mode.describe()}", rows, [
         ("problem", lambda r: r["problem"]),
+        ("primer s", lambda r: fmt(r.get("primer_s"), ".2f")),
         ("first call s", lambda r: fmt(r.get("first_call_s"), ".2f")),
         ("second call ms", lambda r: fmt(r.get("second_call_s") and
                                          r["second_call_s"] * 1e3, ".2f")),

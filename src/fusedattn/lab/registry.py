@@ -264,15 +264,14 @@ for _rows, _name in ((1, "online-tiled"), (4, "online-tiled-4")):
     register(Version(
         _name, "simt",
         f"1 launch: a block per {_rows} query row(s), K/V tiles of 32 keys in shared memory, "
-        "one max/sum update per tile: 4 barriers per tile (not yet run on a GPU: not in "
-        "`all` until it is)",
+        "one max/sum update per tile: 4 barriers per tile",
         (Kernel("online_tiled", ("Q", "K", "V"), ("O",),
                 lambda p: barriers_per_block(p.seq),
                 "per block: 1 + 4*ceil(S/32) (load, scores, row statistics, accumulate)",
                 "_online_tiled_kernel"),),
         "fusedattn.simt.online_tiled",
         _prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention", rows=_rows),
-        _tiled_limits(_rows), in_all=False,
+        _tiled_limits(_rows),
         planted=_prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention",
                               rows=_rows, planted=True),
         planted_kernel="online_tiled",
