@@ -25,15 +25,26 @@ SIZES = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
 DTYPE = torch.float32 if EMULATION else torch.bfloat16
 
 
-def _config():
+WINDOW = 6 if EMULATION else 100  # shorter than the sequence: the band matters
+
+
+def _config(kind: str = "llama"):
     sizes = {k: v for k, v in SIZES.items() if k not in ("seq", "batch")}
-    return transformers.LlamaConfig(vocab_size=128, max_position_embeddings=1024, **sizes)
+    common = dict(vocab_size=128, max_position_embeddings=1024, **sizes)
+    if kind == "mistral":  # a sliding window on every layer
+        return transformers.MistralConfig(sliding_window=WINDOW, **common)
+    if kind == "gemma2":  # sliding and full layers in turn, logit softcap 5 (50 in Gemma 2)
+        return transformers.Gemma2Config(sliding_window=WINDOW, attn_logit_softcapping=5.0,
+                                         final_logit_softcapping=None,
+                                         head_dim=sizes["hidden_size"]
+                                         // sizes["num_attention_heads"], **common)
+    return transformers.LlamaConfig(**common)
 
 
-def _model(attn: str, state=None, dtype=DTYPE):
+def _model(attn: str, state=None, dtype=DTYPE, kind: str = "llama"):
     torch.manual_seed(0)
     # a config per model: from_config records the implementation on the config it is given
-    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config()),
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config(kind)),
                                                           attn_implementation=attn)
     if state is not None:
         model.load_state_dict(state)
@@ -48,15 +59,21 @@ def _step(model, ids):
     return out.logits.detach(), grads
 
 
-def test_logits_and_training_gradients_match_sdpa():
-    ours = _model("fusedattn")
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_logits_and_training_gradients_match_sdpa(kind):
+    # mistral: sliding windows; gemma2: sliding and full layers, softcap (window and softcap
+    # reach the kernels as `window=` and `softcap=`)
+    ours = _model("fusedattn", kind=kind)
     assert ours.config._attn_implementation == "fusedattn"
     state = ours.state_dict()
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 128, (SIZES["batch"], SIZES["seq"]), generator=gen).to(DEVICE)
     # the float64 reference: the same weights, eager attention, on the CPU
-    ref_logits, ref_grads = _step(_model("eager", state, torch.float64).cpu(), ids.cpu())
-    peer_logits, peer_grads = _step(_model("sdpa", state), ids)
+    ref_logits, ref_grads = _step(_model("eager", state, torch.float64, kind).cpu(),
+                                  ids.cpu())
+    # the peer: "sdpa" in the same dtype (Gemma 2 has no SDPA path: softcap; eager there)
+    peer = "eager" if kind == "gemma2" else "sdpa"
+    peer_logits, peer_grads = _step(_model(peer, state, kind=kind), ids)
     got_logits, got_grads = _step(ours, ids)
     for name, got, peer, ref in (("logits", got_logits, peer_logits, ref_logits),
                                  ("grads", got_grads, peer_grads, ref_grads)):

@@ -8,10 +8,14 @@ transformers calls the attention function with `query: [B, H, Sq, D]`, `key, val
 is transformers' own SDPA one, followed by a check, once per model call (not per layer):
 a mask that says no more than `is_causal` does (exactly the lower triangle with Sq == Sk:
 prefill and training; all True with Sq == 1: a decode step, which attends to every cached
-key) becomes None. Then fusedattn runs, causal (top-left) for Sq > 1 on decoder layers.
-Any other mask (a padded batch, chunked prefill after a cache, a sliding window, a static
-cache's unused tail) reaches the attention function, which raises `ProblemError` rather than
-return a silently different result; use "sdpa" for those.
+key) becomes None, and so does a sliding-window causal mask with Sq == Sk (the lower
+triangle cut to the last W keys: Mistral's, Gemma 2's sliding layers), whose window the
+layer passes as `sliding_window=W`. Then fusedattn runs, causal (top-left) for Sq > 1 on
+decoder layers, with `window=(W - 1, None)` (query i sees keys i - W + 1 .. i, as
+transformers' mask) and Gemma 2's `softcap`. Any other mask (a padded batch, chunked
+prefill after a cache, a windowed decode step that does not see every cached key, a static
+cache's unused tail) reaches the attention function, which raises `ProblemError` rather
+than return a silently different result; use "sdpa" for those.
 """
 
 from __future__ import annotations
@@ -36,19 +40,23 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
                            "chunked prefill or sliding window); use attn_implementation='sdpa'")
     if dropout:
         raise ProblemError("dropout", dropout, "0.0: fusedattn has no attention dropout")
-    for name in ("softcap", "sliding_window"):
-        if kwargs.get(name) is not None:
-            raise ProblemError(name, kwargs[name], "None: not supported by fusedattn yet")
     if kwargs.get("output_attentions"):
         raise ProblemError("output_attentions", True, "False: fusedattn never forms P")
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    out = attention(query, key, value, is_causal=bool(causal) and query.shape[2] > 1,
-                    scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    causal = bool(causal) and query.shape[2] > 1
+    sliding = kwargs.get("sliding_window")
+    window = None
+    if sliding is not None and causal:  # a decode step (Sq == 1) came with no mask: it
+        window = (int(sliding) - 1, None)  # sees every cached key, so no window applies
+    out = attention(query, key, value, is_causal=causal, scale=scaling,
+                    enable_gqa=key.shape[1] != query.shape[1], window=window,
+                    softcap=kwargs.get("softcap"))
     return out.transpose(1, 2).contiguous(), None
 
 
 def fusedattn_mask(*args, **kwargs):
-    """transformers' SDPA mask, or None where causal/full attention says the same."""
+    """transformers' SDPA mask, or None where causal (or sliding-window causal) or full
+    attention says the same."""
     mask = sdpa_mask(*args, **kwargs)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         return mask
@@ -57,7 +65,10 @@ def fusedattn_mask(*args, **kwargs):
         return None
     if seq_q == seq_k:
         tril = torch.ones(seq_q, seq_k, dtype=torch.bool, device=mask.device).tril()
-        if torch.equal(mask, tril.expand_as(mask)):
+        # the last row's count of visible keys is the window W (all of them: plain causal)
+        width = int(mask.reshape(-1, seq_q, seq_k)[0, -1].sum())
+        band = tril.triu(-(width - 1)) if width >= 1 else tril
+        if torch.equal(mask, band.expand_as(mask)):
             return None
     return mask
 
