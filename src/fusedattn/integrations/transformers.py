@@ -16,9 +16,26 @@ transformers' mask) and Gemma 2's `softcap`. Any other mask (a padded batch, chu
 prefill after a cache, a windowed decode step that does not see every cached key, a static
 cache's unused tail) reaches the attention function, which raises `ProblemError` rather
 than return a silently different result; use "sdpa" for those.
+
+Context parallel (`sequence_parallel(group)`): inside it, every "fusedattn" layer runs
+`fusedattn.distributed.ring_attention` over the ranks of `group`, each holding a shard of
+the sequence (zigzag shards when causal):
+
+    with sequence_parallel(group):
+        logits = model(zigzag_shard(ids, rank, world, dim=1),
+                       position_ids=zigzag_shard(positions, rank, world, dim=1)).logits
+
+The position ids must be sharded like the tokens (RoPE sees true positions), and the labels
+shifted on the whole sequence before sharding (the model's own loss shifts within a shard,
+which is wrong at the shard's seams): compute the loss from the logits, sum it over the
+ranks and all-reduce the parameters' gradients (`tests/test_distributed_hf.py` does a
+training step this way and matches one process on the whole sequence). Windows and softcap
+are refused there (the ring has neither).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 from transformers import AttentionInterface
@@ -28,6 +45,18 @@ from fusedattn.api import attention
 from fusedattn.problem import ProblemError
 
 NAME = "fusedattn"
+_RING: list = []  # the process group of the innermost `sequence_parallel`, if any
+
+
+@contextmanager
+def sequence_parallel(group=None):
+    """Inside: "fusedattn" layers run ring attention over `group` (default: the world) on
+    sequence shards; see the module docstring."""
+    _RING.append(group)
+    try:
+        yield
+    finally:
+        _RING.pop()
 
 
 def fusedattn_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -48,6 +77,16 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
     window = None
     if sliding is not None and causal:  # a decode step (Sq == 1) came with no mask: it
         window = (int(sliding) - 1, None)  # sees every cached key, so no window applies
+    if _RING:
+        from fusedattn.distributed import ring_attention
+
+        for name in ("sliding_window", "softcap"):
+            if kwargs.get(name) is not None:
+                raise ProblemError(name, kwargs[name], "None under sequence_parallel (ring "
+                                   "attention has no windows or softcap)")
+        out = ring_attention(query, key, value, group=_RING[-1], is_causal=causal,
+                             scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
     out = attention(query, key, value, is_causal=causal, scale=scaling,
                     enable_gqa=key.shape[1] != query.shape[1], window=window,
                     softcap=kwargs.get("softcap"))
