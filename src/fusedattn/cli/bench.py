@@ -41,6 +41,37 @@ def add(sub) -> None:
                     + OUT_DEFAULT)
 
 
+COMMON_COLUMNS = [
+    ("problem", lambda r: r["problem"]), ("provider", lambda r: r["provider"]),
+    ("status", lambda r: r["status"] + (f" ({r['reason'][:50]})" if r["reason"] else "")),
+    ("max err", lambda r: fmt(r["max_abs_error"], ".2e")),
+    ("tol", lambda r: fmt(r["tolerance"], ".1e")),
+    ("ms", lambda r: fmt(r["median_ms"], ".4f"))]
+
+
+def _select(args: argparse.Namespace, problems: list, known: list[str], emulated: str):
+    """The suite's problems that `--match` keeps and the `--providers` asked for (all of
+    `known` by default), with the counts checked; in emulation only the `emulated` suites."""
+    if args.match:
+        wanted = [m.strip() for m in args.match.split(",") if m.strip()]
+        kept = [p for p in problems if any(m in p.label() for m in wanted)]
+        if not kept:
+            raise ProblemError("match", args.match, "texts found in the suite's labels, e.g. "
+                               + ", ".join(p.label() for p in problems[:2]))
+        problems = kept
+    names = known if args.providers == "all" else [
+        n.strip() for n in args.providers.split(",") if n.strip()]
+    if not names or any(n not in known for n in names):
+        raise ProblemError("providers", args.providers, "all, or a comma-separated list of: "
+                           + ", ".join(known))
+    if args.warmup < 0 or args.repeat < 1:
+        raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
+    if mode.EMULATION and not args.suite.startswith("tiny"):
+        raise ProblemError("suite", args.suite,
+                           f"{emulated} in emulation (the others are GPU-sized)")
+    return problems, names
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.lab.serving import serving_suites
 
@@ -52,24 +83,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.lab.registry import VERSIONS
     from fusedattn.lab.suites import check_suite, providers, run_problem, with_ratios
 
-    problems = check_suite(args.suite)
-    if args.match:
-        wanted = [m.strip() for m in args.match.split(",") if m.strip()]
-        problems = [p for p in problems if any(m in p.label() for m in wanted)]
-        if not problems:
-            raise ProblemError("match", args.match, "texts found in the suite's labels, e.g. "
-                               + ", ".join(p.label() for p in check_suite(args.suite)[:2]))
-    known = providers()
-    names = known if args.providers == "all" else [
-        n.strip() for n in args.providers.split(",") if n.strip()]
-    if not names or any(n not in known for n in names):
-        raise ProblemError("providers", args.providers, "all, or a comma-separated list of: "
-                           + ", ".join(known))
-    if args.warmup < 0 or args.repeat < 1:
-        raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
-    if mode.EMULATION and not args.suite.startswith("tiny"):
-        raise ProblemError("suite", args.suite,
-                           "tiny or tiny-train in emulation (the others are GPU-sized)")
+    problems, names = _select(args, check_suite(args.suite), providers(), "tiny or tiny-train")
     env = environment()
     out_dir = stamp_dir(args, f"-bench-{args.suite}", env)
     rows = []
@@ -80,11 +94,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                                 seed=args.seed, configs=args.configs)
             write_rows_csv(out_dir / "bench.csv", with_ratios(rows))  # whole after each
     render_table(console, f"bench {args.suite} — {mode.describe()}", with_ratios(rows), [
-        ("problem", lambda r: r["problem"]), ("provider", lambda r: r["provider"]),
-        ("status", lambda r: r["status"] + (f" ({r['reason'][:50]})" if r["reason"] else "")),
-        ("max err", lambda r: fmt(r["max_abs_error"], ".2e")),
-        ("tol", lambda r: fmt(r["tolerance"], ".1e")),
-        ("ms", lambda r: fmt(r["median_ms"], ".4f")),
+        *COMMON_COLUMNS,
         ("TFLOP/s", lambda r: fmt(r["tflops"], ".1f")),
         ("flash ×", lambda r: fmt(r["flash_over_this"], ".2f")),
         ("call MiB", lambda r: fmt(r["call_bytes"] and r["call_bytes"] / 2**20, ".1f"))])
@@ -103,26 +113,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
 def run_serving_suite(args: argparse.Namespace, console: Console) -> int:
     """decode / varlen / window: the serving entry points against their peers."""
     from fusedattn.lab.evidence import environment, sha256_file
-    from fusedattn.lab.serving import BUILDERS, run_serving, serving_suites
+    from fusedattn.lab.serving import BUILDERS, PROVIDERS, run_serving, serving_suites
 
-    problems = serving_suites()[args.suite]
-    if args.match:
-        wanted = [m.strip() for m in args.match.split(",") if m.strip()]
-        problems = [p for p in problems if any(m in p.label() for m in wanted)]
-        if not problems:
-            raise ProblemError("match", args.match, "texts found in the suite's labels, e.g. "
-                               + serving_suites()[args.suite][0].label())
-    known = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex")
-    names = None if args.providers == "all" else [
-        n.strip() for n in args.providers.split(",") if n.strip()]
-    if names is not None and (not names or any(n not in known for n in names)):
-        raise ProblemError("providers", args.providers,
-                           "all, or a comma-separated list of: " + ", ".join(known))
-    if args.warmup < 0 or args.repeat < 1:
-        raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
-    if mode.EMULATION and not args.suite.startswith("tiny"):
-        raise ProblemError("suite", args.suite, "tiny-serving in emulation (the others are "
-                           "GPU-sized)")
+    problems, names = _select(args, serving_suites()[args.suite], list(PROVIDERS),
+                              "tiny-serving")
     env = environment()
     out_dir = stamp_dir(args, f"-bench-{args.suite}", env)
     rows = []
@@ -133,11 +127,7 @@ def run_serving_suite(args: argparse.Namespace, console: Console) -> int:
                                 seed=args.seed)
             write_rows_csv(out_dir / "bench.csv", rows)
     render_table(console, f"bench {args.suite} — {mode.describe()}", rows, [
-        ("problem", lambda r: r["problem"]), ("provider", lambda r: r["provider"]),
-        ("status", lambda r: r["status"] + (f" ({r['reason'][:50]})" if r["reason"] else "")),
-        ("max err", lambda r: fmt(r["max_abs_error"], ".2e")),
-        ("tol", lambda r: fmt(r["tolerance"], ".1e")),
-        ("ms", lambda r: fmt(r["median_ms"], ".4f")),
+        *COMMON_COLUMNS,
         ("useful TFLOP/s", lambda r: fmt(r["tflops"], ".1f")),
         ("K+V GB/s", lambda r: fmt(r["gbps"], ".0f")),
         ("fusedattn ×", lambda r: fmt(r["flash_over_this"], ".2f"))])

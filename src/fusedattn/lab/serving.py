@@ -235,9 +235,11 @@ def _window(p: ServingProblem, gen):
 
 
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window}
+PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex")
+"""Every provider a serving problem may have (each builder makes the ones that apply)."""
 
 
-def run_serving(p: ServingProblem, names: list[str] | None, *, warmup: int, repeat: int,
+def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int,
                 seed: int = 0) -> list[dict]:
     """Verify, then time, every provider of one serving problem; rows as dicts (the bench
     CSV's columns plus `gbps`, the K/V bandwidth of decode rows)."""
@@ -251,7 +253,7 @@ def run_serving(p: ServingProblem, names: list[str] | None, *, warmup: int, repe
         providers = {"fusedattn": providers["fusedattn"]}
     rows, outs = [], {}
     for name, make in providers.items():
-        if names and name not in names:
+        if name not in names:
             continue
         base = dict(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
                     seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=True, precision="",
