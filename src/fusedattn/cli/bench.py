@@ -72,6 +72,23 @@ def _select(args: argparse.Namespace, problems: list, known: list[str], emulated
     return problems, names
 
 
+def _run_problems(args, console, problems, run_one, as_rows):
+    """Run each problem (`run_one(p)` gives its rows) into a new run folder, writing
+    bench.csv whole after each (`as_rows(rows)`: the rows as CSV dicts); returns
+    (environment, folder, rows)."""
+    from fusedattn.lab.evidence import environment
+
+    env = environment()
+    out_dir = stamp_dir(args, f"-bench-{args.suite}", env)
+    rows = []
+    with console.status("bench") as status:
+        for p in problems:
+            status.update(p.label())
+            rows += run_one(p)
+            write_rows_csv(out_dir / "bench.csv", as_rows(rows))
+    return env, out_dir, rows
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.lab.serving import serving_suites
 
@@ -79,20 +96,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return run_serving_suite(args, console)
     if args.suite == "coldstart":
         return run_coldstart(args, console)
-    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.evidence import sha256_file
     from fusedattn.lab.registry import VERSIONS
     from fusedattn.lab.suites import check_suite, providers, run_problem, with_ratios
 
     problems, names = _select(args, check_suite(args.suite), providers(), "tiny or tiny-train")
-    env = environment()
-    out_dir = stamp_dir(args, f"-bench-{args.suite}", env)
-    rows = []
-    with console.status("bench") as status:
-        for p in problems:
-            status.update(p.label())
-            rows += run_problem(p, names, warmup=args.warmup, repeat=args.repeat,
-                                seed=args.seed, configs=args.configs)
-            write_rows_csv(out_dir / "bench.csv", with_ratios(rows))  # whole after each
+    env, out_dir, rows = _run_problems(
+        args, console, problems, lambda p: run_problem(
+            p, names, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
+            configs=args.configs), with_ratios)
     render_table(console, f"bench {args.suite} — {mode.describe()}", with_ratios(rows), [
         *COMMON_COLUMNS,
         ("TFLOP/s", lambda r: fmt(r["tflops"], ".1f")),
@@ -112,20 +124,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 def run_serving_suite(args: argparse.Namespace, console: Console) -> int:
     """decode / varlen / window: the serving entry points against their peers."""
-    from fusedattn.lab.evidence import environment, sha256_file
+    from fusedattn.lab.evidence import sha256_file
     from fusedattn.lab.serving import BUILDERS, PROVIDERS, run_serving, serving_suites
 
     problems, names = _select(args, serving_suites()[args.suite], list(PROVIDERS),
                               "tiny-serving")
-    env = environment()
-    out_dir = stamp_dir(args, f"-bench-{args.suite}", env)
-    rows = []
-    with console.status("bench") as status:
-        for p in problems:
-            status.update(p.label())
-            rows += run_serving(p, names, warmup=args.warmup, repeat=args.repeat,
-                                seed=args.seed)
-            write_rows_csv(out_dir / "bench.csv", rows)
+    env, out_dir, rows = _run_problems(
+        args, console, problems, lambda p: run_serving(
+            p, names, warmup=args.warmup, repeat=args.repeat, seed=args.seed), list)
     render_table(console, f"bench {args.suite} — {mode.describe()}", rows, [
         *COMMON_COLUMNS,
         ("useful TFLOP/s", lambda r: fmt(r["tflops"], ".1f")),
