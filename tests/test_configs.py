@@ -50,3 +50,57 @@ def test_backward_table_by_head_dim_and_bytes(gpu_rules):
 def test_emulation_runs_one_small_config():
     assert configs.forward_config(dim=64, seq_q=4096, programs_per_tile_row=1, causal=False,
                                   precision=None) == configs.EMULATED
+
+
+def test_a_tuned_table_entry_comes_before_the_rules(gpu_rules, monkeypatch, tmp_path):
+    from fusedattn.lab.tune import write_table
+
+    table = tmp_path / "gpu.json"
+    key = configs.table_key("fwd", precision=None, dim=100, causal=True, seq=3000,
+                            programs=64)
+    assert key == "fwd 16bit d128 causal s4096 fills"  # padded dim, bucket, grid fills
+    write_table(table, {key: [32, 64, 4, 2]}, {"git_commit": "abc"})
+    bwd = configs.table_key("bwd", precision="tf32", dim=64, causal=False, seq=4096,
+                            programs=8)
+    write_table(table, {bwd: [[32, 32, 4, 1], [64, 32, 4, 1]]}, {"git_commit": "def"})
+    monkeypatch.setenv(configs.TABLE_ENV, str(table))
+    # the first write's entry kept, both writes' provenance kept
+    assert configs.forward_config(dim=100, seq_q=3000, programs_per_tile_row=64,
+                                  causal=True, precision=None) == (32, 64, 4, 2)
+    assert configs.backward_configs(dim=64, itemsize=4, precision="tf32", causal=False,
+                                    seq=4096, programs=8) == ((32, 32, 4, 1), (64, 32, 4, 1))
+    # a key the table lacks falls back to the rules
+    assert configs.forward_config(dim=100, seq_q=3000, programs_per_tile_row=64,
+                                  causal=False, precision=None) == (128, 128, 8, 3)
+    import json
+    assert [p["git_commit"] for p in json.loads(table.read_text())["provenance"]] == \
+        ["abc", "def"]
+
+
+def test_no_table_means_the_rules(gpu_rules, monkeypatch, tmp_path):
+    monkeypatch.setenv(configs.TABLE_ENV, str(tmp_path / "missing.json"))
+    assert configs.tuned_table() == {}
+    assert configs.backward_configs(dim=64, itemsize=2, seq=4096) == configs.BACKWARD[64]
+
+
+@pytest.mark.emulation_only("on a GPU `tune` times the candidates")
+def test_tune_is_refused_in_emulation_and_bad_options_first(capsys):
+    from fusedattn.cli import main
+
+    assert main(["tune", "--kernel", "fwd"]) == 2
+    assert "a GPU" in capsys.readouterr().err
+    assert main(["tune", "--kernel", "sideways"]) == 2
+    assert main(["tune", "--dtype", "bf16", "--precision", "tf32"]) == 2
+    assert main(["tune", "--dim", "300"]) == 2
+
+
+def test_tune_cases_and_candidates():
+    from fusedattn.lab.tune import candidate_configs, default_cases
+
+    fwd = default_cases("fwd", "bf16", None, [128], [512, 4096], [True])
+    assert [(c.batch, c.heads) for c in fwd] == [(64, 16), (4, 32)]
+    assert all(candidate_configs(c) for c in fwd)
+    (bwd,) = default_cases("bwd", "fp32", "tf32x3", [64], [4096], [False])
+    assert all(max(a[:2]) <= 64 and max(b[:2]) <= 64 for a, b in candidate_configs(bwd))
+    (dec,) = default_cases("decode", "bf16", None, [128], [8192], [False])
+    assert dec.key().startswith("decode 16bit d128 full s64")

@@ -10,11 +10,20 @@ Where the numbers come from: the forward's winners of `fusedattn bench --configs
 H200 (evidence/nvidia-h200/20261130T044344Z-tune-bf16, ...044457Z-tune-fp32); the
 backward's of `scripts/bwd_configs.py` (evidence/README.md, "Training"). Other GPUs get
 the same table: a rule, not a promise of speed there.
+
+Before the rules, each kernel looks its problem up in a tuned table: `fusedattn tune` times
+the candidates on the GPU it runs on and writes `tuned/<gpu>.json` (e.g. `nvidia-h200`),
+keyed by kernel, precision, padded head dim, causal or not, the sequence's power-of-two
+bucket and whether the grid fills the SMs (`table_key`). `FUSEDATTN_TUNED_TABLE=path` reads
+another table instead. A key the table lacks (or a GPU without a table) gets the rules.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from pathlib import Path
 
 import triton
 
@@ -25,6 +34,55 @@ Config = tuple[int, int, int, int]
 SMS = 132  # the H200's streaming multiprocessors: a grid under this leaves SMs idle
 EMULATED: Config = (16, 16, 1, 1)  # tl.dot wants tiles >= 16 on the GPU; kept in emulation
 SHORT_SEQ = 256  # query lengths up to this take small query tiles (the autotuner too)
+
+
+TUNED_DIR = Path(__file__).parent / "tuned"
+TABLE_ENV = "FUSEDATTN_TUNED_TABLE"
+_LOADED: dict[str, dict] = {}
+
+
+def gpu_family() -> str | None:
+    """This GPU's name as a file stem ("nvidia-h200"); None without a GPU."""
+    import torch
+
+    if EMULATION or not torch.cuda.is_available():
+        return None
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+
+
+def table_path() -> Path | None:
+    """The tuned table in use: $FUSEDATTN_TUNED_TABLE, else this GPU's committed one."""
+    if os.environ.get(TABLE_ENV):
+        return Path(os.environ[TABLE_ENV])
+    family = gpu_family()
+    return TUNED_DIR / f"{family}.json" if family else None
+
+
+def tuned_table() -> dict[str, list]:
+    """The entries of the table in use ({} when there is none), read once per path."""
+    path = table_path()
+    if path is None or not path.is_file():
+        return {}
+    key = str(path)
+    if key not in _LOADED:
+        _LOADED[key] = json.loads(path.read_text())["entries"]
+    return _LOADED[key]
+
+
+def table_key(kernel: str, *, precision: str | None, dim: int, causal: bool, seq: int,
+              programs: int) -> str:
+    """A table key: kernel ("fwd", "bwd", "decode"), precision ("16bit" for fp16/bf16),
+    padded head dim, causal or not, the sequence's power-of-two bucket (64..16384) and
+    whether `programs` (programs per tile row times 64-row tiles) fill the SMs."""
+    block_d = max(16, triton.next_power_of_2(dim))
+    bucket = min(max(triton.next_power_of_2(seq), 64), 16384)
+    fills = programs * triton.cdiv(seq, 64) >= SMS
+    return (f"{kernel} {precision or '16bit'} d{block_d} {'causal' if causal else 'full'} "
+            f"s{bucket} {'fills' if fills else 'few'}")
+
+
+def _tuned(kernel: str, **key) -> list | None:
+    return tuned_table().get(table_key(kernel, **key))
 
 
 def autotune_requested() -> bool:
@@ -39,6 +97,10 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     position); `precision`: "ieee" for exact fp32 (FMA on CUDA cores), else tensor cores."""
     if EMULATION:
         return EMULATED
+    hit = _tuned("fwd", precision=precision, dim=dim, causal=causal, seq=seq_q,
+                 programs=programs_per_tile_row)
+    if hit:
+        return tuple(hit)
     block_d = max(16, triton.next_power_of_2(dim))
     if triton.next_power_of_2(seq_q) <= SHORT_SEQ:
         # short queries: a 64-row tile is the whole head; smaller tiles fill the SMs
@@ -59,12 +121,17 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     return (128, 64, 8, 3)
 
 
-def decode_config(*, dim: int, rows: int) -> Config:
+def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS) -> Config:
     """Few query rows per K/V head (decode: Sq * H / H_kv rows with GQA packing, split
     across programs along the keys): the smallest tile that tl.dot takes and holds them, and
-    key tiles wide enough to stream K and V at memory speed."""
+    key tiles wide enough to stream K and V at memory speed. The tuned table is keyed by the
+    rows as its "sequence" and `programs` (B * H_kv * splits)."""
     if EMULATION:
         return EMULATED
+    hit = _tuned("decode", precision=None, dim=dim, causal=False, seq=rows,
+                 programs=programs) if seq_k else None
+    if hit:
+        return tuple(hit)
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     return (block_m, 64 if dim > 128 else 128, 4, 3)
 
@@ -97,11 +164,17 @@ BACKWARD: dict[int, tuple[Config, Config]] = {
 BACKWARD_IEEE: tuple[Config, Config] = ((32, 32, 4, 2), (32, 32, 4, 2))
 
 
-def backward_configs(*, dim: int, itemsize: int,
-                     precision: str | None = None) -> tuple[Config, Config]:
-    """(dK/dV config, dQ config) of the backward; `precision` as in `forward_config`."""
+def backward_configs(*, dim: int, itemsize: int, precision: str | None = None,
+                     causal: bool = False, seq: int = 0,
+                     programs: int = SMS) -> tuple[Config, Config]:
+    """(dK/dV config, dQ config) of the backward; `precision` as in `forward_config`;
+    `causal`, `seq` (keys) and `programs` (B * H_kv) key the tuned table."""
     if EMULATION:
         return EMULATED, EMULATED
+    hit = _tuned("bwd", precision=precision, dim=dim, causal=causal, seq=seq,
+                 programs=programs) if seq else None
+    if hit:
+        return tuple(hit[0]), tuple(hit[1])
     if precision == "ieee":
         return BACKWARD_IEEE
     if precision == "tf32x3":

@@ -21,13 +21,14 @@ from fusedattn.cli import (
     run,
     run_all,
     sweep,
+    tune,
     walkthrough,
 )
 from fusedattn.problem import ProblemError
 
 COMMANDS = {"list": list_, "run": run, "run-all": run_all, "profile": profile,
             "check-races": check_races, "walkthrough": walkthrough, "masks": masks,
-            "sweep": sweep, "bench": bench, "plot": plot}
+            "sweep": sweep, "bench": bench, "tune": tune, "plot": plot}
 """Command name -> its module, in the order `--help` lists them."""
 
 

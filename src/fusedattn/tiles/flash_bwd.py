@@ -334,7 +334,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         *out.stride(), *dout.stride(), heads, rows_q, dim,
         BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None)
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
-        dim=dim, itemsize=q.element_size(), precision=dot_precision)
+        dim=dim, itemsize=q.element_size(), precision=dot_precision,
+        causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
     (qk_scale, cap, left, right), flags = mask.kernel_args(scale)
     common = dict(BLOCK_D=block_d, PRECISION=dot_precision, PAD_D=block_d != dim,
                   INDEX=index_dtype(q, k, v, dout, out, rows=rows_b * heads * rows_q),

@@ -1,0 +1,200 @@
+"""`fusedattn tune`: time each kernel's candidate configs on this GPU and write the winners
+into the tuned table that `configs.py` reads before its rules.
+
+Per case (kernel, dtype and precision, head dim, causal, sequence length), on inputs of the
+case's size: every candidate is run once and verified against the float64 reference (the
+forward's output, the backward's dQ, dK and dV, decode's output, each judged by the one
+tolerance table), then timed with the primed-event protocol (`lab/timing.time_gpu`); the
+fastest verified candidate is the entry for the case's `configs.table_key`. A candidate
+that does not compile or launch (shared memory, registers) or fails verification is kept
+in the report with its reason, never chosen. The table is merged with the file's existing
+entries and written atomically, with the machine and the commit that ran.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from fusedattn.configs import CONFIGS, SHORT_SEQ, candidates, table_key
+from fusedattn.lab.suites import DTYPES, BenchProblem
+from fusedattn.mode import DEVICE
+
+KERNELS = ("fwd", "bwd", "decode")
+# the backward's candidates: dK/dV tiles x dQ tiles (each kernel's own winners on the H200
+# and smaller ones that fit 256-column heads and fp32)
+BWD_DKDV = ((32, 64, 4, 3), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 1))
+BWD_DQ = ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2), (64, 32, 4, 1))
+DECODE = ((16, 64, 4, 3), (16, 128, 4, 3), (16, 128, 4, 4), (16, 256, 8, 3),
+          (32, 128, 4, 3), (64, 64, 4, 3))
+
+
+@dataclass(frozen=True)
+class TuneCase:
+    kernel: str
+    dtype: str
+    precision: str | None
+    dim: int
+    causal: bool
+    seq: int            # keys (decode: the cache length)
+    batch: int
+    heads: int
+    heads_kv: int
+    rows: int = 0       # decode: new queries per sequence
+
+    def problem(self) -> BenchProblem:
+        mode = "bwd" if self.kernel == "bwd" else "fwd"
+        return BenchProblem(self.batch, self.heads, self.seq, self.dim, self.dtype,
+                            self.causal, self.precision, self.heads_kv, mode=mode)
+
+    def key(self) -> str:
+        dot = self.problem().dot_precision()
+        if self.kernel == "decode":
+            group = self.heads // self.heads_kv
+            return table_key("decode", precision=dot, dim=self.dim, causal=False,
+                             seq=self.rows * group, programs=self.batch * self.heads_kv)
+        programs = self.batch * (self.heads_kv if self.kernel == "bwd" else self.heads)
+        return table_key(self.kernel, precision=dot, dim=self.dim, causal=self.causal,
+                         seq=self.seq, programs=programs)
+
+    def label(self) -> str:
+        return f"{self.kernel} {self.problem().label()}" + (
+            f" rows{self.rows}" if self.kernel == "decode" else "")
+
+
+def default_cases(kernel: str, dtype: str, precision: str | None, dims, seqs, causals
+                  ) -> list[TuneCase]:
+    """B*H of 128 (B4 H32) from S 1024 up; 1024 heads' worth below (B64 H16); decode at
+    B32 H32/8 with one new query."""
+    cases = []
+    for dim, seq, causal in itertools.product(dims, seqs, causals):
+        if kernel == "decode":
+            cases.append(TuneCase("decode", dtype, precision, dim, False, seq, 32, 32, 8, 1))
+            continue
+        batch, heads = (4, 32) if seq >= 1024 else (64, 16)
+        cases.append(TuneCase(kernel, dtype, precision, dim, causal, seq, batch, heads, heads))
+    return cases
+
+
+def candidate_configs(case: TuneCase) -> list:
+    """The configs worth timing for `case` (the backward's as (dK/dV, dQ) pairs)."""
+    if case.kernel == "bwd":
+        pairs = list(itertools.product(BWD_DKDV, BWD_DQ))
+        if case.dim > 128 or case.dtype == "fp32":
+            pairs = [p for p in pairs if max(p[0][:2]) <= 64 and max(p[1][:2]) <= 64]
+        return pairs
+    if case.kernel == "decode":
+        rows = case.rows * case.heads // case.heads_kv
+        return [c for c in DECODE if c[0] >= min(rows, 16)]
+    bucket = triton.next_power_of_2(case.seq)
+    keep = candidates(CONFIGS, case.dim, max(bucket, SHORT_SEQ + 1) if case.seq > SHORT_SEQ
+                      else bucket, case.problem().dot_precision())
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            for c in keep]
+
+
+def _inputs(case: TuneCase, seed: int = 0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    dt = DTYPES[case.dtype]
+    seq_q = case.rows if case.kernel == "decode" else case.seq
+    shapes = ((case.batch, case.heads, seq_q, case.dim),
+              (case.batch, case.heads_kv, case.seq, case.dim),
+              (case.batch, case.heads_kv, case.seq, case.dim),
+              (case.batch, case.heads, seq_q, case.dim))
+    return [torch.randn(s, generator=gen, device=DEVICE).to(dt) for s in shapes]
+
+
+def _call_and_verify(case: TuneCase, config, inputs):
+    """(the timed call, a verify(out) -> (ok, reasons)) of one candidate."""
+    from fusedattn.lab.slices import GradCheck, peer_error, reference_slice
+    from fusedattn.lab.verify import check, needs_peer
+    from fusedattn.tiles.common import KVCache, Mask
+    from fusedattn.tiles.flash import flash_forward
+    from fusedattn.tiles.flash_bwd import flash_backward
+
+    q, k, v, dout = inputs
+    p = case.problem()
+    scale = case.dim ** -0.5
+    precision = p.dot_precision() or "ieee"
+    out = torch.empty_like(q)
+    if case.kernel == "bwd":
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        flash_forward(q, k, v, out=out, lse=lse, is_causal=case.causal, scale=scale,
+                      precision=precision)
+        grads = GradCheck(q, k, v, dout, p)
+
+        def call():
+            return flash_backward(dout, q, k, v, out, lse, None, is_causal=case.causal,
+                                  scale=scale, precision=precision, configs=config)
+        return call, lambda got: grads(got)[::3]
+    fixed = triton.Config({"BLOCK_M": config[0], "BLOCK_N": config[1]},
+                          num_warps=config[2], num_stages=config[3])
+    extra = {}
+    if case.kernel == "decode":
+        seqlens = torch.full((case.batch,), case.seq, dtype=torch.int32, device=DEVICE)
+        extra = dict(mask=Mask(causal=False, bottom_right=True), cache=KVCache(seqlens),
+                     pack_gqa=True)
+
+    def call():
+        return flash_forward(q, k, v, out=out, lse=None, is_causal=case.causal, scale=scale,
+                             precision=precision, config=fixed, **extra)[0]
+
+    heads = sorted({0, case.heads - 1})
+    ref = reference_slice(q, k, v, case.causal, heads)
+    err = peer_error(q, k, v, p, heads, ref) if needs_peer(q.dtype, p.precision) else None
+
+    def verify(got):
+        result = check(got[0, heads], ref, precision=p.precision, peer_error=err)
+        return result.ok, list(result.reasons)
+    return call, verify
+
+
+def run_case(case: TuneCase, *, warmup: int, repeat: int) -> tuple[list | None, list[dict]]:
+    """Time every candidate of `case`; (the winner as JSON, a report row per candidate)."""
+    from fusedattn.lab.timing import time_gpu
+
+    inputs = _inputs(case)
+    report = []
+    for config in candidate_configs(case):
+        row = {"case": case.label(), "key": case.key(), "config": str(config),
+               "status": "ok", "reason": "", "median_ms": None}
+        try:
+            call, verify = _call_and_verify(case, config, inputs)
+            got = call()
+            torch.cuda.synchronize()
+        except Exception as exc:  # a candidate that does not compile or launch: reported
+            row.update(status="skipped", reason=f"{type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0][:120]}")
+            report.append(row)
+            continue
+        ok, reasons = verify(got)
+        if not ok:
+            row.update(status="FAIL", reason="; ".join(reasons)[:160])
+        else:
+            row["median_ms"] = time_gpu(call, warmup=warmup, repeat=repeat).median_ms
+        report.append(row)
+    timed = [r for r in report if r["median_ms"] is not None]
+    if not timed:
+        return None, report
+    best = min(timed, key=lambda r: r["median_ms"])
+    config = candidate_configs(case)[[r["config"] for r in report].index(best["config"])]
+    return [list(c) for c in config] if case.kernel == "bwd" else list(config), report
+
+
+def write_table(path, entries: dict, provenance: dict) -> dict:
+    """Merge `entries` into the table at `path` (created if missing) and write it whole
+    and atomically; returns the merged table."""
+    import json
+
+    from fusedattn.lab.evidence import write_atomic
+
+    table = {"provenance": [], "entries": {}}
+    if path.is_file():
+        table = json.loads(path.read_text())
+    table["entries"].update(entries)
+    table["provenance"].append(dict(provenance, keys=sorted(entries)))
+    write_atomic(path, json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return table
