@@ -20,6 +20,7 @@ another table instead. A key the table lacks (or a GPU without a table) gets the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -41,8 +42,9 @@ TABLE_ENV = "FUSEDATTN_TUNED_TABLE"
 _LOADED: dict[str, dict] = {}
 
 
+@functools.cache
 def gpu_family() -> str | None:
-    """This GPU's name as a file stem ("nvidia-h200"); None without a GPU."""
+    """This GPU's name as a file stem ("nvidia-h200"); None without a GPU (asked once)."""
     import torch
 
     if EMULATION or not torch.cuda.is_available():
@@ -59,13 +61,14 @@ def table_path() -> Path | None:
 
 
 def tuned_table() -> dict[str, list]:
-    """The entries of the table in use ({} when there is none), read once per path."""
+    """The entries of the table in use ({} when there is none), read once per path per
+    process (every kernel launch asks: no file access after the first)."""
     path = table_path()
-    if path is None or not path.is_file():
+    if path is None:
         return {}
     key = str(path)
     if key not in _LOADED:
-        _LOADED[key] = json.loads(path.read_text())["entries"]
+        _LOADED[key] = json.loads(path.read_text())["entries"] if path.is_file() else {}
     return _LOADED[key]
 
 
