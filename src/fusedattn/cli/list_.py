@@ -16,7 +16,7 @@ def add(sub) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     from fusedattn.lab.registry import ROUTES, VERSIONS
 
-    render_table(console, "versions (the registry: src/fusedattn/lab/registry.py, peers.py)",
+    render_table(console, "versions (the registry: src/fusedattn/lab/versions.py, peers.py)",
                  VERSIONS.values(), [
                      ("version", lambda v: v.name), ("route", lambda v: v.route),
                      ("timed launches", lambda v: " → ".join(k.name for k in v.launches)),

@@ -2,7 +2,7 @@
 
 CLI, benchmarks, profile, plots and tests read `VERSIONS` and the helpers below; no other
 list of version or kernel names exists. Adding a version touches only its kernel module and
-one `register(...)` call here (ours) or in `peers.py` (PyTorch's).
+one `register(...)` call in `versions.py` (ours) or in `peers.py` (PyTorch's).
 
 A version knows its route, a one-line description, the kernels its timed region launches
 (with their symbols, buffers and barrier counts), its limits, its planted variant if it has
@@ -23,14 +23,12 @@ from pathlib import Path
 import torch
 
 from fusedattn.problem import (
-    MAX_FLASH_DIM,
     MAX_ROW_DIM,
     Limits,
     Problem,
     ProblemError,
     check_tensors,
 )
-from fusedattn.simt.tiled_plan import barriers_per_block
 
 ROUTES = {
     "simt": "thread-level, numba.cuda API (the chapter's HIP route)",
@@ -187,168 +185,10 @@ def select(spec: str) -> list[Version]:
     return [VERSIONS[n] for n in dict.fromkeys(names)]
 
 
-# --- thread-level (numba.cuda) -------------------------------------------------------------
-
-def _prepare_simt(module: str, launcher: str, **options):
-    """Prepare function of a numba.cuda version: its module's `allocate`, then its launcher
-    with the problem's block and mask and `options`."""
-
-    def prepare(q, k, v, problem: Problem) -> Prepared:
-        from fusedattn.simt._launch import resource_fields
-
-        mod = importlib.import_module(module)
-        bufs = mod.allocate(q)
-        fn = getattr(mod, launcher)
-        last: list = []
-
-        def call():
-            last[:] = fn(q, k, v, bufs, block=problem.block, causal=problem.causal, **options)
-
-        return Prepared(call, bufs["out"], bufs, lambda: resource_fields(last))
-
-    return prepare
-
-
-def _log2(n: int) -> int:
-    return n.bit_length() - 1
-
-
-def _prepare_materialized_planted(q, k, v, problem: Problem) -> Prepared:
-    """materialized with the row softmax that lacks the read-the-max barrier."""
-    from fusedattn.simt import materialized
-
-    bufs = materialized.allocate(q)
-    kernel = materialized.planted_softmax_kernel()
-
-    def call():
-        materialized.materialized_attention(q, k, v, bufs, block=problem.block,
-                                            softmax_kernel=kernel)
-
-    return Prepared(call, bufs["out"], bufs, lambda: [])
-
-
-register(Version(
-    "materialized", "simt",
-    "3 launches: scores [S,S] -> row softmax P [S,S] -> P.V; S x S arrays in global memory",
-    (Kernel("scores", ("Q", "K"), ("Scores",), lambda p: 0, "one thread per (i, j)",
-            "_scores_kernel"),
-     # per row: partial max, log2(B) max levels, the read-the-max wait, partial sum, log2(B)
-     Kernel("softmax_rows", ("Scores",), ("P",), lambda p: 3 + 2 * _log2(p.block),
-            "per block (= per query row): 3 + 2*log2(block)", "_softmax_rows_kernel"),
-     Kernel("pv", ("P", "V"), ("O",), lambda p: 0, "one thread per (i, d)", "_pv_kernel")),
-    "fusedattn.simt.materialized",
-    _prepare_simt("fusedattn.simt.materialized", "materialized_attention"), ROW_LIMITS,
-    intermediates=2, planted=_prepare_materialized_planted, planted_kernel="softmax_rows",
-))
-register(Version(
-    "online", "simt",
-    "1 launch: one block per query row, online softmax key by key, barriers per key",
-    (Kernel("online_rows", ("Q", "K", "V"), ("O",),
-            lambda p: 1 + p.seq * (3 + _log2(p.block)),
-            "per block (= per query row): 1 + S*(3 + log2(block))", "_online_rows_kernel"),),
-    "fusedattn.simt.online",
-    _prepare_simt("fusedattn.simt.online", "online_attention"), ROW_LIMITS,
-))
-
-
-def _tiled_limits(rows: int) -> Limits:
-    """Head dims whose K/V tiles and row state fit a block's 48 KB of shared memory."""
-    from fusedattn.simt.tiled_plan import SHARED_LIMIT, shared_bytes
-
-    dim = next(d for d in range(MAX_ROW_DIM, 0, -1) if shared_bytes(rows, d) <= SHARED_LIMIT)
-    return Limits(max_dim=dim, note=f"K/V tiles and {rows} row(s) of state in 48 KB of "
-                  "shared memory")
-
-
-for _rows, _name in ((1, "online-tiled"), (4, "online-tiled-4")):
-    register(Version(
-        _name, "simt",
-        f"1 launch: a block per {_rows} query row(s), K/V tiles of 32 keys in shared memory, "
-        "one max/sum update per tile: 4 barriers per tile",
-        (Kernel("online_tiled", ("Q", "K", "V"), ("O",),
-                lambda p: barriers_per_block(p.seq),
-                "per block: 1 + 4*ceil(S/32) (load, scores, row statistics, accumulate)",
-                "_online_tiled_kernel"),),
-        "fusedattn.simt.online_tiled",
-        _prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention", rows=_rows),
-        _tiled_limits(_rows),
-        planted=_prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention",
-                              rows=_rows, planted=True),
-        planted_kernel="online_tiled",
-    ))
-
-
-# --- tile-level (Triton) -------------------------------------------------------------------
-
-def _prepare_rows(block_k: int):
-    """Prepare function of the Triton row kernel at one BLOCK_K (t0, t1, and sweeps)."""
-
-    def prepare(q, k, v, problem: Problem) -> Prepared:
-        from fusedattn.tiles.rows import rows_attention, triton_resources
-
-        out = torch.empty_like(q)
-        last: list = [None]
-
-        def call():
-            last[0] = rows_attention(q, k, v, block_k=block_k, out=out,
-                                     causal=problem.causal)[1]
-
-        return Prepared(call, out, {"out": out},
-                        lambda: [triton_resources(last[0], "rows_fwd", q.shape[0])])
-
-    return prepare
-
-
-for _name, _bk in (("t0", 16), ("t1", 32)):
-    register(Version(
-        _name, "tiles",
-        f"1 launch: one program per query row, online softmax over BLOCK_K={_bk} key tiles",
-        (Kernel("rows_fwd", ("Q", "K", "V"), ("O",), None,
-                "inserted by Triton for cross-warp tl.sum/tl.max; not counted",
-                "_rows_fwd_kernel"),),
-        "fusedattn.tiles.rows", _prepare_rows(_bk), ROW_LIMITS, block_k=_bk,
-        retune=_prepare_rows,
-    ))
-
-
-# --- the flash kernel ----------------------------------------------------------------------
-
-def _prepare_flash(q, k, v, problem: Problem) -> Prepared:
-    from fusedattn.tiles.flash import flash_forward
-    from fusedattn.tiles.rows import triton_resources
-
-    out = torch.empty_like(q)
-    q4, k4, v4, o4 = (t[None, None] for t in (q, k, v, out))  # [S, D] as [1, 1, S, D]
-    last: list = [None]
-
-    def call():
-        last[0] = flash_forward(q4, k4, v4, out=o4, lse=None, is_causal=problem.causal,
-                                scale=problem.scale, precision="ieee")[1]
-
-    return Prepared(call, out, {"out": out},
-                    lambda: [triton_resources(last[0], "flash_fwd", None)])
-
-
-def _flash_batched(q, k, v, causal: bool, precision: str | None):
-    from fusedattn.api import attention
-
-    gqa = q.shape[-3] != k.shape[-3]
-    return lambda: attention(q, k, v, is_causal=causal, enable_gqa=gqa, precision=precision)
-
-
-register(Version(
-    "flash", "tiles",
-    "1 launch: FlashAttention-2 style, BLOCK_M query rows x BLOCK_N key tiles, tl.dot "
-    "(fp32: ieee)",
-    (Kernel("flash_fwd", ("Q", "K", "V"), ("O",), None,
-            "inserted by Triton around tl.dot and the row reductions; not counted",
-            "_flash_fwd"),),
-    "fusedattn.tiles.flash", _prepare_flash,
-    Limits(max_dim=MAX_FLASH_DIM, note="head dims up to 256, padded to a power of two >= 16"),
-    batched=_flash_batched, bench_subject=True,
-))
-
-
-# The peers register themselves in their own module (their source hash in the evidence is
-# theirs alone); imported last, as they use the classes above.
+# The library's versions register themselves in `versions.py` and PyTorch's in `peers.py`
+# (each module's source hash in the evidence is its own); imported last, as they use the
+# classes above, in the order `fusedattn list` shows them.
+# isort: off
+from fusedattn.lab import versions  # noqa: E402,F401
 from fusedattn.lab import peers  # noqa: E402,F401
+# isort: on
