@@ -19,7 +19,6 @@ from fusedattn.lab.registry import (
 from fusedattn.problem import MAX_FLASH_DIM, MAX_ROW_DIM, Limits, Problem
 from fusedattn.simt.tiled_plan import barriers_per_block
 
-
 # --- thread-level (numba.cuda) -------------------------------------------------------------
 
 def _prepare_simt(module: str, launcher: str, **options):
