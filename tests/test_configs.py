@@ -62,13 +62,17 @@ def test_a_tuned_table_entry_comes_before_the_rules(gpu_rules, monkeypatch, tmp_
     write_table(table, {key: [32, 64, 4, 2]}, {"git_commit": "abc"})
     bwd = configs.table_key("bwd", precision="tf32", dim=64, causal=False, seq=4096,
                             programs=8)
-    write_table(table, {bwd: [[32, 32, 4, 1], [64, 32, 4, 1]]}, {"git_commit": "def"})
+    dec = configs.table_key("decode", precision=None, dim=128, causal=False, seq=4,
+                            programs=256)
+    write_table(table, {bwd: [[32, 32, 4, 1], [64, 32, 4, 1]], dec: [16, 256, 8, 3]},
+                {"git_commit": "def"})
     monkeypatch.setenv(configs.TABLE_ENV, str(table))
     # the first write's entry kept, both writes' provenance kept
     assert configs.forward_config(dim=100, seq_q=3000, programs_per_tile_row=64,
                                   causal=True, precision=None) == (32, 64, 4, 2)
     assert configs.backward_configs(dim=64, itemsize=4, precision="tf32", causal=False,
                                     seq=4096, programs=8) == ((32, 32, 4, 1), (64, 32, 4, 1))
+    assert configs.decode_config(dim=128, rows=4, seq_k=8192, programs=256) == (16, 256, 8, 3)
     # a key the table lacks falls back to the rules
     assert configs.forward_config(dim=100, seq_q=3000, programs_per_tile_row=64,
                                   causal=False, precision=None) == (128, 128, 8, 3)

@@ -124,14 +124,15 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     return (128, 64, 8, 3)
 
 
-def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS) -> Config:
+def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS,
+                  precision: str | None = None) -> Config:
     """Few query rows per K/V head (decode: Sq * H / H_kv rows with GQA packing, split
     across programs along the keys): the smallest tile that tl.dot takes and holds them, and
     key tiles wide enough to stream K and V at memory speed. The tuned table is keyed by the
     rows as its "sequence" and `programs` (B * H_kv * splits)."""
     if EMULATION:
         return EMULATED
-    hit = _tuned("decode", precision=None, dim=dim, causal=False, seq=rows,
+    hit = _tuned("decode", precision=precision, dim=dim, causal=False, seq=rows,
                  programs=programs) if seq_k else None
     if hit:
         return tuple(hit)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fusedattn.configs import CONFIGS, SHORT_SEQ, candidates, table_key
+from fusedattn.configs import CONFIGS, candidates, table_key
 from fusedattn.lab.suites import DTYPES, BenchProblem
 from fusedattn.mode import DEVICE
 
@@ -89,9 +89,8 @@ def candidate_configs(case: TuneCase) -> list:
     if case.kernel == "decode":
         rows = case.rows * case.heads // case.heads_kv
         return [c for c in DECODE if c[0] >= min(rows, 16)]
-    bucket = triton.next_power_of_2(case.seq)
-    keep = candidates(CONFIGS, case.dim, max(bucket, SHORT_SEQ + 1) if case.seq > SHORT_SEQ
-                      else bucket, case.problem().dot_precision())
+    keep = candidates(CONFIGS, case.dim, triton.next_power_of_2(case.seq),
+                      case.problem().dot_precision())
     return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
             for c in keep]
 
