@@ -162,7 +162,7 @@ BACKWARD: dict[int, tuple[Config, Config]] = {
 
 
 # Exact fp32 ("ieee") dots are FMA loops on CUDA cores that Triton unrolls to
-# M*N*D/threads instructions per dot: tensor-core tiles (128x128 at D=64) took 65-76 s to
+# M*N*D/threads instructions per dot: tensor-core tiles (128x128 at D=64) took 64-76 s to
 # compile each in the GPU tier of ccb29d2. Small tiles keep the compile in seconds; exact
 # fp32 is the correctness path, not the fast one.
 BACKWARD_IEEE: tuple[Config, Config] = ((32, 32, 4, 2), (32, 32, 4, 2))

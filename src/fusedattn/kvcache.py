@@ -104,9 +104,12 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
                            f"0..{capacity - s_new} (the cache holds {capacity} rows per "
                            f"sequence{f', and {s_new} new ones are appended' if s_new else ''})")
     if block_table is not None:
-        used = [-(-(n + s_new) // k_cache.shape[2]) for n in lengths]
-        pages = torch.cat([block_table[b, :u] for b, u in enumerate(used)]).tolist()
-        bad = [p for p in pages if not 0 <= p < k_cache.shape[0]]
+        # the blocks each sequence uses after the append: ceil((n + S_new) / block_size)
+        used = torch.div(cache_seqlens + s_new + k_cache.shape[2] - 1, k_cache.shape[2],
+                         rounding_mode="floor")
+        in_use = torch.arange(block_table.shape[1], device=block_table.device) < used[:, None]
+        pages = block_table[in_use]
+        bad = pages[(pages < 0) | (pages >= k_cache.shape[0])].tolist()
         if bad:
             raise ProblemError("block_table", f"entries {bad[:8]}",
                                f"block indices in 0..{k_cache.shape[0] - 1} for every block "
@@ -114,19 +117,19 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
     return capacity, s_new
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, seqlens: torch.Tensor,
-            block_table: torch.Tensor | None) -> None:
-    """Write `new [B, H_kv, S_new, D]` at rows seqlens[b].. of each sequence, in place."""
-    batch, _, s_new, _ = new.shape
-    rows = seqlens.long()[:, None] + torch.arange(s_new, device=new.device)[None, :]
-    rows_new = new.permute(0, 2, 1, 3)  # [B, S_new, H_kv, D]
+def _append(caches: tuple[torch.Tensor, ...], news: tuple[torch.Tensor, ...],
+            seqlens: torch.Tensor, block_table: torch.Tensor | None) -> None:
+    """Write each `new [B, H_kv, S_new, D]` at rows seqlens[b].. of each sequence of its
+    cache, in place (the indices computed once for K and V)."""
+    batch, _, s_new, _ = news[0].shape
+    rows = seqlens.long()[:, None] + torch.arange(s_new, device=seqlens.device)[None, :]
     if block_table is None:
-        b = torch.arange(batch, device=new.device)[:, None].expand_as(rows)
-        cache[b, :, rows] = rows_new
+        index = (torch.arange(batch, device=rows.device)[:, None].expand_as(rows), rows)
     else:
-        block = cache.shape[2]
-        pages = torch.gather(block_table.long(), 1, rows // block)
-        cache[pages, :, rows % block] = rows_new
+        block = caches[0].shape[2]
+        index = (torch.gather(block_table.long(), 1, rows // block), rows % block)
+    for cache, new in zip(caches, news, strict=True):
+        cache[index[0], :, index[1]] = new.permute(0, 2, 1, 3)  # [B, S_new, H_kv, D]
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
@@ -150,8 +153,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                or not 1 <= splits <= 64):
         raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
     if s_new:
-        _append(k_cache, k_new, cache_seqlens, block_table)
-        _append(v_cache, v_new, cache_seqlens, block_table)
+        _append((k_cache, v_cache), (k_new, v_new), cache_seqlens, block_table)
     batch, heads, seq_q, dim = q.shape
     group = heads // k_cache.shape[1]
     seqlens = (cache_seqlens + s_new).to(torch.int32)

@@ -195,11 +195,9 @@ def _varlen(p: ServingProblem, gen):
     peers["flex"] = lambda: _flex(*packed, document_causal)
     n0 = p.lengths[0]
 
-    def unpad(name, out):
+    def unpad(name, out):  # ours is packed [total, H, D]; the peers' are [B or 1, H, S, D]
         if name == "fusedattn":
             return out[:n0].transpose(0, 1)[[0, p.heads - 1]]
-        if name == "flex":
-            return out[0, [0, p.heads - 1], :n0]
         return out[0, [0, p.heads - 1], :n0]
 
     def reference(out, name="fusedattn"):
@@ -251,23 +249,28 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
     providers, reference = BUILDERS[p.kind](p, gen)
     if EMULATION:  # the compiled and SDPA-backend peers need the GPU
         providers = {"fusedattn": providers["fusedattn"]}
+    unmeasured = dict.fromkeys(("max_abs_error", "tolerance", "median_ms", "min_ms", "max_ms",
+                                "tflops", "peak_bytes", "call_bytes"))
+
+    def row_of(name: str, **fields) -> dict:
+        """A bench.csv row of provider `name`: `BenchRow`'s columns, then `gbps`."""
+        base = vars(BenchRow(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
+                             seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=True,
+                             precision="", mode="fwd", status="", reason="", **unmeasured))
+        return {**base, "gbps": None, **fields}
+
     rows, outs = [], {}
     for name, make in providers.items():
         if name not in names:
             continue
-        base = dict(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
-                    seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=True, precision="",
-                    mode="fwd", max_abs_error=None, tolerance=None, median_ms=None,
-                    min_ms=None, max_ms=None, tflops=None, peak_bytes=None, call_bytes=None)
         try:
             call = make() if name == "flex" else make
             out = call()
             if not EMULATION:
                 torch.cuda.synchronize()
         except Exception as exc:  # a backend that refuses this problem: recorded
-            rows.append(dict(vars(BenchRow(status="skipped", reason=f"{type(exc).__name__}: "
-                                           f"{str(exc).splitlines()[0][:160]}", **base)),
-                             gbps=None))
+            rows.append(row_of(name, status="skipped", reason=f"{type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:160]}"))
             continue
         got, ref = reference(out, name) if p.kind == "varlen" else reference(out)
         outs[name] = (got, ref, call)
@@ -279,13 +282,9 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
         peer_err = max(errs) if errs else None
     for name, (got, ref, call) in outs.items():
         result = check(got, ref, peer_error=peer_err)
-        base = dict(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
-                    seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=True, precision="",
-                    mode="fwd", max_abs_error=result.max_abs, tolerance=result.tolerance,
-                    median_ms=None, min_ms=None, max_ms=None, tflops=None, peak_bytes=None,
-                    call_bytes=None)
-        row = dict(base, status="ok" if result.ok else "FAIL",
-                   reason="; ".join(result.reasons), gbps=None)
+        row = row_of(name, status="ok" if result.ok else "FAIL",
+                     reason="; ".join(result.reasons), max_abs_error=result.max_abs,
+                     tolerance=result.tolerance)
         if not EMULATION and result.ok:
             t = time_gpu(call, warmup=warmup, repeat=repeat)
             peak, call_bytes = call_peak(call)
