@@ -41,17 +41,14 @@ import triton
 
 from fusedattn.api import DTYPES, check_options
 from fusedattn.mode import DEVICE
-from fusedattn.problem import ProblemError, check_qkv
+from fusedattn.problem import ProblemError, check_index_tensor, check_qkv
 
 
 def _check_index(name: str, t: object, shape: tuple[int, ...] | None, rank: int) -> None:
-    if not isinstance(t, torch.Tensor) or t.dim() != rank or (
-            shape is not None and tuple(t.shape) != shape):
-        raise ProblemError(name, getattr(t, "shape", type(t).__name__),
+    check_index_tensor(name, t, DEVICE)
+    if t.dim() != rank or (shape is not None and tuple(t.shape) != shape):
+        raise ProblemError(name, tuple(t.shape),
                            f"a tensor of shape {shape}" if shape else f"a {rank}-D tensor")
-    if t.dtype != torch.int32 or t.device.type != DEVICE.type:
-        raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
-                           f"torch.int32 on the {DEVICE.type} device")
 
 
 def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,

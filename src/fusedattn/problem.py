@@ -131,6 +131,17 @@ def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: d
                            "one device")
 
 
+def check_index_tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
+    """`t` an int32 tensor on `device` (lengths, offsets, block tables); its shape is the
+    caller's to check."""
+    if not isinstance(t, torch.Tensor):
+        raise ProblemError(name, type(t).__name__, "an int32 tensor")
+    if t.dtype != torch.int32 or t.device.type != device.type:
+        raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
+                           f"torch.int32 on the {device.type} device")
+    return t
+
+
 def check_window(window: object) -> tuple[int | None, int | None] | None:
     """None, or `(left, right)`: each None (unbounded) or an integer >= 0."""
     if window is None:

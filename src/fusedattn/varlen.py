@@ -26,7 +26,7 @@ import torch
 
 from fusedattn.api import DTYPES, _mask, check_grad_dim, check_options, kernel_options
 from fusedattn.mode import DEVICE
-from fusedattn.problem import ProblemError, check_qkv
+from fusedattn.problem import ProblemError, check_index_tensor, check_qkv
 
 
 def _varlen(cu_q, cu_k, max_q, max_k):
@@ -108,12 +108,9 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
     """`cu` a 1-D int32 tensor on the kernels' device: 0, non-decreasing, ending at
     `total` (and `batch + 1` long where given); `max_seqlen` an int >= its longest
     sequence. Returns the batch size."""
-    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
-        raise ProblemError(name, getattr(cu, "shape", type(cu).__name__),
-                           "a 1-D tensor of B + 1 offsets (B >= 1)")
-    if cu.dtype != torch.int32 or cu.device.type != DEVICE.type:
-        raise ProblemError(f"{name}.dtype", f"{cu.dtype} on {cu.device}",
-                           f"torch.int32 on the {DEVICE.type} device")
+    check_index_tensor(name, cu, DEVICE)
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ProblemError(name, tuple(cu.shape), "a 1-D tensor of B + 1 offsets (B >= 1)")
     if batch is not None and cu.numel() != batch + 1:
         raise ProblemError(name, tuple(cu.shape), f"{batch + 1} offsets, as cu_seqlens_q")
     bounds = cu.tolist()
