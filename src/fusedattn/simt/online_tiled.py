@@ -1,126 +1,155 @@
 """Online attention, thread-level, by key tiles: the chapter's next round (issue 16).
 
 `online` (online.py) pays 3 + log2(B) block barriers per key: one score is reduced across
-the block, then thread 0 updates m, l, alpha, beta, then everyone rescales. Here a block
-serves ROWS query rows and walks the keys TILE at a time, staging each K/V tile in shared
-memory once for all its rows (the reuse the Triton flash kernel gets from its tiles):
+the block, then thread 0 updates m, l, alpha, beta, then everyone rescales. The first
+tiled round (commit a2037d0) cut that to 4 barriers per 32-key tile and still lost to
+`materialized`: inside a step only 32 threads computed scores, their shared-memory reads
+hit one bank, and one thread per row ran the tile's exps while the block waited.
 
-    per tile of TILE keys:
-      1. all threads load K[j0:j0+TILE], V[j0:j0+TILE] into shared memory      barrier
-      2. all threads compute the ROWS x TILE scores, one (row, key) pair each
-         (a whole dot product over D per pair; masked slots get -inf)          barrier
-      3. one thread per row: m_new = max(m, max_j s), alpha = exp(m - m_new),
-         p_j = exp(s_j - m_new) in place, l = l * alpha + sum_j p_j           barrier
-      4. all threads: acc[r, d] = acc[r, d] * alpha[r] + sum_j p[r, j] V[j, d]  barrier
+This round gives every thread the whole online recurrence of one query row over a share
+of the keys, so nothing is reduced across threads until the very end:
 
-so 4 barriers per tile instead of (3 + log2 B) per key: at S=128, TILE=32, B=256 that is
-1 + 4*4 = 17 per block against online's 1409 per row. The ragged last tile and causal
-keys past a row get -inf (the chapter's mask), so exp gives them weight 0.
+    a block of B threads serves R rows (R a multiple of 32): thread t takes row t mod R
+    and key split s = t div R of B/R splits; its q row and acc row live in registers.
+    per tile of T keys (T = B/R splits x K keys each):
+      1. all threads load K[j0:j0+T], V[j0:j0+T] into shared memory             barrier
+      2. each thread, alone, over its K keys of the tile:
+           s_j = q . k_j (a dot product against a broadcast K row: the 32 lanes of a
+           warp are 32 rows reading the same key, so no bank conflict), m_new =
+           max(m, max_j s_j), acc and l rescaled once by exp(m - m_new), then
+           acc += exp(s_j - m_new) v_j                                        barrier
+    at the end, splits 1..B/R-1 hand (m, l, acc) to split 0 one at a time
+    through shared memory, merged by their maxima as the online recurrence does:
+    2 barriers each. Split 0 writes O = acc / l.
 
-Shared memory (dynamic, sized by D; `tiled_plan.shared_bytes`): K and V tiles 2*TILE*D
-floats, the rows' q and acc 2*ROWS*D, scores ROWS*TILE, per-row m, l, alpha 3*ROWS:
-73 KB at D=256, ROWS=4. Past 48 KB a block must opt in to more, which numba does not, so
-the launcher refuses it: head dims up to 185 with one row, 168 with four.
+Barriers per block: 2 per tile + 2 (B/R - 1) (`tiled_plan.Plan.barriers`): 12 at 128x64,
+block 256, R=32 (T=64), against online's 1409 per row and the first round's 17. Masked
+keys (the ragged last tile, causal keys past the row) get s = -inf (the chapter's mask),
+so exp gives them weight 0; a split that has seen no key yet keeps m = -inf and l = 0
+and gets weight 0 in the merge. Causal blocks stop after their last row's key.
 
-Traffic per block: its ROWS rows of q once, K and V once each: K and V are read
-S/ROWS times in all, against S times for `online`.
+Shared memory: the K/V tile, 2 T D floats (T shrinks with D to stay within 48 KB), reused
+for the merge slot. Traffic: K and V are read once per block, S/R times in all, against S
+times for `online`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from numba import cuda, float32
 
 from fusedattn.simt._launch import F32, as_array, simulated_threads, stream
-from fusedattn.simt.tiled_plan import SHARED_LIMIT, TILE, shared_bytes
+from fusedattn.simt.tiled_plan import SHARED_LIMIT, Plan, check_rows
 
 
-@cuda.jit
-def _online_tiled_kernel(q, k, v, out, scale, causal, rows, skip_stats_barrier):
-    block = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nthreads = cuda.blockDim.x
-    seq, dim = k.shape
-    first = block * rows
-    n_rows = min(rows, q.shape[0] - first)
-    smem = cuda.shared.array(0, float32)  # dynamic: carved into the regions below
-    k_tile = 0                           # [TILE, dim]
-    v_tile = TILE * dim                  # [TILE, dim]
-    q_rows = 2 * TILE * dim              # [rows, dim]
-    acc = q_rows + rows * dim            # [rows, dim], unnormalised numerators
-    scores = acc + rows * dim            # [rows, TILE], then p in place
-    m_i = scores + rows * TILE           # [rows]
-    l_i = m_i + rows                     # [rows]
-    alpha = l_i + rows                   # [rows]
+@functools.cache
+def _kernel(dim: int, keys: int, planted: bool):
+    """The kernel for head dim `dim` and `keys` keys per split per tile, compile-time
+    constants (the q and acc rows are register arrays of `dim` floats). `planted`: the
+    variant without the barrier that ends a tile, so the next tile's loads overwrite K/V
+    while slower warps still read them (check-races must catch it)."""
 
-    for idx in range(tid, n_rows * dim, nthreads):
-        smem[q_rows + idx] = q[first + idx // dim, idx % dim]
-        smem[acc + idx] = 0.0
-    for r in range(tid, n_rows, nthreads):
-        smem[m_i + r] = -math.inf
-        smem[l_i + r] = 0.0
-    # Barrier: q rows, acc, m and l are initialised before any thread reads them.
-    cuda.syncthreads()
+    @cuda.jit
+    def _online_tiled_kernel(q, k, v, out, scale, causal, rows):
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        seq = k.shape[0]
+        lane = tid % rows
+        split = tid // rows
+        splits = nthreads // rows
+        tile = splits * keys
+        first = cuda.blockIdx.x * rows
+        row = first + lane
+        live = row < q.shape[0]
+        smem = cuda.shared.array(0, float32)  # dynamic: the K/V tile, then the merge slot
+        v_tile = tile * dim
 
-    # Causal: the block's last row sees keys 0..first+n_rows-1; later tiles are skipped.
-    n_keys = min(seq, first + n_rows) if causal else seq
-    for start in range(0, n_keys, TILE):
-        for idx in range(tid, TILE * dim, nthreads):
-            j = start + idx // dim
-            if j < seq:
-                smem[k_tile + idx] = k[j, idx % dim]
-                smem[v_tile + idx] = v[j, idx % dim]
-            else:
-                smem[k_tile + idx] = 0.0
-                smem[v_tile + idx] = 0.0
-        # Barrier: the K/V tile is in shared memory before any score reads it.
-        cuda.syncthreads()
-        for pair in range(tid, n_rows * TILE, nthreads):
-            r = pair // TILE
-            j = pair % TILE
-            key = start + j
-            if key < seq and (not causal or key <= first + r):
-                dot = float32(0.0)
-                for d in range(dim):
-                    dot += smem[q_rows + r * dim + d] * smem[k_tile + j * dim + d]
-                smem[scores + pair] = dot * scale
-            else:
-                smem[scores + pair] = -math.inf  # -inf, not 0: exp gives it weight 0
-        # Barrier: every score of the tile is written before the row statistics read them.
-        cuda.syncthreads()
-        for r in range(tid, n_rows, nthreads):
-            old = smem[m_i + r]
-            new = old
-            for j in range(TILE):
-                new = max(new, smem[scores + r * TILE + j])
-            # every row sees key 0 in the first tile, so `new` is finite from then on
-            a = math.exp(old - new)  # exp(-inf) = 0 at the first tile
-            total = float32(0.0)
-            for j in range(TILE):
-                p = math.exp(smem[scores + r * TILE + j] - new)
-                smem[scores + r * TILE + j] = p
-                total += p
-            smem[m_i + r] = new
-            smem[l_i + r] = smem[l_i + r] * a + total
-            smem[alpha + r] = a
-        if not skip_stats_barrier:  # False but in the planted variant (check-races)
-            # Barrier: p and alpha are published before the accumulators read them.
+        q_row = cuda.local.array(dim, float32)
+        acc = cuda.local.array(dim, float32)
+        s = cuda.local.array(keys, float32)
+        for d in range(dim):
+            q_row[d] = q[row, d] * scale if live else float32(0.0)
+            acc[d] = 0.0
+        m = float32(-math.inf)
+        l_sum = float32(0.0)
+
+        # Causal: the block's last row sees keys 0..first+rows-1; later tiles are skipped.
+        n_keys = min(seq, first + rows) if causal else seq
+        mine = split * keys  # this split's first key within a tile
+        for start in range(0, n_keys, tile):
+            for idx in range(tid, tile * dim, nthreads):
+                j = start + idx // dim
+                if j < seq:
+                    smem[idx] = k[j, idx % dim]
+                    smem[v_tile + idx] = v[j, idx % dim]
+                else:
+                    smem[idx] = 0.0
+                    smem[v_tile + idx] = 0.0
+            # Barrier: the K/V tile is in shared memory before any score reads it.
             cuda.syncthreads()
-        for idx in range(tid, n_rows * dim, nthreads):
-            r = idx // dim
-            d = idx % dim
-            total = float32(0.0)
-            for j in range(TILE):
-                total += smem[scores + r * TILE + j] * smem[v_tile + j * dim + d]
-            smem[acc + idx] = smem[acc + idx] * smem[alpha + r] + total
-        # Barrier: every thread is done with this tile's K, V, p and alpha before the next
-        # tile overwrites them.
-        cuda.syncthreads()
+            m_new = m
+            for j in range(keys):
+                key = start + mine + j
+                if key < seq and (not causal or key <= row):
+                    dot = float32(0.0)
+                    for d in range(dim):
+                        dot += q_row[d] * smem[(mine + j) * dim + d]
+                    s[j] = dot
+                    m_new = max(m_new, dot)
+                else:
+                    s[j] = -math.inf  # -inf, not 0: exp gives it weight 0
+            if m_new > m:  # the running max moved: rescale once per tile, not per key
+                alpha = math.exp(m - m_new)  # exp(-inf) = 0 before the first visible key
+                l_sum *= alpha
+                for d in range(dim):
+                    acc[d] *= alpha
+                m = m_new
+            for j in range(keys):
+                if s[j] > -math.inf:
+                    p = math.exp(s[j] - m)
+                    l_sum += p
+                    for d in range(dim):
+                        acc[d] += p * smem[v_tile + (mine + j) * dim + d]
+            if not planted:
+                # Barrier: every thread is done with this tile's K and V before the next
+                # tile overwrites them.
+                cuda.syncthreads()
 
-    for idx in range(tid, n_rows * dim, nthreads):
-        out[first + idx // dim, idx % dim] = smem[acc + idx] / smem[l_i + idx // dim]
+        # Merge the splits into split 0, one at a time through one slot: m, l, then acc
+        # rows padded to dim + 1 words (lanes = rows fall in different banks).
+        m_slot = 0
+        l_slot = rows
+        a_slot = 2 * rows
+        for src in range(1, splits):
+            if split == src:
+                smem[m_slot + lane] = m
+                smem[l_slot + lane] = l_sum
+                for d in range(dim):
+                    smem[a_slot + lane * (dim + 1) + d] = acc[d]
+            # Barrier: split src's state is in the slot before split 0 reads it (and, the
+            # first time, every split is done with the last K/V tile the slot overwrites).
+            cuda.syncthreads()
+            if split == 0:
+                m_other = smem[m_slot + lane]
+                m_new = max(m, m_other)
+                if m_new > -math.inf:
+                    a = math.exp(m - m_new)
+                    b = math.exp(m_other - m_new)
+                    l_sum = l_sum * a + smem[l_slot + lane] * b
+                    for d in range(dim):
+                        acc[d] = acc[d] * a + smem[a_slot + lane * (dim + 1) + d] * b
+                    m = m_new
+            # Barrier: split 0 has read the slot before the next split overwrites it.
+            cuda.syncthreads()
+
+        if split == 0 and live:
+            for d in range(dim):
+                out[row, d] = acc[d] / l_sum
+
+    return _online_tiled_kernel
 
 
 def allocate(q: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -129,21 +158,22 @@ def allocate(q: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def online_tiled_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int,
-                           rows: int = 1, causal: bool = False,
+                           rows: int = 32, causal: bool = False,
                            planted: bool = False) -> list:
     """One launch, grid (ceil(S / rows),), `block` threads; writes `bufs["out"]`.
-    `planted`: the variant without the barrier between the row statistics and the
-    accumulators (check-races must catch it). Returns the launches as `(kernel, name,
-    grid, block, dynamic shared bytes)`."""
+    `planted`: the variant without the end-of-tile barrier (check-races must catch it).
+    Returns the launches as `(kernel, name, grid, block, dynamic shared bytes)`."""
     seq, dim = q.shape
-    shared = shared_bytes(rows, dim)
-    if shared > SHARED_LIMIT:
-        raise ValueError(f"online-tiled: {shared} bytes of shared memory at D={dim}, "
-                         f"rows={rows}; a block gets {SHARED_LIMIT}")
+    check_rows(rows, block)
+    plan = Plan(rows, block, dim)
+    if not plan.fits():
+        raise ValueError(f"online-tiled: {plan.shared_bytes} bytes of shared memory at "
+                         f"D={dim}, rows={rows}, block={block}; a block gets {SHARED_LIMIT}")
+    kernel = _kernel(dim, plan.keys, planted)
     grid = math.ceil(seq / rows)
     scale = F32(1.0 / math.sqrt(dim))
     with simulated_threads():
-        _online_tiled_kernel[grid, block, stream(), shared](
+        kernel[grid, block, stream(), plan.shared_bytes](
             as_array(q), as_array(k), as_array(v), as_array(bufs["out"]), scale, causal,
-            rows, planted)
-    return [(_online_tiled_kernel, "online_tiled", grid, block, shared)]
+            rows)
+    return [(kernel, "online_tiled", grid, block, plan.shared_bytes)]

@@ -1,22 +1,64 @@
-"""online-tiled's sizes, without numba: the key tile, the shared memory a block needs and
-the barriers it executes. The registry reads them to state limits and barrier counts
-without importing the kernel module (numba takes a fifth of a second to import)."""
+"""online-tiled's sizes, without numba: how a block's threads split rows and keys, the key
+tile, the shared memory a block needs and the barriers it executes. The registry reads them
+to state limits and barrier counts without importing the kernel module (numba takes a fifth
+of a second to import)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-TILE = 32  # keys per tile: one warp's worth of (row, key) pairs per row
+WARP = 32
 SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
+TILE_TARGET = 64  # keys per tile the plan aims for: fewer barriers, more shared memory
 
 
-def shared_bytes(rows: int, dim: int) -> int:
-    """Dynamic shared memory of one block: K and V tiles (2*TILE*D floats), the rows' q and
-    acc (2*rows*D), the scores (rows*TILE) and per-row m, l, alpha (3*rows)."""
-    return 4 * (2 * TILE * dim + 2 * rows * dim + rows * TILE + 3 * rows)
+@dataclass(frozen=True)
+class Plan:
+    """A block of `block` threads serving `rows` query rows (one per thread of a row group:
+    `rows` consecutive threads, so the lanes of a warp are 32 rows) split into `splits` =
+    block / rows key splits. Each tile stages `tile` = splits x `keys` keys of K and V in
+    shared memory; split s takes keys s*keys .. s*keys + keys - 1 of it, so every lane of a
+    warp reads the same K/V element (a broadcast, no bank conflict)."""
+
+    rows: int
+    block: int
+    dim: int
+
+    @property
+    def splits(self) -> int:
+        return self.block // self.rows
+
+    @property
+    def keys(self) -> int:
+        """Keys per split per tile: TILE_TARGET keys per tile, fewer where the K/V tile would
+        overfill shared memory (at least 1)."""
+        fit = SHARED_LIMIT // (2 * 4 * self.dim * self.splits)
+        return max(1, min(max(1, TILE_TARGET // self.splits), fit))
+
+    @property
+    def tile(self) -> int:
+        return self.splits * self.keys
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory: the K and V tile (2 * tile * D floats), reused at the end
+        for the merge slot of one split (m, l and acc of `rows` rows, acc rows padded to
+        D + 1 words so that the lanes' rows fall in different banks)."""
+        return 4 * max(2 * self.tile * self.dim, self.rows * (self.dim + 1) + 2 * self.rows)
+
+    def fits(self) -> bool:
+        return self.shared_bytes <= SHARED_LIMIT
+
+    def barriers(self, seq: int) -> int:
+        """For the block that visits every tile: 2 per tile (tile loaded; tile consumed before
+        the next load overwrites it), then 2 per split merged into split 0 (slot written;
+        slot read)."""
+        return 2 * math.ceil(seq / self.tile) + 2 * (self.splits - 1)
 
 
-def barriers_per_block(seq: int) -> int:
-    """1 (initialisation) + 4 per key tile (load, scores, row statistics, accumulate),
-    for the block that visits every tile."""
-    return 1 + 4 * math.ceil(seq / TILE)
+def check_rows(rows: int, block: int) -> None:
+    """`rows` a multiple of the warp size that divides `block` (a power of two)."""
+    if rows % WARP or block % rows:
+        raise ValueError(f"online-tiled: {rows} rows per block need a block of a multiple "
+                         f"of {rows} threads (got {block})")
