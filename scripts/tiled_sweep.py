@@ -47,7 +47,7 @@ def main() -> int:
                         online_tiled.online_tiled_attention(q, k, v, bufs, block=block,
                                                             rows=rows, causal=causal))
             if seq <= 4096:
-                ref = attention_ref(q.double(), k.double(), v.double(), causal=causal)
+                ref = attention_ref(q.double(), k.double(), v.double(), causal=causal).to(q.device)
             else:
                 materialized.materialized_attention(q, k, v, mbufs, block=256, causal=causal)
                 ref = mbufs["out"].double().clone()
