@@ -46,25 +46,29 @@ from fusedattn.simt.tiled_plan import SHARED_LIMIT, Plan, check_rows
 
 
 @functools.cache
-def _kernel(dim: int, keys: int, planted: bool):
-    """The kernel for head dim `dim` and `keys` keys per split per tile, compile-time
-    constants (the q and acc rows are register arrays of `dim` floats). `planted`: the
+def _kernel(plan: Plan, planted: bool):
+    """The kernel for one plan: head dim, rows, splits, keys per split and merge rounds are
+    compile-time constants, so the q and acc rows are register arrays and the load loop
+    unrolls (every thread's global loads of a tile in flight at once). `planted`: the
     variant without the barrier that ends a tile, so the next tile's loads overwrite K/V
     while slower warps still read them (check-races must catch it)."""
+    dim, keys, rows, splits = plan.dim, plan.keys, plan.rows, plan.splits
+    nthreads, tile = plan.block, plan.tile
+    loads = -(-tile * dim // nthreads)  # elements of K (and of V) per thread per tile
+    rounds = tuple(plan.merge_rounds())
+    slot = plan.slot_floats
+    quads = dim // 4  # the dot product in 4 independent partial sums
 
     @cuda.jit
-    def _online_tiled_kernel(q, k, v, out, scale, causal, rows):
+    def _online_tiled_kernel(q, k, v, out, scale, causal):
         tid = cuda.threadIdx.x
-        nthreads = cuda.blockDim.x
         seq = k.shape[0]
         lane = tid % rows
         split = tid // rows
-        splits = nthreads // rows
-        tile = splits * keys
         first = cuda.blockIdx.x * rows
         row = first + lane
         live = row < q.shape[0]
-        smem = cuda.shared.array(0, float32)  # dynamic: the K/V tile, then the merge slot
+        smem = cuda.shared.array(0, float32)  # dynamic: the K/V tile, then the merge slots
         v_tile = tile * dim
 
         q_row = cuda.local.array(dim, float32)
@@ -80,23 +84,32 @@ def _kernel(dim: int, keys: int, planted: bool):
         n_keys = min(seq, first + rows) if causal else seq
         mine = split * keys  # this split's first key within a tile
         for start in range(0, n_keys, tile):
-            for idx in range(tid, tile * dim, nthreads):
+            for i in range(loads):
+                idx = tid + i * nthreads
                 j = start + idx // dim
-                if j < seq:
-                    smem[idx] = k[j, idx % dim]
-                    smem[v_tile + idx] = v[j, idx % dim]
-                else:
-                    smem[idx] = 0.0
-                    smem[v_tile + idx] = 0.0
+                if idx < tile * dim:
+                    if j < seq:
+                        smem[idx] = k[j, idx % dim]
+                        smem[v_tile + idx] = v[j, idx % dim]
+                    else:
+                        smem[idx] = 0.0
+                        smem[v_tile + idx] = 0.0
             # Barrier: the K/V tile is in shared memory before any score reads it.
             cuda.syncthreads()
             m_new = m
             for j in range(keys):
                 key = start + mine + j
                 if key < seq and (not causal or key <= row):
-                    dot = float32(0.0)
-                    for d in range(dim):
-                        dot += q_row[d] * smem[(mine + j) * dim + d]
+                    base = (mine + j) * dim
+                    d0 = d1 = d2 = d3 = float32(0.0)
+                    for c in range(quads):
+                        d0 += q_row[4 * c] * smem[base + 4 * c]
+                        d1 += q_row[4 * c + 1] * smem[base + 4 * c + 1]
+                        d2 += q_row[4 * c + 2] * smem[base + 4 * c + 2]
+                        d3 += q_row[4 * c + 3] * smem[base + 4 * c + 3]
+                    for d in range(4 * quads, dim):
+                        d0 += q_row[d] * smem[base + d]
+                    dot = (d0 + d1) + (d2 + d3)
                     s[j] = dot
                     m_new = max(m_new, dot)
                 else:
@@ -111,38 +124,38 @@ def _kernel(dim: int, keys: int, planted: bool):
                 if s[j] > -math.inf:
                     p = math.exp(s[j] - m)
                     l_sum += p
+                    base = v_tile + (mine + j) * dim
                     for d in range(dim):
-                        acc[d] += p * smem[v_tile + (mine + j) * dim + d]
+                        acc[d] += p * smem[base + d]
             if not planted:
                 # Barrier: every thread is done with this tile's K and V before the next
                 # tile overwrites them.
                 cuda.syncthreads()
 
-        # Merge the splits into split 0, one at a time through one slot: m, l, then acc
-        # rows padded to dim + 1 words (lanes = rows fall in different banks).
-        m_slot = 0
-        l_slot = rows
-        a_slot = 2 * rows
-        for src in range(1, splits):
-            if split == src:
-                smem[m_slot + lane] = m
-                smem[l_slot + lane] = l_sum
+        # Merge the splits into split 0 as a tree: at level h, split h + i hands (m, l,
+        # acc) to split i through slot i - first, `count` of them per round.
+        for h, first_i, count in rounds:
+            if split >= h + first_i and split < h + first_i + count:
+                at = (split - h - first_i) * slot
+                smem[at + lane] = m
+                smem[at + rows + lane] = l_sum
                 for d in range(dim):
-                    smem[a_slot + lane * (dim + 1) + d] = acc[d]
-            # Barrier: split src's state is in the slot before split 0 reads it (and, the
-            # first time, every split is done with the last K/V tile the slot overwrites).
+                    smem[at + 2 * rows + lane * (dim + 1) + d] = acc[d]
+            # Barrier: the states are in their slots before their receivers read them (the
+            # first time, every split is also done with the last K/V tile they overwrite).
             cuda.syncthreads()
-            if split == 0:
-                m_other = smem[m_slot + lane]
+            if split >= first_i and split < first_i + count:
+                at = (split - first_i) * slot
+                m_other = smem[at + lane]
                 m_new = max(m, m_other)
                 if m_new > -math.inf:
                     a = math.exp(m - m_new)
                     b = math.exp(m_other - m_new)
-                    l_sum = l_sum * a + smem[l_slot + lane] * b
+                    l_sum = l_sum * a + smem[at + rows + lane] * b
                     for d in range(dim):
-                        acc[d] = acc[d] * a + smem[a_slot + lane * (dim + 1) + d] * b
+                        acc[d] = acc[d] * a + smem[at + 2 * rows + lane * (dim + 1) + d] * b
                     m = m_new
-            # Barrier: split 0 has read the slot before the next split overwrites it.
+            # Barrier: the receivers have read the slots before the next round writes them.
             cuda.syncthreads()
 
         if split == 0 and live:
@@ -169,11 +182,10 @@ def online_tiled_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int
     if not plan.fits():
         raise ValueError(f"online-tiled: {plan.shared_bytes} bytes of shared memory at "
                          f"D={dim}, rows={rows}, block={block}; a block gets {SHARED_LIMIT}")
-    kernel = _kernel(dim, plan.keys, planted)
+    kernel = _kernel(plan, planted)
     grid = math.ceil(seq / rows)
     scale = F32(1.0 / math.sqrt(dim))
     with simulated_threads():
         kernel[grid, block, stream(), plan.shared_bytes](
-            as_array(q), as_array(k), as_array(v), as_array(bufs["out"]), scale, causal,
-            rows)
+            as_array(q), as_array(k), as_array(v), as_array(bufs["out"]), scale, causal)
     return [(kernel, "online_tiled", grid, block, plan.shared_bytes)]

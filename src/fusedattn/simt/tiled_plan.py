@@ -41,24 +41,45 @@ class Plan:
         return self.splits * self.keys
 
     @property
+    def slot_floats(self) -> int:
+        """One merge slot: m, l and acc of `rows` rows, acc rows padded to D + 1 words so
+        that a warp's rows fall in different banks."""
+        return self.rows * (self.dim + 1) + 2 * self.rows
+
+    @property
+    def slots(self) -> int:
+        """Merge slots that fit the shared memory the K/V tile leaves (at least 1)."""
+        room = max(SHARED_LIMIT // 4, 2 * self.tile * self.dim)
+        return max(1, min(self.splits // 2, room // self.slot_floats))
+
+    @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory: the K and V tile (2 * tile * D floats), reused at the end
-        for the merge slot of one split (m, l and acc of `rows` rows, acc rows padded to
-        D + 1 words so that the lanes' rows fall in different banks)."""
-        return 4 * max(2 * self.tile * self.dim, self.rows * (self.dim + 1) + 2 * self.rows)
+        for the merge slots."""
+        return 4 * max(2 * self.tile * self.dim, self.slots * self.slot_floats)
 
     def fits(self) -> bool:
         return self.shared_bytes <= SHARED_LIMIT
 
+    def merge_rounds(self) -> list[tuple[int, int, int]]:
+        """The merge as a tree: at level h (splits/2, splits/4, .., 1) split h + i hands its
+        state to split i; `slots` of those at a time. Returns (h, first, count) rounds."""
+        rounds = []
+        h = self.splits // 2
+        while h >= 1:
+            rounds += [(h, i, min(self.slots, h - i)) for i in range(0, h, self.slots)]
+            h //= 2
+        return rounds
+
     def barriers(self, seq: int) -> int:
         """For the block that visits every tile: 2 per tile (tile loaded; tile consumed before
-        the next load overwrites it), then 2 per split merged into split 0 (slot written;
-        slot read)."""
-        return 2 * math.ceil(seq / self.tile) + 2 * (self.splits - 1)
+        the next load overwrites it), then 2 per merge round (slots written; slots read)."""
+        return 2 * math.ceil(seq / self.tile) + 2 * len(self.merge_rounds())
 
 
 def check_rows(rows: int, block: int) -> None:
-    """`rows` a multiple of the warp size that divides `block` (a power of two)."""
-    if rows % WARP or block % rows:
+    """`rows` a power-of-two multiple of the warp size that divides `block` (a power of
+    two), so the splits are a power of two (the merge tree)."""
+    if rows % WARP or rows & (rows - 1) or block % rows:
         raise ValueError(f"online-tiled: {rows} rows per block need a block of a multiple "
                          f"of {rows} threads (got {block})")
