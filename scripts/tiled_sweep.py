@@ -7,6 +7,7 @@ the float64 reference (S <= 4096) or materialized's output before and after timi
 
 import argparse
 import csv
+import functools
 import sys
 
 import torch
@@ -16,6 +17,40 @@ from fusedattn.reference import attention_ref
 from fusedattn.simt import materialized, online_tiled
 
 
+def _one(seq: int, dim: int, causal: bool, rows_list, blocks) -> list[dict]:
+    gen = torch.Generator(device="cuda").manual_seed(seq)
+    q, k, v = (torch.rand(seq, dim, generator=gen, device="cuda") * 2 - 1 for _ in range(3))
+    outs = {("materialized", 0, 256): materialized.allocate(q)}
+    runs = {("materialized", 0, 256): lambda: materialized.materialized_attention(
+        q, k, v, outs[("materialized", 0, 256)], block=256, causal=causal)}
+    for block in blocks:
+        for rows in rows_list:
+            if block % rows == 0:
+                key = ("online-tiled", rows, block)
+                outs[key] = online_tiled.allocate(q)
+                runs[key] = functools.partial(online_tiled.online_tiled_attention, q, k, v,
+                                              outs[key], block=block, rows=rows,
+                                              causal=causal)
+    if seq <= 4096:
+        ref = attention_ref(q.double(), k.double(), v.double(), causal=causal).to(q.device)
+    else:
+        runs[("materialized", 0, 256)]()
+        ref = outs[("materialized", 0, 256)]["out"].double().clone()
+    rows_out = []
+    for key, fn in runs.items():
+        fn()
+        torch.cuda.synchronize()
+        before = float((outs[key]["out"].double() - ref).abs().max())
+        t = time_gpu(fn, warmup=3 if seq > 4096 else 10, repeat=10 if seq > 4096 else 30)
+        after = float((outs[key]["out"].double() - ref).abs().max())
+        row = dict(seq=seq, dim=dim, causal=causal, version=key[0], rows=key[1],
+                   block=key[2], median_ms=t.median_ms, min_ms=t.min_ms, max_ms=t.max_ms,
+                   err_before=before, err_after=after, ok=before < 1e-4 and after < 1e-4)
+        rows_out.append(row)
+        print(row, flush=True)
+    return rows_out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -23,51 +58,13 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rows", default="32,64,128,256")
     parser.add_argument("--block", default="256")
+    parser.add_argument("--causal", default="0,1")
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
     blocks = [int(b) for b in args.block.split(",")]
-    out_rows = []
-    for seq in (int(s) for s in args.seq.split(",")):
-        for causal in (False, True):
-            gen = torch.Generator(device="cuda").manual_seed(seq)
-            q, k, v = (torch.rand(seq, args.dim, generator=gen, device="cuda") * 2 - 1
-                       for _ in range(3))
-            mbufs = materialized.allocate(q)
-            runs = {("materialized", 0, 256): lambda: materialized.materialized_attention(
-                q, k, v, mbufs, block=256, causal=causal)}
-            outs = {}
-            for block in blocks:
-                for rows in rows_list:
-                    if block % rows:
-                        continue
-                    bufs = online_tiled.allocate(q)
-                    outs[(rows, block)] = bufs["out"]
-                    runs[("online-tiled", rows, block)] = (
-                        lambda bufs=bufs, rows=rows, block=block:
-                        online_tiled.online_tiled_attention(q, k, v, bufs, block=block,
-                                                            rows=rows, causal=causal))
-            if seq <= 4096:
-                ref = attention_ref(q.double(), k.double(), v.double(), causal=causal).to(q.device)
-            else:
-                materialized.materialized_attention(q, k, v, mbufs, block=256, causal=causal)
-                ref = mbufs["out"].double().clone()
-
-            def err(key):
-                out = mbufs["out"] if key[0] == "materialized" else outs[key[1:]]
-                return float((out.double() - ref).abs().max())
-
-            for key, fn in runs.items():
-                fn()
-                torch.cuda.synchronize()
-                before = err(key)
-                t = time_gpu(fn, warmup=3 if seq > 4096 else 10, repeat=10 if seq > 4096 else 30)
-                after = err(key)
-                ok = before < 1e-4 and after < 1e-4
-                row = dict(seq=seq, dim=args.dim, causal=causal, version=key[0], rows=key[1],
-                           block=key[2], median_ms=t.median_ms, min_ms=t.min_ms,
-                           max_ms=t.max_ms, err_before=before, err_after=after, ok=ok)
-                out_rows.append(row)
-                print(row, flush=True)
+    out_rows = [r for seq in (int(s) for s in args.seq.split(","))
+                for causal in (c == "1" for c in args.causal.split(","))
+                for r in _one(seq, args.dim, causal, rows_list, blocks)]
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
         w.writeheader()

@@ -55,7 +55,7 @@ def _kernel(plan: Plan, planted: bool):
     dim, keys, rows, splits = plan.dim, plan.keys, plan.rows, plan.splits
     nthreads, tile = plan.block, plan.tile
     loads = -(-tile * dim // nthreads)  # elements of K (and of V) per thread per tile
-    rounds = tuple(plan.merge_rounds())
+    slots = plan.slots
     slot = plan.slot_floats
     quads = dim // 4  # the dot product in 4 independent partial sums
 
@@ -132,31 +132,35 @@ def _kernel(plan: Plan, planted: bool):
                 # tile overwrites them.
                 cuda.syncthreads()
 
-        # Merge the splits into split 0 as a tree: at level h, split h + i hands (m, l,
-        # acc) to split i through slot i - first, `count` of them per round.
-        for h, first_i, count in rounds:
-            if split >= h + first_i and split < h + first_i + count:
-                at = (split - h - first_i) * slot
-                smem[at + lane] = m
-                smem[at + rows + lane] = l_sum
-                for d in range(dim):
-                    smem[at + 2 * rows + lane * (dim + 1) + d] = acc[d]
-            # Barrier: the states are in their slots before their receivers read them (the
-            # first time, every split is also done with the last K/V tile they overwrite).
-            cuda.syncthreads()
-            if split >= first_i and split < first_i + count:
-                at = (split - first_i) * slot
-                m_other = smem[at + lane]
-                m_new = max(m, m_other)
-                if m_new > -math.inf:
-                    a = math.exp(m - m_new)
-                    b = math.exp(m_other - m_new)
-                    l_sum = l_sum * a + smem[at + rows + lane] * b
+        # Merge the splits into split 0 as a tree (`Plan.merge_rounds`): at level h, split
+        # h + i hands (m, l, acc) to split i through slot i - first_i, `slots` per round.
+        h = splits // 2
+        while h >= 1:
+            for first_i in range(0, h, slots):
+                count = min(slots, h - first_i)
+                if split >= h + first_i and split < h + first_i + count:
+                    at = (split - h - first_i) * slot
+                    smem[at + lane] = m
+                    smem[at + rows + lane] = l_sum
                     for d in range(dim):
-                        acc[d] = acc[d] * a + smem[at + 2 * rows + lane * (dim + 1) + d] * b
-                    m = m_new
-            # Barrier: the receivers have read the slots before the next round writes them.
-            cuda.syncthreads()
+                        smem[at + 2 * rows + lane * (dim + 1) + d] = acc[d]
+                # Barrier: the states are in their slots before their receivers read them
+                # (the first time, every split is also done with the last K/V tile).
+                cuda.syncthreads()
+                if split >= first_i and split < first_i + count:
+                    at = (split - first_i) * slot
+                    m_other = smem[at + lane]
+                    m_new = max(m, m_other)
+                    if m_new > -math.inf:
+                        a = math.exp(m - m_new)
+                        b = math.exp(m_other - m_new)
+                        l_sum = l_sum * a + smem[at + rows + lane] * b
+                        for d in range(dim):
+                            acc[d] = acc[d] * a + smem[at + 2 * rows + lane * (dim + 1) + d] * b
+                        m = m_new
+                # Barrier: the receivers have read the slots before the next round writes.
+                cuda.syncthreads()
+            h //= 2
 
         if split == 0 and live:
             for d in range(dim):
