@@ -48,9 +48,10 @@ class Plan:
 
     @property
     def slots(self) -> int:
-        """Merge slots that fit the shared memory the K/V tile leaves (at least 1)."""
+        """Merge slots that fit in shared memory (0 with one split: nothing to merge; a plan
+        with splits but no slot does not fit)."""
         room = max(SHARED_LIMIT // 4, 2 * self.tile * self.dim)
-        return max(1, min(self.splits // 2, room // self.slot_floats))
+        return min(self.splits // 2, room // self.slot_floats)
 
     @property
     def shared_bytes(self) -> int:
@@ -59,7 +60,7 @@ class Plan:
         return 4 * max(2 * self.tile * self.dim, self.slots * self.slot_floats)
 
     def fits(self) -> bool:
-        return self.shared_bytes <= SHARED_LIMIT
+        return self.shared_bytes <= SHARED_LIMIT and (self.splits == 1 or self.slots > 0)
 
     def merge_rounds(self) -> list[tuple[int, int, int]]:
         """The merge as a tree: at level h (splits/2, splits/4, .., 1) split h + i hands its
