@@ -68,7 +68,8 @@ class Plan:
         rounds = []
         h = self.splits // 2
         while h >= 1:
-            rounds += [(h, i, min(self.slots, h - i)) for i in range(0, h, self.slots)]
+            step = max(1, self.slots)
+            rounds += [(h, i, min(step, h - i)) for i in range(0, h, step)]
             h //= 2
         return rounds
 
