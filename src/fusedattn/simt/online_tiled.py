@@ -54,6 +54,7 @@ def _kernel(plan: Plan, planted: bool):
     while slower warps still read them (check-races must catch it)."""
     dim, keys, rows, splits = plan.dim, plan.keys, plan.rows, plan.splits
     nthreads, tile = plan.block, plan.tile
+    stride, tile_floats = plan.split_stride, plan.tile_floats
     loads = -(-tile * dim // nthreads)  # elements of K (and of V) per thread per tile
     slots = plan.slots
     slot = plan.slot_floats
@@ -69,7 +70,7 @@ def _kernel(plan: Plan, planted: bool):
         row = first + lane
         live = row < q.shape[0]
         smem = cuda.shared.array(0, float32)  # dynamic: the K/V tile, then the merge slots
-        v_tile = tile * dim
+        v_tile = tile_floats
 
         q_row = cuda.local.array(dim, float32)
         acc = cuda.local.array(dim, float32)
@@ -83,24 +84,26 @@ def _kernel(plan: Plan, planted: bool):
         # Causal: the block's last row sees keys 0..first+rows-1; later tiles are skipped.
         n_keys = min(seq, first + rows) if causal else seq
         mine = split * keys  # this split's first key within a tile
+        here = split * stride  # and where its keys start in the K (and V) tile
         for start in range(0, n_keys, tile):
             for i in range(loads):
                 idx = tid + i * nthreads
                 j = start + idx // dim
+                at = idx + idx // (keys * dim)  # one pad word per split
                 if idx < tile * dim:
                     if j < seq:
-                        smem[idx] = k[j, idx % dim]
-                        smem[v_tile + idx] = v[j, idx % dim]
+                        smem[at] = k[j, idx % dim]
+                        smem[v_tile + at] = v[j, idx % dim]
                     else:
-                        smem[idx] = 0.0
-                        smem[v_tile + idx] = 0.0
+                        smem[at] = 0.0
+                        smem[v_tile + at] = 0.0
             # Barrier: the K/V tile is in shared memory before any score reads it.
             cuda.syncthreads()
             m_new = m
             for j in range(keys):
                 key = start + mine + j
                 if key < seq and (not causal or key <= row):
-                    base = (mine + j) * dim
+                    base = here + j * dim
                     d0 = d1 = d2 = d3 = float32(0.0)
                     for c in range(quads):
                         d0 += q_row[4 * c] * smem[base + 4 * c]
@@ -124,7 +127,7 @@ def _kernel(plan: Plan, planted: bool):
                 if s[j] > -math.inf:
                     p = math.exp(s[j] - m)
                     l_sum += p
-                    base = v_tile + (mine + j) * dim
+                    base = v_tile + here + j * dim
                     for d in range(dim):
                         acc[d] += p * smem[base + d]
             if not planted:

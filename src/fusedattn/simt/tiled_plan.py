@@ -8,18 +8,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-WARP = 32
 SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
 TILE_TARGET = 64  # keys per tile the plan aims for: fewer barriers, more shared memory
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A block of `block` threads serving `rows` query rows (one per thread of a row group:
-    `rows` consecutive threads, so the lanes of a warp are 32 rows) split into `splits` =
-    block / rows key splits. Each tile stages `tile` = splits x `keys` keys of K and V in
-    shared memory; split s takes keys s*keys .. s*keys + keys - 1 of it, so every lane of a
-    warp reads the same K/V element (a broadcast, no bank conflict)."""
+    """A block of `block` threads serving `rows` query rows: thread t takes row t mod rows
+    and key split t div rows of `splits` = block / rows. Each tile stages `tile` = splits x
+    `keys` keys of K and V in shared memory; split s takes keys s*keys .. s*keys + keys - 1
+    of it. The lanes of a warp that share a split read the same K/V word (a broadcast); the
+    splits of one warp (rows < 32) are `split_stride` = keys*D + 1 words apart, so they fall
+    in different banks (no bank conflict either way)."""
 
     rows: int
     block: int
@@ -33,8 +33,17 @@ class Plan:
     def keys(self) -> int:
         """Keys per split per tile: TILE_TARGET keys per tile, fewer where the K/V tile would
         overfill shared memory (at least 1)."""
-        fit = SHARED_LIMIT // (2 * 4 * self.dim * self.splits)
+        fit = (SHARED_LIMIT // (2 * 4 * self.splits) - 1) // self.dim
         return max(1, min(max(1, TILE_TARGET // self.splits), fit))
+
+    @property
+    def split_stride(self) -> int:
+        return self.keys * self.dim + 1
+
+    @property
+    def tile_floats(self) -> int:
+        """Shared-memory words of the K tile (and of the V tile)."""
+        return self.splits * self.split_stride
 
     @property
     def tile(self) -> int:
@@ -50,14 +59,14 @@ class Plan:
     def slots(self) -> int:
         """Merge slots that fit in shared memory (0 with one split: nothing to merge; a plan
         with splits but no slot does not fit)."""
-        room = max(SHARED_LIMIT // 4, 2 * self.tile * self.dim)
+        room = max(SHARED_LIMIT // 4, 2 * self.tile_floats)
         return min(self.splits // 2, room // self.slot_floats)
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: the K and V tile (2 * tile * D floats), reused at the end
-        for the merge slots."""
-        return 4 * max(2 * self.tile * self.dim, self.slots * self.slot_floats)
+        """Dynamic shared memory: the K and V tile (2 * tile_floats), reused at the end for
+        the merge slots."""
+        return 4 * max(2 * self.tile_floats, self.slots * self.slot_floats)
 
     def fits(self) -> bool:
         return self.shared_bytes <= SHARED_LIMIT and (self.splits == 1 or self.slots > 0)
@@ -80,8 +89,8 @@ class Plan:
 
 
 def check_rows(rows: int, block: int) -> None:
-    """`rows` a power-of-two multiple of the warp size that divides `block` (a power of
-    two), so the splits are a power of two (the merge tree)."""
-    if rows % WARP or rows & (rows - 1) or block % rows:
-        raise ValueError(f"online-tiled: {rows} rows per block need a block of a multiple "
-                         f"of {rows} threads (got {block})")
+    """`rows` a power of two that divides `block` (a power of two), so the splits are a
+    power of two (the merge tree)."""
+    if rows < 1 or rows & (rows - 1) or block % rows:
+        raise ValueError(f"online-tiled: {rows} rows per block need a power of two that "
+                         f"divides the block ({block} threads)")
