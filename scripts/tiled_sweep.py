@@ -15,6 +15,7 @@ import torch
 from fusedattn.lab.timing import time_gpu
 from fusedattn.reference import attention_ref
 from fusedattn.simt import materialized, online_tiled
+from fusedattn.simt.tiled_plan import Plan
 
 
 def _one(seq: int, dim: int, causal: bool, rows_list, blocks) -> list[dict]:
@@ -25,7 +26,7 @@ def _one(seq: int, dim: int, causal: bool, rows_list, blocks) -> list[dict]:
         q, k, v, outs[("materialized", 0, 256)], block=256, causal=causal)}
     for block in blocks:
         for rows in rows_list:
-            if block % rows == 0:
+            if block % rows == 0 and Plan(rows, block, dim).fits():
                 key = ("online-tiled", rows, block)
                 outs[key] = online_tiled.allocate(q)
                 runs[key] = functools.partial(online_tiled.online_tiled_attention, q, k, v,
