@@ -54,7 +54,7 @@ def _kernel(plan: Plan, planted: bool):
     while slower warps still read them (check-races must catch it)."""
     dim, keys, rows, splits = plan.dim, plan.keys, plan.rows, plan.splits
     nthreads, tile = plan.block, plan.tile
-    stride, tile_floats = plan.split_stride, plan.tile_floats
+    tile_floats = plan.tile_floats
     loads = -(-tile * dim // nthreads)  # elements of K (and of V) per thread per tile
     slots = plan.slots
     slot = plan.slot_floats
@@ -84,7 +84,6 @@ def _kernel(plan: Plan, planted: bool):
         # Causal: the block's last row sees keys 0..first+rows-1; later tiles are skipped.
         n_keys = min(seq, first + rows) if causal else seq
         mine = split * keys  # this split's first key within a tile
-        here = split * stride  # and where its keys start in the K (and V) tile
         for start in range(0, n_keys, tile):
             for i in range(loads):
                 idx = tid + i * nthreads
@@ -103,15 +102,18 @@ def _kernel(plan: Plan, planted: bool):
             for j in range(keys):
                 key = start + mine + j
                 if key < seq and (not causal or key <= row):
-                    base = here + j * dim
+                    # This key's row of the tile as a view: its constant indices need
+                    # no negative-index wrap (one address, then immediate offsets).
+                    base = (mine + j) * dim + split  # one pad word per split before it
+                    k_row = smem[base:base + dim]
                     d0 = d1 = d2 = d3 = float32(0.0)
                     for c in range(quads):
-                        d0 += q_row[4 * c] * smem[base + 4 * c]
-                        d1 += q_row[4 * c + 1] * smem[base + 4 * c + 1]
-                        d2 += q_row[4 * c + 2] * smem[base + 4 * c + 2]
-                        d3 += q_row[4 * c + 3] * smem[base + 4 * c + 3]
+                        d0 += q_row[4 * c] * k_row[4 * c]
+                        d1 += q_row[4 * c + 1] * k_row[4 * c + 1]
+                        d2 += q_row[4 * c + 2] * k_row[4 * c + 2]
+                        d3 += q_row[4 * c + 3] * k_row[4 * c + 3]
                     for d in range(4 * quads, dim):
-                        d0 += q_row[d] * smem[base + d]
+                        d0 += q_row[d] * k_row[d]
                     dot = (d0 + d1) + (d2 + d3)
                     s[j] = dot
                     m_new = max(m_new, dot)
@@ -127,9 +129,10 @@ def _kernel(plan: Plan, planted: bool):
                 if s[j] > -math.inf:
                     p = math.exp(s[j] - m)
                     l_sum += p
-                    base = v_tile + here + j * dim
+                    base = v_tile + (mine + j) * dim + split
+                    v_row = smem[base:base + dim]
                     for d in range(dim):
-                        acc[d] += p * smem[base + d]
+                        acc[d] += p * v_row[d]
             if not planted:
                 # Barrier: every thread is done with this tile's K and V before the next
                 # tile overwrites them.
