@@ -3,15 +3,20 @@ inputs (fp32 S x D, uniform): picks the registry's variants. Every output is che
 the float64 reference (S <= 4096) or materialized's output before and after timing.
 
     python3 scripts/tiled_sweep.py OUT.csv [--seq 128,512,2048,8192,16384] [--dim 64]
+        [--rows 4,8,..] [--block 256] [--causal 0,1]
+
+Writes OUT.csv and environment.json beside it (GPU, driver, versions, commit, command).
 """
 
 import argparse
 import csv
 import functools
 import sys
+from pathlib import Path
 
 import torch
 
+from fusedattn.lab.evidence import environment, write_json
 from fusedattn.lab.timing import time_gpu
 from fusedattn.reference import attention_ref
 from fusedattn.simt import materialized, online_tiled
@@ -70,6 +75,8 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
         w.writeheader()
         w.writerows(out_rows)
+    write_json(Path(args.out).with_name("environment.json"),
+               environment() | {"command": " ".join(sys.argv)})
     return 0 if all(r["ok"] for r in out_rows) else 1
 
 

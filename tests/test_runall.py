@@ -292,3 +292,37 @@ def test_summary_rows_say_whether_the_run_was_causal():
     rows = summarize([rec], ENV, causal, {"t0": "h"})
     assert rows and all(r.causal for r in rows)
     assert "causal" in summary_csv(rows).splitlines()[0].split(",")
+
+
+def test_two_input_protocols_in_one_run_are_kept_apart(tmp_path, monkeypatch):
+    # the chapter's two drivers (uniform, normal) in one run folder: every unit twice, named
+    # by its protocol and drawn with it; the summary keeps a row per protocol
+    monkeypatch.setattr(runall.mode, "EMULATION", True)
+    plan = Plan(("t0",), (128,), 64, 32, 1, dict(SETTINGS, inputs="uniform,normal"),
+                boundary=((1, 1), (3, 2)))
+    units = plan.units()
+    assert [u["unit"] for u in units] == ["boundary-1x1-uniform", "boundary-3x2-uniform",
+                                          "boundary-1x1-normal", "boundary-3x2-normal"]
+    assert [u["settings"]["inputs"] for u in units] == ["uniform"] * 2 + ["normal"] * 2
+
+    def fake(unit):  # a worker's records carry the unit's protocol; normal's are worse
+        bad = unit["settings"]["inputs"] == "normal"
+        return [dict(r, inputs=unit["settings"]["inputs"],
+                     before={"max_abs": 2e-7 if bad else 1e-8, "ok": True})
+                for r in _boundary_records(unit)]
+
+    monkeypatch.setattr(runall, "run_unit_process", fake)
+    _, rows = execute(plan, tmp_path, _Console(), _NoProgress)
+    errors = {(r.inputs, r.seq): r.max_abs_error for r in rows if r.metric == "max_abs_error"}
+    assert errors == {("uniform", 1): 1e-8, ("uniform", 3): 1e-8, ("normal", 1): 2e-7,
+                      ("normal", 3): 2e-7}
+
+
+def test_run_all_refuses_an_unknown_or_repeated_protocol(tmp_path, capsys):
+    from fusedattn.cli import main
+
+    for bad in ("uniform,gauss", "normal,normal"):
+        assert main(["run-all", "--version", "t0", "--inputs", bad,
+                     "--out", str(tmp_path)]) == 2
+        assert "comma-separated subset of uniform" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any folder was made

@@ -88,15 +88,17 @@ def test_barrier_counts_in_the_registry_match_the_kernels():
     assert softmax.barriers(Problem(128, 64, 32)) == 3 + 2 * 5
 
 
-@pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("shape, block, causal", [
-    ((1, 1), 32, False),    # one key in a 32-key tile: 31 masked slots
-    ((7, 13), 32, True),    # causal, S < TILE, D odd
-    ((33, 5), 32, False),   # S = TILE + 1: a second tile with one key
-    ((40, 16), 64, True),   # two warps, causal rows spanning two tiles
-    ((6, 3), 32, False),    # rows=4: the last block holds 2 rows
+@pytest.mark.parametrize("shape, block, rows, causal", [
+    ((1, 1), 32, 1, False),     # one key: every other split of the 32 sees none (weight 0)
+    ((7, 13), 64, 2, True),     # causal, S < tile, D odd, 32 splits of which most see none
+    ((33, 5), 64, 32, False),   # rows = 32: a warp of rows sharing each split's keys
+    ((70, 16), 128, 8, True),   # causal rows spanning tiles, 4 splits per warp (padding)
+    ((40, 3), 64, 64, True),    # one split: no merge; the last block holds 40 - 0 rows
+    ((65, 33), 64, 4, False),   # S = 64 + 1: a second tile with one key; 16-split tree
+    ((20, 7), 32, None, True),  # rows from tiled_plan.auto_rows
+    ((100, 128), 256, 32, True),  # D=128: merge slots fit 2 at a time (chunked rounds)
 ])
-def test_online_tiled_shapes(qkv, rows, shape, block, causal):
+def test_online_tiled_shapes(qkv, shape, block, rows, causal):
     from fusedattn.simt import online_tiled
 
     q, k, v = qkv(*shape)
@@ -107,21 +109,35 @@ def test_online_tiled_shapes(qkv, rows, shape, block, causal):
     assert result.ok, result.reasons
 
 
-def test_online_tiled_barriers_shared_memory_and_registry():
+def test_online_tiled_plan_barriers_and_registry():
     from fusedattn.lab.registry import VERSIONS, planted_symbol, planted_versions
-    from fusedattn.problem import Problem
-    from fusedattn.simt import online_tiled, tiled_plan
+    from fusedattn.problem import Problem, ProblemError
+    from fusedattn.simt import online_tiled
+    from fusedattn.simt.tiled_plan import Plan, auto_rows
 
+    # about one block per SM (132 on the H200): the sweep's fastest rows at each S
+    assert [auto_rows(s, 256, 64, sms=132) for s in (128, 512, 2048, 8192, 16384)] == [
+        4, 4, 16, 64, 128]
+    plan = Plan(4, 256, 64)  # 64 splits of 1 key: a 64-key tile, a 6-level merge tree
+    assert (plan.splits, plan.keys, plan.tile, plan.slots) == (64, 1, 64, 32)
+    assert plan.merge_rounds() == [(32, 0, 32), (16, 0, 16), (8, 0, 8), (4, 0, 4),
+                                   (2, 0, 2), (1, 0, 1)]
     p = Problem(128, 64, 256)
-    (kernel,) = VERSIONS["online-tiled"].launches
-    # 1 init + 4 per tile (load, scores, statistics, accumulate): 17 against online's 1409
-    assert kernel.barriers(p) == 1 + 4 * 4
+    # 2 per tile (2 tiles) + 2 per merge round (6): 16, against online's 1409 per row
+    assert VERSIONS["online-tiled-4"].launches[0].barriers(p) == 2 * 2 + 2 * 6
     assert VERSIONS["online"].launches[0].barriers(p) == 1409
-    assert tiled_plan.shared_bytes(4, 256) > tiled_plan.SHARED_LIMIT  # refused
-    assert VERSIONS["online-tiled-4"].limits.max_dim < VERSIONS["online-tiled"].limits.max_dim
+    chunked = Plan(32, 256, 128)  # 4 slots would overfill 48 KB: 2 at a time
+    assert chunked.slots == 2 and chunked.merge_rounds()[:2] == [(4, 0, 2), (4, 2, 2)]
+    assert not Plan(64, 256, 256).fits()
     assert {"materialized", "online-tiled", "online-tiled-4"} <= set(planted_versions())
     assert planted_symbol("online-tiled") == "_online_tiled_kernel"
     assert planted_symbol("materialized") == "_softmax_rows_kernel"
+    with pytest.raises(ProblemError, match=r"dim=256 .*1\.\.95 .*online-tiled-4"):
+        VERSIONS["online-tiled-4"].limits.check("online-tiled-4", Problem(128, 256, 256))
     q = torch.zeros(4, 256)
     with pytest.raises(ValueError, match="shared memory"):
-        online_tiled.online_tiled_attention(q, q, q, online_tiled.allocate(q), block=32, rows=4)
+        online_tiled.online_tiled_attention(q, q, q, online_tiled.allocate(q), block=256,
+                                            rows=64)
+    with pytest.raises(ValueError, match="power of two"):
+        online_tiled.online_tiled_attention(q, q, q, online_tiled.allocate(q), block=256,
+                                            rows=3)

@@ -27,7 +27,7 @@ from fusedattn.problem import Problem, ProblemError
 
 def add(sub) -> None:
     p = sub.add_parser("run-all", help="the chapter's full protocol, with evidence files")
-    common_options(p, warmup=10, repeat=50)  # the chapter's historical group
+    common_options(p, warmup=10, repeat=50, several_inputs=True)  # the chapter's historical group
     p.add_argument("--seq", type=int_list_arg,
                     help="main S, or a comma-separated sweep, e.g. 128,1024,16384 (default 128)")
     p.add_argument("--processes", type=int_arg, default=3, help="independent processes")
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         args.block = EMU_DEFAULT["block"]
     problems = [problem_from(args, console, seq) for seq in seqs]
     boundary = [Problem(s, d, problems[0].block) for s, d in args.boundary]
-    check_counts(args)
+    check_counts(args, several_inputs=True)
     if args.processes < 1:
         raise ProblemError("processes", args.processes, "an integer >= 1")
     for v in versions:
@@ -92,8 +92,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     by_key: dict[tuple, dict] = {}  # the summary's metric rows, one dict per version/shape
     for r in rows:
-        by_key.setdefault((r.suite, r.seq, r.dim, r.version), {})[r.metric] = r
+        by_key.setdefault((r.inputs, r.suite, r.seq, r.dim, r.version), {})[r.metric] = r
     render_table(console, f"run-all — {mode.describe()}", by_key.values(), [
+        ("inputs", lambda m: m["max_abs_error"].inputs),
         ("suite", lambda m: m["max_abs_error"].suite),
         ("shape", lambda m: f"{m['max_abs_error'].seq}x{m['max_abs_error'].dim}"),
         ("version", lambda m: m["max_abs_error"].version),

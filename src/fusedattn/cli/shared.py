@@ -46,7 +46,8 @@ def shapes_arg(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def common_options(p: argparse.ArgumentParser, warmup: int, repeat: int) -> None:
+def common_options(p: argparse.ArgumentParser, warmup: int, repeat: int,
+                   several_inputs: bool = False) -> None:
     from fusedattn.lab.inputs import PROTOCOLS
     from fusedattn.lab.registry import VERSIONS
     from fusedattn.lab.timing import MODES
@@ -59,7 +60,9 @@ def common_options(p: argparse.ArgumentParser, warmup: int, repeat: int) -> None
     p.add_argument("--warmup", type=int_arg, default=warmup)
     p.add_argument("--repeat", type=int_arg, default=repeat)
     p.add_argument("--seed", type=int_arg, default=0)
-    p.add_argument("--inputs", default="uniform", help="|".join(PROTOCOLS))
+    p.add_argument("--inputs", default="uniform", help="|".join(PROTOCOLS) + (
+        ", or several comma-separated (uniform,normal: the chapter's two drivers)"
+        if several_inputs else ""))
     p.add_argument("--timing", default="events", help="|".join(MODES))
     p.add_argument("--causal", action="store_true", help="mask key j > i (exercise 5)")
 
@@ -77,7 +80,8 @@ def problem_from(args: argparse.Namespace, console: Console, seq: int | None = N
                    causal=getattr(args, "causal", False))
 
 
-def check_counts(args: argparse.Namespace) -> None:
+def check_counts(args: argparse.Namespace, several_inputs: bool = False) -> None:
+    """Counts, timing mode, input protocol(s), seed and --json of a timing command."""
     from fusedattn.lab.inputs import PROTOCOLS
     from fusedattn.lab.timing import MODES
 
@@ -87,8 +91,10 @@ def check_counts(args: argparse.Namespace) -> None:
         raise ProblemError("repeat", args.repeat, "an integer >= 1")
     if args.timing not in MODES:
         raise ProblemError("timing", args.timing, "one of " + ", ".join(MODES))
-    if args.inputs not in PROTOCOLS:
-        raise ProblemError("inputs", args.inputs, "one of " + ", ".join(PROTOCOLS))
+    protocols = args.inputs.split(",") if several_inputs else [args.inputs]
+    if any(p not in PROTOCOLS for p in protocols) or len(set(protocols)) < len(protocols):
+        raise ProblemError("inputs", args.inputs, ("a comma-separated subset" if several_inputs
+                                                   else "one") + " of " + ", ".join(PROTOCOLS))
     if args.seed < 0:
         raise ProblemError("seed", args.seed, "an integer >= 0")
     if getattr(args, "json", None) is not None:

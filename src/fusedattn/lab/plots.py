@@ -35,8 +35,10 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 
 
 def draw(summary: Path, out_dir: Path | None = None) -> list[Path]:
-    """Draw every figure the summary supports; returns the files written."""
+    """Draw every figure the summary supports; returns the files written. A run over several
+    input protocols is drawn for its first (the others stay in summary.csv)."""
     rows = read_summary(summary)
+    rows = [r for r in rows if r["inputs"] == rows[0]["inputs"]] if rows else rows
     out_dir = out_dir or summary.parent
     timed = [r for r in rows if r["suite"] == "main" and r["metric"] == "gpu_ms"]
     if not timed:

@@ -54,21 +54,32 @@ class Plan:
     boundary: tuple[tuple[int, int], ...] = BOUNDARY
     causal: bool = False
 
+    def protocols(self) -> list[str]:
+        """The input protocols of the run: settings["inputs"] may name several, comma-separated
+        (the chapter's two drivers: `uniform,normal`)."""
+        return self.settings["inputs"].split(",")
+
     def units(self) -> list[dict]:
-        """Every unit of work; in emulation only the boundary suite (no times, no peaks)."""
-        common = {"versions": list(self.versions), "block": self.block,
-                  "settings": self.settings, "causal": self.causal}
-        units = [dict(common, unit=f"boundary-{s}x{d}", kind="timing", suite="boundary",
-                      seq=s, dim=d, process=0) for s, d in self.boundary]
-        if mode.EMULATION:
-            return units
-        for seq in self.seqs:
-            units += [dict(common, unit=f"main-{seq}x{self.dim}-p{p}", kind="timing",
-                           suite="main", seq=seq, dim=self.dim, process=p)
-                      for p in range(self.processes)]
-            units += [dict(common, unit=f"memory-{seq}x{self.dim}-{v}", kind="memory",
-                           suite="main", seq=seq, dim=self.dim, versions=[v])
-                      for v in self.versions]
+        """Every unit of work, for each input protocol; in emulation only the boundary suite
+        (no times, no peaks). With several protocols each unit's name ends in its protocol."""
+        several = len(self.protocols()) > 1
+        units = []
+        for proto in self.protocols():
+            tag = f"-{proto}" if several else ""
+            common = {"versions": list(self.versions), "block": self.block,
+                      "settings": dict(self.settings, inputs=proto), "causal": self.causal}
+            units += [dict(common, unit=f"boundary-{s}x{d}{tag}", kind="timing",
+                           suite="boundary", seq=s, dim=d, process=0)
+                      for s, d in self.boundary]
+            if mode.EMULATION:
+                continue
+            for seq in self.seqs:
+                units += [dict(common, unit=f"main-{seq}x{self.dim}-p{p}{tag}", kind="timing",
+                               suite="main", seq=seq, dim=self.dim, process=p)
+                          for p in range(self.processes)]
+                units += [dict(common, unit=f"memory-{seq}x{self.dim}-{v}{tag}", kind="memory",
+                               suite="main", seq=seq, dim=self.dim, versions=[v])
+                          for v in self.versions]
         return units
 
 
@@ -213,7 +224,7 @@ def summarize(records: list[dict], env: dict, plan: Plan, hashes: dict[str, str]
     from fusedattn.lab.registry import VERSIONS
 
     s = plan.settings
-    static = {"causal": plan.causal, "inputs": s["inputs"], "seed": s["seed"],
+    static = {"causal": plan.causal, "seed": s["seed"],
               "warmup": s["warmup"],
               "repeat": s["repeat"], "timing_mode": s["timing"],
               **provenance(env)}
@@ -221,14 +232,15 @@ def summarize(records: list[dict], env: dict, plan: Plan, hashes: dict[str, str]
     groups: dict[tuple, list[dict]] = {}
     peaks: dict[tuple, int | None] = {}
     for r in live(records):
-        key = (r.get("suite") or "boundary", r["version"], r["seq"], r["dim"], r["block"])
+        key = (r.get("suite") or "boundary", r["version"], r["seq"], r["dim"], r["block"],
+               r.get("inputs") or s["inputs"])
         if r["kind"] == "memory":
             peaks[key] = r.get("peak_bytes")
         else:
             groups.setdefault(key, []).append(r)
     rows = []
     for key, recs in groups.items():
-        suite, name, seq, dim, block = key
+        suite, name, seq, dim, block, inputs = key
         version = VERSIONS[name]
         errors = [r for r in recs if "error" in r]
         good = [r for r in recs if "error" not in r]
@@ -237,7 +249,7 @@ def summarize(records: list[dict], env: dict, plan: Plan, hashes: dict[str, str]
         verdict = "ERROR" if errors or not good else (
             "PASS" if all(r["verdict"] == "PASS" for r in good) else "FAIL")
         base = dict(version=name, route=version.route, suite=suite, seq=seq, dim=dim,
-                    block=block, max_abs_error=max_abs, verdict=verdict,
+                    block=block, inputs=inputs, max_abs_error=max_abs, verdict=verdict,
                     peak_bytes=peaks.get(key), processes=len(recs),
                     source_sha256=hashes[name], **static)
         rows.append(SummaryRow(metric="max_abs_error", median=max_abs, range_low=max_abs,

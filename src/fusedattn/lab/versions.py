@@ -6,6 +6,7 @@ own buffers. The registry (`registry.py`) collects them; nothing else lists them
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 import torch
 
@@ -16,8 +17,7 @@ from fusedattn.lab.registry import (
     Version,
     register,
 )
-from fusedattn.problem import MAX_FLASH_DIM, MAX_ROW_DIM, Limits, Problem
-from fusedattn.simt.tiled_plan import barriers_per_block
+from fusedattn.problem import MAX_FLASH_DIM, MAX_ROW_DIM, Limits, Problem, ProblemError
 
 # --- thread-level (numba.cuda) -------------------------------------------------------------
 
@@ -83,27 +83,61 @@ register(Version(
 ))
 
 
-def _tiled_limits(rows: int) -> Limits:
-    """Head dims whose K/V tiles and row state fit a block's 48 KB of shared memory."""
-    from fusedattn.simt.tiled_plan import SHARED_LIMIT, shared_bytes
+@dataclass(frozen=True)
+class TiledLimits(Limits):
+    """online-tiled's limits depend on the block and the rows per block (`rows`, None for
+    `tiled_plan.auto_rows`): the K/V tile and the merge slots must fit a block's 48 KB of
+    shared memory, and the rows must divide the block. `max_dim` (listed) is at block 256."""
 
-    dim = next(d for d in range(MAX_ROW_DIM, 0, -1) if shared_bytes(rows, d) <= SHARED_LIMIT)
-    return Limits(max_dim=dim, note=f"K/V tiles and {rows} row(s) of state in 48 KB of "
-                  "shared memory")
+    rows: int | None = None
+
+    @classmethod
+    def of(cls, rows: int | None) -> TiledLimits:
+        probe = cls(rows=rows)
+        dim = next(d for d in range(MAX_ROW_DIM, 0, -1) if probe._plan(256, d) is not None)
+        return cls(max_dim=dim, note="K/V tiles and merge slots in 48 KB of shared memory, "
+                   "at block 256", rows=rows)
+
+    def _plan(self, block: int, dim: int, seq: int = 128):
+        from fusedattn.simt.tiled_plan import Plan, auto_rows
+
+        rows = self.rows or auto_rows(seq, block, dim)
+        if rows is None or block % rows:
+            return None
+        plan = Plan(rows, block, dim)
+        return plan if plan.fits() else None
+
+    def plan(self, problem: Problem):
+        return self._plan(problem.block, problem.dim, problem.seq)
+
+    def check(self, version: str, problem: Problem) -> None:
+        if problem.dim > MAX_ROW_DIM:
+            super().check(version, problem)
+        if self.plan(problem) is None:
+            dims = [d for d in range(1, MAX_ROW_DIM + 1)
+                    if self._plan(problem.block, d, problem.seq) is not None]
+            allowed = f"1..{dims[-1]}" if dims else "none"
+            raise ProblemError("dim", problem.dim, f"{allowed} for version {version!r} at "
+                               f"block {problem.block} (K/V tiles and merge slots in 48 KB "
+                               "of shared memory)")
 
 
-for _rows, _name in ((1, "online-tiled"), (4, "online-tiled-4")):
+for _rows, _name, _how in (
+        (None, "online-tiled", "rows per block chosen from S and the SM count "
+         "(about one block per SM)"),
+        (4, "online-tiled-4", "4 rows per block (the most blocks, the least K/V reuse)")):
+    _limits = TiledLimits.of(_rows)
     register(Version(
         _name, "simt",
-        f"1 launch: a block per {_rows} query row(s), K/V tiles of 32 keys in shared memory, "
-        "one max/sum update per tile: 4 barriers per tile",
+        f"1 launch: a thread per (row, key split) runs the online recurrence over its keys; "
+        f"K/V tiles in shared memory serve all the block's rows; {_how}; 2 barriers per "
+        "tile, a tree merge of the splits at the end",
         (Kernel("online_tiled", ("Q", "K", "V"), ("O",),
-                lambda p: barriers_per_block(p.seq),
-                "per block: 1 + 4*ceil(S/32) (load, scores, row statistics, accumulate)",
-                "_online_tiled_kernel"),),
+                lambda p, lim=_limits: lim.plan(p).barriers(p.seq),
+                "per block: 2 per tile + 2 per merge round", "_online_tiled_kernel"),),
         "fusedattn.simt.online_tiled",
         _prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention", rows=_rows),
-        _tiled_limits(_rows),
+        _limits,
         planted=_prepare_simt("fusedattn.simt.online_tiled", "online_tiled_attention",
                               rows=_rows, planted=True),
         planted_kernel="online_tiled",

@@ -23,7 +23,7 @@ def run_unit(spec: dict) -> list[dict]:
     settings = Settings(**spec["settings"])
     base = {"unit": spec["unit"], "kind": spec["kind"], "suite": spec.get("suite"),
             "process": spec.get("process", 0), "seq": problem.seq, "dim": problem.dim,
-            "block": problem.block, "causal": problem.causal}
+            "block": problem.block, "causal": problem.causal, "inputs": settings.inputs}
     shared = None
     if spec["kind"] == "timing":
         shared = case_for(problem, settings)

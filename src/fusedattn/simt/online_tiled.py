@@ -42,7 +42,7 @@ import torch
 from numba import cuda, float32
 
 from fusedattn.simt._launch import F32, as_array, simulated_threads, stream
-from fusedattn.simt.tiled_plan import SHARED_LIMIT, Plan, check_rows
+from fusedattn.simt.tiled_plan import SHARED_LIMIT, Plan, auto_rows, check_rows
 
 
 @functools.cache
@@ -181,12 +181,14 @@ def allocate(q: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def online_tiled_attention(q, k, v, bufs: dict[str, torch.Tensor], *, block: int,
-                           rows: int = 32, causal: bool = False,
+                           rows: int | None = None, causal: bool = False,
                            planted: bool = False) -> list:
-    """One launch, grid (ceil(S / rows),), `block` threads; writes `bufs["out"]`.
-    `planted`: the variant without the end-of-tile barrier (check-races must catch it).
-    Returns the launches as `(kernel, name, grid, block, dynamic shared bytes)`."""
+    """One launch, grid (ceil(S / rows),), `block` threads; writes `bufs["out"]`. `rows`
+    per block: None picks `tiled_plan.auto_rows` (about one block per SM). `planted`: the
+    variant without the end-of-tile barrier (check-races must catch it). Returns the
+    launches as `(kernel, name, grid, block, dynamic shared bytes)`."""
     seq, dim = q.shape
+    rows = rows or auto_rows(seq, block, dim) or 1
     check_rows(rows, block)
     plan = Plan(rows, block, dim)
     if not plan.fits():

@@ -94,3 +94,28 @@ def check_rows(rows: int, block: int) -> None:
     if rows < 1 or rows & (rows - 1) or block % rows:
         raise ValueError(f"online-tiled: {rows} rows per block need a power of two that "
                          f"divides the block ({block} threads)")
+
+
+SMS_DEFAULT = 132  # the H200's SM count: what emulation assumes when it picks rows
+
+
+def sm_count() -> int:
+    """The current GPU's SM count (SMS_DEFAULT without one)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return SMS_DEFAULT
+
+
+def auto_rows(seq: int, block: int, dim: int, sms: int | None = None) -> int:
+    """Rows per block for `online-tiled`: the power of two nearest (in log2) to S / SMs, so
+    the grid is about one block per SM: fewer rows leave K/V tiles less reused, more leave
+    SMs idle. On the H200 (sweep in evidence/README.md) that picked the fastest of 4..128
+    rows at S = 128..16384. Among the plans that fit (None if none does)."""
+    target = max(seq / (sms or sm_count()), 1e-9)
+    fitting = [r for r in (2 ** i for i in range(block.bit_length()))
+               if block % r == 0 and Plan(r, block, dim).fits()]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda r: (abs(math.log2(r / target)), -r))

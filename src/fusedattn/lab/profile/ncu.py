@@ -21,6 +21,12 @@ NCU_METRICS = {
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_throughput_pct",
     # share of active warp-cycles in which a warp waits at a barrier (bar.sync)
     "smsp__warp_issue_stalled_barrier_per_warp_active.pct": "barrier_stall_pct",
+    # what the time model of the thread-level versions needs (evidence README)
+    "lts__t_bytes.sum": "l2_bytes",
+    "smsp__inst_executed.sum": "warp_instructions",
+    "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": "ffma_thread_ops",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "shared_bank_conflicts",
+    "smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct": "shared_wait_stall_pct",
 }
 
 
