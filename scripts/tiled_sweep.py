@@ -71,6 +71,7 @@ def main() -> int:
     out_rows = [r for seq in (int(s) for s in args.seq.split(","))
                 for causal in (c == "1" for c in args.causal.split(","))
                 for r in _one(seq, args.dim, causal, rows_list, blocks)]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
         w.writeheader()
