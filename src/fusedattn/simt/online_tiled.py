@@ -9,27 +9,30 @@ hit one bank, and one thread per row ran the tile's exps while the block waited.
 This round gives every thread the whole online recurrence of one query row over a share
 of the keys, so nothing is reduced across threads until the very end:
 
-    a block of B threads serves R rows (R a multiple of 32): thread t takes row t mod R
+    a block of B threads serves R rows (a power of two): thread t takes row t mod R
     and key split s = t div R of B/R splits; its q row and acc row live in registers.
     per tile of T keys (T = B/R splits x K keys each):
       1. all threads load K[j0:j0+T], V[j0:j0+T] into shared memory             barrier
       2. each thread, alone, over its K keys of the tile:
-           s_j = q . k_j (a dot product against a broadcast K row: the 32 lanes of a
-           warp are 32 rows reading the same key, so no bank conflict), m_new =
+           s_j = q . k_j (a dot product against a broadcast K row: the lanes of a warp
+           in one split read the same word; a warp's splits are a pad word apart, in
+           different banks, so no bank conflict), m_new =
            max(m, max_j s_j), acc and l rescaled once by exp(m - m_new), then
            acc += exp(s_j - m_new) v_j                                        barrier
-    at the end, splits 1..B/R-1 hand (m, l, acc) to split 0 one at a time
-    through shared memory, merged by their maxima as the online recurrence does:
-    2 barriers each. Split 0 writes O = acc / l.
+    at the end, the splits hand (m, l, acc) down a tree through shared memory (split
+    h + i to split i, h = B/2R .. 1), merged by their maxima as the online recurrence
+    does: 2 barriers per round. Split 0 writes O = acc / l.
 
-Barriers per block: 2 per tile + 2 (B/R - 1) (`tiled_plan.Plan.barriers`): 12 at 128x64,
-block 256, R=32 (T=64), against online's 1409 per row and the first round's 17. Masked
-keys (the ragged last tile, causal keys past the row) get s = -inf (the chapter's mask),
-so exp gives them weight 0; a split that has seen no key yet keeps m = -inf and l = 0
-and gets weight 0 in the merge. Causal blocks stop after their last row's key.
+Barriers per block: 2 per tile + 2 per merge round (`tiled_plan.Plan.barriers`): 16 at
+128x64, block 256, R=4 (2 tiles of 64 keys, a 6-level tree), against online's 1409 per row
+and the first round's 17. The rows per block R (`tiled_plan.auto_rows`): about one block
+per SM. Masked keys (the ragged last tile, causal keys past the row) get s = -inf (the
+chapter's mask), so exp gives them weight 0; a split that has seen no key yet keeps m =
+-inf and l = 0 and gets weight 0 in the merge. Causal blocks stop after their last row's
+key.
 
-Shared memory: the K/V tile, 2 T D floats (T shrinks with D to stay within 48 KB), reused
-for the merge slot. Traffic: K and V are read once per block, S/R times in all, against S
+Shared memory: the K/V tile, 2 T (D + pad) floats (T shrinks with D to stay within 48 KB),
+reused for the merge slots. Traffic: K and V are read once per block, S/R times in all, against S
 times for `online`.
 """
 
