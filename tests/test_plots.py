@@ -1,7 +1,8 @@
 import matplotlib.image as mpimg
 
 from fusedattn.lab.plots import draw
-from fusedattn.lab.runall import Plan, summarize, summary_csv
+from fusedattn.lab.records import summarize, summary_csv
+from fusedattn.lab.runall import Plan
 
 SETTINGS = {"inputs": "uniform", "seed": 0, "warmup": 10, "repeat": 50, "timing": "events"}
 ENV = {"gpu": "NVIDIA H200", "driver": "580", "torch": "2.11", "triton": "3.6",

@@ -1,4 +1,4 @@
-"""run-all: summary arithmetic, CSV schema, atomic writing, resume."""
+"""run-all and its records: summary arithmetic, CSV schema, atomic writing, resume."""
 
 import csv
 import io
@@ -8,9 +8,11 @@ from dataclasses import fields
 
 import pytest
 
+from fusedattn.lab import records as run_records
 from fusedattn.lab import runall
 from fusedattn.lab.evidence import write_atomic
-from fusedattn.lab.runall import Plan, SummaryRow, execute, summarize, summary_csv
+from fusedattn.lab.records import SummaryRow, summarize, summary_csv
+from fusedattn.lab.runall import Plan, execute
 
 SETTINGS = {"inputs": "uniform", "seed": 0, "warmup": 10, "repeat": 50, "timing": "events"}
 ENV = {"git_commit": "abc", "git_dirty": False, "gpu": "NVIDIA H200", "driver": "580",
@@ -151,7 +153,7 @@ def test_interrupted_run_resumes_without_redoing_units(tmp_path, monkeypatch):
     monkeypatch.setattr(runall, "run_unit_process", interrupted)
     with pytest.raises(KeyboardInterrupt):
         execute(plan, tmp_path, _Console(), _NoProgress)
-    on_disk = runall.read_records(tmp_path / "records.jsonl")
+    on_disk = run_records.read_records(tmp_path / "records.jsonl")
     assert {r["unit"] for r in on_disk} == {"boundary-1x1", "boundary-3x2"}
     assert not (tmp_path / "summary.csv").exists()
 
@@ -181,7 +183,7 @@ def test_run_all_cli_in_emulation_writes_evidence(tmp_path, capsys):
     assert {p.name for p in run_dir.iterdir()} == {
         "plan.json", "environment.json", "records.jsonl", "summary.csv",
         *(["uncommitted.diff"] if dirty else [])}
-    rows = runall.read_summary(run_dir / "summary.csv")
+    rows = run_records.read_summary(run_dir / "summary.csv")
     assert {(r["version"], r["seq"], r["verdict"]) for r in rows} == {
         ("t0", "1", "PASS"), ("t0", "3", "PASS"), ("online", "1", "PASS"),
         ("online", "3", "PASS")}
@@ -234,16 +236,16 @@ def test_bad_records_are_errors_naming_their_line(tmp_path, line, why, boundary_
     plan = _boundary_plan()
     good = _fake_unit(plan.units()[0])
     (tmp_path / "records.jsonl").write_text(json.dumps(good[0]) + "\n" + line + "\n")
-    with pytest.raises(runall.RecordError, match=f"line 2: {why}"):
-        runall.read_records(tmp_path / "records.jsonl", plan)
+    with pytest.raises(run_records.RecordError, match=f"line 2: {why}"):
+        run_records.read_records(tmp_path / "records.jsonl", plan)
 
 
 def test_a_duplicated_record_is_not_another_process(tmp_path, boundary_only):
     plan = _boundary_plan()
     rec = json.dumps(_fake_unit(plan.units()[0])[0])
     (tmp_path / "records.jsonl").write_text(rec + "\n" + rec + "\n")
-    with pytest.raises(runall.RecordError, match="line 2: repeats line 1"):
-        runall.read_records(tmp_path / "records.jsonl", plan)
+    with pytest.raises(run_records.RecordError, match="line 2: repeats line 1"):
+        run_records.read_records(tmp_path / "records.jsonl", plan)
 
 
 def test_resume_keeps_failed_attempts_marked_superseded(tmp_path, monkeypatch, boundary_only):
@@ -258,12 +260,12 @@ def test_resume_keeps_failed_attempts_marked_superseded(tmp_path, monkeypatch, b
 
     monkeypatch.setattr(runall, "run_unit_process", flaky)
     execute(plan, tmp_path, _Console(), _NoProgress)
-    first = runall.read_records(tmp_path / "records.jsonl", plan)
+    first = run_records.read_records(tmp_path / "records.jsonl", plan)
     assert (tmp_path / "summary.csv").is_file()
-    assert {r["verdict"] for r in runall.read_summary(tmp_path / "summary.csv")} >= {"ERROR"}
+    assert {r["verdict"] for r in run_records.read_summary(tmp_path / "summary.csv")} >= {"ERROR"}
     records, rows = execute(plan, tmp_path, _Console(), _NoProgress)  # --resume
     assert attempts == ["boundary-1x1", "boundary-3x2", "boundary-3x2"]
-    on_disk = runall.read_records(tmp_path / "records.jsonl", plan)
+    on_disk = run_records.read_records(tmp_path / "records.jsonl", plan)
     assert len(on_disk) == len(first) + 2  # the failed attempt is still there
     old = [r for r in on_disk if r.get("superseded")]
     assert len(old) == 2 and all("error" in r for r in old)

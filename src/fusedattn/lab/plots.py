@@ -16,8 +16,8 @@ matplotlib.use("Agg")  # files only; no screen needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fusedattn.lab.evidence import caption  # noqa: E402
+from fusedattn.lab.records import read_summary  # noqa: E402
 from fusedattn.lab.registry import bench_subject  # noqa: E402
-from fusedattn.lab.runall import read_summary  # noqa: E402
 
 
 def _caption(rows: list[dict]) -> str:
