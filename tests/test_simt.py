@@ -6,6 +6,8 @@ and blocks 32-64 threads.
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusedattn.lab.verify import check, poison
 from fusedattn.reference import attention_ref
@@ -109,6 +111,20 @@ def test_online_tiled_shapes(qkv, shape, block, rows, causal):
     assert result.ok, result.reasons
 
 
+@pytest.mark.parametrize("rows, causal", [(4, False), (32, True)])
+def test_online_tiled_stable_under_large_scores(qkv, rows, causal):
+    # stress: scores in the hundreds, over 2 tiles and a merge tree: a running max that
+    # stopped moving after the first tile would overflow exp() to inf
+    from fusedattn.simt import online_tiled
+
+    q, k, v = qkv(70, 8, inputs="stress")
+    bufs = online_tiled.allocate(q)
+    poison(bufs["out"])
+    online_tiled.online_tiled_attention(q, k, v, bufs, block=64, rows=rows, causal=causal)
+    result = check(bufs["out"], attention_ref(q, k, v, causal=causal))
+    assert result.ok, result.reasons
+
+
 def test_online_tiled_plan_barriers_and_registry():
     from fusedattn.lab.registry import VERSIONS, planted_symbol, planted_versions
     from fusedattn.problem import Problem, ProblemError
@@ -141,3 +157,21 @@ def test_online_tiled_plan_barriers_and_registry():
     with pytest.raises(ValueError, match="power of two"):
         online_tiled.online_tiled_attention(q, q, q, online_tiled.allocate(q), block=256,
                                             rows=3)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(seq=st.integers(1, 40), dim=st.integers(1, 9), block=st.sampled_from([32, 64]),
+       rows_log2=st.integers(0, 6), causal=st.booleans(), scale=st.sampled_from([0.5, 3.0]))
+def test_online_tiled_any_plan_matches_the_reference(seq, dim, block, rows_log2, causal, scale):
+    """Any rows per block that divides the block (1 .. block): tiles, pads, merge rounds and
+    masks together; at scale 3 the scores spread over tens, so a wrong running max shows."""
+    from fusedattn.simt import online_tiled
+
+    rows = min(2 ** rows_log2, block)
+    gen = torch.Generator().manual_seed(seq * 1000 + dim)
+    q, k, v = (scale * torch.randn(seq, dim, generator=gen) for _ in range(3))
+    bufs = online_tiled.allocate(q)
+    poison(bufs["out"])
+    online_tiled.online_tiled_attention(q, k, v, bufs, block=block, rows=rows, causal=causal)
+    result = check(bufs["out"], attention_ref(q, k, v, causal=causal))
+    assert result.ok, (rows, result.reasons)
