@@ -1,19 +1,37 @@
 #!/usr/bin/env bash
-# The last call of a session on the H200 (each step has its own limit; what finished is
-# kept): the GPU tier, the cold-start suite, the fp32 backward against SDPA efficient, and
-# online-tiled against materialized over S (one process: the sweep's shape, not its spread).
-# Evidence lands in /tmp/ev and comes back as $OUT/ev.tgz.
+# What the end of the 13:43 session left owed on the H200, in order of value (each step has
+# its own limit; what finished is kept). NOT YET RUN as a whole. Evidence lands in /tmp/ev
+# and comes back as $OUT/ev.tgz.
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
 #   export PYTHONPATH=/tmp/site:$PWD/src FUSEDATTN_GIT_COMMIT=<sha> FUSEDATTN_GIT_DIRTY=0 &&
-#   bash scripts/h200_next.sh
+#   bash scripts/h200_next.sh [steps]     (default: races train ncu)
 set -u
 export COLUMNS=190 PYTHONUNBUFFERED=1
 E=/tmp/ev
 mkdir -p $E
-timeout 200 python3 scripts/gpu_tier.py --out $E 2>&1 | grep -E "FAILED|ERROR|GPU tier" | tail -20
-timeout 100 python3 -m fusedattn bench --suite coldstart --out $E 2>&1 | grep -E "│|written"
-timeout 60 python3 -m fusedattn bench --suite train-fp32 --providers flash,sdpa-efficient \
-  --warmup 2 --repeat 5 --out $E 2>&1 | grep -E "│|written"
-timeout 150 python3 -m fusedattn run-all --version materialized,online-tiled,online-tiled-4 \
-  --seq 512,2048,8192 --processes 1 --boundary none --warmup 3 --repeat 10 --out $E 2>&1 | tail -14
+for step in ${1:-races train ncu}; do
+  case $step in
+    tier)   # after any kernel change
+      timeout 200 python3 scripts/gpu_tier.py --out $E 2>&1 | grep -E "FAILED|ERROR|GPU tier" | tail -20;;
+    races)  # issue 16: the second tiled round and its planted variant; flash beside them
+      timeout 150 python3 -m fusedattn check-races --version online-tiled,online-tiled-4,flash \
+        --out $E 2>&1 | tail -15;;
+    train)  # issue 13: every row of the training suites (S 2048..8192, D 64/128, both masks)
+      for s in train-bf16 train-fp16; do
+        timeout 280 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
+      done;;
+    ncu)    # issues 13 and 14: where the time goes against cuDNN, forward and backward
+      for d in 64 128; do
+        timeout 120 ncu --profile-from-start off --clock-control none --nvtx \
+          --section SpeedOfLight --section WarpStateStats --section Occupancy \
+          --section ComputeWorkloadAnalysis --csv --page details \
+          python3 scripts/ncu_vs_cudnn.py --dim $d --causal > $E/ncu-vs-cudnn-d$d-causal.csv 2>&1
+        echo "ncu D=$d: rc=$?"
+      done;;
+    tune)   # issue 14: the tuned table (then the tier again: configs change what runs)
+      mkdir -p $E/tuned && cp src/fusedattn/tuned/*.json $E/tuned/ 2>/dev/null
+      timeout 400 python3 -m fusedattn tune --kernel fwd --dtype bf16 --table $E/tuned/nvidia-h200.json \
+        --report $E/tune-fwd-bf16.csv 2>&1 | tail -5;;
+  esac
+done
 tar -C $E -czf "${OUT:-/tmp}/ev.tgz" .
