@@ -5,6 +5,7 @@ of a second to import)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -100,12 +101,19 @@ SMS_DEFAULT = 132  # the H200's SM count: what emulation assumes when it picks r
 
 
 def sm_count() -> int:
-    """The current GPU's SM count (SMS_DEFAULT without one)."""
+    """The current GPU's SM count (SMS_DEFAULT without one); read once per device."""
     import torch
 
     if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return _device_sms(torch.cuda.current_device())
     return SMS_DEFAULT
+
+
+@functools.cache
+def _device_sms(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def auto_rows(seq: int, block: int, dim: int, sms: int | None = None) -> int:
