@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusedattn.lab.verify import check, poison
+from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref
 from fusedattn.simt import materialized, online
 
@@ -169,7 +170,7 @@ def test_online_tiled_any_plan_matches_the_reference(seq, dim, block, rows_log2,
 
     rows = min(2 ** rows_log2, block)
     gen = torch.Generator().manual_seed(seq * 1000 + dim)
-    q, k, v = (scale * torch.randn(seq, dim, generator=gen) for _ in range(3))
+    q, k, v = (scale * torch.randn(seq, dim, generator=gen).to(DEVICE) for _ in range(3))
     bufs = online_tiled.allocate(q)
     poison(bufs["out"])
     online_tiled.online_tiled_attention(q, k, v, bufs, block=block, rows=rows, causal=causal)
