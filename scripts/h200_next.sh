@@ -20,18 +20,31 @@ for step in ${1:-races train ncu}; do
       for s in train-bf16 train-fp16; do
         timeout 280 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
-    ncu)    # issues 13 and 14: where the time goes against cuDNN (bf16) and SDPA efficient
-            # (fp32 tf32x3, the backward that misses), forward and backward; one folder
-      N=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ncu-vs-peer; mkdir -p $N
+    ncu|ncu-prefill)  # issues 13 and 14: where the time goes against cuDNN (bf16) and SDPA
+            # efficient (fp32 tf32x3, the backward that misses), forward and backward; one
+            # folder. ncu: the training rows; ncu-prefill: the prefill suite's other misses
+      N=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-$step-vs-peer; mkdir -p $N
       python3 -c "from fusedattn.lab.evidence import environment, write_json; import sys; write_json(sys.argv[1], environment())" $N/environment.json
-      echo "bash scripts/h200_next.sh ncu (the ncu line above, per row)" > $N/command.txt
-      for row in "bf16-d128:--dim 128" "bf16-d128-causal:--dim 128 --causal" \
-                 "fp32-tf32x3-d64:--dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64"; do
+      echo "bash scripts/h200_next.sh $step (the ncu line below, per row)" > $N/command.txt
+      if [ $step = ncu ]; then
+        rows=("bf16-d128:--dim 128" "bf16-d128-causal:--dim 128 --causal"
+              "fp32-tf32x3-d64:--dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64")
+      else
+        rows=("bf16-b2-s8192-d64-causal:--batch 2 --seq 8192 --dim 64 --causal"
+              "bf16-b2-h16-d256:--batch 2 --heads 16 --dim 256"
+              "bf16-b64-h16-s256-d64:--batch 64 --heads 16 --seq 256 --dim 64"
+              "bf16-b1-h16-s16384-d80:--batch 1 --heads 16 --seq 16384 --dim 80")
+      fi
+      for row in "${rows[@]}"; do
         timeout 150 ncu --profile-from-start off --clock-control none --nvtx \
           --section SpeedOfLight --section WarpStateStats --section Occupancy \
           --section ComputeWorkloadAnalysis --section LaunchStats --csv --page details \
           --log-file $N/${row%%:*}.csv python3 scripts/ncu_vs_cudnn.py ${row#*:} > $N/${row%%:*}.log 2>&1
-        echo "ncu ${row%%:*}: rc=$?" | tee -a $N/command.txt; tail -3 $N/${row%%:*}.log
+        echo "ncu ${row%%:*} (${row#*:}): rc=$?" | tee -a $N/command.txt; tail -3 $N/${row%%:*}.log
+      done;;
+    prefill)  # issue 14: the prefill rows and the cold start at this commit
+      for s in prefill coldstart; do
+        timeout 200 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
     tune)   # issue 14: the tuned table (then the tier again: configs change what runs)
       mkdir -p $E/tuned && cp src/fusedattn/tuned/*.json $E/tuned/ 2>/dev/null
