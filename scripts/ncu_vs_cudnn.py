@@ -7,7 +7,7 @@ off` profiles exactly those kernels (NVTX ranges name them).
     ncu --profile-from-start off --clock-control none --nvtx --section SpeedOfLight \\
         --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \\
         --csv --page details python3 scripts/ncu_vs_cudnn.py --dim 128 [--causal] > OUT.csv
-    ... python3 scripts/ncu_vs_cudnn.py --dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64
+    ... scripts/ncu_vs_cudnn.py --dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64
 """
 
 import argparse
@@ -51,7 +51,7 @@ def main() -> None:
             grads = torch.autograd.grad(out, (q, k, v), dout)
         outs[name] = (out, grads)
     for mine, its in zip((outs["fusedattn"][0], *outs["fusedattn"][1]),
-                         (outs[peer][0], *outs[peer][1])):
+                         (outs[peer][0], *outs[peer][1]), strict=True):
         err = float((mine.float() - its.float()).abs().max())
         print(f"max |fusedattn - {peer}| = {err:.3g}", flush=True)
         assert err < 0.1 * max(1.0, float(its.float().abs().max())), \
