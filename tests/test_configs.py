@@ -42,8 +42,13 @@ def test_backward_table_by_head_dim_and_bytes(gpu_rules):
         assert configs.backward_configs(dim=dim, itemsize=4,
                                         precision="ieee") == configs.BACKWARD_IEEE
     assert configs.backward_configs(dim=64, itemsize=4, precision="tf32") == configs.BACKWARD[128]
-    assert configs.backward_configs(dim=64, itemsize=4,
-                                    precision="tf32x3") == configs.BACKWARD[256]
+    for dim in (64, 128):  # tf32x3 at any head dim, tf32 past 64: fp32's own small tiles
+        assert configs.backward_configs(dim=dim, itemsize=4,
+                                        precision="tf32x3") == configs.BACKWARD_FP32_WIDE
+    assert configs.backward_configs(dim=128, itemsize=4,
+                                    precision="tf32") == configs.BACKWARD_FP32_WIDE
+    # the 16-bit wide row takes 8 warps (4 spilled its two 256-column accumulators)
+    assert configs.BACKWARD[256][0][2] == 8 and configs.BACKWARD[256] != configs.BACKWARD_FP32_WIDE
 
 
 @pytest.mark.emulation_only("the interpreter's one config; the GPU's are the tables above")

@@ -151,14 +151,19 @@ def decode_splits(*, programs: int, seq_k: int) -> int:
 # dK/dV holds two [BLOCK_N, D] fp32 accumulators and the K and V tiles for its whole loop and
 # streams query tiles past them; dQ the reverse. The fastest at bf16 B4 H32 S4096
 # (scripts/bwd_configs.py): dQ's in all four of D64/D128 x causal or not, dK/dV's in three
-# (D128 causal ran 4% faster with 3 stages). D=256 takes small tiles to fit registers and
-# shared memory (never timed).
+# (D128 causal ran 4% faster with 3 stages). Past 128 (bf16/fp16), dK/dV's two [BLOCK_N, 256]
+# fp32 accumulators took 256 registers a thread at 64 keys and 4 warps and spilled (ncu
+# 20261130T1454Z: SM 11% busy, DRAM 43%); with 8 warps and 2 stages it ran 1.72x faster
+# (B2 H16 S4096: 7.43 ms, causal 2.22x: 4.88; scripts/bwd_configs.py, 20261130T1457Z).
 BACKWARD: dict[int, tuple[Config, Config]] = {
     # head dim up to: (dkdv, dq)
     64: ((32, 64, 4, 3), (128, 64, 8, 3)),
     128: ((64, 128, 8, 2), (128, 128, 8, 2)),
-    256: ((32, 64, 4, 1), (64, 32, 4, 1)),
+    256: ((32, 64, 8, 2), (64, 32, 4, 1)),
 }
+# fp32 past the 128 bucket (tf32 at D > 64, tf32x3 at any D: twice the bytes, and tf32x3
+# splits each operand in two): the small tiles it passed the GPU tier with (not retimed)
+BACKWARD_FP32_WIDE: tuple[Config, Config] = ((32, 64, 4, 1), (64, 32, 4, 1))
 
 
 # Exact fp32 ("ieee") dots are FMA loops on CUDA cores that Triton unrolls to
@@ -183,9 +188,11 @@ def backward_configs(*, dim: int, itemsize: int, precision: str | None = None,
         return BACKWARD_IEEE
     if precision == "tf32x3":
         # each product split in high and low parts: D=64's tiles overran shared memory on
-        # the H200 (OutOfResources, train-fp32 bench of 7b1e2ec); the 256-column row fits
-        return BACKWARD[256]
+        # the H200 (OutOfResources, train-fp32 bench of 7b1e2ec); the small tiles fit
+        return BACKWARD_FP32_WIDE
     block_d = max(16, triton.next_power_of_2(dim)) * max(1, itemsize // 2)
+    if block_d > 128 and itemsize > 2:
+        return BACKWARD_FP32_WIDE
     return next(c for d, c in BACKWARD.items() if min(block_d, 256) <= d)
 
 
