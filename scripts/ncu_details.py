@@ -1,0 +1,62 @@
+"""One markdown table per `ncu --csv --page details` file (what `scripts/h200_next.sh ncu`
+writes): per kernel of at least 20 us, its duration, SM and issue-slot busy %, the busiest
+pipe (ncu's own rule), registers, occupancy, block, grid and dynamic shared memory.
+
+    python3 scripts/ncu_details.py FOLDER     # writes FOLDER/summary.md from FOLDER/*.csv
+"""
+
+import csv
+import io
+import sys
+from pathlib import Path
+
+COLUMNS = [("Duration", "us"), ("SM Busy", "SM busy %"), ("Issue Slots Busy", "issue busy %"),
+           ("Registers Per Thread", "regs"), ("Achieved Occupancy", "occupancy %"),
+           ("Block Size", "block"), ("Grid Size", "grid"),
+           ("Dynamic Shared Memory Per Block", "smem B"), ("DRAM Throughput", "DRAM %"),
+           ("SM Frequency", "SM GHz")]
+MIN_NS = 20_000
+
+
+def kernels(text: str) -> list[dict]:
+    """Kernels in launch order, each with its details metrics and busiest pipe."""
+    body = text[text.index('"ID"'):]
+    found: dict[int, dict] = {}
+    for row in csv.DictReader(io.StringIO(body)):
+        k = found.setdefault(int(row["ID"]), {"name": row["Kernel Name"]})
+        if row["Metric Name"]:
+            k[row["Metric Name"]] = row["Metric Value"]
+        if row["Rule Name"] == "HighPipeUtilization" and "highest-utilized" in row.get(
+                "Rule Description", ""):
+            k["pipe"] = row["Rule Description"].split(" is the highest")[0]
+    return [found[i] for i in sorted(found)]
+
+
+def cell(k: dict, metric: str) -> str:
+    value = k.get(metric, "")
+    number = float(value.replace(",", "")) if value else None
+    if metric == "Duration" and number is not None:
+        return f"{number / 1e3:.1f}"
+    if metric == "SM Frequency" and number is not None:
+        return f"{number / 1e9:.2f}"
+    return value
+
+
+def main(folder: Path) -> None:
+    parts = [f"# ncu details: {folder.name}\n",
+             "Kernels of at least 20 us, in launch order (fusedattn's forward, its backward, "
+             "then the peer's). `--clock-control none`: clocks as the card ran them.\n"]
+    for path in sorted(folder.glob("*.csv")):
+        ks = [k for k in kernels(path.read_text())
+              if float(k.get("Duration", "0").replace(",", "")) >= MIN_NS]
+        parts.append(f"\n## {path.stem}\n\n| kernel | " + " | ".join(c for _, c in COLUMNS)
+                     + " | busiest pipe |\n|" + "---|" * (len(COLUMNS) + 2))
+        for k in ks:
+            parts.append(f"| `{k['name'][:60]}` | " + " | ".join(cell(k, m) for m, _ in COLUMNS)
+                         + f" | {k.get('pipe', '')} |")
+    (folder / "summary.md").write_text("\n".join(parts) + "\n")
+    print(f"written: {folder / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
