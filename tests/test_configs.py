@@ -25,6 +25,9 @@ def test_every_kernel_takes_one_config_without_a_search(gpu_rules, monkeypatch):
     (64, 4096, 16, False, "ieee", (64, 64, 4, 2)),     # fp32 exact: the FMA winner
     (200, 4096, 16, False, "ieee", (32, 32, 4, 2)),    # fp32 exact past 128: smaller
     (200, 4096, 16, False, "tf32", (64, 32, 4, 1)),    # tf32 past 128: one stage
+    (64, 4096, 16, False, "tf32x3", (128, 64, 8, 3)),  # fp32's default at D64: 16-bit's tiles
+    (128, 4096, 16, True, "tf32x3", (64, 64, 4, 2)),   # D128: 4-byte words, 2 stages
+    (128, 256, 1024, False, "tf32x3", (32, 32, 4, 2)),  # short D128 fp32: small tiles
     (64, 200, 4, False, None, (32, 32, 4, 2)),         # short, few programs: small tiles
     (64, 256, 1024, False, None, (64, 64, 4, 3)),      # short but many programs
 ])

@@ -83,6 +83,21 @@ def test_tensor_core_fp32_is_opt_in_and_fp32_only(precision):
     assert result.ok, result.reasons
 
 
+@pytest.mark.gpu_only("rows past the short-sequence rule: fp32's 4-byte tensor-core tiles; "
+                     "the interpreter computes fp32 dots exactly whatever is asked")
+@pytest.mark.parametrize("dim, seq, causal", [(64, 600, False), (128, 700, True),
+                                              (96, 1000, False), (200, 300, False)])
+def test_fp32_default_is_tf32x3_within_fp32s_bound(dim, seq, causal):
+    from fusedattn.precision import DEFAULT_FP32, resolve
+
+    assert DEFAULT_FP32 == "tf32x3" and resolve(torch.float32, None).dot == "tf32x3"
+    q, k, v = (_rand(1, 2, seq, dim, seed=s) for s in range(3))
+    out = attention(q, k, v, is_causal=causal)
+    assert torch.equal(out, attention(q, k, v, is_causal=causal, precision="tf32x3"))
+    result = check(out, _ref(q, k, v, causal=causal)[0])
+    assert result.ok, result.reasons
+
+
 @pytest.mark.parametrize("make, field", [
     (lambda q: (q, q[..., :8], q), "head_dim"),
     (lambda q: (q.double(), q.double(), q.double()), "q.dtype"),

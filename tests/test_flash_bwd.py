@@ -164,6 +164,15 @@ def test_tf32x3_gradients_meet_fp32s_bound(dim):
                       precision="tf32x3")
 
 
+@pytest.mark.gpu_only("long rows at fp32's default (tf32x3) and D=128: the 4-byte tiles")
+def test_fp32_default_gradients_at_long_rows_meet_fp32s_bound():
+    q, k, v = _leaves(1, 2, 1, 600, 600, 128)
+    dout = _rand(1, 2, 600, 128, seed=3)
+    got = _grads(q, k, v, dout, is_causal=True)
+    assert_grads_pass(got, attention_ref_grads(q, k, v, dout, causal=True),
+                      precision="tf32x3")
+
+
 def test_forward_and_backward_trace_inside_torch_compile():
     q, k, v = _leaves(1, 2, 2, 16, 16, 16)
     dout = _rand(1, 2, 16, 16, seed=3)

@@ -7,11 +7,12 @@ SDPA-like API, as a PyTorch custom op.
 `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (any strides; `[S, D]` and `[H, S, D]`
 work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
 like q, and with `return_lse=True` also the natural-log log-sum-exp of each row's scaled
-scores, `[..., H, Sq] float32`. `precision`, for fp32 inputs only: None or "ieee" (exact
-fp32 products on CUDA cores, the default), "tf32" (tensor cores, 10-bit mantissas) or
-"tf32x3" (tensor cores, each product as three TF32 products of the high and low parts,
-big*big + big*small + small*big: about fp32's accuracy, not bitwise IEEE; the technique of
-SDPA's fp32 "efficient" kernel). Every bad input raises `ProblemError`.
+scores, `[..., H, Sq] float32`. `precision`, for fp32 inputs only: None (the default,
+"tf32x3"), "tf32x3" (tensor cores, each product as three TF32 products of the high and low
+parts, big*big + big*small + small*big: within fp32's error bound, not bitwise IEEE; the
+technique of SDPA's fp32 "efficient" kernel), "ieee" (exact fp32 products, FMA on CUDA
+cores: about 4x slower) or "tf32" (tensor cores, 10-bit mantissas, TF32's bound). Every
+bad input raises `ProblemError`.
 
 Masks are aligned top-left, as SDPA's `is_causal`: query i sits at position i. `window =
 (left, right)` (None for an unbounded side) lets it see keys i - left .. i + right (with
@@ -194,7 +195,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     q4, k4, v4 = (t.reshape((-1,) + t.shape[-3:]) if t.dim() >= 3 else t[None, None]
                   for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, precision or "ieee",
+    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, resolve(q.dtype, precision).op,
                              *kernel_options(window, softcap))
     out = out.reshape(q.shape)
     return (out, lse.reshape(lead + (q.shape[-2],))) if return_lse else out

@@ -108,13 +108,17 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     if triton.next_power_of_2(seq_q) <= SHORT_SEQ:
         # short queries: a 64-row tile is the whole head; smaller tiles fill the SMs
         fills = programs_per_tile_row * triton.cdiv(seq_q, 64) >= SMS
-        return (64, 64, 4, 3) if fills and precision != "ieee" else (32, 32, 4, 2)
+        tensor_tiles = precision is None or (precision != "ieee" and block_d <= 64)
+        return (64, 64, 4, 3) if fills and tensor_tiles else (32, 32, 4, 2)
     if precision == "ieee":
         # the FMA winner at S=4096 D=64 (12.3 TFLOP/s); past D=128 smaller tiles, as the
         # FMA dot unrolls to M*N*D/threads instructions (never timed: not run on the GPU)
         return (64, 64, 4, 2) if block_d <= 128 else (32, 32, 4, 2)
-    if block_d > 128 and precision is not None:
-        return (64, 32, 4, 1)  # tf32 tiles are 4 bytes: one stage of K, V fits (not run)
+    if precision is not None and block_d > 64:
+        # fp32 on tensor cores (tf32, tf32x3, the fp32 default): tiles of 4-byte words, so
+        # the 16-bit rules' D=128 tiles would need 384 KB of shared memory. D=128: 64-row
+        # tiles, 2 stages (160 KB); past 128: one stage of K and V
+        return (64, 64, 4, 2) if block_d == 128 else (64, 32, 4, 1)
     if block_d > 128:
         return (64, 64, 4, 3)  # K, V and a 256-column accumulator: 64-row tiles fit
     if block_d == 128 and causal:

@@ -41,6 +41,7 @@ import triton
 
 from fusedattn.api import DTYPES, check_options
 from fusedattn.mode import DEVICE
+from fusedattn.precision import resolve
 from fusedattn.problem import ProblemError, check_index_tensor, check_qkv
 
 
@@ -163,7 +164,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if return_lse else None
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     flash_forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal, scale=scale,
-                  precision=precision or "ieee",
+                  precision=resolve(q.dtype, precision).op,
                   mask=Mask(causal=is_causal, window=window, softcap=softcap,
                             bottom_right=True),
                   cache=KVCache(seqlens, block_table), splits=splits, pack_gqa=True)

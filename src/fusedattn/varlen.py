@@ -26,6 +26,7 @@ import torch
 
 from fusedattn.api import DTYPES, _mask, check_grad_dim, check_options, kernel_options
 from fusedattn.mode import DEVICE
+from fusedattn.precision import resolve
 from fusedattn.problem import ProblemError, check_index_tensor, check_qkv
 
 
@@ -144,6 +145,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_grad_dim(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     out, lse = _varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max(1, max_seqlen_q),
-                              max(1, max_seqlen_k), is_causal, scale, precision or "ieee",
+                              max(1, max_seqlen_k), is_causal, scale,
+                              resolve(q.dtype, precision).op,
                               *kernel_options(window, softcap))
     return (out, lse) if return_lse else out

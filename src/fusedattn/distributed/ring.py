@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from fusedattn.api import kernel_options
+from fusedattn.precision import resolve
 from fusedattn.problem import ProblemError
 
 _NO_WINDOW = kernel_options(None, None)  # the ops' window and softcap arguments: none
@@ -203,4 +204,5 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
                          enable_gqa=k.shape[-3] != q.shape[-3])
     _check_shards(q, k, v, group, is_causal, world)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _RingAttention.apply(q, k, v, group, is_causal, scale, precision or "ieee")
+    return _RingAttention.apply(q, k, v, group, is_causal, scale,
+                                resolve(q.dtype, precision).op)

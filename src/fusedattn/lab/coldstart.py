@@ -29,11 +29,12 @@ MARK = "COLDSTART "
 
 def problems():
     """The first-call cases: the shapes that stalled (bf16 S1000 D128, fp16 S3000 D64, fp32
-    ieee S700 D96) and a backward."""
+    S700 D96 exact and at fp32's default, tf32x3) and a backward."""
     from fusedattn.lab.suites import BenchProblem
 
     return [BenchProblem(2, 8, 1000, 128, "bf16", False),
             BenchProblem(2, 8, 3000, 64, "fp16", True),
+            BenchProblem(1, 4, 700, 96, "fp32", False, "ieee"),
             BenchProblem(1, 4, 700, 96, "fp32", False),
             BenchProblem(2, 8, 1000, 128, "bf16", True, mode="fwd+bwd")]
 

@@ -117,7 +117,7 @@ def _call_and_verify(case: TuneCase, config, inputs):
     q, k, v, dout = inputs
     p = case.problem()
     scale = case.dim ** -0.5
-    precision = p.dot_precision() or "ieee"
+    precision = p.resolved().op
     out = torch.empty_like(q)
     if case.kernel == "bwd":
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
