@@ -19,3 +19,21 @@ def test_a_fresh_process_first_call_is_verified_and_timed():
 def test_coldstart_is_refused_in_emulation(capsys):
     assert main(["bench", "--suite", "coldstart"]) == 2
     assert "in emulation nothing is compiled" in capsys.readouterr().err
+
+
+def test_the_coldstart_table_renders_verified_and_failed_rows():
+    """The table after the runs (its bug once lost every run's environment.json): a
+    verified row shows True, a failed one its error, cut to 60 characters."""
+    from rich.console import Console
+
+    from fusedattn.cli.bench import render_coldstart
+
+    console = Console(record=True, width=200)
+    render_coldstart(console, [
+        {"problem": "bf16 B2 H8 S1000 D128", "primer_s": 4.9, "first_call_s": 1.58,
+         "second_call_s": 5e-4, "sdpa_first_call_s": 0.08, "verified": True,
+         "process_s": 10.6},
+        {"problem": "fp32 B1 H4 S700 D96", "error": "OutOfResources: " + "x" * 100}])
+    text = console.export_text()
+    assert "True" in text and "1.58" in text and "0.50" in text
+    assert "OutOfResources: " + "x" * 44 in text and "x" * 46 not in text

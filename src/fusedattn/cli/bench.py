@@ -163,6 +163,14 @@ def run_coldstart(args: argparse.Namespace, console: Console) -> int:
             status.update(p.label())
             rows.append(run_fresh(p))
             write_rows_csv(out_dir / "coldstart.csv", rows)
+    write_environment(out_dir, env)
+    render_coldstart(console, rows)
+    console.print(f"written: {out_dir}")
+    return 0 if all(r.get("verified") for r in rows) else 1
+
+
+def render_coldstart(console: Console, rows: list[dict]) -> None:
+    """The cold-start rows as a table: a case that failed shows its error."""
     render_table(console, f"first calls, fresh processes — {mode.describe()}", rows, [
         ("problem", lambda r: r["problem"]),
         ("primer s", lambda r: fmt(r.get("primer_s"), ".2f")),
@@ -171,7 +179,4 @@ def run_coldstart(args: argparse.Namespace, console: Console) -> int:
                                          r["second_call_s"] * 1e3, ".2f")),
         ("SDPA first s", lambda r: fmt(r.get("sdpa_first_call_s"), ".3f")),
         ("process s", lambda r: fmt(r.get("process_s"), ".1f")),
-        ("verified", lambda r: str(r.get("verified", r.get("error", ""))[:60]))])
-    write_environment(out_dir, env)
-    console.print(f"written: {out_dir}")
-    return 0 if all(r.get("verified") for r in rows) else 1
+        ("verified", lambda r: str(r.get("verified", r.get("error", "")))[:60])])
