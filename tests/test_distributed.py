@@ -2,90 +2,62 @@
 NCCL, one GPU per rank, on a machine with enough GPUs) against the float64 reference,
 forward and gradients, causal (zigzag shards) and not, with GQA."""
 
-import os
-import traceback
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import fusedattn  # noqa: F401  (fix the mode before the workers are spawned)
-from fusedattn.mode import EMULATION
+from ranks import need_gpus, spawn
 
 # (B, H, H_kv, S, D): S divisible by 2*P for P = 2 and 3
 SHAPE = (1, 2, 1, 24, 16)
 
 
-def _worker(rank: int, world: int, init: str, results: str) -> None:
-    import torch.distributed as dist
-
+def _ring_body(rank: int, world: int, device, results: str) -> list[str]:
+    """One rank: the ring against the float64 reference, then two refused inputs."""
     from fusedattn.distributed import contiguous_shard, ring_attention, zigzag_shard
     from fusedattn.lab.verify import check
-    from fusedattn.mode import DEVICE
     from fusedattn.problem import ProblemError
     from fusedattn.reference import attention_ref, attention_ref_grads
 
     lines = []
+    b, h, hk, s, d = SHAPE
+    g = torch.Generator().manual_seed(0)
+    full = [torch.randn(b, n, s, d, generator=g) for n in (h, hk, hk, h)]
+    for causal in (False, True):
+        shard = zigzag_shard if causal else contiguous_shard
+        q, k, v, dout = (shard(t, rank, world).contiguous().to(device) for t in full)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = ring_attention(q, k, v, is_causal=causal)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        ref = shard(attention_ref(*full[:3], causal=causal), rank, world)
+        refs = [shard(r, rank, world) for r in
+                attention_ref_grads(*full[:3], full[3], causal=causal)]
+        for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads),
+                                   (ref, *refs), strict=True):
+            result = check(got.detach(), want)
+            lines.append(f"{causal} {name} {result.ok} {result.max_abs:.3e} "
+                         f"{'; '.join(result.reasons)}")
+    # bad input: shards of unequal length across ranks, refused on every rank
+    q, k, v = (t[..., : 4 + 2 * rank, :].contiguous().to(device) for t in full[:3])
     try:
-        device = DEVICE if EMULATION else torch.device("cuda", rank)
-        if not EMULATION:
-            torch.cuda.set_device(device)
-        dist.init_process_group("gloo" if EMULATION else "nccl", init_method=init, rank=rank,
-                                world_size=world)
-        b, h, hk, s, d = SHAPE
-        g = torch.Generator().manual_seed(0)
-        full = [torch.randn(b, n, s, d, generator=g) for n in (h, hk, hk, h)]
-        for causal in (False, True):
-            shard = zigzag_shard if causal else contiguous_shard
-            q, k, v, dout = (shard(t, rank, world).contiguous().to(device) for t in full)
-            q, k, v = (t.requires_grad_() for t in (q, k, v))
-            out = ring_attention(q, k, v, is_causal=causal)
-            grads = torch.autograd.grad(out, (q, k, v), dout)
-            ref = shard(attention_ref(*full[:3], causal=causal), rank, world)
-            refs = [shard(r, rank, world) for r in
-                    attention_ref_grads(*full[:3], full[3], causal=causal)]
-            for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads),
-                                       (ref, *refs), strict=True):
-                result = check(got.detach(), want)
-                lines.append(f"{causal} {name} {result.ok} {result.max_abs:.3e} "
-                             f"{'; '.join(result.reasons)}")
-        # bad input: shards of unequal length across ranks, refused on every rank
-        q, k, v = (t[..., : 4 + 2 * rank, :].contiguous().to(device) for t in full[:3])
-        try:
-            ring_attention(q, k, v)
-            lines.append("unequal not-refused")
-        except ProblemError as err:
-            lines.append(f"unequal refused {err.field}")
-        # bad input: S not divisible by 2P under zigzag (an odd shard), refused everywhere
-        q, k, v = (t[..., :5, :].contiguous().to(device) for t in full[:3])
-        try:
-            ring_attention(q, k, v, is_causal=True)
-            lines.append("odd not-refused")
-        except ProblemError as err:
-            lines.append(f"odd refused {err.field}")
-        dist.barrier()  # nobody tears gloo down while a peer still talks to it
-        dist.destroy_process_group()
-    except Exception:
-        lines.append("ERROR " + traceback.format_exc().replace("\n", " | "))
-    with open(f"{results}.{rank}", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    # Leave without the interpreter's teardown: about one run in ten, gloo's worker threads
-    # aborted the process there ("terminate called without an active exception") after
-    # every result above was written; the results, not the teardown, are under test.
-    os._exit(0)
+        ring_attention(q, k, v)
+        lines.append("unequal not-refused")
+    except ProblemError as err:
+        lines.append(f"unequal refused {err.field}")
+    # bad input: S not divisible by 2P under zigzag (an odd shard), refused everywhere
+    q, k, v = (t[..., :5, :].contiguous().to(device) for t in full[:3])
+    try:
+        ring_attention(q, k, v, is_causal=True)
+        lines.append("odd not-refused")
+    except ProblemError as err:
+        lines.append(f"odd refused {err.field}")
+    return lines
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_matches_the_reference_forward_and_gradients(world, tmp_path):
-    if not EMULATION and torch.cuda.device_count() < world:
-        pytest.skip(f"NCCL needs {world} GPUs, this machine has {torch.cuda.device_count()} "
-                    "(the CPU side runs this test with gloo)")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # inherited by the spawned ranks
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    init = f"file://{tmp_path}/rendezvous"
-    mp.spawn(_worker, args=(world, init, str(tmp_path / "result")), nprocs=world, join=True)
-    for rank in range(world):
-        lines = (tmp_path / f"result.{rank}").read_text().splitlines()
+    need_gpus(world)
+    for rank, lines in enumerate(spawn(_ring_body, world, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
         checks = [line.split() for line in lines if not line.startswith(("unequal", "odd"))]
         assert len(checks) == 8 and all(c[2] == "True" for c in checks), (rank, lines)

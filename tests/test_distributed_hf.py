@@ -3,12 +3,11 @@ on a machine with 2 GPUs), each with a zigzag shard of the sequence, through
 `sequence_parallel` and the "fusedattn" attention implementation, against one process on
 the whole sequence with the same weights."""
 
-import os
-import traceback
-
 import pytest
 import torch
-import torch.multiprocessing as mp
+import torch.distributed
+
+from ranks import need_gpus, spawn
 
 transformers = pytest.importorskip(
     "transformers", reason="the [hf] extra is not installed: pip install -e '.[hf]'")
@@ -43,49 +42,29 @@ def _loss_sum(model, ids, labels, positions):
                                              ignore_index=-100, reduction="sum")
 
 
-def _worker(rank: int, world: int, init: str, results: str) -> None:
+def _step_body(rank: int, world: int, device, results: str) -> list[str]:
+    """One rank: a training step on its zigzag shard; loss and gradients summed over ranks."""
     import torch.distributed as dist
 
     from fusedattn.distributed import zigzag_shard
     from fusedattn.integrations.transformers import sequence_parallel
-    from fusedattn.mode import DEVICE
 
-    lines = []
-    try:
-        device = DEVICE if EMULATION else torch.device("cuda", rank)
-        if not EMULATION:
-            torch.cuda.set_device(device)
-        dist.init_process_group("gloo" if EMULATION else "nccl", init_method=init, rank=rank,
-                                world_size=world)
-        model = _model(device)
-        shards = [zigzag_shard(t, rank, world, dim=1).contiguous().to(device)
-                  for t in _data()]
-        with sequence_parallel():
-            loss = _loss_sum(model, *shards)
-        loss.backward()
-        dist.all_reduce(loss.detach())
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        dist.all_reduce(grads)
-        torch.save({"loss": loss.detach().cpu(), "grads": grads.cpu()}, f"{results}.{rank}.pt")
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:
-        lines.append("ERROR " + traceback.format_exc().replace("\n", " | "))
-    with open(f"{results}.{rank}", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os._exit(0)  # as in test_distributed: gloo's teardown, not the results, is flaky
+    model = _model(device)
+    shards = [zigzag_shard(t, rank, world, dim=1).contiguous().to(device) for t in _data()]
+    with sequence_parallel():
+        loss = _loss_sum(model, *shards)
+    loss.backward()
+    dist.all_reduce(loss.detach())
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(grads)
+    torch.save({"loss": loss.detach().cpu(), "grads": grads.cpu()}, f"{results}.{rank}.pt")
+    return []
 
 
 def test_a_training_step_over_sequence_shards_matches_one_process(tmp_path):
-    if not EMULATION and torch.cuda.device_count() < 2:
-        pytest.skip("NCCL needs 2 GPUs")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    mp.spawn(_worker, args=(2, f"file://{tmp_path}/rendezvous", str(tmp_path / "r")),
-             nprocs=2, join=True)
-    for rank in range(2):
-        errors = (tmp_path / f"r.{rank}").read_text().strip()
-        assert not errors, errors
+    need_gpus(2)
+    for lines in spawn(_step_body, 2, tmp_path):
+        assert not "".join(lines).strip(), lines
     got = torch.load(tmp_path / "r.0.pt")
     from fusedattn.mode import DEVICE
     device = DEVICE if EMULATION else torch.device("cuda", 0)
