@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What the end of the 13:43 session left owed on the H200, in order of value (each step has
-# its own limit; what finished is kept). Evidence lands in /tmp/ev
-# and comes back as $OUT/ev.tgz.
+# The H200 steps of the 14:37 session (races, train, ncu, prefill, ncu-prefill ran; tune
+# did not), each with its own limit; what finished is kept. Evidence lands in /tmp/ev and
+# comes back as $OUT/ev.tgz (one file: the device tool returns a limited number per call).
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
 #   export PYTHONPATH=/tmp/site:$PWD/src FUSEDATTN_GIT_COMMIT=<sha> FUSEDATTN_GIT_DIRTY=0 &&
-#   bash scripts/h200_next.sh [steps]     (default: races train ncu)
+#   bash scripts/h200_next.sh [steps]     (default: races train ncu; also tier, prefill,
+#                                          ncu-prefill, tune)
 set -u
 export COLUMNS=190 PYTHONUNBUFFERED=1
 E=/tmp/ev
