@@ -42,7 +42,7 @@ class BenchProblem:
     dim: int
     dtype: str
     causal: bool
-    precision: str | None = None  # fp32 opt-in "tf32" or "tf32x3"; None = exact (ieee)
+    precision: str | None = None  # fp32: "ieee", "tf32", "tf32x3"; None = the default, tf32x3
     heads_kv: int | None = None
     mode: str = "fwd"  # what is timed: "fwd", "bwd" (the backward alone) or "fwd+bwd"
 
