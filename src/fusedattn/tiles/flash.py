@@ -34,6 +34,7 @@ ceil(Sq / BLOCK_M) times, from L2 when it holds them. FLOPs: 4 * Sq * Sk * D (ha
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 import triton
@@ -66,7 +67,7 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d
                right, lo, hi, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                PAGED: tl.constexpr, PAD_D: tl.constexpr, PRECISION: tl.constexpr,
-               INDEX: tl.constexpr):
+               INDEX: tl.constexpr, ulo=0, uhi=0, MIXED: tl.constexpr = False):
     """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
     tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
     select per element, no bounds on the loads); MASKED=True for the tiles on a mask's edge
@@ -86,17 +87,23 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d
             v_rows = first * sv_s + offs_n * sv_s
         p_kt = p_k_base + k_rows[None, :] + offs_d[:, None] * sk_d           # [BLOCK_D, BLOCK_N]
         p_vt = p_v_base + v_rows[:, None] + offs_d[None, :] * sv_d           # [BLOCK_N, BLOCK_D]
-        if MASKED:
+        if MASKED or MIXED:
             b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         elif PAD_D:
             b_kt = tl.load(p_kt, mask=mask_d[:, None], other=0.0)
         else:
             b_kt = tl.load(p_kt)
         s = _scores(tl.dot(b_q, b_kt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
+        if MIXED:
+            if (start_n < ulo) | (start_n >= uhi):
+                valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
+                                 HAS_RIGHT)
+                s = tl.where(valid, s, float("-inf"))
         if MASKED:
             valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
                              HAS_RIGHT)
             s = tl.where(valid, s, float("-inf"))
+        if MASKED or MIXED:
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # a row that has seen no key yet keeps m = -inf; its exponents subtract 0
             # instead (alpha = p = 0, never -inf - -inf = NaN)
@@ -107,7 +114,7 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if MASKED:
+        if MASKED or MIXED:
             b_v = tl.load(p_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         elif PAD_D:
             b_v = tl.load(p_vt, mask=mask_d[None, :], other=0.0)
@@ -135,6 +142,7 @@ def _flash_fwd(
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
     PACK_GQA: tl.constexpr = False, SPLIT: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
 ):
     """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
     head) that are (query r // group, head r % group), so one K/V tile serves the whole
@@ -213,18 +221,25 @@ def _flash_fwd(
         hi = tl.maximum(tl.minimum(hi, s0 + split_len), lo)
         ulo = tl.minimum(tl.maximum(ulo, lo), hi)
         uhi = tl.maximum(tl.minimum(uhi, hi), ulo)
-    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
-                               seq_k, qk_scale, cap, left, right, lo, ulo, BLOCK_N, True,
-                               HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
-    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
-                               seq_k, qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False,
-                               HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
-    acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
-                               seq_k, qk_scale, cap, left, right, uhi, hi, BLOCK_N, True,
-                               HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
+    if ONE_LOOP:
+        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b,
+                                   sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d,
+                                   mask_d, seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N,
+                                   False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D,
+                                   PRECISION, INDEX, ulo, uhi, True)
+    else:
+        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
+                                   sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
+                                   seq_k, qk_scale, cap, left, right, lo, ulo, BLOCK_N, True,
+                                   HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
+        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
+                                   sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
+                                   seq_k, qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False,
+                                   HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
+        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
+                                   sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
+                                   seq_k, qk_scale, cap, left, right, uhi, hi, BLOCK_N, True,
+                                   HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
 
     # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
     # split) has l = 0: its output is 0 and its LSE -inf
@@ -342,6 +357,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
         VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
         PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
+        ONE_LOOP=os.environ.get("FUSEDATTN_ONE_LOOP", "") == "1",
     )
     if splits > 1:
         merge_splits(target, target_lse, out, lse)
