@@ -249,3 +249,32 @@ def test_offsets_are_64_bit_exactly_where_32_would_overflow(monkeypatch):
     assert index_dtype(small, rows=2**31) == tl.int64          # LSE / delta rows
     monkeypatch.setenv("FUSEDATTN_INDEX64", "1")                # forced, to measure the cost
     assert index_dtype(small) == tl.int64
+
+
+@pytest.mark.parametrize("one_loop", [False, True])
+@pytest.mark.parametrize("case", [
+    (1, 2, 2, 40, 72, 24, "causal"),       # ragged last key tile, diagonal tiles, padded D
+    (1, 2, 1, 64, 64, 16, "window"),       # a window's left edge: masked tiles at both ends
+    (2, 2, 2, 33, 50, 16, "full"),         # ragged last tile only
+])
+def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
+    """Both structures of the forward's key loop (`configs.single_key_loop`: one loop that
+    masks edge tiles by a branch, or whole and edge tiles in separate loops), whatever the
+    rule would pick for the shape, against the float64 reference; the output poisoned
+    first (a tile the loop skipped would stay NaN)."""
+    import fusedattn.tiles.flash as flash
+
+    b, h, hk, sq, sk, d, kind = case
+    monkeypatch.setattr(flash, "single_key_loop", lambda **_: one_loop)
+    q, k, v = _rand(b, h, sq, d), _rand(b, hk, sk, d, seed=1), _rand(b, hk, sk, d, seed=2)
+    window = (40, 0) if kind == "window" else None
+    out = torch.full((b, h, sq, d), float("nan"), device=DEVICE)
+    lse = torch.full((b, h, sq), float("nan"), device=DEVICE)
+    flash.flash_forward(q, k, v, out=out, lse=lse, is_causal=kind == "causal",
+                        scale=d ** -0.5, precision="ieee",
+                        mask=flash.Mask(causal=True, window=window) if window else None)
+    ref, ref_lse = attention_ref(q, k, v, causal=kind == "causal", window=window,
+                                 return_lse=True)
+    result = check(out, ref)
+    assert result.ok, result.reasons
+    assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)

@@ -229,3 +229,92 @@ def test_bench_flops_convention():
     assert BenchProblem(4, 32, 4096, 128, "bf16", True, mode="bwd").flops() == 2.5 * fwd.flops()
     assert BenchProblem(4, 32, 4096, 128, "bf16", True, mode="fwd+bwd").flops() == (
         3.5 * fwd.flops())
+
+
+@pytest.mark.parametrize("case", [
+    (2, 4, 2, 40, 40, 24, torch.bfloat16, "causal"),   # GQA, padded D, bf16
+    (1, 2, 2, 33, 50, 16, torch.float32, "window"),    # Sq != Sk, fp32, a window
+])
+def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case):
+    """The backward's kernels compile on background threads at the forward (cold start:
+    three compiles overlapped instead of queued). What is compiled ahead must be what the
+    backward then launches: per kernel the same grid, the same scalar arguments and
+    constexprs, and tensors of the same dtypes (stand-ins for O, dO, dQ, dK, dV that the
+    forward has not made yet). Also: once per shape, and nothing in emulation."""
+    import fusedattn.tiles.flash_bwd as fb
+
+    b, h, hk, sq, sk, d, dtype, kind = case
+    q, k, v = _leaves(b, h, hk, sq, sk, d, dtype=dtype)
+    mask = fb.Mask(causal=kind == "causal", window=(5, 7) if kind == "window" else None)
+    submitted, launched = [], []
+
+    class Recorder:
+        """Stands for the pool: runs what is submitted, records the warmups."""
+        def submit(self, fn, *args):
+            from concurrent.futures import Future
+
+            fn(*args)
+            done = Future()
+            done.set_result(None)
+            return done
+
+    real_launches = fb._launches
+
+    def recording_launches(*args, **kwargs):
+        launches = real_launches(*args, **kwargs)
+        return [(_Probe(kernel, submitted, launched), grid, a, kw)
+                for kernel, grid, a, kw in launches]
+
+    monkeypatch.setattr(fb, "_launches", recording_launches)
+    monkeypatch.setattr(fb, "_SUBMITTED", set())
+    fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.3, precision="ieee",
+                           mask=mask)
+    assert submitted == []  # emulation: the interpreter compiles nothing
+
+    monkeypatch.setattr(fb, "EMULATION", False)
+    monkeypatch.setattr(fb, "_POOL", Recorder())
+    monkeypatch.setattr(fb.torch.cuda, "device", lambda _: _NoDevice())
+    # the operands as the GPU takes them (emulation makes fp32 copies of bf16 ones; the
+    # interpreter's bf16 values are not looked at here)
+    monkeypatch.setattr(fb, "emulation_operands", lambda *tensors: tensors)
+    for _ in range(2):  # the second call of the same shape submits nothing
+        fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.3, precision="ieee",
+                               mask=mask)
+    assert len(submitted) == 3
+    with torch.no_grad():
+        out, lse = torch.empty_like(q), torch.empty((b, h, sq), device=DEVICE)
+    fb.flash_backward(torch.ones_like(out), q.detach(), k.detach(), v.detach(), out, lse,
+                      None, is_causal=mask.causal, scale=0.3, precision="ieee", mask=mask)
+    assert len(launched) == 3
+    for (kernel, grid, args, kwargs), (kernel2, grid2, args2, kwargs2) in zip(
+            submitted, launched, strict=True):
+        assert kernel is kernel2 and grid == grid2 and kwargs == kwargs2
+        assert len(args) == len(args2)
+        for a, a2 in zip(args, args2, strict=True):
+            if isinstance(a, torch.Tensor):
+                assert a.dtype == a2.dtype and a.device == a2.device
+            else:
+                assert a == a2
+
+
+class _NoDevice:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Probe:
+    """A kernel that records its warmups and launches (the real one still launches)."""
+    def __init__(self, kernel, warmups, launches):
+        self.kernel, self.warmups, self.launches = kernel, warmups, launches
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append((self.kernel, grid, args, kwargs))
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((self.kernel, grid, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+        return launch

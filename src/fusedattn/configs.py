@@ -128,6 +128,25 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     return (128, 64, 8, 3)
 
 
+# One key loop or two (`flash._key_tiles`): the forward either runs its whole tiles and its
+# mask-edge tiles (causal diagonal, window edges, the ragged last tile) as separate
+# instantiations of the loop -- no compare, select or load mask on the whole ones -- or as one
+# loop that masks a tile when it is on an edge (a branch per tile, masked loads). One loop is
+# half the code: the compile takes about half as long (bf16 S1000 D128 on the H200: 0.93 s
+# against 2.02; fp32 S700 D96: 1.99 against 3.64), and short loops run faster without a second
+# pipeline to fill. Two loops win on long 16-bit loops. A/B on the H200
+# (evidence/nvidia-h200/20261130T1536Z-ab-one-loop), one loop over two: B64 S256 1.21x and
+# causal 1.28x, window 1.09x, S1000 1.03-1.04x, fp32 ieee S4096 1.63x, fp32 tf32x3 S4096 0.98x;
+# bf16 S4096 D128 0.90x, D64 0.95x, S16384 D80 0.90x, causal 0.98x.
+ONE_LOOP_MAX_KEYS = 2048
+
+
+def single_key_loop(*, seq_k: int, precision: str | None, has_left: bool) -> bool:
+    """One key loop (see above) for fp32 (any precision: big tiles of code), windows with a
+    left edge (masked tiles at both ends) and up to ONE_LOOP_MAX_KEYS keys; two otherwise."""
+    return precision is not None or has_left or seq_k <= ONE_LOOP_MAX_KEYS
+
+
 def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS,
                   precision: str | None = None) -> Config:
     """Few query rows per K/V head (decode: Sq * H / H_kv rows with GQA packing, split

@@ -33,6 +33,8 @@ ragged last tile) run with masks, those wholly past it without.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import torch
 import triton
 import triton.language as tl
@@ -298,6 +300,102 @@ def _flash_bwd_dq(
              + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)
 
 
+def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: str, configs,
+              mask: Mask, varlen: Varlen | None, scale: float) -> list[tuple]:
+    """The backward's three launches as (kernel, grid, args, keyword args): the
+    preprocess (delta), the dK/dV pass, the dQ pass. `flash_backward` runs them;
+    `precompile_backward` compiles them ahead (Triton's `warmup`) from stand-ins."""
+    rows_b, heads, rows_q, dim = q.shape  # rows_q: all query rows (packed: total_q)
+    heads_kv = k.shape[1]
+    if varlen is not None:
+        batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+        seq_args = (varlen.cu_q, varlen.cu_k)
+    else:
+        batch, seq_q, seq_k = rows_b, rows_q, k.shape[2]
+        seq_args = (q, q)  # unused pointers
+    block_d = max(16, triton.next_power_of_2(dim))
+    dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
+    pre_m = 64 if not EMULATION else 16
+    launches = [(_bwd_preprocess, (triton.cdiv(rows_q, pre_m), rows_b * heads),
+                 (out, dout, dlse if dlse is not None else delta, delta, *out.stride(),
+                  *dout.stride(), heads, rows_q, dim),
+                 dict(BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None))]
+    (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
+        dim=dim, itemsize=q.element_size(), precision=dot_precision,
+        causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
+    (qk_scale, cap, left, right), flags = mask.kernel_args(scale)
+    common = dict(BLOCK_D=block_d, PRECISION=dot_precision, PAD_D=block_d != dim,
+                  INDEX=index_dtype(q, k, v, dout, out, rows=rows_b * heads * rows_q),
+                  VARLEN=varlen is not None, **flags)
+    packed = varlen is not None  # sequences start at cu[b]: no batch strides
+
+    def strides(*tensors):
+        return [x for t in tensors for x in ((0 if packed else t.stride(0)), *t.stride()[1:])]
+
+    lse_bh = (0 if packed else heads * rows_q, rows_q)
+    launches.append((_flash_bwd_dkdv, (triton.cdiv(seq_k, kn), batch * heads_kv),
+                     (q, k, v, dout, lse, delta, dk, dv, *seq_args,
+                      *strides(q, k, v, dout, dk, dv), *lse_bh, heads, heads_kv,
+                      heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale, cap, left, right),
+                     dict(BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common)))
+    launches.append((_flash_bwd_dq, (triton.cdiv(seq_q, qm), batch * heads),
+                     (q, k, v, dout, lse, delta, dq, *seq_args, *strides(q, k, v, dout, dq),
+                      *lse_bh, heads, heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale,
+                      cap, left, right),
+                     dict(BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common)))
+    return launches
+
+
+# Compiling the backward ahead, while the forward compiles and runs: a fresh shape's
+# forward + backward otherwise pays for three compiles one after another (5-7 s on the
+# H200, `bench --suite coldstart`). Triton's compile releases the GIL in its passes and in
+# ptxas, so threads overlap. One pool per process; a backward waits for what is in flight
+# (never compiling a kernel twice at once); a shape is submitted once.
+_POOL: ThreadPoolExecutor | None = None
+_PENDING: list[Future] = []
+_SUBMITTED: set[tuple] = set()
+
+
+def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        is_causal: bool, scale: float, precision: str,
+                        mask: Mask | None = None) -> None:
+    """Start compiling the backward of `attention(q, k, v, ...)` on background threads,
+    from stand-ins shaped as the forward's outputs and dO (contiguous, as autograd hands
+    them on); returns at once. A backward whose operands specialise differently compiles
+    its own kernels as usual. Nothing in emulation (the interpreter compiles nothing)."""
+    global _POOL
+    mask = mask or Mask(causal=is_causal)
+    key = (q.dtype, q.shape, k.shape, q.stride(), k.stride(), v.stride(), mask, precision,
+           q.device)
+    if EMULATION or key in _SUBMITTED:
+        return
+    _SUBMITTED.add(key)
+    # stand-ins: a compile reads dtypes, strides and pointer alignment, never the data, so
+    # q, k and v stand for dQ, dK, dV (`empty_like`: the same strides where dense) and q for
+    # O and dO where it is contiguous as they are; only the LSE-sized buffer is new
+    out = q if q.is_contiguous() else torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    launches = _launches(out, q, k, v, out, lse, None, lse, q, k, v, precision=precision,
+                         configs=None, mask=mask, varlen=None, scale=scale)
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=3, thread_name_prefix="fusedattn-compile")
+
+    def compile_one(kernel, grid, args, kwargs):
+        with torch.cuda.device(q.device):  # the thread's current device is the inputs'
+            kernel.warmup(*args, grid=grid, **kwargs)
+
+    _PENDING.extend(_POOL.submit(compile_one, *launch) for launch in launches)
+
+
+def _wait_for_precompiles() -> None:
+    """Let the background compiles finish (their errors, if any, come back when the
+    backward compiles the same kernel itself)."""
+    while _PENDING:
+        future = _PENDING.pop()
+        if future.exception() is not None:
+            continue
+
+
 def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, *,
                    is_causal: bool, scale: float, precision: str, configs=None,
@@ -312,46 +410,15 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     time other tiles; default `configs.backward_configs`. `mask` and `varlen` as in
     `flash.flash_forward` (packed sequences come as `[1, H, total, D]` views)."""
     mask = mask or Mask(causal=is_causal)
-    rows_b, heads, rows_q, dim = q.shape  # rows_q: all query rows (packed: total_q)
-    heads_kv = k.shape[1]
-    if varlen is not None:
-        batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
-        seq_args = (varlen.cu_q, varlen.cu_k)
-    else:
-        batch, seq_q, seq_k = rows_b, rows_q, k.shape[2]
-        seq_args = (q, q)  # unused pointers
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, dout = emulation_operands(q, k, v, dout)
-    block_d = max(16, triton.next_power_of_2(dim))
-    dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
     lse = lse.contiguous()
-    delta = torch.empty((rows_b, heads, rows_q), dtype=torch.float32, device=q.device)
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    pre_m = 64 if not EMULATION else 16
-    _bwd_preprocess[(triton.cdiv(rows_q, pre_m), rows_b * heads)](
-        out, dout, dlse if dlse is not None else delta, delta,
-        *out.stride(), *dout.stride(), heads, rows_q, dim,
-        BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None)
-    (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
-        dim=dim, itemsize=q.element_size(), precision=dot_precision,
-        causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
-    (qk_scale, cap, left, right), flags = mask.kernel_args(scale)
-    common = dict(BLOCK_D=block_d, PRECISION=dot_precision, PAD_D=block_d != dim,
-                  INDEX=index_dtype(q, k, v, dout, out, rows=rows_b * heads * rows_q),
-                  VARLEN=varlen is not None, **flags)
-    packed = varlen is not None  # sequences start at cu[b]: no batch strides
-
-    def strides(*tensors):
-        return [x for t in tensors for x in ((0 if packed else t.stride(0)), *t.stride()[1:])]
-
-    lse_bh = (0 if packed else heads * rows_q, rows_q)
-    _flash_bwd_dkdv[(triton.cdiv(seq_k, kn), batch * heads_kv)](
-        q, k, v, dout, lse, delta, dk, dv, *seq_args, *strides(q, k, v, dout, dk, dv),
-        *lse_bh, heads, heads_kv, heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale, cap,
-        left, right, BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common)
-    _flash_bwd_dq[(triton.cdiv(seq_q, qm), batch * heads)](
-        q, k, v, dout, lse, delta, dq, *seq_args, *strides(q, k, v, dout, dq),
-        *lse_bh, heads, heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale, cap, left,
-        right, BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common)
+    _wait_for_precompiles()
+    for kernel, grid, args, kwargs in _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk,
+                                                dv, precision=precision, configs=configs,
+                                                mask=mask, varlen=varlen, scale=scale):
+        kernel[grid](*args, **kwargs)
     return dq, dk, dv
