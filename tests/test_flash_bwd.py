@@ -267,6 +267,7 @@ def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case)
 
     monkeypatch.setattr(fb, "_launches", recording_launches)
     monkeypatch.setattr(fb, "_SUBMITTED", set())
+    monkeypatch.setattr(fb, "EMULATION", True)
     fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.3, precision="ieee",
                            mask=mask)
     assert submitted == []  # emulation: the interpreter compiles nothing
