@@ -21,7 +21,7 @@ def test_every_kernel_takes_one_config_without_a_search(gpu_rules, monkeypatch):
     (64, 4096, 128, False, None, (128, 64, 8, 3)),     # bf16 D64: the tuned winner
     (128, 4096, 128, False, None, (128, 128, 8, 3)),   # bf16 D128
     (128, 4096, 128, True, None, (64, 64, 4, 3)),      # bf16 D128 causal
-    (256, 4096, 32, False, None, (64, 64, 4, 3)),      # D256 fits 64-row tiles
+    (256, 4096, 32, False, None, (128, 64, 8, 2)),     # D256: 128 rows with 8 warps fit
     (64, 4096, 16, False, "ieee", (64, 64, 4, 2)),     # fp32 exact: the FMA winner
     (200, 4096, 16, False, "ieee", (32, 32, 4, 2)),    # fp32 exact past 128: smaller
     (200, 4096, 16, False, "tf32", (64, 32, 4, 1)),    # tf32 past 128: one stage

@@ -120,7 +120,10 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
         # tiles, 2 stages (160 KB); past 128: one stage of K and V
         return (64, 64, 4, 2) if block_d == 128 else (64, 32, 4, 1)
     if block_d > 128:
-        return (64, 64, 4, 3)  # K, V and a 256-column accumulator: 64-row tiles fit
+        # K, V and a 256-column accumulator: 128-row tiles fit with 8 warps and 2 stages of
+        # 64 keys (192 KB of shared memory); 1.17x the 64-row tiles of 4 warps at B2 H16
+        # S4096 (510 against 436 TFLOP/s, scripts/fwd_configs.py, 20261130T1550Z)
+        return (128, 64, 8, 2)
     if block_d == 128 and causal:
         return (64, 64, 4, 3)
     if block_d == 128:
@@ -248,15 +251,16 @@ CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages
 def candidates(configs, head_dim: int, bucket_q: int, precision) -> list:
     """The configs worth timing for one problem: the short-sequence set for short queries,
     else both sets for fp32-ieee and the tensor-core set otherwise; for head dims over 128
-    only tiles of <= 64 (K, V and an accumulator of 256 columns overfill a Hopper SM's
-    shared memory and registers at 128)."""
+    only tiles of <= 64 keys, and 128 rows only with 8 warps (K, V and an accumulator of 256
+    columns overfill a Hopper SM's shared memory and registers past that)."""
     if bucket_q <= SHORT_SEQ:
         sets = SHORT
     else:
         sets = TENSOR_CORE + FMA if precision == "ieee" else TENSOR_CORE
     keep = [c for c in configs if _shape(c) in sets]
     if head_dim > 128:
-        keep = [c for c in keep if c.kwargs["BLOCK_N"] <= 64 and c.kwargs["BLOCK_M"] <= 64]
+        keep = [c for c in keep if c.kwargs["BLOCK_N"] <= 64
+                and (c.kwargs["BLOCK_M"] <= 64 or c.num_warps == 8)]
     return keep or configs[:1]
 
 
