@@ -210,7 +210,9 @@ def test_config_candidates_per_problem():
     assert shapes(64, 4096, "tf32") == set(TENSOR_CORE)
     assert shapes(64, 128, None) == shapes(64, 256, "ieee") == set(SHORT)
     big = shapes(256, 4096, None)
-    assert big and all(bm <= 64 and bn <= 64 for bm, bn, _, _ in big)
+    # past D=128: at most 64 keys a tile, and 128 rows only with 8 warps
+    assert big and all(bn <= 64 and (bm <= 64 or w == 8) for bm, bn, w, _ in big)
+    assert (128, 64, 8, 3) in big and (128, 128, 8, 3) not in big
 
 
 def test_flops_model():
