@@ -4,6 +4,9 @@ switch off and on, alternately, each verified against the float64 reference befo
 timing, with its first call's time (the compile) beside the kernel's.
 
     python3 scripts/ab_forward.py --switch FUSEDATTN_ONE_LOOP [--suite prefill] --out DIR
+
+(The one-key-loop A/B, evidence/nvidia-h200/20261130T1536Z-ab-one-loop, ran at 0a4b83b,
+where the forward read FUSEDATTN_ONE_LOOP; `configs.single_key_loop` has chosen since.)
 """
 
 from __future__ import annotations
