@@ -196,15 +196,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                   for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     options = kernel_options(window, softcap)
+    op_precision = resolve(q.dtype, precision).op
     if (torch.is_grad_enabled() and any(t.requires_grad for t in (q4, k4, v4))
             and not torch.compiler.is_compiling()):
         from fusedattn.tiles.flash_bwd import precompile_backward
 
         # the backward's kernels compile on other threads while the forward's does
         precompile_backward(q4, k4, v4, is_causal=is_causal, scale=scale,
-                            precision=resolve(q.dtype, precision).op,
-                            mask=_mask(is_causal, *options))
-    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, resolve(q.dtype, precision).op,
-                             *options)
+                            precision=op_precision, mask=_mask(is_causal, *options))
+    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, op_precision, *options)
     out = out.reshape(q.shape)
     return (out, lse.reshape(lead + (q.shape[-2],))) if return_lse else out
