@@ -35,6 +35,7 @@ import itertools
 import math
 import re
 import statistics
+import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -131,7 +132,8 @@ def _one_tile(p_q, p_k, p_v, p_o, desc_q, desc_k, desc_v, desc_o, tile, n_m, seq
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
-    end = start_m * BLOCK_M if CAUSAL else seq
+    # causal: whole key tiles up to the tile holding the diagonal's first key, then masked
+    end = (start_m * BLOCK_M // BLOCK_N) * BLOCK_N if CAUSAL else seq
     if ROTATE:
         if end > 0:
             acc, l_i, m_i = _tiles_rotated(acc, l_i, m_i, q, p_k, p_v, row0, 0, end, qk_scale,
@@ -141,7 +143,8 @@ def _one_tile(p_q, p_k, p_v, p_o, desc_q, desc_k, desc_v, desc_o, tile, n_m, seq
                                end, qk_scale, BLOCK_N, D, False, DESC, WS)
     if CAUSAL:
         acc, l_i, m_i = _tiles(acc, l_i, m_i, q, desc_k, desc_v, p_k, p_v, row0, rows, end,
-                               end + BLOCK_M, qk_scale, BLOCK_N, D, True, DESC, WS)
+                               (start_m + 1) * BLOCK_M, qk_scale, BLOCK_N, D, True, DESC,
+                               WS)
     out = (acc / l_i[:, None]).to(p_o.dtype.element_ty)
     if DESC:
         desc_o.store([row0 + start_m * BLOCK_M, 0], out)
@@ -329,7 +332,7 @@ def main() -> None:
         w.writeheader()
         w.writerows(rows)
     write_json(args.out / "hopper_fwd.json", {"environment": environment(), "rows": rows,
-                                              "command": "python3 scripts/hopper_fwd.py"})
+                                              "command": " ".join(["python3", *sys.argv])})
 
 
 if __name__ == "__main__":
