@@ -13,6 +13,27 @@ def test_a_fresh_process_first_call_is_verified_and_timed():
     row = run_fresh(BenchProblem(1, 2, 100, 64, "bf16", True))
     assert "error" not in row, row
     assert row["verified"] and row["first_call_s"] > row["second_call_s"] > 0
+    # the compile profile: the forward's kernel, compiled in this call, with its stages
+    assert 0 < row["compile_sum_s"] < row["first_call_s"], row
+    assert "_flash_fwd" in row["compiles"] and "cubin" in row["compiles"], row
+
+
+def test_the_compile_listener_keeps_each_compiles_stages_and_skips_cache_hits():
+    from types import SimpleNamespace
+
+    from fusedattn.lab.coldstart import _compile_listener, compile_profile
+
+    records = []
+    listen = _compile_listener(records)
+    times = SimpleNamespace(ir_initialization=30_000, total=1_530_000,
+                            lowering_stages=[("ttir", 100_000), ("cubin", 1_400_000)])
+    listen(src=None, metadata={"name": "_flash_fwd"}, metadata_group={}, times=times,
+           cache_hit=False)
+    listen(src=None, metadata={"name": "_hit"}, metadata_group={}, times=times,
+           cache_hit=True)
+    assert records == [{"kernel": "_flash_fwd", "total": 1.53, "ir": 0.03, "ttir": 0.1,
+                        "cubin": 1.4}]
+    assert compile_profile(records) == "_flash_fwd 1.53 s (ir 0.03, ttir 0.10, cubin 1.40)"
 
 
 @pytest.mark.emulation_only("on a GPU the suite runs")

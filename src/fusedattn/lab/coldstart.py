@@ -7,11 +7,12 @@ makes one small call of another kind (fp16, D=16: `primer_s`, a fresh install's 
 which also builds Triton's launcher and driver stubs with the host compiler), then makes the
 inputs, synchronises, and times with `time.perf_counter` around the first `attention()`
 call of the problem and a `torch.cuda.synchronize()` (host time: its kernels' compiles,
-launch and run: the "new shape" cost), then a second call the same way (the kernels alone,
-for scale), and verifies the output against the float64 reference. SDPA's first call is
-timed the same way in the same process, after ours (its kernels are precompiled; CUDA's
-context and cuBLAS are warm by then, which favours it slightly). The target of the prefill
-issue: the first call at most 1.5 s.
+launch and run: the "new shape" cost; Triton's compilation listener records each
+compile's stages, so the row shows where that time went), then a second call the same way
+(the kernels alone, for scale), and verifies the output against the float64 reference.
+SDPA's first call is timed the same way in the same process, after ours (its kernels are
+precompiled; CUDA's context and cuBLAS are warm by then, which favours it slightly). The
+target of the prefill issue: the first call at most 1.5 s.
 """
 
 from __future__ import annotations
@@ -39,6 +40,28 @@ def problems():
             BenchProblem(2, 8, 1000, 128, "bf16", True, mode="fwd+bwd")]
 
 
+def _compile_listener(records: list[dict]):
+    """A `triton.knobs.compilation.listener` that appends each compile's times (seconds):
+    the kernel, `ir` (Python source to Triton IR) and each lowering stage (ttir, ttgir, llir,
+    ptx, cubin: the last is ptxas), and `total`. Cache hits are skipped."""
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        if cache_hit:
+            return
+        stages = {"ir": times.ir_initialization / 1e6}
+        stages.update((name, us / 1e6) for name, us in times.lowering_stages)
+        records.append({"kernel": metadata.get("name", "?"), "total": times.total / 1e6,
+                        **stages})
+    return listener
+
+
+def compile_profile(records: list[dict]) -> str:
+    """One line per compile, e.g. "_flash_fwd 0.81 s (ir 0.03, ttir 0.01, ..., cubin 0.4)"."""
+    return "; ".join(
+        f"{r['kernel']} {r['total']:.2f} s ("
+        + ", ".join(f"{k} {v:.2f}" for k, v in r.items() if k not in ("kernel", "total"))
+        + ")" for r in records)
+
+
 def _timed(fn):
     import torch
 
@@ -51,6 +74,7 @@ def _timed(fn):
 def measure(problem: dict) -> dict:
     """In this process: first and second call of `attention` (and of SDPA), verified."""
     import torch
+    import triton
 
     from fusedattn.api import attention
     from fusedattn.lab.suites import DTYPES, BenchProblem
@@ -77,7 +101,13 @@ def measure(problem: dict) -> dict:
 
     tiny = torch.randn((1, 1, 16, 16), device="cuda", dtype=torch.float16)
     _, primer = _timed(lambda: attention(tiny, tiny, tiny))
+    compiles: list[dict] = []
+    knobs = getattr(triton, "knobs", None)  # the listener: Triton 3.4 and later
+    if knobs is not None and hasattr(knobs.compilation, "listener"):
+        knobs.compilation.listener = _compile_listener(compiles)
     out, first = _timed(ours)
+    if knobs is not None and hasattr(knobs.compilation, "listener"):
+        knobs.compilation.listener = None
     _, second = _timed(ours)
     _, sdpa_first = _timed(sdpa)
     ref = attention_ref(q[0, :1], k[0, :1], v[0, :1], causal=p.causal, device="cuda")
@@ -88,7 +118,10 @@ def measure(problem: dict) -> dict:
     return {"problem": p.label(), "primer_s": primer, "first_call_s": first,
             "second_call_s": second,
             "sdpa_first_call_s": sdpa_first, "verified": result.ok,
-            "max_abs_error": result.max_abs}
+            "max_abs_error": result.max_abs,
+            # compiles overlap (the backward's run on threads): the sum can pass first_call_s
+            "compile_sum_s": sum(r["total"] for r in compiles),
+            "compiles": compile_profile(compiles)}
 
 
 def run_fresh(problem) -> dict:
