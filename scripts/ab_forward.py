@@ -1,12 +1,15 @@
-"""A/B of the library's forward under an environment switch, in one process on the same
-inputs: each problem of a bench suite (and a few ragged and windowed ones) runs with the
-switch off and on, alternately, each verified against the float64 reference before and after
-timing, with its first call's time (the compile) beside the kernel's.
+"""A/B of the library's kernels under an environment switch, in one process on the same
+inputs: each problem of a bench suite (and, for the forward's suites, a few ragged and
+windowed ones) runs with the switch off and on, alternately, each verified against the
+float64 reference before and after timing, with its first call's time (the compile) beside
+the kernels'. A suite of training rows (`--suite train-bf16`, `--suite ab-train`) times the
+backward ("bwd") or forward and backward ("fwd+bwd") and checks the gradients.
 
     python3 scripts/ab_forward.py --switch FUSEDATTN_ONE_LOOP [--suite prefill] --out DIR
 
-(The one-key-loop A/B, evidence/nvidia-h200/20261130T1536Z-ab-one-loop, ran at 0a4b83b,
-where the forward read FUSEDATTN_ONE_LOOP; `configs.single_key_loop` has chosen since.)
+FUSEDATTN_ONE_LOOP (`configs.single_key_loop`) forces one loop (1) or two/three (0) in the
+forward and the backward. The forward's A/B, evidence/nvidia-h200/20261130T1536Z-ab-one-loop,
+ran at 0a4b83b, when the switch was the forward's alone.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import csv
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -22,13 +26,22 @@ import torch
 
 from fusedattn.api import attention
 from fusedattn.lab.evidence import environment, write_json
-from fusedattn.lab.suites import BenchProblem, _inputs, suites
+from fusedattn.lab.slices import GradCheck
+from fusedattn.lab.suites import BenchProblem, _grad_call, _inputs, suites
 from fusedattn.lab.timing import time_gpu
 from fusedattn.lab.verify import check
 from fusedattn.reference import attention_ref
 
 EXTRA = [BenchProblem(2, 8, 1000, 128, "bf16", False), BenchProblem(2, 8, 1000, 128, "bf16", True),
          BenchProblem(2, 8, 3000, 64, "fp16", True), BenchProblem(1, 4, 700, 96, "fp32", False)]
+# the backward's one loop against three: short and long, causal or not, the cold-start row,
+# fp32 (which takes one loop at any length)
+AB_TRAIN = [BenchProblem(4, 32, s, d, "bf16", c, mode="bwd") for s in (1024, 2048, 4096)
+            for d in (64, 128) for c in (False, True)] + [
+    BenchProblem(64, 16, 256, 64, "bf16", False, mode="bwd"),
+    BenchProblem(64, 16, 256, 64, "bf16", True, mode="bwd"),
+    BenchProblem(2, 8, 1000, 128, "bf16", True, mode="fwd+bwd"),
+    BenchProblem(1, 16, 4096, 64, "fp32", False, mode="bwd")]
 
 
 def _verified(out, q, k, v, p, window) -> bool:
@@ -56,10 +69,16 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    cases = [(p, None) for p in suites()[args.suite] + EXTRA]
-    cases += [(BenchProblem(2, 16, 4096, 128, "bf16", True), (1000, 0))]
+    problems = {**suites(), "ab-train": AB_TRAIN}
+    if args.suite not in problems:
+        parser.error(f"--suite {args.suite}: one of {', '.join(problems)}")
+    cases = [(p, None) for p in problems[args.suite]]
+    if all(p.mode == "fwd" for p, _ in cases):
+        cases += [(p, None) for p in EXTRA]
+        cases += [(BenchProblem(2, 16, 4096, 128, "bf16", True), (1000, 0))]
     for p, window in cases:
-        q, k, v = _inputs(p, 0)
+        inputs = _inputs(p, 0)
+        q, k, v = inputs[:3]
         hk = p.heads_kv or p.heads
         kw = {"is_causal": p.causal and window is None, "precision": p.precision,
               "enable_gqa": hk != p.heads}
@@ -67,24 +86,40 @@ def main() -> None:
             kw["window"] = window
         result = {"problem": p.label() + (f" window {window}" if window else "")}
 
-        def call(q=q, k=k, v=v, kw=kw):  # the switch, read at each call, picks the kernel
+        def forward(q=q, k=k, v=v, kw=kw):  # the switch, read at each call, picks the loops
             return attention(q, k, v, **kw)
 
+        if p.mode == "fwd":
+            calls = {value: forward for value in ("0", "1")}
+
+            def verified(out, p=p, window=window, q=q, k=k, v=v):
+                return _verified(out, q, k, v, p, window)
+        else:  # "bwd" times the backward of one kept forward (run under its own switch)
+            calls = {}
+            for value in ("0", "1"):
+                os.environ[args.switch] = value
+                calls[value] = _grad_call(forward, *inputs, p.mode)
+            grad_check = GradCheck(*inputs, p)
+
+            def verified(grads, grad_check=grad_check):
+                return grad_check(grads)[0]
         for value in ("0", "1"):
             os.environ[args.switch] = value
             t0 = time.perf_counter()
-            out = call()
+            out = calls[value]()
             torch.cuda.synchronize()
             result[f"first_call_s_{value}"] = round(time.perf_counter() - t0, 3)
-            result[f"verified_{value}"] = _verified(out, q, k, v, p, window)
+            result[f"verified_{value}"] = verified(out)
+            del out
         times = {"0": [], "1": []}
         for _ in range(4):  # alternate, so that drift of clocks or heat hits both
             for value in ("0", "1"):
                 os.environ[args.switch] = value
-                times[value] += time_gpu(call, warmup=3, repeat=args.repeat // 4).times_ms
+                times[value] += time_gpu(calls[value], warmup=3,
+                                         repeat=args.repeat // 4).times_ms
         for value in ("0", "1"):
             os.environ[args.switch] = value
-            result[f"verified_{value}"] &= _verified(call(), q, k, v, p, window)
+            result[f"verified_{value}"] &= verified(calls[value]())
             result[f"median_ms_{value}"] = statistics.median(times[value])
             result[f"spread_ms_{value}"] = max(times[value]) - min(times[value])
         result["speedup_1_over_0"] = result["median_ms_0"] / result["median_ms_1"]
@@ -97,7 +132,7 @@ def main() -> None:
         w.writerows(rows)
     write_json(args.out / "ab_forward.json", {
         "environment": environment(), "switch": args.switch, "rows": rows,
-        "command": f"python3 scripts/ab_forward.py --switch {args.switch} --suite {args.suite}"})
+        "command": " ".join(["python3", *sys.argv])})
 
 
 if __name__ == "__main__":

@@ -116,3 +116,22 @@ def test_tune_cases_and_candidates():
     assert all(max(a[:2]) <= 64 and max(b[:2]) <= 64 for a, b in candidate_configs(bwd))
     (dec,) = default_cases("decode", "bf16", None, [128], [8192], [False])
     assert dec.key().startswith("decode 16bit d128 full s64")
+
+
+def test_one_loop_rule_and_its_override(monkeypatch):
+    """One loop for fp32, a window's left edge and short loops; two (three) for long 16-bit
+    loops; FUSEDATTN_ONE_LOOP=0/1 forces either (A/B runs), anything else is the rule."""
+    from fusedattn.configs import ONE_LOOP_MAX_KEYS, single_key_loop
+
+    monkeypatch.delenv("FUSEDATTN_ONE_LOOP", raising=False)
+    long = ONE_LOOP_MAX_KEYS + 1
+    assert single_key_loop(seq_k=ONE_LOOP_MAX_KEYS, precision=None, has_left=False)
+    assert not single_key_loop(seq_k=long, precision=None, has_left=False)
+    assert single_key_loop(seq_k=long, precision="tf32x3", has_left=False)
+    assert single_key_loop(seq_k=long, precision=None, has_left=True)
+    monkeypatch.setenv("FUSEDATTN_ONE_LOOP", "1")
+    assert single_key_loop(seq_k=long, precision=None, has_left=False)
+    monkeypatch.setenv("FUSEDATTN_ONE_LOOP", "0")
+    assert not single_key_loop(seq_k=64, precision="ieee", has_left=True)
+    monkeypatch.setenv("FUSEDATTN_ONE_LOOP", "yes")
+    assert single_key_loop(seq_k=64, precision=None, has_left=False)

@@ -126,6 +126,55 @@ def test_lse_is_differentiable():
     assert_grads_pass(got, attention_ref_grads(q, k, v, zero, dlse=dlse))
 
 
+@pytest.mark.parametrize("one_loop", [False, True])
+@pytest.mark.parametrize("case", [
+    (1, 2, 2, 40, 72, 24, "causal"),      # ragged tiles both ways, diagonal tiles, padded D
+    (1, 2, 1, 64, 48, 16, "window"),      # a window's left edge: masked tiles at both ends
+    (2, 2, 2, 33, 50, 16, "full"),        # ragged last tiles only
+])
+def test_one_loop_and_three_give_the_reference_gradients(monkeypatch, one_loop, case):
+    """Both structures of the backward's loops (`configs.single_key_loop`: one loop masking
+    its edge tiles by a branch, or masked, whole and masked tiles in three loops), in dK/dV
+    and dQ alike, whatever the rule would pick, against float64 autograd."""
+    import fusedattn.tiles.flash_bwd as fb
+
+    b, h, hk, sq, sk, d, kind = case
+    monkeypatch.setattr(fb, "single_key_loop", lambda **_: one_loop)
+    q, k, v = _leaves(b, h, hk, sq, sk, d)
+    dout = _rand(b, h, sq, d, seed=3)
+    window = (20, 0) if kind == "window" else None
+    kwargs = {"window": window} if window else {"is_causal": kind == "causal"}
+    got = _grads(q, k, v, dout, **kwargs)
+    assert_grads_pass(got, attention_ref_grads(q, k, v, dout, causal=kind == "causal",
+                                               window=window))
+
+
+def test_an_unused_lse_reaches_the_backward_as_none(monkeypatch):
+    """The loss uses O only: the backward gets dLSE = None, not a tensor of zeros, so it
+    launches the preprocess without dLSE, as `precompile_backward` compiled it (with zeros
+    the first backward on the H200 compiled the preprocess a second time)."""
+    import fusedattn.api as api
+
+    seen = []
+    real = api._flash_bwd_op
+
+    def spy(dout, q, k, v, out, lse, dlse, *options):
+        seen.append((dout, dlse))
+        return real(dout, q, k, v, out, lse, dlse, *options)
+
+    monkeypatch.setattr(api, "_flash_bwd_op", spy)
+    q, k, v = _leaves(1, 2, 2, 21, 19, 16)
+    dout = _rand(1, 2, 21, 16, seed=3)
+    out = attention(q, k, v, is_causal=True)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    out, _ = attention(q, k, v, is_causal=True, return_lse=True)  # the LSE left unused
+    got2 = torch.autograd.grad(out, (q, k, v), dout)
+    assert len(seen) == 2 and all(dlse is None and d is not None for d, dlse in seen)
+    want = attention_ref_grads(q, k, v, dout, causal=True)
+    assert_grads_pass(got, want)
+    assert_grads_pass(got2, want)
+
+
 def test_scale_and_strided_layouts():
     # [B, S, H, D] transposed to [B, H, S, D]: non-contiguous inputs and upstream gradient
     base = [_rand(2, 9, 2, 16, seed=s).requires_grad_() for s in range(3)]

@@ -111,6 +111,9 @@ def _(dout, q, k, v, out, lse, dlse, is_causal, scale, precision, window_left, w
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     out, lse = output
+    # an output the loss does not use gets None, not a tensor of zeros: the backward then
+    # skips dLSE (HAS_DLSE=False, as `precompile_backward` compiled it) instead of reading 0s
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = options
 

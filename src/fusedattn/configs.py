@@ -142,11 +142,17 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
 # causal 1.28x, window 1.09x, S1000 1.03-1.04x, fp32 ieee S4096 1.63x, fp32 tf32x3 S4096 0.98x;
 # bf16 S4096 D128 0.90x, D64 0.95x, S16384 D80 0.90x, causal 0.98x.
 ONE_LOOP_MAX_KEYS = 2048
+ONE_LOOP_ENV = "FUSEDATTN_ONE_LOOP"  # "1" or "0" overrides the rule (A/B runs), read per call
 
 
 def single_key_loop(*, seq_k: int, precision: str | None, has_left: bool) -> bool:
-    """One key loop (see above) for fp32 (any precision: big tiles of code), windows with a
-    left edge (masked tiles at both ends) and up to ONE_LOOP_MAX_KEYS keys; two otherwise."""
+    """One loop (see above) for fp32 (any precision: big tiles of code), windows with a
+    left edge (masked tiles at both ends) and loops of up to ONE_LOOP_MAX_KEYS steps' rows;
+    two otherwise (the backward: three). `seq_k` is the length the loop walks: the keys in
+    the forward and dQ, the queries in dK/dV. $FUSEDATTN_ONE_LOOP=1/0 forces it."""
+    forced = os.environ.get(ONE_LOOP_ENV, "")
+    if forced in ("0", "1"):
+        return forced == "1"
     return precision is not None or has_left or seq_k <= ONE_LOOP_MAX_KEYS
 
 

@@ -90,6 +90,7 @@ def _(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, is_causal, scale,
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *options = inputs
     ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+    ctx.set_materialize_grads(False)  # an unused LSE: dLSE None, not zeros (as in api)
     ctx.options = options
 
 

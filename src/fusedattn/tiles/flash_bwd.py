@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedattn.configs import backward_configs
+from fusedattn.configs import backward_configs, single_key_loop
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import (
@@ -94,16 +94,19 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
                 qk_scale, cap, left, right, lo, hi,
                 BLOCK_M: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
                 HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAD_D: tl.constexpr,
-                PRECISION: tl.constexpr, INDEX: tl.constexpr):
+                PRECISION: tl.constexpr, INDEX: tl.constexpr, ulo=0, uhi=0,
+                MIXED: tl.constexpr = False):
     """Query tiles [lo, hi) against one key tile: accumulate dK (unscaled) and dV. MASKED
     for the tiles on a mask's edge and the ragged last query tile; rows past Sq load zeros
-    (dO = 0 and delta = 0 give them dS = 0 and no dV)."""
+    (dO = 0 and delta = 0 give them dS = 0 and no dV). MIXED: all of [lo, hi) in one loop,
+    the loads always bounded, tiles outside [ulo, uhi) masked (`flash._key_tiles`'s one
+    loop, the same trade)."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         first = tl.cast(start_m, INDEX)
         p_qt = p_q_base + first * sq_s + offs_m[None, :] * sq_s + offs_d[:, None] * sq_d
         p_do = p_do_base + first * sdo_s + offs_m[:, None] * sdo_s + offs_d[None, :] * sdo_d
-        if MASKED:
+        if MASKED or MIXED:
             mask_m = rows < seq_q
             b_qt = tl.load(p_qt, mask=mask_m[None, :] & mask_d[:, None], other=0.0)
             b_do = tl.load(p_do, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
@@ -126,6 +129,11 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
             valid = _visible(rows[None, :] + diag, keys[:, None], seq_k, left, right,
                              HAS_LEFT, HAS_RIGHT)
             p_t = tl.where(valid, p_t, 0.0)
+        if MIXED:
+            if (start_m < ulo) | (start_m >= uhi):
+                valid = _visible(rows[None, :] + diag, keys[:, None], seq_k, left, right,
+                                 HAS_LEFT, HAS_RIGHT)
+                p_t = tl.where(valid, p_t, 0.0)
         dv += tl.dot(p_t.to(b_do.dtype), b_do, input_precision=PRECISION)
         dp_t = tl.dot(b_v, tl.trans(b_do), input_precision=PRECISION)    # [BLOCK_N, BLOCK_M]
         ds_t = _grad_scores(s_t, p_t, dp_t, delta[None, :], cap, SOFTCAP)
@@ -156,8 +164,10 @@ def _flash_bwd_dkdv(
     HAS_RIGHT: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
     INDEX: tl.constexpr, HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
 ):
-    """dK and dV of BLOCK_N keys of one (batch, K/V head), summed over its query heads."""
+    """dK and dV of BLOCK_N keys of one (batch, K/V head), summed over its query heads.
+    ONE_LOOP: the query tiles in one loop (edge tiles masked by a branch per tile), not three."""
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1).to(INDEX)
     b = bhk // n_heads_kv
@@ -189,18 +199,28 @@ def _flash_bwd_dkdv(
         p_do_base = p_do + b * sdo_b + h * sdo_h + q_start * sdo_s
         p_lse_base = p_lse + b * sl_b + h * sl_h + q_start
         p_delta_base = p_delta + b * sl_b + h * sl_h + q_start
-        dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
-                             sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             seq_k, diag, qk_scale, cap, left, right, lo, ulo, BLOCK_M, True,
-                             HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
-        dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
-                             sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             seq_k, diag, qk_scale, cap, left, right, ulo, uhi, BLOCK_M,
-                             False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
-        dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
-                             sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q,
-                             seq_k, diag, qk_scale, cap, left, right, uhi, hi, BLOCK_M, True,
-                             HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
+        if ONE_LOOP:
+            dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
+                                 p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
+                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, lo,
+                                 hi, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
+                                 PRECISION, INDEX, ulo, uhi, True)
+        else:
+            dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
+                                 p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
+                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, lo,
+                                 ulo, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
+                                 PRECISION, INDEX)
+            dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
+                                 p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
+                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, ulo,
+                                 uhi, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
+                                 PRECISION, INDEX)
+            dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
+                                 p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
+                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, uhi,
+                                 hi, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
+                                 PRECISION, INDEX)
     dk *= scale
     tl.store(p_dk + b * sdk_b + h_kv * sdk_h + first_n * sdk_s + offs_n[:, None] * sdk_s
              + offs_d[None, :] * sdk_d, dk.to(p_dk.dtype.element_ty), mask=mask_kd)
@@ -213,15 +233,16 @@ def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, 
               pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, lo, hi,
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAD_D: tl.constexpr,
-              PRECISION: tl.constexpr, INDEX: tl.constexpr):
+              PRECISION: tl.constexpr, INDEX: tl.constexpr, ulo=0, uhi=0,
+              MIXED: tl.constexpr = False):
     """Key tiles [lo, hi) against one query tile: accumulate dQ (unscaled). MASKED for the
-    tiles on a mask's edge and the ragged last key tile."""
+    tiles on a mask's edge and the ragged last key tile; MIXED as in `_dkdv_tiles`."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         first = tl.cast(start_n, INDEX)
         p_kt = p_k_base + first * sk_s + offs_n[None, :] * sk_s + offs_d[:, None] * sk_d
         p_vt = p_v_base + first * sv_s + offs_n[None, :] * sv_s + offs_d[:, None] * sv_d
-        if MASKED:
+        if MASKED or MIXED:
             mask_n = keys < seq_k
             b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
             b_vt = tl.load(p_vt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
@@ -237,6 +258,11 @@ def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, 
             valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
                              HAS_RIGHT)
             p = tl.where(valid, p, 0.0)
+        if MIXED:
+            if (start_n < ulo) | (start_n >= uhi):
+                valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
+                                 HAS_RIGHT)
+                p = tl.where(valid, p, 0.0)
         dp = tl.dot(b_do, b_vt, input_precision=PRECISION)
         ds = _grad_scores(s, p, dp, delta[:, None], cap, SOFTCAP)
         dq += tl.dot(ds.to(b_kt.dtype), tl.trans(b_kt), input_precision=PRECISION)
@@ -253,8 +279,9 @@ def _flash_bwd_dq(
     HAS_RIGHT: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
     INDEX: tl.constexpr, HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
 ):
-    """dQ of BLOCK_M query rows of one (batch, head)."""
+    """dQ of BLOCK_M query rows of one (batch, head); ONE_LOOP as in `_flash_bwd_dkdv`."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(INDEX)
     b = bh // n_heads
@@ -286,15 +313,24 @@ def _flash_bwd_dq(
     lo, ulo, uhi, hi = _spans(start_m + diag, tl.minimum(start_m + BLOCK_M, seq_q) - 1 + diag,
                               seq_k, -left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     pos = rows + diag
-    dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-                   pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, lo, ulo,
-                   BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
-    dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-                   pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, ulo, uhi,
-                   BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
-    dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-                   pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, uhi, hi,
-                   BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION, INDEX)
+    if ONE_LOOP:
+        dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
+                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
+                       lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION,
+                       INDEX, ulo, uhi, True)
+    else:
+        dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
+                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
+                       lo, ulo, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION,
+                       INDEX)
+        dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
+                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
+                       ulo, uhi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
+                       PRECISION, INDEX)
+        dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
+                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
+                       uhi, hi, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION,
+                       INDEX)
     dq *= scale
     tl.store(p_dq + b * sdq_b + h * sdq_h + first_m * sdq_s + offs_m[:, None] * sdq_s
              + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)
@@ -327,6 +363,10 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     common = dict(BLOCK_D=block_d, PRECISION=dot_precision, PAD_D=block_d != dim,
                   INDEX=index_dtype(q, k, v, dout, out, rows=rows_b * heads * rows_q),
                   VARLEN=varlen is not None, **flags)
+    # one loop or three: dK/dV loops over the queries, dQ over the keys
+    has_left = flags.get("HAS_LEFT", False)
+    one_dkdv = single_key_loop(seq_k=seq_q, precision=dot_precision, has_left=has_left)
+    one_dq = single_key_loop(seq_k=seq_k, precision=dot_precision, has_left=has_left)
     packed = varlen is not None  # sequences start at cu[b]: no batch strides
 
     def strides(*tensors):
@@ -337,12 +377,14 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
                      (q, k, v, dout, lse, delta, dk, dv, *seq_args,
                       *strides(q, k, v, dout, dk, dv), *lse_bh, heads, heads_kv,
                       heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale, cap, left, right),
-                     dict(BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks, **common)))
+                     dict(BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
+                          ONE_LOOP=one_dkdv, **common)))
     launches.append((_flash_bwd_dq, (triton.cdiv(seq_q, qm), batch * heads),
                      (q, k, v, dout, lse, delta, dq, *seq_args, *strides(q, k, v, dout, dq),
                       *lse_bh, heads, heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale,
                       cap, left, right),
-                     dict(BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs, **common)))
+                     dict(BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs,
+                          ONE_LOOP=one_dq, **common)))
     return launches
 
 
