@@ -133,13 +133,13 @@ def test_lse_is_differentiable():
     (2, 2, 2, 33, 50, 16, "full"),        # ragged last tiles only
 ])
 def test_one_loop_and_three_give_the_reference_gradients(monkeypatch, one_loop, case):
-    """Both structures of the backward's loops (`configs.single_key_loop`: one loop masking
+    """Both structures of the backward's loops (`configs.backward_single_loop`: one loop masking
     its edge tiles by a branch, or masked, whole and masked tiles in three loops), in dK/dV
     and dQ alike, whatever the rule would pick, against float64 autograd."""
     import fusedattn.tiles.flash_bwd as fb
 
     b, h, hk, sq, sk, d, kind = case
-    monkeypatch.setattr(fb, "single_key_loop", lambda **_: one_loop)
+    monkeypatch.setattr(fb, "backward_single_loop", lambda **_: one_loop)
     q, k, v = _leaves(b, h, hk, sq, sk, d)
     dout = _rand(b, h, sq, d, seed=3)
     window = (20, 0) if kind == "window" else None

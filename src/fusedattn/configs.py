@@ -147,13 +147,38 @@ ONE_LOOP_ENV = "FUSEDATTN_ONE_LOOP"  # "1" or "0" overrides the rule (A/B runs),
 
 def single_key_loop(*, seq_k: int, precision: str | None, has_left: bool) -> bool:
     """One loop (see above) for fp32 (any precision: big tiles of code), windows with a
-    left edge (masked tiles at both ends) and loops of up to ONE_LOOP_MAX_KEYS steps' rows;
-    two otherwise (the backward: three). `seq_k` is the length the loop walks: the keys in
-    the forward and dQ, the queries in dK/dV. $FUSEDATTN_ONE_LOOP=1/0 forces it."""
-    forced = os.environ.get(ONE_LOOP_ENV, "")
-    if forced in ("0", "1"):
-        return forced == "1"
+    left edge (masked tiles at both ends) and up to ONE_LOOP_MAX_KEYS keys; two otherwise.
+    $FUSEDATTN_ONE_LOOP=1/0 forces it (the backward's rule: `backward_single_loop`)."""
+    forced = _forced_one_loop()
+    if forced is not None:
+        return forced
     return precision is not None or has_left or seq_k <= ONE_LOOP_MAX_KEYS
+
+
+def _forced_one_loop() -> bool | None:
+    forced = os.environ.get(ONE_LOOP_ENV, "")
+    return forced == "1" if forced in ("0", "1") else None
+
+
+# The backward's loops (dK/dV over the query tiles, dQ over the key tiles), one against three
+# in one process on the H200 (scripts/ab_forward.py --suite ab-train,
+# evidence/nvidia-h200/20261130T1634Z-ab-bwd-one-loop), one over three: causal 1.03-1.08x at
+# S 1024-4096 (D64 and D128), B64 S256 1.05x (causal 1.11x), fp32 1.01x, but without a mask
+# 0.94-0.96x at S 1024-4096: there the three loops' masked ones are empty (or one ragged
+# tile) and one loop pays for bounded loads on every tile. One loop halves the compile
+# (fwd+bwd S1000: the backward's two kernels 1.06-1.08 s against 1.83-2.12).
+BWD_ONE_LOOP_MAX = 256
+
+
+def backward_single_loop(*, seq: int, precision: str | None, has_left: bool,
+                         has_right: bool) -> bool:
+    """One loop in a backward kernel whose loop walks `seq` rows: for fp32, any mask
+    edge (causal, a window) and loops up to BWD_ONE_LOOP_MAX rows; three otherwise.
+    $FUSEDATTN_ONE_LOOP=1/0 forces it, as in the forward."""
+    forced = _forced_one_loop()
+    if forced is not None:
+        return forced
+    return precision is not None or has_left or has_right or seq <= BWD_ONE_LOOP_MAX
 
 
 def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS,

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedattn.configs import backward_configs, single_key_loop
+from fusedattn.configs import backward_configs, backward_single_loop
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import (
@@ -364,9 +364,10 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
                   INDEX=index_dtype(q, k, v, dout, out, rows=rows_b * heads * rows_q),
                   VARLEN=varlen is not None, **flags)
     # one loop or three: dK/dV loops over the queries, dQ over the keys
-    has_left = flags.get("HAS_LEFT", False)
-    one_dkdv = single_key_loop(seq_k=seq_q, precision=dot_precision, has_left=has_left)
-    one_dq = single_key_loop(seq_k=seq_k, precision=dot_precision, has_left=has_left)
+    edges = dict(precision=dot_precision, has_left=flags.get("HAS_LEFT", False),
+                 has_right=flags.get("HAS_RIGHT", False))
+    one_dkdv = backward_single_loop(seq=seq_q, **edges)
+    one_dq = backward_single_loop(seq=seq_k, **edges)
     packed = varlen is not None  # sequences start at cu[b]: no batch strides
 
     def strides(*tensors):
