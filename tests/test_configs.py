@@ -28,6 +28,10 @@ def test_every_kernel_takes_one_config_without_a_search(gpu_rules, monkeypatch):
     (64, 4096, 16, False, "tf32x3", (128, 64, 8, 3)),  # fp32's default at D64: 16-bit's tiles
     (128, 4096, 16, True, "tf32x3", (64, 64, 4, 2)),   # D128: 4-byte words, 2 stages
     (128, 256, 1024, False, "tf32x3", (32, 32, 4, 2)),  # short D128 fp32: small tiles
+    (96, 700, 4, False, "tf32x3", (32, 64, 4, 2)),     # fp32, 44 programs of 64 rows: 32 rows
+    (96, 700, 4, False, "ieee", (32, 32, 4, 2)),       # the same, exact: FMA tiles smaller
+    (64, 4096, 2, False, "ieee", (32, 32, 4, 2)),      # 128 programs of 64 rows: idle SMs
+    (64, 4096, 3, False, "ieee", (64, 64, 4, 2)),      # 192 fill the 132 SMs
     (64, 200, 4, False, None, (32, 32, 4, 2)),         # short, few programs: small tiles
     (64, 256, 1024, False, None, (64, 64, 4, 3)),      # short but many programs
 ])

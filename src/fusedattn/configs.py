@@ -110,6 +110,14 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
         fills = programs_per_tile_row * triton.cdiv(seq_q, 64) >= SMS
         tensor_tiles = precision is None or (precision != "ieee" and block_d <= 64)
         return (64, 64, 4, 3) if fills and tensor_tiles else (32, 32, 4, 2)
+    if precision is not None and block_d <= 128 \
+            and programs_per_tile_row * triton.cdiv(seq_q, 64) < SMS:
+        # fp32 on a grid of 64-row tiles that leaves SMs idle: 32-row tiles, twice the
+        # programs and a quarter (half) of the unrolled products to compile. B1 H4 S700 D96
+        # on the H200 (scripts/fwd_configs.py --fp32, 20261130T1636Z): exact 0.161 against
+        # 0.350 ms with the 64x64 tiles, compiled in 1.34 s; tf32x3 0.058 against 0.109 ms
+        # (13.0 TFLOP/s, SDPA efficient 11.1), compiled in 1.48 s against about 2
+        return (32, 32, 4, 2) if precision == "ieee" else (32, 64, 4, 2)
     if precision == "ieee":
         # the FMA winner at S=4096 D=64 (12.3 TFLOP/s); past D=128 smaller tiles, as the
         # FMA dot unrolls to M*N*D/threads instructions (never timed: not run on the GPU)

@@ -97,12 +97,10 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d
         else:
             b_kt = tl.load(p_kt)
         s = _scores(tl.dot(b_q, b_kt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
+        edge = MASKED  # MASKED: every tile; MIXED: a tile outside the whole ones [ulo, uhi)
         if MIXED:
-            if (start_n < ulo) | (start_n >= uhi):
-                valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
-                                 HAS_RIGHT)
-                s = tl.where(valid, s, float("-inf"))
-        if MASKED:
+            edge = (start_n < ulo) | (start_n >= uhi)
+        if edge:
             valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
                              HAS_RIGHT)
             s = tl.where(valid, s, float("-inf"))

@@ -125,15 +125,13 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
             delta = tl.load(p_delta_base + rows)
         s_t = _scores(tl.dot(b_k, b_qt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
         p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)          # LSE to base 2
-        if MASKED:
+        edge = MASKED  # MIXED: a tile outside the whole ones [ulo, uhi)
+        if MIXED:
+            edge = (start_m < ulo) | (start_m >= uhi)
+        if edge:
             valid = _visible(rows[None, :] + diag, keys[:, None], seq_k, left, right,
                              HAS_LEFT, HAS_RIGHT)
             p_t = tl.where(valid, p_t, 0.0)
-        if MIXED:
-            if (start_m < ulo) | (start_m >= uhi):
-                valid = _visible(rows[None, :] + diag, keys[:, None], seq_k, left, right,
-                                 HAS_LEFT, HAS_RIGHT)
-                p_t = tl.where(valid, p_t, 0.0)
         dv += tl.dot(p_t.to(b_do.dtype), b_do, input_precision=PRECISION)
         dp_t = tl.dot(b_v, tl.trans(b_do), input_precision=PRECISION)    # [BLOCK_N, BLOCK_M]
         ds_t = _grad_scores(s_t, p_t, dp_t, delta[None, :], cap, SOFTCAP)
@@ -254,15 +252,13 @@ def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, 
             b_vt = tl.load(p_vt)
         s = _scores(tl.dot(b_q, b_kt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
         p = tl.exp2(s - lse2[:, None])
-        if MASKED:
+        edge = MASKED  # MIXED: a tile outside the whole ones [ulo, uhi)
+        if MIXED:
+            edge = (start_n < ulo) | (start_n >= uhi)
+        if edge:
             valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
                              HAS_RIGHT)
             p = tl.where(valid, p, 0.0)
-        if MIXED:
-            if (start_n < ulo) | (start_n >= uhi):
-                valid = _visible(pos[:, None], keys[None, :], seq_k, left, right, HAS_LEFT,
-                                 HAS_RIGHT)
-                p = tl.where(valid, p, 0.0)
         dp = tl.dot(b_do, b_vt, input_precision=PRECISION)
         ds = _grad_scores(s, p, dp, delta[:, None], cap, SOFTCAP)
         dq += tl.dot(ds.to(b_kt.dtype), tl.trans(b_kt), input_precision=PRECISION)
@@ -434,9 +430,7 @@ def _wait_for_precompiles() -> None:
     """Let the background compiles finish (their errors, if any, come back when the
     backward compiles the same kernel itself)."""
     while _PENDING:
-        future = _PENDING.pop()
-        if future.exception() is not None:
-            continue
+        _PENDING.pop().exception()  # waits; the error itself is not raised here
 
 
 def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
