@@ -59,6 +59,7 @@ from fusedattn.tiles.common import (
     _visible,
     emulation_operands,
     index_dtype,
+    shape_jit,
 )
 from fusedattn.tiles.splitkv import merge_splits
 
@@ -126,7 +127,7 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d
     return acc, l_i, m_i
 
 
-@triton.jit
+@shape_jit
 def _flash_fwd(
     p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table,
     sq_b, sq_h, sq_s, sq_d,
