@@ -16,20 +16,21 @@ from fusedattn.mode import EMULATION
 
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 
-# Integer arguments that a new shape changes and the kernels' code gains nothing from
-# knowing more about. Triton specialises every int on "== 1" and "% 16 == 0" unless told
-# not to: each new pattern compiles the kernel again, and each new pattern of ones also
-# builds a new C launcher (0.3 s of the host compiler on the H200, at the first launch).
-# Strides stay specialised ("% 16" on them is what lets loads be vectorised), except the
-# LSE's (`sl_*`: [B, H, Sq] floats, one per query row, whose "% 16" follows Sq's).
-SHAPE_INTS = ("n_heads", "n_heads_kv", "group", "seq_q", "seq_k", "head_dim", "left",
-              "right", "page", "split_len", "bucket_q", "bucket_k", "sl_b", "sl_h",
-              "sl_split")
+# Integer arguments that the kernels' code gains nothing from knowing more about. Triton
+# specialises every int on "== 1" and "% 16 == 0" unless told not to: each new pattern
+# compiles the kernel again, and each new pattern of ones also builds a new C launcher
+# (0.3 s of the host compiler on the H200, at the first launch). Left unspecialised: head
+# counts (one division per program), the autotuner's keys, the LSE's strides (`sl_*`: one
+# float per query row) and decode's page and split sizes. Lengths, the head dim and the
+# window bounds stay specialised: without "% 16" on them the H200 ran the prefill rows up
+# to 3x slower (bounded loads no longer vectorised; bench at 992a64b, 20261130T164821Z).
+SHAPE_INTS = ("n_heads", "n_heads_kv", "group", "bucket_q", "bucket_k", "sl_b", "sl_h",
+              "sl_split", "page", "split_len")
 
 
 def shape_jit(fn):
-    """`triton.jit`, with the `SHAPE_INTS` that `fn` takes left unspecialised: a new
-    sequence length, head count or window reuses the compiled kernel and its launcher."""
+    """`triton.jit`, with the `SHAPE_INTS` that `fn` takes left unspecialised: a new head
+    count reuses the compiled kernel and its launcher."""
     import inspect
 
     names = inspect.signature(fn).parameters
