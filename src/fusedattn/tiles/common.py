@@ -24,6 +24,9 @@ LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 # float per query row) and decode's page and split sizes. Lengths, the head dim and the
 # window bounds stay specialised: without "% 16" on them the H200 ran the prefill rows up
 # to 3x slower (bounded loads no longer vectorised; bench at 992a64b, 20261130T164821Z).
+# The forward only: the backward's kernels (whose launchers `precompile_backward` builds
+# off the main thread) ran 4-29% slower with these unspecialised (dK/dV loops over a GQA
+# group: with group == 1 specialised that loop is gone; A/B at dc49211, 20261130T1654Z).
 SHAPE_INTS = ("n_heads", "n_heads_kv", "group", "bucket_q", "bucket_k", "sl_b", "sl_h",
               "sl_split", "page", "split_len")
 

@@ -50,11 +50,10 @@ from fusedattn.tiles.common import (
     _visible,
     emulation_operands,
     index_dtype,
-    shape_jit,
 )
 
 
-@shape_jit
+@triton.jit
 def _bwd_preprocess(p_o, p_do, p_dlse, p_delta,
                     so_b, so_h, so_s, so_d, sdo_b, sdo_h, sdo_s, sdo_d,
                     n_heads, seq_q, head_dim,
@@ -152,7 +151,7 @@ def _sequence(p_cu_q, p_cu_k, b, seq_q, seq_k, VARLEN: tl.constexpr, INDEX: tl.c
         return b * 0, b * 0 + seq_q, b * 0, b * 0 + seq_k
 
 
-@shape_jit
+@triton.jit
 def _flash_bwd_dkdv(
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
@@ -266,7 +265,7 @@ def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, 
     return dq
 
 
-@shape_jit
+@triton.jit
 def _flash_bwd_dq(
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
