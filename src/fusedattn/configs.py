@@ -72,6 +72,11 @@ def tuned_table() -> dict[str, list]:
     return _LOADED[key]
 
 
+def fills_sms(programs: int, seq: int) -> bool:
+    """Whether `programs` per 64-row tile position, over `seq` rows, fill the SMs."""
+    return programs * triton.cdiv(seq, 64) >= SMS
+
+
 def table_key(kernel: str, *, precision: str | None, dim: int, causal: bool, seq: int,
               programs: int) -> str:
     """A table key: kernel ("fwd", "bwd", "decode"), precision ("16bit" for fp16/bf16),
@@ -79,9 +84,8 @@ def table_key(kernel: str, *, precision: str | None, dim: int, causal: bool, seq
     whether `programs` (programs per tile row times 64-row tiles) fill the SMs."""
     block_d = max(16, triton.next_power_of_2(dim))
     bucket = min(max(triton.next_power_of_2(seq), 64), 16384)
-    fills = programs * triton.cdiv(seq, 64) >= SMS
     return (f"{kernel} {precision or '16bit'} d{block_d} {'causal' if causal else 'full'} "
-            f"s{bucket} {'fills' if fills else 'few'}")
+            f"s{bucket} {'fills' if fills_sms(programs, seq) else 'few'}")
 
 
 def _tuned(kernel: str, **key) -> list | None:
@@ -105,13 +109,12 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     if hit:
         return tuple(hit)
     block_d = max(16, triton.next_power_of_2(dim))
+    fills = fills_sms(programs_per_tile_row, seq_q)
     if triton.next_power_of_2(seq_q) <= SHORT_SEQ:
         # short queries: a 64-row tile is the whole head; smaller tiles fill the SMs
-        fills = programs_per_tile_row * triton.cdiv(seq_q, 64) >= SMS
         tensor_tiles = precision is None or (precision != "ieee" and block_d <= 64)
         return (64, 64, 4, 3) if fills and tensor_tiles else (32, 32, 4, 2)
-    if precision is not None and block_d <= 128 \
-            and programs_per_tile_row * triton.cdiv(seq_q, 64) < SMS:
+    if precision is not None and block_d <= 128 and not fills:
         # fp32 on a grid of 64-row tiles that leaves SMs idle: 32-row tiles, twice the
         # programs and a quarter (half) of the unrolled products to compile. B1 H4 S700 D96
         # on the H200 (scripts/fwd_configs.py --fp32, 20261130T1636Z): exact 0.161 against

@@ -102,12 +102,13 @@ def measure(problem: dict) -> dict:
     tiny = torch.randn((1, 1, 16, 16), device="cuda", dtype=torch.float16)
     _, primer = _timed(lambda: attention(tiny, tiny, tiny))
     compiles: list[dict] = []
-    knobs = getattr(triton, "knobs", None)  # the listener: Triton 3.4 and later
-    if knobs is not None and hasattr(knobs.compilation, "listener"):
-        knobs.compilation.listener = _compile_listener(compiles)
+    compilation = getattr(getattr(triton, "knobs", None), "compilation", None)
+    listens = hasattr(compilation, "listener")  # Triton 3.4 and later
+    if listens:
+        compilation.listener = _compile_listener(compiles)
     out, first = _timed(ours)
-    if knobs is not None and hasattr(knobs.compilation, "listener"):
-        knobs.compilation.listener = None
+    if listens:
+        compilation.listener = None
     _, second = _timed(ours)
     _, sdpa_first = _timed(sdpa)
     ref = attention_ref(q[0, :1], k[0, :1], v[0, :1], causal=p.causal, device="cuda")
