@@ -47,10 +47,18 @@ for step in ${1:-races train ncu}; do
       for s in prefill coldstart; do
         timeout 200 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
-    tune)   # issue 14: the tuned table (then the tier again: configs change what runs)
-      mkdir -p $E/tuned && cp src/fusedattn/tuned/*.json $E/tuned/ 2>/dev/null
-      timeout 400 python3 -m fusedattn tune --kernel fwd --dtype bf16 --table $E/tuned/nvidia-h200.json \
-        --report $E/tune-fwd-bf16.csv 2>&1 | tail -5;;
+    tune)   # issue 14: the tuned table for every kernel, written straight to $OUT (a cut
+            # call keeps what finished); the tier and the benches run again after it lands
+      T=${OUT:-/tmp}/tune; mkdir -p $T
+      tune() { local limit=$1 name=$2; shift 2
+        timeout $limit python3 -m fusedattn tune --table $T/nvidia-h200.json \
+          --report $T/tune-$name.csv --repeat 20 "$@" > $T/tune-$name.log 2>&1
+        echo "tune $name: rc=$? $(grep -c ' ok' $T/tune-$name.log) ok; $(tail -1 $T/tune-$name.log)"; }
+      tune 290 fwd-bf16 --kernel fwd --dtype bf16 --dim 64,128,256 --seq 256,1024,4096,8192
+      tune 40 fwd-chapter --kernel fwd --dtype fp32 --precision ieee --dim 64 --seq 128 \
+        --causal no --batch 1 --heads 1
+      tune 190 bwd-bf16 --kernel bwd --dtype bf16 --dim 64,128 --seq 1024,4096
+      tune 50 decode-bf16 --kernel decode --dtype bf16 --dim 64,128 --seq 8192;;
   esac
 done
 tar -C $E -czf "${OUT:-/tmp}/ev.tgz" .

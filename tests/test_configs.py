@@ -108,6 +108,9 @@ def test_tune_is_refused_in_emulation_and_bad_options_first(capsys):
     assert main(["tune", "--kernel", "sideways"]) == 2
     assert main(["tune", "--dtype", "bf16", "--precision", "tf32"]) == 2
     assert main(["tune", "--dim", "300"]) == 2
+    assert main(["tune", "--batch", "1"]) == 2  # B without H
+    assert "both or neither" in capsys.readouterr().err
+    assert main(["tune", "--kernel", "decode", "--batch", "1", "--heads", "1"]) == 2
 
 
 def test_tune_cases_and_candidates():
@@ -120,6 +123,53 @@ def test_tune_cases_and_candidates():
     assert all(max(a[:2]) <= 64 and max(b[:2]) <= 64 for a, b in candidate_configs(bwd))
     (dec,) = default_cases("decode", "bf16", None, [128], [8192], [False])
     assert dec.key().startswith("decode 16bit d128 full s64")
+    (one,) = default_cases("fwd", "fp32", "ieee", [64], [128], [False], (1, 1))
+    assert (one.batch, one.heads) == (1, 1) and one.key() == "fwd ieee d64 full s128 few"
+
+
+def test_tune_always_times_what_the_kernel_takes_now(gpu_rules):
+    """The rule's (or the table's) config is a candidate of its own case, so the table can
+    only replace it with something that ran faster on that case."""
+    from fusedattn.lab.tune import candidate_configs, default_cases
+
+    for case in default_cases("fwd", "bf16", None, [64, 128, 256], [256, 4096], [False, True]):
+        now = configs.forward_config(dim=case.dim, seq_q=case.seq, causal=case.causal,
+                                     programs_per_tile_row=case.batch * case.heads,
+                                     precision=None)
+        got = candidate_configs(case)
+        assert got[0] == now and len(set(got)) == len(got), case.label()
+
+
+@pytest.mark.emulation_only("fakes the GPU's clock: the interpreter runs the kernels")
+def test_tune_verifies_every_candidate_and_keeps_the_fastest_that_passes(monkeypatch):
+    import torch
+
+    from fusedattn.lab import timing, tune
+
+    case = tune.TuneCase("fwd", "fp16", None, 24, True, 40, 1, 2, 2)
+    ms = {(16, 16, 1, 1): 3.0, (32, 32, 4, 2): 1.0, (16, 32, 2, 2): 2.0}
+    monkeypatch.setattr(tune, "candidate_configs", lambda c: list(ms))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    real_call = tune._call
+
+    def call(case, config, inputs):  # (32, 32) the fastest, but wrong: it must not win
+        run = real_call(case, config, inputs)
+
+        def timed():
+            return run() + 0.5 if config == (32, 32, 4, 2) else run()
+        timed.config = config
+        return timed
+
+    class Clock:
+        def __init__(self, fn):
+            fn()
+            self.median_ms = ms[fn.config]
+    monkeypatch.setattr(tune, "_call", call)
+    monkeypatch.setattr(timing, "time_gpu", lambda fn, warmup, repeat: Clock(fn))
+    best, report = tune.run_case(case, warmup=0, repeat=1)
+    assert [r["status"] for r in report] == ["ok", "FAIL", "ok"]
+    assert [r["median_ms"] for r in report] == [3.0, None, 2.0]
+    assert best == [16, 32, 2, 2]
 
 
 def test_one_loop_rule_and_its_override(monkeypatch):

@@ -24,6 +24,10 @@ def add(sub) -> None:
     p.add_argument("--seq", type=int_list_arg, default=[1024, 4096],
                     help="sequence lengths (decode: cache lengths)")
     p.add_argument("--causal", default="both", help="both|yes|no")
+    p.add_argument("--batch", type=int_arg, default=None,
+                   help="with --heads: the problem's B and H (default B4 H32 from S 1024 up, "
+                   "else B64 H16; decode B32 H32/8)")
+    p.add_argument("--heads", type=int_arg, default=None)
     p.add_argument("--warmup", type=int_arg, default=3)
     p.add_argument("--repeat", type=int_arg, default=10)
     p.add_argument("--table", type=Path, default=None,
@@ -51,6 +55,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for field, values, low, high in (("dim", args.dim, 1, 256), ("seq", args.seq, 1, 131072)):
         if not values or any(not low <= x <= high for x in values):
             raise ProblemError(field, values, f"a comma-separated list of {low}..{high}")
+    if (args.batch is None) != (args.heads is None) or any(
+            x is not None and not 1 <= x <= 1024 for x in (args.batch, args.heads)):
+        raise ProblemError("batch/heads", (args.batch, args.heads),
+                           "both or neither, each 1..1024")
+    if args.kernel == "decode" and args.batch is not None:
+        raise ProblemError("batch/heads", (args.batch, args.heads),
+                           "none for decode (its cases are B32 H32/8)")
     if args.warmup < 0 or args.repeat < 1:
         raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
     if mode.EMULATION:
@@ -59,7 +70,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                           f"{configs.gpu_family()}.json", (".json",))
     report_path = writable_file("report", args.report, (".csv",)) if args.report else None
     cases = default_cases(args.kernel, args.dtype, args.precision, args.dim, args.seq,
-                          CAUSAL[args.causal])
+                          CAUSAL[args.causal],
+                          (args.batch, args.heads) if args.batch is not None else None)
     entries, report = {}, []
     with console.status("tune") as status:
         for case in cases:

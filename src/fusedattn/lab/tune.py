@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fusedattn.configs import CONFIGS, candidates, table_key
+from fusedattn.configs import CONFIGS, SHORT_SEQ, candidates, forward_config, table_key
 from fusedattn.lab.suites import DTYPES, BenchProblem
 from fusedattn.mode import DEVICE
 
@@ -28,6 +28,9 @@ KERNELS = ("fwd", "bwd", "decode")
 # and smaller ones that fit 256-column heads and fp32)
 BWD_DKDV = ((32, 64, 4, 3), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 1))
 BWD_DQ = ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2), (64, 32, 4, 1))
+# the forward past D=128 (K, V and a 256-column accumulator): the tiles that fit, from
+# scripts/fwd_configs.py's D256 sweep (20261130T1550Z), beside the autotuner's two
+WIDE_FWD = ((128, 64, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2))
 DECODE = ((16, 64, 4, 3), (16, 128, 4, 3), (16, 128, 4, 4), (16, 256, 8, 3),
           (32, 128, 4, 3), (64, 64, 4, 3))
 
@@ -65,16 +68,17 @@ class TuneCase:
             f" rows{self.rows}" if self.kernel == "decode" else "")
 
 
-def default_cases(kernel: str, dtype: str, precision: str | None, dims, seqs, causals
-                  ) -> list[TuneCase]:
+def default_cases(kernel: str, dtype: str, precision: str | None, dims, seqs, causals,
+                  batch_heads: tuple[int, int] | None = None) -> list[TuneCase]:
     """B*H of 128 (B4 H32) from S 1024 up; 1024 heads' worth below (B64 H16); decode at
-    B32 H32/8 with one new query."""
+    B32 H32/8 with one new query. `batch_heads` replaces the forward's and backward's
+    (B, H): a grid that does not fill the SMs is a key of its own (the chapter's B1 H1)."""
     cases = []
     for dim, seq, causal in itertools.product(dims, seqs, causals):
         if kernel == "decode":
             cases.append(TuneCase("decode", dtype, precision, dim, False, seq, 32, 32, 8, 1))
             continue
-        batch, heads = (4, 32) if seq >= 1024 else (64, 16)
+        batch, heads = batch_heads or ((4, 32) if seq >= 1024 else (64, 16))
         cases.append(TuneCase(kernel, dtype, precision, dim, causal, seq, batch, heads, heads))
     return cases
 
@@ -89,10 +93,15 @@ def candidate_configs(case: TuneCase) -> list:
     if case.kernel == "decode":
         rows = case.rows * case.heads // case.heads_kv
         return [c for c in DECODE if c[0] >= min(rows, 16)]
-    keep = candidates(CONFIGS, case.dim, triton.next_power_of_2(case.seq),
-                      case.problem().dot_precision())
-    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-            for c in keep]
+    dot = case.problem().dot_precision()
+    keep = candidates(CONFIGS, case.dim, triton.next_power_of_2(case.seq), dot)
+    # what the kernel takes today (the table's entry, else the rule) is always timed: a
+    # table entry never loses to the rules on the case it was tuned on
+    current = forward_config(dim=case.dim, seq_q=case.seq, causal=case.causal,
+                             programs_per_tile_row=case.batch * case.heads, precision=dot)
+    wide = WIDE_FWD if case.dim > 128 and triton.next_power_of_2(case.seq) > SHORT_SEQ else ()
+    return list(dict.fromkeys([tuple(current), *wide, *(
+        (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in keep)]))
 
 
 def _inputs(case: TuneCase, seed: int = 0):
@@ -106,41 +115,17 @@ def _inputs(case: TuneCase, seed: int = 0):
     return [torch.randn(s, generator=gen, device=DEVICE).to(dt) for s in shapes]
 
 
-def _call_and_verify(case: TuneCase, config, inputs):
-    """(the timed call, a verify(out) -> (ok, reasons)) of one candidate."""
+def _verifier(case: TuneCase, inputs):
+    """verify(out) -> (ok, reasons) for every candidate of `case`: the float64 reference
+    (and the low-precision peer's error) computed once per case, not per candidate."""
     from fusedattn.lab.slices import GradCheck, peer_error, reference_slice
     from fusedattn.lab.verify import check, needs_peer
-    from fusedattn.tiles.common import KVCache, Mask
-    from fusedattn.tiles.flash import flash_forward
-    from fusedattn.tiles.flash_bwd import flash_backward
 
     q, k, v, dout = inputs
     p = case.problem()
-    scale = case.dim ** -0.5
-    precision = p.resolved().op
-    out = torch.empty_like(q)
     if case.kernel == "bwd":
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        flash_forward(q, k, v, out=out, lse=lse, is_causal=case.causal, scale=scale,
-                      precision=precision)
         grads = GradCheck(q, k, v, dout, p)
-
-        def call():
-            return flash_backward(dout, q, k, v, out, lse, None, is_causal=case.causal,
-                                  scale=scale, precision=precision, configs=config)
-        return call, lambda got: grads(got)[::3]
-    fixed = triton.Config({"BLOCK_M": config[0], "BLOCK_N": config[1]},
-                          num_warps=config[2], num_stages=config[3])
-    extra = {}
-    if case.kernel == "decode":
-        seqlens = torch.full((case.batch,), case.seq, dtype=torch.int32, device=DEVICE)
-        extra = dict(mask=Mask(causal=False, bottom_right=True), cache=KVCache(seqlens),
-                     pack_gqa=True)
-
-    def call():
-        return flash_forward(q, k, v, out=out, lse=None, is_causal=case.causal, scale=scale,
-                             precision=precision, config=fixed, **extra)[0]
-
+        return lambda got: grads(got)[::3]
     heads = sorted({0, case.heads - 1})
     ref = reference_slice(q, k, v, case.causal, heads)
     err = peer_error(q, k, v, p, heads, ref) if needs_peer(q.dtype, p.precision) else None
@@ -148,7 +133,34 @@ def _call_and_verify(case: TuneCase, config, inputs):
     def verify(got):
         result = check(got[0, heads], ref, precision=p.precision, peer_error=err)
         return result.ok, list(result.reasons)
-    return call, verify
+    return verify
+
+
+def _call(case: TuneCase, config, inputs):
+    """The timed call of one candidate."""
+    from fusedattn.tiles.common import KVCache, Mask
+    from fusedattn.tiles.flash import flash_forward
+    from fusedattn.tiles.flash_bwd import flash_backward
+
+    q, k, v, dout = inputs
+    scale = case.dim ** -0.5
+    precision = case.problem().resolved().op
+    out = torch.empty_like(q)
+    if case.kernel == "bwd":
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        flash_forward(q, k, v, out=out, lse=lse, is_causal=case.causal, scale=scale,
+                      precision=precision)
+        return lambda: flash_backward(dout, q, k, v, out, lse, None, is_causal=case.causal,
+                                      scale=scale, precision=precision, configs=config)
+    fixed = triton.Config({"BLOCK_M": config[0], "BLOCK_N": config[1]},
+                          num_warps=config[2], num_stages=config[3])
+    extra = {}
+    if case.kernel == "decode":
+        seqlens = torch.full((case.batch,), case.seq, dtype=torch.int32, device=DEVICE)
+        extra = dict(mask=Mask(causal=False, bottom_right=True), cache=KVCache(seqlens),
+                     pack_gqa=True)
+    return lambda: flash_forward(q, k, v, out=out, lse=None, is_causal=case.causal,
+                                 scale=scale, precision=precision, config=fixed, **extra)[0]
 
 
 def run_case(case: TuneCase, *, warmup: int, repeat: int) -> tuple[list | None, list[dict]]:
@@ -156,12 +168,13 @@ def run_case(case: TuneCase, *, warmup: int, repeat: int) -> tuple[list | None, 
     from fusedattn.lab.timing import time_gpu
 
     inputs = _inputs(case)
+    verify = _verifier(case, inputs)
     report = []
     for config in candidate_configs(case):
         row = {"case": case.label(), "key": case.key(), "config": str(config),
                "status": "ok", "reason": "", "median_ms": None}
         try:
-            call, verify = _call_and_verify(case, config, inputs)
+            call = _call(case, config, inputs)
             got = call()
             torch.cuda.synchronize()
         except Exception as exc:  # a candidate that does not compile or launch: reported
