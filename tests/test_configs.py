@@ -6,8 +6,10 @@ from fusedattn import configs
 
 
 @pytest.fixture
-def gpu_rules(monkeypatch):
+def gpu_rules(monkeypatch, tmp_path):
+    """The rules as a GPU takes them, without a tuned table (the GPU tier has one)."""
     monkeypatch.setattr(configs, "EMULATION", False)
+    monkeypatch.setenv(configs.TABLE_ENV, str(tmp_path / "no-table.json"))
 
 
 def test_every_kernel_takes_one_config_without_a_search(gpu_rules, monkeypatch):
@@ -138,6 +140,44 @@ def test_tune_always_times_what_the_kernel_takes_now(gpu_rules):
                                      precision=None)
         got = candidate_configs(case)
         assert got[0] == now and len(set(got)) == len(got), case.label()
+    for case in default_cases("bwd", "bf16", None, [64, 128, 200], [4096], [True]):
+        got = candidate_configs(case)
+        assert got[0] == configs.backward_configs(dim=case.dim, itemsize=2, causal=True,
+                                                  seq=4096, programs=case.batch * case.heads)
+        assert len(set(got)) == len(got)
+    # decode: one case per head dim and cache length (no mask to tune over)
+    cases = default_cases("decode", "bf16", None, [64, 128], [8192], [False, True])
+    assert len(cases) == 2
+    assert candidate_configs(cases[1])[0] == configs.decode_config(dim=128, rows=4,
+                                                                   seq_k=8192, programs=256)
+
+
+def test_the_committed_tables_are_well_formed():
+    """Every committed table: keys as `table_key` writes them, configs of the kernel's
+    shape (four ints, power-of-two tiles; the backward a pair), provenance of a clean
+    commit on the GPU the file is named for."""
+    import json
+    import re
+
+    tables = sorted(configs.TUNED_DIR.glob("*.json"))
+    assert tables, "no tuned table committed"
+    key = re.compile(r"(fwd|bwd|decode) (16bit|ieee|tf32|tf32x3) d(16|32|64|128|256) "
+                     r"(causal|full) s(64|128|256|512|1024|2048|4096|8192|16384) (fills|few)")
+
+    def shape(c):
+        return (len(c) == 4 and all(isinstance(x, int) and x > 0 for x in c)
+                and all(x & (x - 1) == 0 for x in c[:3]))
+    for path in tables:
+        table = json.loads(path.read_text())
+        assert table["entries"], path
+        for k, config in table["entries"].items():
+            m = key.fullmatch(k)
+            assert m, k
+            assert (len(config) == 2 and all(map(shape, config))) if m[1] == "bwd" \
+                else shape(config), (k, config)
+        for prov in table["provenance"]:
+            assert re.fullmatch(r"[0-9a-f]{40}", prov["git_commit"]) and not prov["git_dirty"]
+            assert re.sub(r"[^a-z0-9]+", "-", prov["gpu"].lower()) == path.stem
 
 
 @pytest.mark.emulation_only("fakes the GPU's clock: the interpreter runs the kernels")

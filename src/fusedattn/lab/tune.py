@@ -19,7 +19,15 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fusedattn.configs import CONFIGS, SHORT_SEQ, candidates, forward_config, table_key
+from fusedattn.configs import (
+    CONFIGS,
+    SHORT_SEQ,
+    backward_configs,
+    candidates,
+    decode_config,
+    forward_config,
+    table_key,
+)
 from fusedattn.lab.suites import DTYPES, BenchProblem
 from fusedattn.mode import DEVICE
 
@@ -74,8 +82,9 @@ def default_cases(kernel: str, dtype: str, precision: str | None, dims, seqs, ca
     B32 H32/8 with one new query. `batch_heads` replaces the forward's and backward's
     (B, H): a grid that does not fill the SMs is a key of its own (the chapter's B1 H1)."""
     cases = []
-    for dim, seq, causal in itertools.product(dims, seqs, causals):
-        if kernel == "decode":
+    for dim, seq, causal in itertools.product(dims, seqs,
+                                              (False,) if kernel == "decode" else causals):
+        if kernel == "decode":  # no mask: the new queries see the whole cache
             cases.append(TuneCase("decode", dtype, precision, dim, False, seq, 32, 32, 8, 1))
             continue
         batch, heads = batch_heads or ((4, 32) if seq >= 1024 else (64, 16))
@@ -84,19 +93,25 @@ def default_cases(kernel: str, dtype: str, precision: str | None, dims, seqs, ca
 
 
 def candidate_configs(case: TuneCase) -> list:
-    """The configs worth timing for `case` (the backward's as (dK/dV, dQ) pairs)."""
+    """The configs worth timing for `case` (the backward's as (dK/dV, dQ) pairs). The first
+    is what the kernel takes today (the table's entry, else the rule): it is always timed,
+    so an entry can only replace it with a config that ran faster on the case it names."""
+    dot = case.problem().dot_precision()
     if case.kernel == "bwd":
         pairs = list(itertools.product(BWD_DKDV, BWD_DQ))
         if case.dim > 128 or case.dtype == "fp32":
             pairs = [p for p in pairs if max(p[0][:2]) <= 64 and max(p[1][:2]) <= 64]
-        return pairs
+        current = backward_configs(dim=case.dim, itemsize=DTYPES[case.dtype].itemsize,
+                                   precision=dot, causal=case.causal, seq=case.seq,
+                                   programs=case.batch * case.heads_kv)
+        return list(dict.fromkeys([tuple(map(tuple, current)), *pairs]))
     if case.kernel == "decode":
         rows = case.rows * case.heads // case.heads_kv
-        return [c for c in DECODE if c[0] >= min(rows, 16)]
-    dot = case.problem().dot_precision()
+        current = decode_config(dim=case.dim, rows=rows, seq_k=case.seq, precision=dot,
+                                programs=case.batch * case.heads_kv)
+        return list(dict.fromkeys([tuple(current),
+                                   *(c for c in DECODE if c[0] >= min(rows, 16))]))
     keep = candidates(CONFIGS, case.dim, triton.next_power_of_2(case.seq), dot)
-    # what the kernel takes today (the table's entry, else the rule) is always timed: a
-    # table entry never loses to the rules on the case it was tuned on
     current = forward_config(dim=case.dim, seq_q=case.seq, causal=case.causal,
                              programs_per_tile_row=case.batch * case.heads, precision=dot)
     wide = WIDE_FWD if case.dim > 128 and triton.next_power_of_2(case.seq) > SHORT_SEQ else ()
