@@ -47,6 +47,13 @@ for step in ${1:-races train ncu}; do
       for s in prefill coldstart; do
         timeout 200 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
+    chapter)  # issue 14: the chapter's 128x64 fp32 (t1 and flash) and the launch floor
+      C=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-chapter-128x64; mkdir -p $C
+      echo "bash scripts/h200_next.sh chapter: fusedattn run --version t1,flash --seq 128 \
+--dim 64 --warmup 10 --repeat 50 --json run.json; scripts/launch_floor.py launch_floor.json" > $C/command.txt
+      timeout 60 python3 -m fusedattn run --version t1,flash --seq 128 --dim 64 --warmup 10 \
+        --repeat 50 --json $C/run.json 2>&1 | tail -8 | tee $C/run.txt
+      timeout 30 python3 scripts/launch_floor.py $C/launch_floor.json 2>&1 | tail -2;;
     tune)   # issue 14: the tuned table for every kernel, written straight to $OUT (a cut
             # call keeps what finished); the tier and the benches run again after it lands
       T=${OUT:-/tmp}/tune; mkdir -p $T
