@@ -5,7 +5,9 @@
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
 #   export PYTHONPATH=/tmp/site:$PWD/src FUSEDATTN_GIT_COMMIT=<sha> FUSEDATTN_GIT_DIRTY=0 &&
 #   bash scripts/h200_next.sh [steps]     (default: races train ncu; also tier, prefill,
-#                                          ncu-prefill, tune)
+#                                          ncu-prefill, ncu-final, chapter,
+#                                          chapter-ncu, tune; STOP_AT=s skips ncu rows
+#                                          that would start past s seconds)
 set -u
 export COLUMNS=190 PYTHONUNBUFFERED=1
 E=/tmp/ev
@@ -21,13 +23,24 @@ for step in ${1:-races train ncu}; do
       for s in train-bf16 train-fp16; do
         timeout 280 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
-    ncu|ncu-prefill)  # issues 13 and 14: where the time goes against cuDNN (bf16) and SDPA
+    ncu|ncu-prefill|ncu-final)  # issues 13 and 14: where the time goes against cuDNN (bf16) and SDPA
             # efficient (fp32 tf32x3, the backward that misses), forward and backward; one
             # folder. ncu: the training rows; ncu-prefill: the prefill suite's other misses
       N=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-$step-vs-peer; mkdir -p $N
       python3 -c "from fusedattn.lab.evidence import environment, write_json; import sys; write_json(sys.argv[1], environment())" $N/environment.json
       echo "bash scripts/h200_next.sh $step (the ncu line below, per row)" > $N/command.txt
-      if [ $step = ncu ]; then
+      if [ $step = ncu-final ]; then  # issue 14: every prefill row that misses, one folder
+        rows=("bf16-d128:--dim 128" "bf16-d128-causal:--dim 128 --causal" "bf16-d64:--dim 64"
+              "bf16-b2-s8192-d64-causal:--batch 2 --seq 8192 --dim 64 --causal"
+              "bf16-gqa-b2-h32-8-s8192-d128-causal:--batch 2 --heads-kv 8 --seq 8192 --causal"
+              "bf16-b1-h16-s16384-d80:--batch 1 --heads 16 --seq 16384 --dim 80"
+              "bf16-b2-h16-d96:--batch 2 --heads 16 --dim 96"
+              "bf16-b2-h16-d256:--batch 2 --heads 16 --dim 256"
+              "bf16-b64-h16-s256-d64:--batch 64 --heads 16 --seq 256 --dim 64"
+              "bf16-b64-h16-s256-d64-causal:--batch 64 --heads 16 --seq 256 --dim 64 --causal"
+              "fp32-ieee-d64:--dtype fp32 --precision ieee --batch 1 --heads 16 --dim 64"
+              "fp32-tf32x3-d64:--dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64")
+      elif [ $step = ncu ]; then
         rows=("bf16-d128:--dim 128" "bf16-d128-causal:--dim 128 --causal"
               "fp32-tf32x3-d64:--dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64")
       else
@@ -37,7 +50,10 @@ for step in ${1:-races train ncu}; do
               "bf16-b1-h16-s16384-d80:--batch 1 --heads 16 --seq 16384 --dim 80")
       fi
       for row in "${rows[@]}"; do
-        timeout 150 ncu --profile-from-start off --clock-control none --nvtx \
+        if [ $SECONDS -gt ${STOP_AT:-100000} ]; then  # keep the call under the device's limit
+          echo "ncu ${row%%:*}: not run (past STOP_AT=$STOP_AT s)" | tee -a $N/command.txt; continue
+        fi
+        timeout ${NCU_LIMIT:-150} ncu --profile-from-start off --clock-control none --nvtx \
           --section SpeedOfLight --section WarpStateStats --section Occupancy \
           --section ComputeWorkloadAnalysis --section LaunchStats --csv --page details \
           --log-file $N/${row%%:*}.csv python3 scripts/ncu_vs_cudnn.py ${row#*:} > $N/${row%%:*}.log 2>&1
@@ -54,6 +70,9 @@ for step in ${1:-races train ncu}; do
       timeout 60 python3 -m fusedattn run --version t1,flash --seq 128 --dim 64 --warmup 10 \
         --repeat 50 --json $C/run.json 2>&1 | tail -8 | tee $C/run.txt
       timeout 30 python3 scripts/launch_floor.py $C/launch_floor.json 2>&1 | tail -2;;
+    chapter-ncu)  # issue 14: the chapter's 128x64 under Nsight Compute (t1 and flash)
+      timeout 120 python3 -m fusedattn profile --version t1,flash --seq 128 --dim 64 --ncu \
+        --out $E 2>&1 | tail -12;;
     tune)   # issue 14: the tuned table for every kernel, written straight to $OUT (a cut
             # call keeps what finished); the tier and the benches run again after it lands
       T=${OUT:-/tmp}/tune; mkdir -p $T

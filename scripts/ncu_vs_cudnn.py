@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--heads-kv", type=int, default=None, help="K/V heads (GQA)")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"))
@@ -33,16 +34,20 @@ def main() -> None:
     peer, backend = (("efficient", SDPBackend.EFFICIENT_ATTENTION) if dtype == torch.float32
                      else ("cudnn", SDPBackend.CUDNN_ATTENTION))
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn(args.batch, args.heads, args.seq, args.dim, generator=gen,
-                                 device="cuda").to(dtype) for _ in range(4))
+    heads_kv = args.heads_kv or args.heads
+    q, k, v, dout = (torch.randn(args.batch, h, args.seq, args.dim, generator=gen,
+                                 device="cuda").to(dtype)
+                     for h in (args.heads, heads_kv, heads_kv, args.heads))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
+    gqa = heads_kv != args.heads
 
     def ours():
-        return attention(q, k, v, is_causal=args.causal, precision=args.precision)
+        return attention(q, k, v, is_causal=args.causal, precision=args.precision,
+                         enable_gqa=gqa)
 
     def theirs():
         with sdpa_kernel(backend):
-            return sdpa(q, k, v, is_causal=args.causal)
+            return sdpa(q, k, v, is_causal=args.causal, enable_gqa=gqa)
 
     outs = {}
     for name, fwd in (("fusedattn", ours), (peer, theirs)):
