@@ -23,13 +23,22 @@ for step in ${1:-races train ncu}; do
       for s in train-bf16 train-fp16; do
         timeout 280 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
-    ncu|ncu-prefill|ncu-final)  # issues 13 and 14: where the time goes against cuDNN (bf16) and SDPA
-            # efficient (fp32 tf32x3, the backward that misses), forward and backward; one
-            # folder. ncu: the training rows; ncu-prefill: the prefill suite's other misses
+    ncu|ncu-prefill|ncu-final|ncu-stalls)  # issues 13 and 14: where the time goes against
+            # cuDNN (bf16) and SDPA efficient (fp32), forward and backward; one folder. ncu:
+            # the training rows; ncu-prefill: the prefill suite's other misses; ncu-final:
+            # every prefill row that misses; ncu-stalls: the same rows' forwards only, with
+            # the tensor pipes' busy % and every stall reason (cycles per issued instruction)
       N=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-$step-vs-peer; mkdir -p $N
       python3 -c "from fusedattn.lab.evidence import environment, write_json; import sys; write_json(sys.argv[1], environment())" $N/environment.json
       echo "bash scripts/h200_next.sh $step (the ncu line below, per row)" > $N/command.txt
-      if [ $step = ncu-final ]; then  # issue 14: every prefill row that misses, one folder
+      what=(--section SpeedOfLight --section WarpStateStats --section Occupancy
+            --section ComputeWorkloadAnalysis --section LaunchStats)
+      if [ $step = ncu-stalls ]; then
+        what=(--nvtx-include "fusedattn-fwd/" --nvtx-include "cudnn-fwd/"
+              --nvtx-include "efficient-fwd/" --section SpeedOfLight --section LaunchStats
+              --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active")
+      fi
+      if [ $step = ncu-final ] || [ $step = ncu-stalls ]; then
         rows=("bf16-d128:--dim 128" "bf16-d128-causal:--dim 128 --causal" "bf16-d64:--dim 64"
               "bf16-b2-s8192-d64-causal:--batch 2 --seq 8192 --dim 64 --causal"
               "bf16-gqa-b2-h32-8-s8192-d128-causal:--batch 2 --heads-kv 8 --seq 8192 --causal"
@@ -54,11 +63,11 @@ for step in ${1:-races train ncu}; do
           echo "ncu ${row%%:*}: not run (past STOP_AT=$STOP_AT s)" | tee -a $N/command.txt; continue
         fi
         timeout ${NCU_LIMIT:-150} ncu --profile-from-start off --clock-control none --nvtx \
-          --section SpeedOfLight --section WarpStateStats --section Occupancy \
-          --section ComputeWorkloadAnalysis --section LaunchStats --csv --page details \
-          --log-file $N/${row%%:*}.csv python3 scripts/ncu_vs_cudnn.py ${row#*:} > $N/${row%%:*}.log 2>&1
+          "${what[@]}" --csv --page details --log-file $N/${row%%:*}.csv python3 scripts/ncu_vs_cudnn.py ${row#*:} > $N/${row%%:*}.log 2>&1
         echo "ncu ${row%%:*} (${row#*:}): rc=$?" | tee -a $N/command.txt; tail -3 $N/${row%%:*}.log
-      done;;
+      done
+      echo "ncu options: ${what[*]}" >> $N/command.txt
+      python3 scripts/ncu_details.py $N | tail -1;;
     prefill)  # issue 14: the prefill rows and the cold start at this commit
       for s in prefill coldstart; do
         timeout 200 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"

@@ -1,12 +1,15 @@
 """One markdown table per `ncu --csv --page details` file (what `scripts/h200_next.sh ncu`
 writes): per kernel of at least 20 us, its duration, SM and issue-slot busy %, the busiest
-pipe (ncu's own rule), registers, occupancy, block, grid and dynamic shared memory.
+pipe (ncu's own rule) with its share, registers, occupancy, block, grid and dynamic shared
+memory; where the run also collected them (`h200_next.sh ncu-stalls`), the tensor pipes'
+busy % and the three largest stall reasons, in cycles per issued instruction.
 
     python3 scripts/ncu_details.py FOLDER     # writes FOLDER/summary.md from FOLDER/*.csv
 """
 
 import csv
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -28,7 +31,9 @@ def kernels(text: str) -> list[dict]:
             k[row["Metric Name"]] = row["Metric Value"]
         if row["Rule Name"] == "HighPipeUtilization" and "highest-utilized" in row.get(
                 "Rule Description", ""):
-            k["pipe"] = row["Rule Description"].split(" is the highest")[0]
+            desc = row["Rule Description"]
+            share = re.search(r"\(([\d.]+%)\)", desc)
+            k["pipe"] = desc.split(" is the highest")[0] + (f" {share[1]}" if share else "")
     return [found[i] for i in sorted(found)]
 
 
@@ -42,6 +47,22 @@ def cell(k: dict, metric: str) -> str:
     return value
 
 
+STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
+TENSOR = re.compile(r"sm__pipe_tensor_op_(\w+)_cycles_active\.avg\.pct_of_peak_sustained_active")
+
+
+def extras(k: dict) -> str:
+    """' tensor pipes % | top stalls ' cells, or '' where the run did not collect them."""
+    stalls = sorted(((float(v.replace(",", "")), m[1]) for name, v in k.items()
+                     if (m := STALL.fullmatch(name)) and v), reverse=True)
+    tensor = [f"{m[1]} {float(v.replace(',', '')):.1f}" for name, v in sorted(k.items())
+              if (m := TENSOR.fullmatch(name)) and v]
+    if not stalls and not tensor:
+        return ""
+    return (" | " + ", ".join(tensor) + " | "
+            + ", ".join(f"{r} {c:.2f}" for c, r in stalls[:3]) + " |")
+
+
 def main(folder: Path) -> None:
     parts = [f"# ncu details: {folder.name}\n",
              "Kernels of at least 20 us, in launch order (fusedattn's forward, its backward, "
@@ -49,11 +70,14 @@ def main(folder: Path) -> None:
     for path in sorted(folder.glob("*.csv")):
         ks = [k for k in kernels(path.read_text())
               if float(k.get("Duration", "0").replace(",", "")) >= MIN_NS]
+        more = any(extras(k) for k in ks)
         parts.append(f"\n## {path.stem}\n\n| kernel | " + " | ".join(c for _, c in COLUMNS)
-                     + " | busiest pipe |\n|" + "---|" * (len(COLUMNS) + 2))
+                     + " | busiest pipe |"
+                     + (" tensor pipes % | top stalls (cycles/issue) |" if more else "")
+                     + "\n|" + "---|" * (len(COLUMNS) + 2 + 2 * more))
         for k in ks:
             parts.append(f"| `{k['name'][:60]}` | " + " | ".join(cell(k, m) for m, _ in COLUMNS)
-                         + f" | {k.get('pipe', '')} |")
+                         + f" | {k.get('pipe', '')} |" + (extras(k) or " | |" if more else ""))
     (folder / "summary.md").write_text("\n".join(parts) + "\n")
     print(f"written: {folder / 'summary.md'}")
 
