@@ -2,7 +2,8 @@
 writes): per kernel of at least 20 us, its duration, SM and issue-slot busy %, the busiest
 pipe (ncu's own rule) with its share, registers, occupancy, block, grid and dynamic shared
 memory; where the run also collected them (`h200_next.sh ncu-stalls`), the tensor pipes'
-busy % and the three largest stall reasons, in cycles per issued instruction.
+busy % and the three largest stall reasons, in cycles per issued instruction, of the total
+cycles between a warp's issues ("selected", the issue itself, is 1 of them).
 
     python3 scripts/ncu_details.py FOLDER     # writes FOLDER/summary.md from FOLDER/*.csv
 """
@@ -52,15 +53,18 @@ TENSOR = re.compile(r"sm__pipe_tensor_op_(\w+)_cycles_active\.avg\.pct_of_peak_s
 
 
 def extras(k: dict) -> str:
-    """' tensor pipes % | top stalls ' cells, or '' where the run did not collect them."""
+    """'tensor % | top stalls |' cells (the busiest tensor pipe: hmma counts wgmma too), or
+    '' where the run did not collect them."""
     stalls = sorted(((float(v.replace(",", "")), m[1]) for name, v in k.items()
                      if (m := STALL.fullmatch(name)) and v), reverse=True)
-    tensor = [f"{m[1]} {float(v.replace(',', '')):.1f}" for name, v in sorted(k.items())
-              if (m := TENSOR.fullmatch(name)) and v]
+    total = sum(c for c, _ in stalls)  # cycles between a warp's issues ("selected": 1)
+    stalls = [(c, r) for c, r in stalls if r != "selected"]
+    tensor = [float(v.replace(",", "")) for name, v in k.items()
+              if TENSOR.fullmatch(name) and v]
     if not stalls and not tensor:
         return ""
-    return (" | " + ", ".join(tensor) + " | "
-            + ", ".join(f"{r} {c:.2f}" for c, r in stalls[:3]) + " |")
+    return (f" {max(tensor):.1f} |" if tensor else " |") + \
+        " " + ", ".join(f"{r} {c:.2f}" for c, r in stalls[:3]) + f" (of {total:.2f}) |"
 
 
 def main(folder: Path) -> None:
@@ -73,7 +77,7 @@ def main(folder: Path) -> None:
         more = any(extras(k) for k in ks)
         parts.append(f"\n## {path.stem}\n\n| kernel | " + " | ".join(c for _, c in COLUMNS)
                      + " | busiest pipe |"
-                     + (" tensor pipes % | top stalls (cycles/issue) |" if more else "")
+                     + (" tensor pipe % | top stalls (cycles/issue) |" if more else "")
                      + "\n|" + "---|" * (len(COLUMNS) + 2 + 2 * more))
         for k in ks:
             parts.append(f"| `{k['name'][:60]}` | " + " | ".join(cell(k, m) for m, _ in COLUMNS)

@@ -18,17 +18,17 @@ LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 
 # Integer arguments that the kernels' code gains nothing from knowing more about. Triton
 # specialises every int on "== 1" and "% 16 == 0" unless told not to: each new pattern
-# compiles the kernel again, and each new pattern of ones also builds a new C launcher
-# (0.3 s of the host compiler on the H200, at the first launch). Left unspecialised: head
-# counts (one division per program), the autotuner's keys, the LSE's strides (`sl_*`: one
-# float per query row) and decode's page and split sizes. Lengths, the head dim and the
-# window bounds stay specialised: without "% 16" on them the H200 ran the prefill rows up
-# to 3x slower (bounded loads no longer vectorised; bench at 992a64b, 20261130T164821Z).
-# The forward only: the backward's kernels (whose launchers `precompile_backward` builds
-# off the main thread) ran 4-29% slower with these unspecialised (dK/dV loops over a GQA
-# group: with group == 1 specialised that loop is gone; A/B at dc49211, 20261130T1654Z).
-SHAPE_INTS = ("n_heads", "n_heads_kv", "group", "bucket_q", "bucket_k", "sl_b", "sl_h",
-              "sl_split", "page", "split_len")
+# compiles the kernel again, and each new pattern of ones may also build a new C launcher
+# (the host compiler at the first launch; its cost on the H200 was not measured alone).
+# Left unspecialised: head counts (one division per program), the autotuner's keys, the
+# LSE's strides (`sl_*`: one float per query row) and decode's page and split sizes.
+# Lengths, the head dim and the window bounds stay specialised: without "% 16" on them the
+# H200 ran the prefill rows up to 3x slower (bench at 992a64b, 20261130T164821Z; why was
+# not profiled). The forward only: the backward's kernels (whose launchers
+# `precompile_backward` builds off the main thread) ran 4-29% slower with these
+# unspecialised (A/B at dc49211, 20261130T1654Z; not profiled).
+SHAPE_INTS = ("n_heads", "group", "bucket_q", "bucket_k", "sl_b", "sl_h", "sl_split", "page",
+              "split_len")
 
 
 def shape_jit(fn):

@@ -423,7 +423,7 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         with torch.cuda.device(q.device):  # the thread's current device is the inputs'
             compiled = kernel.warmup(*args, grid=grid, **kwargs)
             # and what the first launch would do next: load the module, build the launcher
-            # (the host compiler, 0.3 s a signature on the H200), here off the main thread
+            # (the host compiler), here off the main thread
             init = getattr(compiled, "_init_handles", None)
             if init is not None:
                 init()
