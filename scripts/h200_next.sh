@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The H200 steps of the 14:37 session (races, train, ncu, prefill, ncu-prefill ran; tune
-# did not), each with its own limit; what finished is kept. Evidence lands in /tmp/ev and
-# comes back as $OUT/ev.tgz (one file: the device tool returns a limited number per call).
+# The H200 steps of issues 13 and 14, each with its own limit; what finished is kept.
+# Evidence lands in /tmp/ev and comes back as $OUT/ev.tgz (one file: the device tool returns a
+# limited number per call); `tune` writes straight to $OUT/tune.
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
 #   export PYTHONPATH=/tmp/site:$PWD/src FUSEDATTN_GIT_COMMIT=<sha> FUSEDATTN_GIT_DIRTY=0 &&
 #   bash scripts/h200_next.sh [steps]     (default: races train ncu; also tier, prefill,
-#                                          ncu-prefill, ncu-final, chapter,
+#                                          ncu-prefill, ncu-final, ncu-stalls, chapter,
 #                                          chapter-ncu, tune; STOP_AT=s skips ncu rows
-#                                          that would start past s seconds)
+#                                          that would start past s seconds, NCU_LIMIT=s
+#                                          limits each)
 set -u
 export COLUMNS=190 PYTHONUNBUFFERED=1
 E=/tmp/ev
