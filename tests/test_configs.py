@@ -192,8 +192,8 @@ def test_tune_verifies_every_candidate_and_keeps_the_fastest_that_passes(monkeyp
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     real_call = tune._call
 
-    def call(case, config, inputs):  # (32, 32) the fastest, but wrong: it must not win
-        run = real_call(case, config, inputs)
+    def call(case, config, inputs, saved):  # (32, 32) the fastest, but wrong: it must not win
+        run = real_call(case, config, inputs, saved)
 
         def timed():
             return run() + 0.5 if config == (32, 32, 4, 2) else run()
@@ -210,6 +210,39 @@ def test_tune_verifies_every_candidate_and_keeps_the_fastest_that_passes(monkeyp
     assert [r["status"] for r in report] == ["ok", "FAIL", "ok"]
     assert [r["median_ms"] for r in report] == [3.0, None, 2.0]
     assert best == [16, 32, 2, 2]
+
+
+@pytest.mark.emulation_only("fakes the GPU's clock: the interpreter runs the kernels")
+def test_tune_times_backward_pairs_on_one_saved_forward(monkeypatch):
+    """The backward's candidates (dK/dV, dQ) pairs, each verified against float64 autograd,
+    all reading the forward's O and LSE run once for the case."""
+    import torch
+
+    from fusedattn.lab import timing, tune
+
+    case = tune.TuneCase("bwd", "fp16", None, 16, True, 40, 1, 2, 1)
+    pairs = [((32, 32, 4, 2), (32, 32, 4, 2)), ((16, 32, 2, 2), (32, 16, 2, 2))]
+    ms = dict(zip(pairs, (2.0, 1.0), strict=True))
+    monkeypatch.setattr(tune, "candidate_configs", lambda c: pairs)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    forwards = []
+    real_saved, real_call = tune._saved_forward, tune._call
+    monkeypatch.setattr(tune, "_saved_forward",
+                        lambda *a: forwards.append(1) or real_saved(*a))
+
+    def call(case, config, inputs, saved):
+        run = real_call(case, config, inputs, saved)
+        run.config = config
+        return run
+
+    class Clock:
+        def __init__(self, fn):
+            self.median_ms = ms[fn.config]
+    monkeypatch.setattr(tune, "_call", call)
+    monkeypatch.setattr(timing, "time_gpu", lambda fn, warmup, repeat: Clock(fn))
+    best, report = tune.run_case(case, warmup=0, repeat=1)
+    assert [r["status"] for r in report] == ["ok", "ok"] and len(forwards) == 1
+    assert best == [list(c) for c in pairs[1]]
 
 
 def test_one_loop_rule_and_its_override(monkeypatch):

@@ -151,8 +151,20 @@ def _verifier(case: TuneCase, inputs):
     return verify
 
 
-def _call(case: TuneCase, config, inputs):
-    """The timed call of one candidate."""
+def _saved_forward(case: TuneCase, inputs):
+    """(O, LSE) of the forward, what every backward candidate of `case` reads: run once."""
+    from fusedattn.tiles.flash import flash_forward
+
+    q, k, v, _ = inputs
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    flash_forward(q, k, v, out=out, lse=lse, is_causal=case.causal, scale=case.dim ** -0.5,
+                  precision=case.problem().resolved().op)
+    return out, lse
+
+
+def _call(case: TuneCase, config, inputs, saved=None):
+    """The timed call of one candidate (`saved`: the backward's `_saved_forward`)."""
     from fusedattn.tiles.common import KVCache, Mask
     from fusedattn.tiles.flash import flash_forward
     from fusedattn.tiles.flash_bwd import flash_backward
@@ -160,13 +172,11 @@ def _call(case: TuneCase, config, inputs):
     q, k, v, dout = inputs
     scale = case.dim ** -0.5
     precision = case.problem().resolved().op
-    out = torch.empty_like(q)
     if case.kernel == "bwd":
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        flash_forward(q, k, v, out=out, lse=lse, is_causal=case.causal, scale=scale,
-                      precision=precision)
+        out, lse = saved
         return lambda: flash_backward(dout, q, k, v, out, lse, None, is_causal=case.causal,
                                       scale=scale, precision=precision, configs=config)
+    out = torch.empty_like(q)
     fixed = triton.Config({"BLOCK_M": config[0], "BLOCK_N": config[1]},
                           num_warps=config[2], num_stages=config[3])
     extra = {}
@@ -184,12 +194,13 @@ def run_case(case: TuneCase, *, warmup: int, repeat: int) -> tuple[list | None, 
 
     inputs = _inputs(case)
     verify = _verifier(case, inputs)
+    saved = _saved_forward(case, inputs) if case.kernel == "bwd" else None
     report = []
     for config in candidate_configs(case):
         row = {"case": case.label(), "key": case.key(), "config": str(config),
                "status": "ok", "reason": "", "median_ms": None}
         try:
-            call = _call(case, config, inputs)
+            call = _call(case, config, inputs, saved)
             got = call()
             torch.cuda.synchronize()
         except Exception as exc:  # a candidate that does not compile or launch: reported
