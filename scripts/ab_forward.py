@@ -7,6 +7,10 @@ backward ("bwd") or forward and backward ("fwd+bwd") and checks the gradients.
 
     python3 scripts/ab_forward.py --switch FUSEDATTN_ONE_LOOP [--suite prefill] --out DIR
 
+FUSEDATTN_SPLIT_D=0 (`configs.head_dim_pieces`) pads every head dim to a power of two; "1"
+is the rule (two pieces where they pad less): `--suite ab-split` times the head dims it
+splits, the prefill suite's D80 row among them.
+
 FUSEDATTN_ONE_LOOP (`configs.single_key_loop`) forces one loop (1) or two/three (0) in the
 forward and the backward. The forward's A/B, evidence/nvidia-h200/20261130T1536Z-ab-one-loop,
 ran at 0a4b83b, when the switch was the forward's alone.
@@ -43,6 +47,12 @@ AB_TRAIN = [BenchProblem(4, 32, s, d, "bf16", c, mode="bwd") for s in (1024, 204
     BenchProblem(2, 8, 1000, 128, "bf16", True, mode="fwd+bwd"),
     BenchProblem(1, 16, 4096, 64, "fp32", False, mode="bwd")]
 
+# the forward's head dims in two pieces against one padded piece: each dim that splits
+# (64+8, 64+16, 64+32, 128+16, 128+32, 128+64), causal or not at D80/D96, and prefill's D80
+AB_SPLIT = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (72, 80, 96, 144, 160, 192)] + [
+    BenchProblem(2, 16, 4096, 80, "bf16", True), BenchProblem(2, 16, 4096, 96, "bf16", True),
+    BenchProblem(1, 16, 16384, 80, "bf16", False), BenchProblem(1, 4, 700, 96, "fp32", False)]
+
 
 def _verified(out, q, k, v, p, window) -> bool:
     """Head 0 of batch 0 against the float64 reference, within the tolerance table's bound
@@ -69,11 +79,11 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    problems = {**suites(), "ab-train": AB_TRAIN}
+    problems = {**suites(), "ab-train": AB_TRAIN, "ab-split": AB_SPLIT}
     if args.suite not in problems:
         parser.error(f"--suite {args.suite}: one of {', '.join(problems)}")
     cases = [(p, None) for p in problems[args.suite]]
-    if all(p.mode == "fwd" for p, _ in cases):
+    if all(p.mode == "fwd" for p, _ in cases) and args.suite != "ab-split":
         cases += [(p, None) for p in EXTRA]
         cases += [(BenchProblem(2, 16, 4096, 128, "bf16", True), (1000, 0))]
     for p, window in cases:

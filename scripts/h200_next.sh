@@ -6,7 +6,7 @@
 #   export PYTHONPATH=/tmp/site:$PWD/src FUSEDATTN_GIT_COMMIT=<sha> FUSEDATTN_GIT_DIRTY=0 &&
 #   bash scripts/h200_next.sh [steps]     (default: races train ncu; also tier, prefill,
 #                                          ncu-prefill, ncu-final, ncu-stalls, chapter,
-#                                          chapter-ncu, tune; STOP_AT=s skips ncu rows
+#                                          chapter-ncu, tune, ab-split; STOP_AT=s skips ncu rows
 #                                          that would start past s seconds, NCU_LIMIT=s
 #                                          limits each)
 set -u
@@ -73,6 +73,10 @@ for step in ${1:-races train ncu}; do
       for s in prefill coldstart; do
         timeout 200 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
+    ab-split)  # issue 14: the forward's head dims in two pieces against one padded piece
+      A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-split-d
+      timeout 300 python3 scripts/ab_forward.py --switch FUSEDATTN_SPLIT_D --suite ab-split \
+        --out $A 2>&1 | tail -12;;
     chapter)  # issue 14: the chapter's 128x64 fp32 (t1 and flash) and the launch floor
       C=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-chapter-128x64; mkdir -p $C
       echo "bash scripts/h200_next.sh chapter: fusedattn run --version t1,flash --seq 128 \

@@ -282,6 +282,51 @@ def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
     assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim, pieces", [
+    (80, (64, 16)), (96, (64, 32)), (72, (64, 16)), (48, (32, 16)), (144, (128, 16)),
+    (160, (128, 32)), (192, (128, 64)),          # split: less padding than one piece
+    (112, (128, 0)), (200, (256, 0)), (100, (128, 0)),  # two pieces would pad as much
+    (64, (64, 0)), (24, (32, 0)), (16, (16, 0)), (1, (16, 0)), (256, (256, 0)),
+])
+def test_head_dim_pieces(monkeypatch, dim, pieces):
+    from fusedattn.configs import SPLIT_D_ENV, head_dim_pieces
+
+    assert head_dim_pieces(dim) == pieces
+    monkeypatch.setenv(SPLIT_D_ENV, "0")  # the A/B switch: one padded piece
+    assert head_dim_pieces(dim) == (max(16, 1 << (dim - 1).bit_length()), 0)
+
+
+@pytest.mark.parametrize("case", [
+    # (B, H, H_kv, Sq, Sk, D, mask, splits): comment names the path
+    (1, 2, 2, 40, 72, 96, "causal", 1),   # 64 + 32, nothing padded; two key loops, diagonal
+    (1, 2, 1, 33, 50, 72, "full", 1),     # 64 + 16, the second piece padded (8 of 16); GQA
+    (1, 1, 1, 20, 40, 144, "window", 1),  # 128 + 16; a window: masked tiles at both ends
+    (2, 4, 2, 1, 70, 80, "full", 2),      # decode: GQA rows packed, keys split and merged
+])
+def test_split_head_dim_gives_the_reference(case):
+    """A head dim in two pieces (`configs.head_dim_pieces`): both products as two dots and
+    the output written in two stores, against the float64 reference, the output and LSE
+    poisoned first (a column or row left unwritten stays NaN)."""
+    import fusedattn.tiles.flash as flash
+    from fusedattn.configs import head_dim_pieces
+
+    b, h, hk, sq, sk, d, kind, splits = case
+    assert head_dim_pieces(d)[1] > 0  # the case runs the split path
+    q, k, v = _rand(b, h, sq, d), _rand(b, hk, sk, d, seed=1), _rand(b, hk, sk, d, seed=2)
+    window = (12, 0) if kind == "window" else None
+    out = torch.full((b, h, sq, d), float("nan"), device=DEVICE)
+    lse = torch.full((b, h, sq), float("nan"), device=DEVICE)
+    flash.flash_forward(q, k, v, out=out, lse=lse, is_causal=kind == "causal",
+                        scale=d ** -0.5, precision="ieee", splits=splits,
+                        pack_gqa=splits > 1,
+                        mask=flash.Mask(causal=True, window=window) if window else None)
+    ref, ref_lse = attention_ref(q, k, v, causal=kind == "causal", window=window,
+                                 return_lse=True)
+    result = check(out, ref)
+    assert result.ok, result.reasons
+    assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)
+
+
 @pytest.mark.gpu_only("the interpreter compiles nothing")
 def test_a_new_head_count_reuses_the_compiled_forward():
     """Head counts and the LSE's strides are not specialised (`common.SHAPE_INTS`): after

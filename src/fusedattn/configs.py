@@ -171,6 +171,26 @@ def _forced_one_loop() -> bool | None:
     return forced == "1" if forced in ("0", "1") else None
 
 
+# Head dims that are not powers of two: tl.dot takes power-of-two tiles, so D=80 padded to
+# 128 multiplies 48 columns of zeros in both products (1.6x the tensor-core work). Split in
+# two pieces instead, 64 + 16, each product is two dots over the pieces and nothing is
+# padded; 96 = 64 + 32, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64, and 72 = 64 + 16
+# pads 8 columns instead of 56. Where two pieces would pad as much as one (112 = 64 + 64,
+# 200 = 128 + 128), one padded piece. The forward only: the backward pads.
+SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim to a power of two (A/B runs)
+
+
+def head_dim_pieces(dim: int) -> tuple[int, int]:
+    """(first, second) pieces of the forward's head dim, powers of two >= 16; second = 0
+    for one piece, padded to a power of two >= dim. $FUSEDATTN_SPLIT_D=0: one piece always."""
+    whole = max(16, triton.next_power_of_2(dim))
+    if dim <= 16 or whole == dim or os.environ.get(SPLIT_D_ENV) == "0":
+        return whole, 0
+    first = whole // 2
+    second = max(16, triton.next_power_of_2(dim - first))
+    return (first, second) if first + second < whole else (whole, 0)
+
+
 # The backward's loops (dK/dV over the query tiles, dQ over the key tiles), one against three
 # in one process on the H200 (scripts/ab_forward.py --suite ab-train,
 # evidence/nvidia-h200/20261130T1634Z-ab-bwd-one-loop), one over three: causal 1.03-1.08x at

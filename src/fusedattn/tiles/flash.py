@@ -25,8 +25,9 @@ wholly past the diagonal are not visited, and those wholly before it run without
 `_key_tiles` is instantiated twice (unmasked whole tiles, then the diagonal/ragged ones), or
 once, masking a tile only when it is on an edge (ONE_LOOP: half the code and compile time,
 faster on short loops and fp32; `configs.single_key_loop` chooses).
-Head dims up to 256, padded to a power of two >= 16 (masked). fp32 inputs use
-`input_precision="ieee"` (exact FMA) unless "tf32" or "tf32x3" is asked for.
+Head dims up to 256: a power of two >= 16, or two such pieces where they pad less than one
+(D=80 as 64 + 16: each product is two dots; `configs.head_dim_pieces`), padded (masked).
+fp32 inputs use `input_precision="ieee"` (exact FMA) unless "tf32" or "tf32x3" is asked for.
 
 HBM traffic per (batch, head), the fewest bytes: read Q, K, V once, write O (and LSE):
 (2*Sq + 2*Sk) * D * itemsize (+ 4*Sq). K and V are re-read once per query tile, i.e.
@@ -46,6 +47,7 @@ from fusedattn.configs import (
     autotune_requested,
     decode_config,
     forward_config,
+    head_dim_pieces,
     prune_configs,
     single_key_loop,
 )
@@ -65,19 +67,36 @@ from fusedattn.tiles.splitkv import merge_splits
 
 
 @triton.jit
-def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d, sv_b,
-               sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left,
-               right, lo, hi, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-               PAGED: tl.constexpr, PAD_D: tl.constexpr, PRECISION: tl.constexpr,
+def _tile(ptrs, rows_ok, cols_ok, MASKED: tl.constexpr, MIXED: tl.constexpr,
+          PAD: tl.constexpr):
+    """One tile of K or V: bounded by `rows_ok & cols_ok` (broadcastable) in the masked
+    loops (MASKED, MIXED), by `cols_ok` alone where the head dim is padded, else not."""
+    if MASKED or MIXED:
+        return tl.load(ptrs, mask=rows_ok & cols_ok, other=0.0)
+    elif PAD:
+        return tl.load(ptrs, mask=cols_ok, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s,
+               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2,
+               seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
+               BLOCK_D2: tl.constexpr, PAD_D2: tl.constexpr, PRECISION: tl.constexpr,
                INDEX: tl.constexpr, ulo=0, uhi=0, MIXED: tl.constexpr = False):
     """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
     tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
     select per element, no bounds on the loads); MASKED=True for the tiles on a mask's edge
     (causal diagonal, window edge) and the ragged last one. PAD_D: the head dim is padded up
-    to BLOCK_D (masked columns). PAGED: key j lives in page `pages[j // page]` of the cache
-    (`sk_b`/`sv_b` the page stride), row j % page. MIXED=True: all of [lo, hi) in one loop,
-    tiles outside [ulo, uhi) masked (a branch per tile), the loads always bounded."""
+    to BLOCK_D (masked columns). BLOCK_D2 > 0: the head dim is split in two pieces, columns
+    [0, BLOCK_D) (`b_q`, `acc`) and [BLOCK_D, BLOCK_D + BLOCK_D2) (`b_q2`, `acc2`; PAD_D2:
+    padded), each product two dots (`_head_dim_pieces`). PAGED: key j lives in page
+    `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page.
+    MIXED=True: all of [lo, hi) in one loop, tiles outside [ulo, uhi) masked (a branch per
+    tile), the loads always bounded."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         mask_n = keys < seq_k
@@ -89,15 +108,14 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d
             first = tl.cast(start_n, INDEX)  # the tile's first row (INDEX bits); inside, 32
             k_rows = first * sk_s + offs_n * sk_s
             v_rows = first * sv_s + offs_n * sv_s
-        p_kt = p_k_base + k_rows[None, :] + offs_d[:, None] * sk_d           # [BLOCK_D, BLOCK_N]
-        p_vt = p_v_base + v_rows[:, None] + offs_d[None, :] * sv_d           # [BLOCK_N, BLOCK_D]
-        if MASKED or MIXED:
-            b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        elif PAD_D:
-            b_kt = tl.load(p_kt, mask=mask_d[:, None], other=0.0)
-        else:
-            b_kt = tl.load(p_kt)
-        s = _scores(tl.dot(b_q, b_kt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
+        b_kt = _tile(p_k_base + k_rows[None, :] + offs_d[:, None] * sk_d,  # [BLOCK_D, BLOCK_N]
+                     mask_n[None, :], mask_d[:, None], MASKED, MIXED, PAD_D)
+        qk = tl.dot(b_q, b_kt, input_precision=PRECISION)
+        if BLOCK_D2 > 0:
+            b_kt2 = _tile(p_k_base + k_rows[None, :] + offs_d2[:, None] * sk_d,
+                          mask_n[None, :], mask_d2[:, None], MASKED, MIXED, PAD_D2)
+            qk = tl.dot(b_q2, b_kt2, qk, input_precision=PRECISION)
+        s = _scores(qk, qk_scale, cap, SOFTCAP)
         edge = MASKED  # MASKED: every tile; MIXED: a tile outside the whole ones [ulo, uhi)
         if MIXED:
             edge = (start_n < ulo) | (start_n >= uhi)
@@ -116,15 +134,16 @@ def _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if MASKED or MIXED:
-            b_v = tl.load(p_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        elif PAD_D:
-            b_v = tl.load(p_vt, mask=mask_d[None, :], other=0.0)
-        else:
-            b_v = tl.load(p_vt)
+        b_v = _tile(p_v_base + v_rows[:, None] + offs_d[None, :] * sv_d,  # [BLOCK_N, BLOCK_D]
+                    mask_n[:, None], mask_d[None, :], MASKED, MIXED, PAD_D)
         acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
+        if BLOCK_D2 > 0:
+            b_v2 = _tile(p_v_base + v_rows[:, None] + offs_d2[None, :] * sv_d,
+                         mask_n[:, None], mask_d2[None, :], MASKED, MIXED, PAD_D2)
+            acc2 = acc2 * alpha[:, None] + tl.dot(p.to(b_v2.dtype), b_v2,
+                                                  input_precision=PRECISION)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @shape_jit
@@ -140,6 +159,7 @@ def _flash_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
     PAD_D: tl.constexpr, INDEX: tl.constexpr,
+    BLOCK_D2: tl.constexpr = 0, PAD_D2: tl.constexpr = False,
     HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
@@ -200,13 +220,21 @@ def _flash_fwd(
                           seq_q - 1) + diag
 
     row_q = (q_start + offs_m).to(INDEX)
-    p_q_tile = (p_q + b * sq_b + heads[:, None].to(INDEX) * sq_h + row_q[:, None] * sq_s
-                + offs_d[None, :] * sq_d)
-    b_q = tl.load(p_q_tile, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    p_q_rows = p_q + b * sq_b + heads[:, None].to(INDEX) * sq_h + row_q[:, None] * sq_s
+    b_q = tl.load(p_q_rows + offs_d[None, :] * sq_d, mask=mask_m[:, None] & mask_d[None, :],
+                  other=0.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if BLOCK_D2 > 0:  # the head dim's second piece: columns BLOCK_D .. BLOCK_D + BLOCK_D2
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        mask_d2 = offs_d2 < head_dim
+        b_q2 = tl.load(p_q_rows + offs_d2[None, :] * sq_d,
+                       mask=mask_m[:, None] & mask_d2[None, :], other=0.0)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_D2), tl.float32)
+    else:  # one piece: the second's arguments are never read
+        offs_d2, mask_d2, b_q2, acc2 = offs_d, mask_d, b_q, acc
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
 
     if PAGED:
         p_k_base = p_k + h_kv * sk_h
@@ -224,32 +252,40 @@ def _flash_fwd(
         ulo = tl.minimum(tl.maximum(ulo, lo), hi)
         uhi = tl.maximum(tl.minimum(uhi, hi), ulo)
     if ONE_LOOP:  # one instantiation: edge tiles masked by a branch per tile
-        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b,
-                                   sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d,
-                                   mask_d, seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N,
-                                   False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D,
-                                   PRECISION, INDEX, ulo, uhi, True)
+        acc, acc2, l_i, m_i = _key_tiles(
+            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
+            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+            qk_scale, cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX, ulo, uhi, True)
     else:  # masked [lo, ulo) (a window's left edge), whole [ulo, uhi), masked [uhi, hi)
-        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                                   sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
-                                   seq_k, qk_scale, cap, left, right, lo, ulo, BLOCK_N, True,
-                                   HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
-        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                                   sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
-                                   seq_k, qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False,
-                                   HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
-        acc, l_i, m_i = _key_tiles(acc, l_i, m_i, b_q, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                                   sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d,
-                                   seq_k, qk_scale, cap, left, right, uhi, hi, BLOCK_N, True,
-                                   HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, PRECISION, INDEX)
+        acc, acc2, l_i, m_i = _key_tiles(
+            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
+            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+            qk_scale, cap, left, right, lo, ulo, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX)
+        acc, acc2, l_i, m_i = _key_tiles(
+            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
+            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+            qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX)
+        acc, acc2, l_i, m_i = _key_tiles(
+            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
+            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+            qk_scale, cap, left, right, uhi, hi, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX)
 
     # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
     # split) has l = 0: its output is 0 and its LSE -inf
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     split = tl.program_id(2).to(INDEX) if SPLIT else 0
-    p_o_tile = (p_o + split * so_split + b * so_b + heads[:, None].to(INDEX) * so_h
-                + row_q[:, None] * so_s + offs_d[None, :] * so_d)
-    tl.store(p_o_tile, out.to(p_o.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    p_o_rows = (p_o + split * so_split + b * so_b + heads[:, None].to(INDEX) * so_h
+                + row_q[:, None] * so_s)
+    tl.store(p_o_rows + offs_d[None, :] * so_d, (acc / l_safe).to(p_o.dtype.element_ty),
+             mask=mask_m[:, None] & mask_d[None, :])
+    if BLOCK_D2 > 0:
+        tl.store(p_o_rows + offs_d2[None, :] * so_d,
+                 (acc2 / l_safe).to(p_o.dtype.element_ty),
+                 mask=mask_m[:, None] & mask_d2[None, :])
     if WRITE_LSE:
         # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
         tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
@@ -263,7 +299,7 @@ _CACHE = ({"cache_results": True}
 # Only with FUSEDATTN_AUTOTUNE=1 (`configs.autotune_requested`): the table's config otherwise.
 _flash_fwd_autotuned = triton.autotune(
     configs=CONFIGS,
-    key=["bucket_q", "bucket_k", "BLOCK_D", "HAS_RIGHT", "PRECISION", "PAD_D"],
+    key=["bucket_q", "bucket_k", "BLOCK_D", "BLOCK_D2", "HAS_RIGHT", "PRECISION", "PAD_D"],
     prune_configs_by={"early_config_prune": prune_configs}, **_CACHE,
 )(_flash_fwd)
 
@@ -294,7 +330,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     if cache is not None and cache.block_table is not None:
         seq_k = cache.block_table.shape[1] * k.shape[2]
     q, k, v = emulation_operands(q, k, v)
-    block_d = max(16, triton.next_power_of_2(dim))
+    block_d, block_d2 = head_dim_pieces(dim)
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
     rows = seq_q * group if pack_gqa else seq_q
@@ -355,7 +391,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         k.shape[2] if table is not None else 0, split_len,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
-        PAD_D=block_d != dim,
+        PAD_D=block_d2 == 0 and block_d != dim, BLOCK_D2=block_d2,
+        PAD_D2=block_d2 > 0 and block_d + block_d2 != dim,
         INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
         VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
         PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
