@@ -48,8 +48,8 @@ AB_TRAIN = [BenchProblem(4, 32, s, d, "bf16", c, mode="bwd") for s in (1024, 204
     BenchProblem(1, 16, 4096, 64, "fp32", False, mode="bwd")]
 
 # the forward's head dims in two pieces against one padded piece: each dim that splits
-# (64+8, 64+16, 64+32, 128+16, 128+32, 128+64), causal or not at D80/D96, and prefill's D80
-AB_SPLIT = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (72, 80, 96, 144, 160, 192)] + [
+# (32+16, 64+16, 64+32, 128+16, 128+32, 128+64), causal or not at D80/D96, prefill's D80
+AB_SPLIT = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (48, 80, 96, 144, 160, 192)] + [
     BenchProblem(2, 16, 4096, 80, "bf16", True), BenchProblem(2, 16, 4096, 96, "bf16", True),
     BenchProblem(1, 16, 16384, 80, "bf16", False), BenchProblem(1, 4, 700, 96, "fp32", False)]
 

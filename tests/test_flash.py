@@ -283,9 +283,9 @@ def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
 
 
 @pytest.mark.parametrize("dim, pieces", [
-    (80, (64, 16)), (96, (64, 32)), (72, (64, 16)), (48, (32, 16)), (144, (128, 16)),
-    (160, (128, 32)), (192, (128, 64)),          # split: less padding than one piece
-    (112, (128, 0)), (200, (256, 0)), (100, (128, 0)),  # two pieces would pad as much
+    (80, (64, 16)), (96, (64, 32)), (48, (32, 16)), (144, (128, 16)), (160, (128, 32)),
+    (192, (128, 64)),                              # split: two whole pieces, no padding
+    (72, (128, 0)), (112, (128, 0)), (200, (256, 0)), (100, (128, 0)),  # no whole second
     (64, (64, 0)), (24, (32, 0)), (16, (16, 0)), (1, (16, 0)), (256, (256, 0)),
 ])
 def test_head_dim_pieces(monkeypatch, dim, pieces):
@@ -296,20 +296,23 @@ def test_head_dim_pieces(monkeypatch, dim, pieces):
     assert head_dim_pieces(dim) == (max(16, 1 << (dim - 1).bit_length()), 0)
 
 
+@pytest.mark.parametrize("one_loop", [False, True])
 @pytest.mark.parametrize("case", [
     # (B, H, H_kv, Sq, Sk, D, mask, splits): comment names the path
-    (1, 2, 2, 40, 72, 96, "causal", 1),   # 64 + 32, nothing padded; two key loops, diagonal
-    (1, 2, 1, 33, 50, 72, "full", 1),     # 64 + 16, the second piece padded (8 of 16); GQA
+    (1, 2, 2, 40, 72, 96, "causal", 1),   # 64 + 32; diagonal tiles, whole tiles, ragged
+    (1, 2, 1, 33, 50, 48, "full", 1),     # 32 + 16; GQA
     (1, 1, 1, 20, 40, 144, "window", 1),  # 128 + 16; a window: masked tiles at both ends
     (2, 4, 2, 1, 70, 80, "full", 2),      # decode: GQA rows packed, keys split and merged
 ])
-def test_split_head_dim_gives_the_reference(case):
+def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
     """A head dim in two pieces (`configs.head_dim_pieces`): both products as two dots and
-    the output written in two stores, against the float64 reference, the output and LSE
-    poisoned first (a column or row left unwritten stays NaN)."""
+    the output written in two stores, in both structures of the key loop, against the
+    float64 reference, the output and LSE poisoned first (a column or row left unwritten
+    stays NaN)."""
     import fusedattn.tiles.flash as flash
     from fusedattn.configs import head_dim_pieces
 
+    monkeypatch.setattr(flash, "single_key_loop", lambda **_: one_loop)
     b, h, hk, sq, sk, d, kind, splits = case
     assert head_dim_pieces(d)[1] > 0  # the case runs the split path
     q, k, v = _rand(b, h, sq, d), _rand(b, hk, sk, d, seed=1), _rand(b, hk, sk, d, seed=2)
@@ -325,6 +328,27 @@ def test_split_head_dim_gives_the_reference(case):
     result = check(out, ref)
     assert result.ok, result.reasons
     assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)
+
+
+@pytest.mark.gpu_only("the tiles of long bf16 rows (two key loops, 128-row tiles); the "
+                     "interpreter runs 16x16 tiles and has a broken bf16 dot")
+@pytest.mark.parametrize("dim, causal", [(48, False), (72, False), (80, False), (80, True),
+                                         (96, False), (144, True)])
+def test_split_head_dims_on_long_bf16_rows(dim, causal):
+    """bf16 at S=2600 (ragged) with the rules' tiles, split head dims and 72 (padded: a
+    padded second piece gave wrong outputs here, `configs.head_dim_pieces`), within the
+    low-precision bound that SDPA's error on the same inputs sets; output poisoned first."""
+    from fusedattn.lab.verify import poison
+    from fusedattn.tiles.flash import flash_forward
+
+    q, k, v = (_rand(1, 2, 2600, dim, dtype=torch.bfloat16, seed=s) for s in range(3))
+    ref, _ = _ref(q, k, v, causal)
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = poison(torch.empty_like(q))
+    flash_forward(q, k, v, out=out, lse=None, is_causal=causal, scale=dim ** -0.5,
+                  precision="ieee")  # the precision of fp32 inputs only
+    result = check(out, ref, peer_error=float((peer.double().cpu() - ref).abs().max()))
+    assert result.ok, result.reasons
 
 
 @pytest.mark.gpu_only("the interpreter compiles nothing")

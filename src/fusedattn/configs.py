@@ -174,21 +174,25 @@ def _forced_one_loop() -> bool | None:
 # Head dims that are not powers of two: tl.dot takes power-of-two tiles, so D=80 padded to
 # 128 multiplies 48 columns of zeros in both products (1.6x the tensor-core work). Split in
 # two pieces instead, 64 + 16, each product is two dots over the pieces and nothing is
-# padded; 96 = 64 + 32, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64, and 72 = 64 + 16
-# pads 8 columns instead of 56. Where two pieces would pad as much as one (112 = 64 + 64,
-# 200 = 128 + 128), one padded piece. The forward only: the backward pads.
+# padded; 96 = 64 + 32, 48 = 32 + 16, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64. Only
+# where the second piece is whole: a padded one (72 as 64 + 16, 8 columns masked) gave wrong
+# outputs on the H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an
+# illegal memory access in another process, at a4015e1; small shapes and the interpreter
+# were right; not diagnosed). The rest (72, 112, 200, ...) pad to one power of two as
+# before. The forward only: the backward pads.
 SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim to a power of two (A/B runs)
 
 
 def head_dim_pieces(dim: int) -> tuple[int, int]:
-    """(first, second) pieces of the forward's head dim, powers of two >= 16; second = 0
-    for one piece, padded to a power of two >= dim. $FUSEDATTN_SPLIT_D=0: one piece always."""
+    """(first, second) pieces of the forward's head dim: powers of two >= 16 that sum to
+    it, or (a power of two >= dim, 0) for one piece, padded. $FUSEDATTN_SPLIT_D=0: one
+    piece always."""
     whole = max(16, triton.next_power_of_2(dim))
-    if dim <= 16 or whole == dim or os.environ.get(SPLIT_D_ENV) == "0":
-        return whole, 0
-    first = whole // 2
-    second = max(16, triton.next_power_of_2(dim - first))
-    return (first, second) if first + second < whole else (whole, 0)
+    first, second = whole // 2, dim - whole // 2
+    if dim > 16 and whole != dim and second >= 16 and second & (second - 1) == 0 \
+            and os.environ.get(SPLIT_D_ENV) != "0":
+        return first, second
+    return whole, 0
 
 
 # The backward's loops (dK/dV over the query tiles, dQ over the key tiles), one against three

@@ -85,15 +85,15 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b
                seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
-               BLOCK_D2: tl.constexpr, PAD_D2: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_D2: tl.constexpr, PRECISION: tl.constexpr,
                INDEX: tl.constexpr, ulo=0, uhi=0, MIXED: tl.constexpr = False):
     """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
     tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
     select per element, no bounds on the loads); MASKED=True for the tiles on a mask's edge
     (causal diagonal, window edge) and the ragged last one. PAD_D: the head dim is padded up
     to BLOCK_D (masked columns). BLOCK_D2 > 0: the head dim is split in two pieces, columns
-    [0, BLOCK_D) (`b_q`, `acc`) and [BLOCK_D, BLOCK_D + BLOCK_D2) (`b_q2`, `acc2`; PAD_D2:
-    padded), each product two dots (`_head_dim_pieces`). PAGED: key j lives in page
+    [0, BLOCK_D) (`b_q`, `acc`) and [BLOCK_D, BLOCK_D + BLOCK_D2) (`b_q2`, `acc2`), neither
+    padded, each product two dots (`configs.head_dim_pieces`). PAGED: key j lives in page
     `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page.
     MIXED=True: all of [lo, hi) in one loop, tiles outside [ulo, uhi) masked (a branch per
     tile), the loads always bounded."""
@@ -113,7 +113,7 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b
         qk = tl.dot(b_q, b_kt, input_precision=PRECISION)
         if BLOCK_D2 > 0:
             b_kt2 = _tile(p_k_base + k_rows[None, :] + offs_d2[:, None] * sk_d,
-                          mask_n[None, :], mask_d2[:, None], MASKED, MIXED, PAD_D2)
+                          mask_n[None, :], mask_d2[:, None], MASKED, MIXED, False)
             qk = tl.dot(b_q2, b_kt2, qk, input_precision=PRECISION)
         s = _scores(qk, qk_scale, cap, SOFTCAP)
         edge = MASKED  # MASKED: every tile; MIXED: a tile outside the whole ones [ulo, uhi)
@@ -139,7 +139,7 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b
         acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
         if BLOCK_D2 > 0:
             b_v2 = _tile(p_v_base + v_rows[:, None] + offs_d2[None, :] * sv_d,
-                         mask_n[:, None], mask_d2[None, :], MASKED, MIXED, PAD_D2)
+                         mask_n[:, None], mask_d2[None, :], MASKED, MIXED, False)
             acc2 = acc2 * alpha[:, None] + tl.dot(p.to(b_v2.dtype), b_v2,
                                                   input_precision=PRECISION)
         m_i = m_new
@@ -159,7 +159,7 @@ def _flash_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
     PAD_D: tl.constexpr, INDEX: tl.constexpr,
-    BLOCK_D2: tl.constexpr = 0, PAD_D2: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
     HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
@@ -256,23 +256,23 @@ def _flash_fwd(
             acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
             sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
             qk_scale, cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX, ulo, uhi, True)
+            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX, ulo, uhi, True)
     else:  # masked [lo, ulo) (a window's left edge), whole [ulo, uhi), masked [uhi, hi)
         acc, acc2, l_i, m_i = _key_tiles(
             acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
             sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
             qk_scale, cap, left, right, lo, ulo, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX)
+            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX)
         acc, acc2, l_i, m_i = _key_tiles(
             acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
             sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
             qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX)
+            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX)
         acc, acc2, l_i, m_i = _key_tiles(
             acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
             sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
             qk_scale, cap, left, right, uhi, hi, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PAD_D2, PRECISION, INDEX)
+            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX)
 
     # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
     # split) has l = 0: its output is 0 and its LSE -inf
@@ -391,8 +391,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         k.shape[2] if table is not None else 0, split_len,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
-        PAD_D=block_d2 == 0 and block_d != dim, BLOCK_D2=block_d2,
-        PAD_D2=block_d2 > 0 and block_d + block_d2 != dim,
+        PAD_D=block_d + block_d2 != dim, BLOCK_D2=block_d2,
         INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
         VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
         PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
