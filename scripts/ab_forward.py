@@ -53,21 +53,31 @@ AB_SPLIT = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (48, 80, 96, 14
     BenchProblem(2, 16, 4096, 80, "bf16", True), BenchProblem(2, 16, 4096, 96, "bf16", True),
     BenchProblem(1, 16, 16384, 80, "bf16", False), BenchProblem(1, 4, 700, 96, "fp32", False)]
 
+# several (batch, head)s per forward program ($FUSEDATTN_HEADS) against one: short
+# sequences with many heads, where each program is one or a few query tiles
+AB_HEADS = [BenchProblem(64, 16, 256, 64, "bf16", c) for c in (False, True)] + [
+    BenchProblem(64, 16, 128, 64, "bf16", False), BenchProblem(32, 16, 512, 64, "bf16", False),
+    BenchProblem(64, 16, 256, 128, "bf16", True), BenchProblem(16, 16, 1024, 64, "bf16", False)]
+
 
 def _verified(out, q, k, v, p, window) -> bool:
-    """Head 0 of batch 0 against the float64 reference, within the tolerance table's bound
-    (which scales with SDPA's error on the same slice, in the inputs' dtype)."""
-    q1, k1, v1 = (t[0, :1].detach() for t in (q, k, v))
-    ref = attention_ref(q1, k1, v1, causal=p.causal, window=window, device=q1.device)
+    """The first and the last (batch, head) against the float64 reference, within the
+    tolerance table's bound (which scales with SDPA's error on the same slice, in the
+    inputs' dtype). GQA: the last query head reads the last K/V head."""
+    from fusedattn.reference import visible
+
     mask = None
     if window is not None:
-        i = torch.arange(q1.shape[-2], device=q1.device)[:, None]
-        j = torch.arange(k1.shape[-2], device=q1.device)[None, :]
-        mask = (j >= i - window[0]) & (j <= i + window[1])
-    peer = torch.nn.functional.scaled_dot_product_attention(
-        q1, k1, v1, attn_mask=mask, is_causal=p.causal and window is None)
-    peer_error = float((peer.double() - ref.to(peer.device)).abs().max())
-    return check(out[0, :1], ref, precision=p.precision, peer_error=peer_error).ok
+        mask = visible(q.shape[-2], k.shape[-2], window=window, device=q.device)
+    ok = True
+    for b, h, hk in ((0, 0, 0), (-1, q.shape[1] - 1, k.shape[1] - 1)):
+        q1, k1, v1 = q[b, h:h + 1].detach(), k[b, hk:hk + 1].detach(), v[b, hk:hk + 1].detach()
+        ref = attention_ref(q1, k1, v1, causal=p.causal, window=window, device=q1.device)
+        peer = torch.nn.functional.scaled_dot_product_attention(
+            q1, k1, v1, attn_mask=mask, is_causal=p.causal and window is None)
+        peer_error = float((peer.double() - ref.to(peer.device)).abs().max())
+        ok &= check(out[b, h:h + 1], ref, precision=p.precision, peer_error=peer_error).ok
+    return ok
 
 
 def main() -> None:
@@ -76,14 +86,20 @@ def main() -> None:
     parser.add_argument("--suite", default="prefill")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeat", type=int, default=40)
+    parser.add_argument("--values", default="0,1",
+                        help="the switch's two values, A,B (speedup: A's time over B's)")
     args = parser.parse_args()
+    values = tuple(args.values.split(","))
+    if len(values) != 2 or values[0] == values[1]:
+        parser.error(f"--values {args.values}: two different values, A,B")
+    off, on = values
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    problems = {**suites(), "ab-train": AB_TRAIN, "ab-split": AB_SPLIT}
+    problems = {**suites(), "ab-train": AB_TRAIN, "ab-split": AB_SPLIT, "ab-heads": AB_HEADS}
     if args.suite not in problems:
         parser.error(f"--suite {args.suite}: one of {', '.join(problems)}")
     cases = [(p, None) for p in problems[args.suite]]
-    if all(p.mode == "fwd" for p, _ in cases) and args.suite != "ab-split":
+    if all(p.mode == "fwd" for p, _ in cases) and not args.suite.startswith("ab-"):
         cases += [(p, None) for p in EXTRA]
         cases += [(BenchProblem(2, 16, 4096, 128, "bf16", True), (1000, 0))]
     for p, window in cases:
@@ -100,20 +116,20 @@ def main() -> None:
             return attention(q, k, v, **kw)
 
         if p.mode == "fwd":
-            calls = {value: forward for value in ("0", "1")}
+            calls = {value: forward for value in values}
 
             def verified(out, p=p, window=window, q=q, k=k, v=v):
                 return _verified(out, q, k, v, p, window)
         else:  # "bwd" times the backward of one kept forward (run under its own switch)
             calls = {}
-            for value in ("0", "1"):
+            for value in values:
                 os.environ[args.switch] = value
                 calls[value] = _grad_call(forward, *inputs, p.mode)
             grad_check = GradCheck(*inputs, p)
 
             def verified(grads, grad_check=grad_check):
                 return grad_check(grads)[0]
-        for value in ("0", "1"):
+        for value in values:
             os.environ[args.switch] = value
             t0 = time.perf_counter()
             out = calls[value]()
@@ -121,18 +137,18 @@ def main() -> None:
             result[f"first_call_s_{value}"] = round(time.perf_counter() - t0, 3)
             result[f"verified_{value}"] = verified(out)
             del out
-        times = {"0": [], "1": []}
+        times = {value: [] for value in values}
         for _ in range(4):  # alternate, so that drift of clocks or heat hits both
-            for value in ("0", "1"):
+            for value in values:
                 os.environ[args.switch] = value
                 times[value] += time_gpu(calls[value], warmup=3,
                                          repeat=args.repeat // 4).times_ms
-        for value in ("0", "1"):
+        for value in values:
             os.environ[args.switch] = value
             result[f"verified_{value}"] &= verified(calls[value]())
             result[f"median_ms_{value}"] = statistics.median(times[value])
             result[f"spread_ms_{value}"] = max(times[value]) - min(times[value])
-        result["speedup_1_over_0"] = result["median_ms_0"] / result["median_ms_1"]
+        result[f"speedup_{on}_over_{off}"] = result[f"median_ms_{off}"] / result[f"median_ms_{on}"]
         rows.append(result)
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in result.items()), flush=True)

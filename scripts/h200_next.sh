@@ -6,7 +6,8 @@
 #   export PYTHONPATH=/tmp/site:$PWD/src FUSEDATTN_GIT_COMMIT=<sha> FUSEDATTN_GIT_DIRTY=0 &&
 #   bash scripts/h200_next.sh [steps]     (default: races train ncu; also tier, prefill,
 #                                          ncu-prefill, ncu-final, ncu-stalls, chapter,
-#                                          chapter-ncu, tune, ab-split; STOP_AT=s skips ncu rows
+#                                          chapter-ncu, tune, ab-split,
+#                                          ab-heads; STOP_AT=s skips ncu rows
 #                                          that would start past s seconds, NCU_LIMIT=s
 #                                          limits each)
 set -u
@@ -77,6 +78,12 @@ for step in ${1:-races train ncu}; do
       A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-split-d
       timeout 300 python3 scripts/ab_forward.py --switch FUSEDATTN_SPLIT_D --suite ab-split \
         --out $A 2>&1 | tail -12;;
+    ab-heads)  # issue 14: several (batch, head)s per forward program against one
+      for n in 2 4; do
+        A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-heads-$n
+        timeout 200 python3 scripts/ab_forward.py --switch FUSEDATTN_HEADS --values 1,$n \
+          --suite ab-heads --out $A 2>&1 | tail -8
+      done;;
     chapter)  # issue 14: the chapter's 128x64 fp32 (t1 and flash) and the launch floor
       C=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-chapter-128x64; mkdir -p $C
       echo "bash scripts/h200_next.sh chapter: fusedattn run --version t1,flash --seq 128 \

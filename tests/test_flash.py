@@ -283,57 +283,64 @@ def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
 
 
 @pytest.mark.parametrize("dim, pieces", [
-    (80, (64, 16)), (96, (64, 32)), (48, (32, 16)), (144, (128, 16)), (160, (128, 32)),
+    (80, (64, 16)), (96, (64, 32)), (144, (128, 16)), (160, (128, 32)),
     (192, (128, 64)),                              # split: two whole pieces, no padding
     (72, (128, 0)), (112, (128, 0)), (200, (256, 0)), (100, (128, 0)),  # no whole second
-    (64, (64, 0)), (24, (32, 0)), (16, (16, 0)), (1, (16, 0)), (256, (256, 0)),
+    (48, (64, 0)), (24, (32, 0)),                  # a first piece under 64: padded
+    (64, (64, 0)), (16, (16, 0)), (1, (16, 0)), (256, (256, 0)),
 ])
 def test_head_dim_pieces(monkeypatch, dim, pieces):
     from fusedattn.configs import SPLIT_D_ENV, head_dim_pieces
 
-    assert head_dim_pieces(dim) == pieces
+    padded = (max(16, 1 << (dim - 1).bit_length()), 0)
+    assert head_dim_pieces(dim, precision=None) == pieces  # fp16/bf16
+    for fp32 in ("ieee", "tf32", "tf32x3"):  # fp32 pads (tf32x3 ran slower split)
+        assert head_dim_pieces(dim, precision=fp32) == padded
     monkeypatch.setenv(SPLIT_D_ENV, "0")  # the A/B switch: one padded piece
-    assert head_dim_pieces(dim) == (max(16, 1 << (dim - 1).bit_length()), 0)
+    assert head_dim_pieces(dim, precision=None) == padded
 
 
 @pytest.mark.parametrize("one_loop", [False, True])
 @pytest.mark.parametrize("case", [
     # (B, H, H_kv, Sq, Sk, D, mask, splits): comment names the path
     (1, 2, 2, 40, 72, 96, "causal", 1),   # 64 + 32; diagonal tiles, whole tiles, ragged
-    (1, 2, 1, 33, 50, 48, "full", 1),     # 32 + 16; GQA
+    (1, 2, 1, 33, 50, 80, "full", 1),     # 64 + 16; GQA
     (1, 1, 1, 20, 40, 144, "window", 1),  # 128 + 16; a window: masked tiles at both ends
     (2, 4, 2, 1, 70, 80, "full", 2),      # decode: GQA rows packed, keys split and merged
 ])
 def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
-    """A head dim in two pieces (`configs.head_dim_pieces`): both products as two dots and
-    the output written in two stores, in both structures of the key loop, against the
-    float64 reference, the output and LSE poisoned first (a column or row left unwritten
-    stays NaN)."""
+    """A head dim in two pieces (`configs.head_dim_pieces`, fp16: the interpreter's bf16
+    dot is broken): both products as two dots and the output written in two stores, in
+    both structures of the key loop, against the float64 reference within fp16's bound
+    (SDPA's fp16 error on the same inputs sets it), the output and LSE poisoned first."""
     import fusedattn.tiles.flash as flash
     from fusedattn.configs import head_dim_pieces
+    from fusedattn.lab.verify import poison
+    from fusedattn.reference import visible
 
     monkeypatch.setattr(flash, "single_key_loop", lambda **_: one_loop)
     b, h, hk, sq, sk, d, kind, splits = case
-    assert head_dim_pieces(d)[1] > 0  # the case runs the split path
-    q, k, v = _rand(b, h, sq, d), _rand(b, hk, sk, d, seed=1), _rand(b, hk, sk, d, seed=2)
-    window = (12, 0) if kind == "window" else None
-    out = torch.full((b, h, sq, d), float("nan"), device=DEVICE)
-    lse = torch.full((b, h, sq), float("nan"), device=DEVICE)
-    flash.flash_forward(q, k, v, out=out, lse=lse, is_causal=kind == "causal",
-                        scale=d ** -0.5, precision="ieee", splits=splits,
-                        pack_gqa=splits > 1,
+    assert head_dim_pieces(d, precision=None)[1] > 0  # the case runs the split path
+    q, k, v = (_rand(b, n, s, d, dtype=torch.float16, seed=i)
+               for i, (n, s) in enumerate([(h, sq), (hk, sk), (hk, sk)]))
+    causal, window = kind != "full", (12, 0) if kind == "window" else None
+    out, lse = poison(torch.empty_like(q)), poison(torch.empty((b, h, sq), device=DEVICE))
+    flash.flash_forward(q, k, v, out=out, lse=lse, is_causal=causal, scale=d ** -0.5,
+                        precision="ieee", splits=splits, pack_gqa=splits > 1,
                         mask=flash.Mask(causal=True, window=window) if window else None)
-    ref, ref_lse = attention_ref(q, k, v, causal=kind == "causal", window=window,
-                                 return_lse=True)
-    result = check(out, ref)
+    ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, return_lse=True)
+    peer = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=visible(sq, sk, causal=causal, window=window, device=DEVICE),
+        enable_gqa=hk != h)
+    result = check(out, ref, peer_error=float((peer.double().cpu() - ref).abs().max()))
     assert result.ok, result.reasons
-    assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)
+    assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-3)
 
 
 @pytest.mark.gpu_only("the tiles of long bf16 rows (two key loops, 128-row tiles); the "
                      "interpreter runs 16x16 tiles and has a broken bf16 dot")
-@pytest.mark.parametrize("dim, causal", [(48, False), (72, False), (80, False), (80, True),
-                                         (96, False), (144, True)])
+@pytest.mark.parametrize("dim, causal", [(72, False), (80, False), (80, True), (96, False),
+                                         (144, True), (192, False)])
 def test_split_head_dims_on_long_bf16_rows(dim, causal):
     """bf16 at S=2600 (ragged) with the rules' tiles, split head dims and 72 (padded: a
     padded second piece gave wrong outputs here, `configs.head_dim_pieces`), within the
@@ -349,6 +356,38 @@ def test_split_head_dims_on_long_bf16_rows(dim, causal):
                   precision="ieee")  # the precision of fp32 inputs only
     result = check(out, ref, peer_error=float((peer.double().cpu() - ref).abs().max()))
     assert result.ok, result.reasons
+
+
+@pytest.mark.parametrize("heads_each, causal", [(2, False), (4, True), (8, False)])
+def test_several_heads_per_program_give_the_reference(monkeypatch, heads_each, causal):
+    """Programs that walk several (batch, head)s (`configs.heads_per_program`, forced by
+    $FUSEDATTN_HEADS): every head of B2 H4 (GQA 2:1, ragged S) against the float64
+    reference, output and LSE poisoned first (a head no program took stays NaN)."""
+    import fusedattn.tiles.flash as flash
+    from fusedattn.configs import HEADS_ENV, heads_per_program
+    from fusedattn.lab.verify import poison
+
+    monkeypatch.setenv(HEADS_ENV, str(heads_each))
+    assert heads_per_program(programs=8, rows_per_head_tiles=3) == heads_each
+    q, k, v = _rand(2, 4, 37, 24), _rand(2, 2, 37, 24, seed=1), _rand(2, 2, 37, 24, seed=2)
+    out, lse = poison(torch.empty_like(q)), poison(torch.empty((2, 4, 37), device=DEVICE))
+    flash.flash_forward(q, k, v, out=out, lse=lse, is_causal=causal, scale=24 ** -0.5,
+                        precision="ieee")
+    ref, ref_lse = _ref(q, k, v, causal)
+    result = check(out, ref)
+    assert result.ok, result.reasons
+    assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)
+
+
+def test_heads_per_program_only_where_it_divides(monkeypatch):
+    from fusedattn.configs import HEADS_ENV, heads_per_program
+
+    assert heads_per_program(programs=1024, rows_per_head_tiles=4) == 1  # the rule
+    monkeypatch.setenv(HEADS_ENV, "3")
+    assert heads_per_program(programs=1024, rows_per_head_tiles=4) == 1  # 3 does not divide
+    assert heads_per_program(programs=96, rows_per_head_tiles=4) == 3
+    monkeypatch.setenv(HEADS_ENV, "x")
+    assert heads_per_program(programs=96, rows_per_head_tiles=4) == 1
 
 
 @pytest.mark.gpu_only("the interpreter compiles nothing")

@@ -174,25 +174,46 @@ def _forced_one_loop() -> bool | None:
 # Head dims that are not powers of two: tl.dot takes power-of-two tiles, so D=80 padded to
 # 128 multiplies 48 columns of zeros in both products (1.6x the tensor-core work). Split in
 # two pieces instead, 64 + 16, each product is two dots over the pieces and nothing is
-# padded; 96 = 64 + 32, 48 = 32 + 16, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64. Only
-# where the second piece is whole: a padded one (72 as 64 + 16, 8 columns masked) gave wrong
-# outputs on the H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an
-# illegal memory access in another process, at a4015e1; small shapes and the interpreter
-# were right; not diagnosed). The rest (72, 112, 200, ...) pad to one power of two as
-# before. The forward only: the backward pads.
+# padded; 96 = 64 + 32, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64. On the H200, bf16
+# B2 H16 S4096, split over padded (scripts/ab_forward.py --suite ab-split at c76e01e,
+# evidence/nvidia-h200/20261130T1835Z-ab-split-d): D80 1.11x (causal 1.21x, S16384 1.10x),
+# D96 1.09x (causal 1.05x), D144 1.13x, D160 1.13x, D192 1.06x; but D48 (32 + 16) 0.99x and
+# fp32 (tf32x3) D96 S700 0.61x, so fp32 and first pieces under 64 pad. Only where the second
+# piece is whole: a padded one (72 as 64 + 16, 8 columns masked) gave wrong outputs on the
+# H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an illegal
+# memory access in another process, at a4015e1; small shapes and the interpreter were right;
+# not diagnosed). The rest (72, 112, 200, ...) pad to one power of two as before. The
+# forward only: the backward pads.
 SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim to a power of two (A/B runs)
 
 
-def head_dim_pieces(dim: int) -> tuple[int, int]:
-    """(first, second) pieces of the forward's head dim: powers of two >= 16 that sum to
-    it, or (a power of two >= dim, 0) for one piece, padded. $FUSEDATTN_SPLIT_D=0: one
-    piece always."""
+def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int]:
+    """(first, second) pieces of the forward's head dim: powers of two, 64 or more and 16
+    or more, that sum to it, for fp16/bf16 (`precision` None); else (a power of two >= dim,
+    0), one piece, padded. $FUSEDATTN_SPLIT_D=0: one piece always."""
     whole = max(16, triton.next_power_of_2(dim))
     first, second = whole // 2, dim - whole // 2
-    if dim > 16 and whole != dim and second >= 16 and second & (second - 1) == 0 \
+    if precision is None and first >= 64 and 16 <= second < first \
+            and second & (second - 1) == 0 \
             and os.environ.get(SPLIT_D_ENV) != "0":
         return first, second
     return whole, 0
+
+
+# Several (batch, head)s per program (`_flash_fwd`'s HEADS): one program walks HEADS of them
+# one after another, so short sequences (B64 H16 S256: 4096 programs of one 64-row tile)
+# pay each program's prologue (offsets, Q load, the pipeline's fill) once per HEADS tiles.
+HEADS_ENV = "FUSEDATTN_HEADS"  # a count forces it where it applies (A/B runs), read per call
+
+
+def heads_per_program(*, programs: int, rows_per_head_tiles: int) -> int:
+    """How many (batch, head)s each forward program walks: `programs` (B * H) of
+    `rows_per_head_tiles` query tiles each; $FUSEDATTN_HEADS=n forces n where it divides
+    the heads (else 1). The rule: 1."""
+    forced = os.environ.get(HEADS_ENV, "")
+    if forced.isdigit() and int(forced) > 0:
+        return int(forced) if programs % int(forced) == 0 else 1
+    return 1
 
 
 # The backward's loops (dK/dV over the query tiles, dQ over the key tiles), one against three

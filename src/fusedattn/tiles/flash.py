@@ -25,8 +25,8 @@ wholly past the diagonal are not visited, and those wholly before it run without
 `_key_tiles` is instantiated twice (unmasked whole tiles, then the diagonal/ragged ones), or
 once, masking a tile only when it is on an edge (ONE_LOOP: half the code and compile time,
 faster on short loops and fp32; `configs.single_key_loop` chooses).
-Head dims up to 256: a power of two >= 16, or two such pieces where they pad less than one
-(D=80 as 64 + 16: each product is two dots; `configs.head_dim_pieces`), padded (masked).
+Head dims up to 256: a power of two >= 16, padded (masked), or for fp16/bf16 two whole
+pieces where they exist (D=80 as 64 + 16: each product is two dots; `configs.head_dim_pieces`).
 fp32 inputs use `input_precision="ieee"` (exact FMA) unless "tf32" or "tf32x3" is asked for.
 
 HBM traffic per (batch, head), the fewest bytes: read Q, K, V once, write O (and LSE):
@@ -48,6 +48,7 @@ from fusedattn.configs import (
     decode_config,
     forward_config,
     head_dim_pieces,
+    heads_per_program,
     prune_configs,
     single_key_loop,
 )
@@ -146,41 +147,22 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b
     return acc, acc2, l_i, m_i
 
 
-@shape_jit
-def _flash_fwd(
-    p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table,
-    sq_b, sq_h, sq_s, sq_d,
-    sk_b, sk_h, sk_s, sk_d,
-    sv_b, sv_h, sv_s, sv_d,
-    so_b, so_h, so_s, so_d, so_split,
-    sl_b, sl_h, sl_split, st_b,
-    n_heads, group, seq_q, seq_k, head_dim, qk_scale, cap, left, right, page, split_len,
-    bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
+@triton.jit
+def _forward_tile(
+    bh, start_m, q_start, k_start, seq_q, seq_k,
+    p_q, p_k, p_v, p_o, p_lse, p_table,
+    sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
+    so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split, st_b,
+    n_heads, group, head_dim, qk_scale, cap, left, right, page, split_len,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
-    PAD_D: tl.constexpr, INDEX: tl.constexpr,
-    BLOCK_D2: tl.constexpr = 0,
-    HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-    BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
-    SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
-    PACK_GQA: tl.constexpr = False, SPLIT: tl.constexpr = False,
-    ONE_LOOP: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr, HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr,
+    PRECISION: tl.constexpr, PAD_D: tl.constexpr, INDEX: tl.constexpr,
+    HAS_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    PAGED: tl.constexpr, PACK_GQA: tl.constexpr, SPLIT: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
 ):
-    """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
-    head) that are (query r // group, head r % group), so one K/V tile serves the whole
-    group (decode). HAS_RIGHT (an upper bound: causal and/or a window's right side) and
-    HAS_LEFT bound the keys each row sees; BOTTOM_RIGHT places query i at i + Sk - Sq.
-    VARLEN: sequence b is rows cu[b]..cu[b+1] of packed tensors; SEQLENS_K: key lengths
-    per batch (a KV cache); PAGED: keys through a block table; SPLIT: program_id(2) takes
-    keys [split * split_len, +split_len) and writes its normalised partial O and LSE for the
-    merge (flash-decoding)."""
-    if HAS_RIGHT and not HAS_LEFT:
-        # the last query tiles see the most keys: launch them first, so the short tiles
-        # fill the end of the grid instead of leaving SMs idle behind one long tile
-        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        start_m = tl.program_id(0)
-    bh = tl.program_id(1).to(INDEX)  # int64 where b * stride can pass 2^31 (`index_dtype`)
+    """Query tile `start_m` of row set `bh` (a (batch, head), or with PACK_GQA a (batch,
+    K/V head)), its sequences starting at rows `q_start`/`k_start`: `_flash_fwd`'s work."""
     if PACK_GQA:
         b = bh // (n_heads // group)
         h_kv = bh % (n_heads // group)
@@ -188,18 +170,7 @@ def _flash_fwd(
         b = bh // n_heads
         h = bh % n_heads
         h_kv = h // group  # GQA: `group` query heads share one K/V head
-    q_start = b * 0
-    k_start = b * 0
-    if VARLEN:
-        q_start = tl.load(p_cu_q + b).to(INDEX)
-        seq_q = tl.load(p_cu_q + b + 1).to(INDEX) - q_start
-        k_start = tl.load(p_cu_k + b).to(INDEX)
-        seq_k = tl.load(p_cu_k + b + 1).to(INDEX) - k_start
-    if SEQLENS_K:
-        seq_k = tl.load(p_seqlens_k + b)
     rows_total = seq_q * group if PACK_GQA else seq_q
-    if start_m * BLOCK_M >= rows_total:
-        return  # varlen: this sequence is shorter than the longest
     diag = seq_k - seq_q if BOTTOM_RIGHT else 0
 
     offs_r = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -291,6 +262,75 @@ def _flash_fwd(
         tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
                  (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=mask_m)
 
+
+@shape_jit
+def _flash_fwd(
+    p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table,
+    sq_b, sq_h, sq_s, sq_d,
+    sk_b, sk_h, sk_s, sk_d,
+    sv_b, sv_h, sv_s, sv_d,
+    so_b, so_h, so_s, so_d, so_split,
+    sl_b, sl_h, sl_split, st_b,
+    n_heads, group, seq_q, seq_k, head_dim, qk_scale, cap, left, right, page, split_len,
+    bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
+    PAD_D: tl.constexpr, INDEX: tl.constexpr,
+    BLOCK_D2: tl.constexpr = 0,
+    HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
+    SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
+    PACK_GQA: tl.constexpr = False, SPLIT: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False, HEADS: tl.constexpr = 1,
+):
+    """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
+    head) that are (query r // group, head r % group), so one K/V tile serves the whole
+    group (decode). HAS_RIGHT (an upper bound: causal and/or a window's right side) and
+    HAS_LEFT bound the keys each row sees; BOTTOM_RIGHT places query i at i + Sk - Sq.
+    VARLEN: sequence b is rows cu[b]..cu[b+1] of packed tensors; SEQLENS_K: key lengths
+    per batch (a KV cache); PAGED: keys through a block table; SPLIT: program_id(2) takes
+    keys [split * split_len, +split_len) and writes its normalised partial O and LSE for the
+    merge (flash-decoding). HEADS > 1: program_id(1) takes HEADS (batch, head)s one after
+    another (`[B, H, S, D]` only, HEADS dividing B * H): fewer, longer programs where
+    sequences are short."""
+    if HAS_RIGHT and not HAS_LEFT:
+        # the last query tiles see the most keys: launch them first, so the short tiles
+        # fill the end of the grid instead of leaving SMs idle behind one long tile
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        start_m = tl.program_id(0)
+    if HEADS == 1:
+        bh = tl.program_id(1).to(INDEX)  # int64 where b * stride can pass 2^31 (`index_dtype`)
+        b = bh // (n_heads // group) if PACK_GQA else bh // n_heads
+        q_start = b * 0
+        k_start = b * 0
+        if VARLEN:
+            q_start = tl.load(p_cu_q + b).to(INDEX)
+            seq_q = tl.load(p_cu_q + b + 1).to(INDEX) - q_start
+            k_start = tl.load(p_cu_k + b).to(INDEX)
+            seq_k = tl.load(p_cu_k + b + 1).to(INDEX) - k_start
+        if SEQLENS_K:
+            seq_k = tl.load(p_seqlens_k + b)
+        if start_m * BLOCK_M >= (seq_q * group if PACK_GQA else seq_q):
+            return  # varlen: this sequence is shorter than the longest
+        _forward_tile(bh, start_m, q_start, k_start, seq_q, seq_k, p_q, p_k, p_v, p_o, p_lse,
+                      p_table, sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h,
+                      sv_s, sv_d, so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split,
+                      st_b, n_heads, group, head_dim, qk_scale, cap, left, right, page,
+                      split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2, HAS_RIGHT, WRITE_LSE,
+                      PRECISION, PAD_D, INDEX, HAS_LEFT, SOFTCAP, BOTTOM_RIGHT, PAGED,
+                      PACK_GQA, SPLIT, ONE_LOOP)
+    else:
+        for i in range(HEADS):
+            bh = (tl.program_id(1) * HEADS + i).to(INDEX)
+            _forward_tile(bh, start_m, bh * 0, bh * 0, seq_q, seq_k, p_q, p_k, p_v, p_o,
+                          p_lse, p_table, sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d,
+                          sv_b, sv_h, sv_s, sv_d, so_b, so_h, so_s, so_d, so_split, sl_b,
+                          sl_h, sl_split, st_b, n_heads, group, head_dim, qk_scale, cap,
+                          left, right, page, split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2,
+                          HAS_RIGHT, WRITE_LSE, PRECISION, PAD_D, INDEX, HAS_LEFT, SOFTCAP,
+                          BOTTOM_RIGHT, PAGED, PACK_GQA, SPLIT, ONE_LOOP)
+
 # Autotune results saved in Triton's cache dir, so a fresh process (run-all starts several)
 # does not time every config again; a keyword of newer Tritons, passed where it exists.
 _CACHE = ({"cache_results": True}
@@ -330,9 +370,9 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     if cache is not None and cache.block_table is not None:
         seq_k = cache.block_table.shape[1] * k.shape[2]
     q, k, v = emulation_operands(q, k, v)
-    block_d, block_d2 = head_dim_pieces(dim)
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
+    block_d, block_d2 = head_dim_pieces(dim, precision=dot_precision)
     rows = seq_q * group if pack_gqa else seq_q
     per_row = batch * (heads_kv if pack_gqa else heads)
 
@@ -376,8 +416,14 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
             else (0, 0)
     table = cache.block_table if cache is not None and cache.block_table is not None else None
 
+    heads_each = 1
+    if fixed and varlen is None and cache is None and splits == 1 and not pack_gqa:
+        heads_each = heads_per_program(programs=per_row,
+                                       rows_per_head_tiles=triton.cdiv(rows, fixed["BLOCK_M"]))
+        fixed["HEADS"] = heads_each
+
     def grid(meta):
-        return (triton.cdiv(rows, meta["BLOCK_M"]), per_row, splits)
+        return (triton.cdiv(rows, meta["BLOCK_M"]), per_row // heads_each, splits)
 
     compiled = kernel[grid](
         q, k, v, target, target_lse if target_lse is not None else target, *seq_args,
