@@ -9,7 +9,8 @@
 #                                          chapter-ncu, tune, ab-split,
 #                                          ab-heads; STOP_AT=s skips ncu rows
 #                                          that would start past s seconds, NCU_LIMIT=s
-#                                          limits each)
+#                                          limits each, NCU_ROWS="name ..." runs only
+#                                          those rows, NCU_TAG=t names the folder)
 set -u
 export COLUMNS=190 PYTHONUNBUFFERED=1
 E=/tmp/ev
@@ -30,7 +31,7 @@ for step in ${1:-races train ncu}; do
             # the training rows; ncu-prefill: the prefill suite's other misses; ncu-final:
             # every prefill row that misses; ncu-stalls: the same rows' forwards only, with
             # the tensor pipes' busy % and every stall reason (cycles per issued instruction)
-      N=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-$step-vs-peer; mkdir -p $N
+      N=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-$step${NCU_TAG:+-$NCU_TAG}-vs-peer; mkdir -p $N
       python3 -c "from fusedattn.lab.evidence import environment, write_json; import sys; write_json(sys.argv[1], environment())" $N/environment.json
       echo "bash scripts/h200_next.sh $step (the ncu line below, per row)" > $N/command.txt
       what=(--section SpeedOfLight --section WarpStateStats --section Occupancy
@@ -61,6 +62,7 @@ for step in ${1:-races train ncu}; do
               "bf16-b1-h16-s16384-d80:--batch 1 --heads 16 --seq 16384 --dim 80")
       fi
       for row in "${rows[@]}"; do
+        if [ -n "${NCU_ROWS:-}" ] && [[ " $NCU_ROWS " != *" ${row%%:*} "* ]]; then continue; fi
         if [ $SECONDS -gt ${STOP_AT:-100000} ]; then  # keep the call under the device's limit
           echo "ncu ${row%%:*}: not run (past STOP_AT=$STOP_AT s)" | tee -a $N/command.txt; continue
         fi

@@ -368,7 +368,7 @@ def test_several_heads_per_program_give_the_reference(monkeypatch, heads_each, c
     from fusedattn.lab.verify import poison
 
     monkeypatch.setenv(HEADS_ENV, str(heads_each))
-    assert heads_per_program(programs=8, rows_per_head_tiles=3) == heads_each
+    assert heads_per_program(programs=8) == heads_each
     q, k, v = _rand(2, 4, 37, 24), _rand(2, 2, 37, 24, seed=1), _rand(2, 2, 37, 24, seed=2)
     out, lse = poison(torch.empty_like(q)), poison(torch.empty((2, 4, 37), device=DEVICE))
     flash.flash_forward(q, k, v, out=out, lse=lse, is_causal=causal, scale=24 ** -0.5,
@@ -382,12 +382,12 @@ def test_several_heads_per_program_give_the_reference(monkeypatch, heads_each, c
 def test_heads_per_program_only_where_it_divides(monkeypatch):
     from fusedattn.configs import HEADS_ENV, heads_per_program
 
-    assert heads_per_program(programs=1024, rows_per_head_tiles=4) == 1  # the rule
+    assert heads_per_program(programs=1024) == 1  # the rule
     monkeypatch.setenv(HEADS_ENV, "3")
-    assert heads_per_program(programs=1024, rows_per_head_tiles=4) == 1  # 3 does not divide
-    assert heads_per_program(programs=96, rows_per_head_tiles=4) == 3
+    assert heads_per_program(programs=1024) == 1  # 3 does not divide
+    assert heads_per_program(programs=96) == 3
     monkeypatch.setenv(HEADS_ENV, "x")
-    assert heads_per_program(programs=96, rows_per_head_tiles=4) == 1
+    assert heads_per_program(programs=96) == 1
 
 
 @pytest.mark.gpu_only("the interpreter compiles nothing")

@@ -201,15 +201,19 @@ def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int]:
 
 
 # Several (batch, head)s per program (`_flash_fwd`'s HEADS): one program walks HEADS of them
-# one after another, so short sequences (B64 H16 S256: 4096 programs of one 64-row tile)
-# pay each program's prologue (offsets, Q load, the pipeline's fill) once per HEADS tiles.
+# one after another, meant for short sequences (B64 H16 S256: 4096 programs of one 64-row
+# tile), to pay each program's prologue once per HEADS tiles. It lost everywhere it was
+# timed on the H200 (scripts/ab_forward.py --suite ab-heads at 1dd4b72,
+# evidence/nvidia-h200/20261130T1843Z-ab-heads-2 and ...1844Z-ab-heads-4), HEADS=2 and 4
+# against 1: bf16 D64 B64 S256 0.75x (causal 0.75x, 0.72x), B64 S128 0.75x, B32 S512
+# 0.71-0.73x, B16 S1024 0.74-0.76x, D128 B64 S256 causal 0.99x/0.94x. So the rule is 1 and
+# HEADS stays a switch for A/B runs and tuning.
 HEADS_ENV = "FUSEDATTN_HEADS"  # a count forces it where it applies (A/B runs), read per call
 
 
-def heads_per_program(*, programs: int, rows_per_head_tiles: int) -> int:
-    """How many (batch, head)s each forward program walks: `programs` (B * H) of
-    `rows_per_head_tiles` query tiles each; $FUSEDATTN_HEADS=n forces n where it divides
-    the heads (else 1). The rule: 1."""
+def heads_per_program(*, programs: int) -> int:
+    """How many (batch, head)s each forward program walks, of `programs` (B * H):
+    $FUSEDATTN_HEADS=n forces n where it divides them; 1 otherwise (the rule: above)."""
     forced = os.environ.get(HEADS_ENV, "")
     if forced.isdigit() and int(forced) > 0:
         return int(forced) if programs % int(forced) == 0 else 1

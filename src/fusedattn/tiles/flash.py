@@ -418,8 +418,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
 
     heads_each = 1
     if fixed and varlen is None and cache is None and splits == 1 and not pack_gqa:
-        heads_each = heads_per_program(programs=per_row,
-                                       rows_per_head_tiles=triton.cdiv(rows, fixed["BLOCK_M"]))
+        heads_each = heads_per_program(programs=per_row)
         fixed["HEADS"] = heads_each
 
     def grid(meta):
