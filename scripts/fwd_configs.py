@@ -8,7 +8,10 @@ shape S700 D96 and the bench's S4096 D64), SDPA's efficient kernel as the peer a
 as the reference, with each config's first call (its compile: every config is a new
 specialisation) beside its time: the trade between the first call and the kernel.
 
-    python3 scripts/fwd_configs.py [--fp32] $OUT/fwd_configs.csv
+`--short`: the short-sequence rows (S 256/512, many heads) against tiles past the
+short-sequence rule's set (`configs.SHORT`): 128-row tiles, and key tiles of 128 and 256.
+
+    python3 scripts/fwd_configs.py [--fp32 | --short] $OUT/fwd_configs.csv
 """
 
 import argparse
@@ -35,6 +38,11 @@ CANDIDATES = {
     128: [(128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3), (128, 64, 8, 4),
           (64, 64, 4, 4), (128, 128, 16, 2), (128, 128, 8, 4)],
 }
+SHORT_ROWS = [(64, 16, 256, 64, False), (64, 16, 256, 64, True), (32, 16, 512, 64, False),
+              (64, 16, 256, 128, True)]
+SHORT_CANDIDATES = [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 4, 3), (64, 128, 4, 2),
+                    (64, 256, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
+                    (128, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3), (64, 64, 8, 3)]
 # (B, H, S, D, precision): the cold-start shape and the bench's fp32 row
 FP32_ROWS = [(1, 4, 700, 96, "ieee"), (1, 4, 700, 96, "tf32x3"), (1, 16, 4096, 64, "ieee"),
              (1, 16, 4096, 64, "tf32x3")]
@@ -46,7 +54,7 @@ FP32_CANDIDATES = {
 }
 
 
-def _row(b, h, s, d, causal) -> list[dict]:
+def _row(b, h, s, d, causal, candidates=None) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, generator=gen, device="cuda").to(torch.bfloat16)
                for _ in range(3))
@@ -62,7 +70,7 @@ def _row(b, h, s, d, causal) -> list[dict]:
                                      lambda: attention(q, k, v, is_causal=causal))]
     out = torch.empty_like(q)
     lse = torch.empty((b, h, s), device="cuda")  # written, as `attention` writes it
-    for c in CANDIDATES[max(128, triton.next_power_of_2(d))]:
+    for c in candidates or CANDIDATES[max(128, triton.next_power_of_2(d))]:
         config = triton.Config({"BLOCK_M": c[0], "BLOCK_N": c[1]}, num_warps=c[2],
                                num_stages=c[3])
         calls.append((f"flash@{c[0]}x{c[1]}-w{c[2]}-s{c[3]}",
@@ -140,9 +148,13 @@ def _fp32_row(b, h, s, d, precision) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--fp32", action="store_true")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--fp32", action="store_true")
+    kind.add_argument("--short", action="store_true")
     args = parser.parse_args()
-    if args.fp32:
+    if args.short:
+        rows = [r for row in SHORT_ROWS for r in _row(*row, candidates=SHORT_CANDIDATES)]
+    elif args.fp32:
         rows = [r for row in FP32_ROWS for r in _fp32_row(*row)]
     else:
         rows = [r for row in ROWS for r in _row(*row)]
