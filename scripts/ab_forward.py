@@ -8,8 +8,9 @@ backward ("bwd") or forward and backward ("fwd+bwd") and checks the gradients.
     python3 scripts/ab_forward.py --switch FUSEDATTN_ONE_LOOP [--suite prefill] --out DIR
 
 FUSEDATTN_SPLIT_D=0 (`configs.head_dim_pieces`) pads every head dim to a power of two; "1"
-is the rule (two pieces where they pad less): `--suite ab-split` times the head dims it
-splits, the prefill suite's D80 row among them.
+is the rule (two or three whole pieces where they exist): `--suite ab-split` times the head
+dims it splits in two, the prefill suite's D80 row among them; `--suite ab-split3` those in
+three.
 
 FUSEDATTN_ONE_LOOP (`configs.single_key_loop`) forces one loop (1) or two/three (0) in the
 forward and the backward. The forward's A/B, evidence/nvidia-h200/20261130T1536Z-ab-one-loop,
@@ -59,6 +60,10 @@ AB_HEADS = [BenchProblem(64, 16, 256, 64, "bf16", c) for c in (False, True)] + [
     BenchProblem(64, 16, 128, 64, "bf16", False), BenchProblem(32, 16, 512, 64, "bf16", False),
     BenchProblem(64, 16, 256, 128, "bf16", True), BenchProblem(16, 16, 1024, 64, "bf16", False)]
 
+# three pieces (64+32+16, 128+32+16, 128+64+16, 128+64+32) against one padded piece
+AB_SPLIT3 = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (112, 176, 208, 224)] + [
+    BenchProblem(2, 16, 4096, 112, "bf16", True)]
+
 
 def _verified(out, q, k, v, p, window) -> bool:
     """The first and the last (batch, head) against the float64 reference, within the
@@ -95,7 +100,8 @@ def main() -> None:
     off, on = values
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    problems = {**suites(), "ab-train": AB_TRAIN, "ab-split": AB_SPLIT, "ab-heads": AB_HEADS}
+    problems = {**suites(), "ab-train": AB_TRAIN, "ab-split": AB_SPLIT,
+                "ab-split3": AB_SPLIT3, "ab-heads": AB_HEADS}
     if args.suite not in problems:
         parser.error(f"--suite {args.suite}: one of {', '.join(problems)}")
     cases = [(p, None) for p in problems[args.suite]]

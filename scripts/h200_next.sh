@@ -7,7 +7,7 @@
 #   bash scripts/h200_next.sh [steps]     (default: races train ncu; also tier, prefill,
 #                                          ncu-prefill, ncu-final, ncu-stalls, chapter,
 #                                          chapter-ncu, tune, ab-split,
-#                                          ab-heads; STOP_AT=s skips ncu rows
+#                                          ab-heads, ab-split3; STOP_AT=s skips ncu rows
 #                                          that would start past s seconds, NCU_LIMIT=s
 #                                          limits each, NCU_ROWS="name ..." runs only
 #                                          those rows, NCU_TAG=t names the folder)
@@ -80,6 +80,10 @@ for step in ${1:-races train ncu}; do
       A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-split-d
       timeout 300 python3 scripts/ab_forward.py --switch FUSEDATTN_SPLIT_D --suite ab-split \
         --out $A 2>&1 | tail -12;;
+    ab-split3)  # issue 14: head dims in three pieces against one padded piece
+      A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-split3-d
+      timeout 200 python3 scripts/ab_forward.py --switch FUSEDATTN_SPLIT_D --suite ab-split3 \
+        --out $A 2>&1 | tail -6;;
     ab-heads)  # issue 14: several (batch, head)s per forward program against one
       for n in 2 4; do
         A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-heads-$n

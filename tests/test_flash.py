@@ -283,19 +283,23 @@ def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
 
 
 @pytest.mark.parametrize("dim, pieces", [
-    (80, (64, 16)), (96, (64, 32)), (144, (128, 16)), (160, (128, 32)),
-    (192, (128, 64)),                              # split: two whole pieces, no padding
-    (72, (128, 0)), (112, (128, 0)), (200, (256, 0)), (100, (128, 0)),  # no whole second
-    (48, (64, 0)), (24, (32, 0)),                  # a first piece under 64: padded
-    (64, (64, 0)), (16, (16, 0)), (1, (16, 0)), (256, (256, 0)),
+    (80, (64, 16, 0)), (96, (64, 32, 0)), (144, (128, 16, 0)), (160, (128, 32, 0)),
+    (192, (128, 64, 0)),                           # two whole pieces, no padding
+    (112, (64, 32, 16)), (176, (128, 32, 16)), (208, (128, 64, 16)), (224, (128, 64, 32)),
+    (72, (128, 0, 0)), (100, (128, 0, 0)), (120, (128, 0, 0)), (200, (256, 0, 0)),
+    (240, (256, 0, 0)),                            # no whole pieces: padded
+    (48, (64, 0, 0)), (24, (32, 0, 0)),            # a first piece under 64: padded
+    (64, (64, 0, 0)), (16, (16, 0, 0)), (1, (16, 0, 0)), (256, (256, 0, 0)),
 ])
 def test_head_dim_pieces(monkeypatch, dim, pieces):
     from fusedattn.configs import SPLIT_D_ENV, head_dim_pieces
 
-    padded = (max(16, 1 << (dim - 1).bit_length()), 0)
+    padded = (max(16, 1 << (dim - 1).bit_length()), 0, 0)
     assert head_dim_pieces(dim, precision=None) == pieces  # fp16/bf16
     for fp32 in ("ieee", "tf32", "tf32x3"):  # fp32 pads (tf32x3 ran slower split)
         assert head_dim_pieces(dim, precision=fp32) == padded
+    monkeypatch.setenv(SPLIT_D_ENV, "2")  # at most two pieces
+    assert head_dim_pieces(dim, precision=None) == (pieces if not pieces[2] else padded)
     monkeypatch.setenv(SPLIT_D_ENV, "0")  # the A/B switch: one padded piece
     assert head_dim_pieces(dim, precision=None) == padded
 
@@ -307,10 +311,11 @@ def test_head_dim_pieces(monkeypatch, dim, pieces):
     (1, 2, 1, 33, 50, 80, "full", 1),     # 64 + 16; GQA
     (1, 1, 1, 20, 40, 144, "window", 1),  # 128 + 16; a window: masked tiles at both ends
     (2, 4, 2, 1, 70, 80, "full", 2),      # decode: GQA rows packed, keys split and merged
+    (1, 2, 2, 35, 35, 112, "causal", 1),  # three pieces, 64 + 32 + 16
 ])
 def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
-    """A head dim in two pieces (`configs.head_dim_pieces`, fp16: the interpreter's bf16
-    dot is broken): both products as two dots and the output written in two stores, in
+    """A head dim in pieces (`configs.head_dim_pieces`, fp16: the interpreter's bf16 dot
+    is broken): both products as a dot per piece and the output a store per piece, in
     both structures of the key loop, against the float64 reference within fp16's bound
     (SDPA's fp16 error on the same inputs sets it), the output and LSE poisoned first."""
     import fusedattn.tiles.flash as flash
@@ -340,11 +345,13 @@ def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
 @pytest.mark.gpu_only("the tiles of long bf16 rows (two key loops, 128-row tiles); the "
                      "interpreter runs 16x16 tiles and has a broken bf16 dot")
 @pytest.mark.parametrize("dim, causal", [(72, False), (80, False), (80, True), (96, False),
-                                         (144, True), (192, False)])
+                                         (112, True), (144, True), (192, False),
+                                         (208, False)])
 def test_split_head_dims_on_long_bf16_rows(dim, causal):
-    """bf16 at S=2600 (ragged) with the rules' tiles, split head dims and 72 (padded: a
-    padded second piece gave wrong outputs here, `configs.head_dim_pieces`), within the
-    low-precision bound that SDPA's error on the same inputs sets; output poisoned first."""
+    """bf16 at S=2600 (ragged) with the rules' tiles, head dims in two and three pieces,
+    and 72 (padded: a padded second piece gave wrong outputs here,
+    `configs.head_dim_pieces`), within the low-precision bound that SDPA's error on the
+    same inputs sets; output poisoned first."""
     from fusedattn.lab.verify import poison
     from fusedattn.tiles.flash import flash_forward
 

@@ -182,22 +182,29 @@ def _forced_one_loop() -> bool | None:
 # piece is whole: a padded one (72 as 64 + 16, 8 columns masked) gave wrong outputs on the
 # H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an illegal
 # memory access in another process, at a4015e1; small shapes and the interpreter were right;
-# not diagnosed). The rest (72, 112, 200, ...) pad to one power of two as before. The
-# forward only: the backward pads.
-SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim to a power of two (A/B runs)
+# not diagnosed). Three whole pieces where two do not exist: 112 = 64 + 32 + 16,
+# 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32. The rest (72, 100, 200,
+# ...) pad to one power of two as before. The forward only: the backward pads.
+SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim, "2" allows two pieces (A/B)
 
 
-def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int]:
-    """(first, second) pieces of the forward's head dim: powers of two, 64 or more and 16
-    or more, that sum to it, for fp16/bf16 (`precision` None); else (a power of two >= dim,
-    0), one piece, padded. $FUSEDATTN_SPLIT_D=0: one piece always."""
+def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int, int]:
+    """(first, second, third) pieces of the forward's head dim for fp16/bf16 (`precision`
+    None): powers of two, the first 64 or more and half the padded dim, the others 16 or
+    more, that sum to it (third 0 for two pieces); else (a power of two >= dim, 0, 0), one
+    piece, padded. $FUSEDATTN_SPLIT_D=0: one piece always; =2: at most two pieces."""
     whole = max(16, triton.next_power_of_2(dim))
-    first, second = whole // 2, dim - whole // 2
-    if precision is None and first >= 64 and 16 <= second < first \
-            and second & (second - 1) == 0 \
-            and os.environ.get(SPLIT_D_ENV) != "0":
-        return first, second
-    return whole, 0
+    first, rest = whole // 2, dim - whole // 2
+    forced = os.environ.get(SPLIT_D_ENV, "")
+    if precision is not None or first < 64 or whole == dim or forced == "0":
+        return whole, 0, 0
+    if rest >= 16 and rest & (rest - 1) == 0:
+        return first, rest, 0
+    second = triton.next_power_of_2(rest) // 2  # the largest power of two below `rest`
+    third = rest - second
+    if forced != "2" and third >= 16 and third & (third - 1) == 0:
+        return first, second, third
+    return whole, 0, 0
 
 
 # Several (batch, head)s per program (`_flash_fwd`'s HEADS): one program walks HEADS of them

@@ -25,8 +25,9 @@ wholly past the diagonal are not visited, and those wholly before it run without
 `_key_tiles` is instantiated twice (unmasked whole tiles, then the diagonal/ragged ones), or
 once, masking a tile only when it is on an edge (ONE_LOOP: half the code and compile time,
 faster on short loops and fp32; `configs.single_key_loop` chooses).
-Head dims up to 256: a power of two >= 16, padded (masked), or for fp16/bf16 two whole
-pieces where they exist (D=80 as 64 + 16: each product is two dots; `configs.head_dim_pieces`).
+Head dims up to 256: a power of two >= 16, padded (masked), or for fp16/bf16 two or three
+whole pieces where they exist (D=80 as 64 + 16: each product is one dot per piece;
+`configs.head_dim_pieces`).
 fp32 inputs use `input_precision="ieee"` (exact FMA) unless "tf32" or "tf32x3" is asked for.
 
 HBM traffic per (batch, head), the fewest bytes: read Q, K, V once, write O (and LSE):
@@ -81,20 +82,21 @@ def _tile(ptrs, rows_ok, cols_ok, MASKED: tl.constexpr, MIXED: tl.constexpr,
 
 
 @triton.jit
-def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-               sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2,
-               seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N: tl.constexpr,
+def _key_tiles(acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages,
+               sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2,
+               offs_d3, seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
-               BLOCK_D2: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_D2: tl.constexpr, BLOCK_D3: tl.constexpr, PRECISION: tl.constexpr,
                INDEX: tl.constexpr, ulo=0, uhi=0, MIXED: tl.constexpr = False):
     """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
     tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
     select per element, no bounds on the loads); MASKED=True for the tiles on a mask's edge
     (causal diagonal, window edge) and the ragged last one. PAD_D: the head dim is padded up
-    to BLOCK_D (masked columns). BLOCK_D2 > 0: the head dim is split in two pieces, columns
-    [0, BLOCK_D) (`b_q`, `acc`) and [BLOCK_D, BLOCK_D + BLOCK_D2) (`b_q2`, `acc2`), neither
-    padded, each product two dots (`configs.head_dim_pieces`). PAGED: key j lives in page
+    to BLOCK_D (masked columns). BLOCK_D2 > 0: the head dim is split in pieces, columns
+    [0, BLOCK_D) (`b_q`, `acc`), then BLOCK_D2 columns (`b_q2`, `acc2`) and, where
+    BLOCK_D3 > 0, BLOCK_D3 more (`b_q3`, `acc3`), none padded, each product one dot per
+    piece (`configs.head_dim_pieces`). PAGED: key j lives in page
     `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page.
     MIXED=True: all of [lo, hi) in one loop, tiles outside [ulo, uhi) masked (a branch per
     tile), the loads always bounded."""
@@ -112,10 +114,14 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b
         b_kt = _tile(p_k_base + k_rows[None, :] + offs_d[:, None] * sk_d,  # [BLOCK_D, BLOCK_N]
                      mask_n[None, :], mask_d[:, None], MASKED, MIXED, PAD_D)
         qk = tl.dot(b_q, b_kt, input_precision=PRECISION)
-        if BLOCK_D2 > 0:
+        if BLOCK_D2 > 0:  # whole pieces: bounded by the keys alone
             b_kt2 = _tile(p_k_base + k_rows[None, :] + offs_d2[:, None] * sk_d,
-                          mask_n[None, :], mask_d2[:, None], MASKED, MIXED, False)
+                          mask_n[None, :], mask_n[None, :], MASKED, MIXED, False)
             qk = tl.dot(b_q2, b_kt2, qk, input_precision=PRECISION)
+        if BLOCK_D3 > 0:
+            b_kt3 = _tile(p_k_base + k_rows[None, :] + offs_d3[:, None] * sk_d,
+                          mask_n[None, :], mask_n[None, :], MASKED, MIXED, False)
+            qk = tl.dot(b_q3, b_kt3, qk, input_precision=PRECISION)
         s = _scores(qk, qk_scale, cap, SOFTCAP)
         edge = MASKED  # MASKED: every tile; MIXED: a tile outside the whole ones [ulo, uhi)
         if MIXED:
@@ -140,11 +146,16 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b
         acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
         if BLOCK_D2 > 0:
             b_v2 = _tile(p_v_base + v_rows[:, None] + offs_d2[None, :] * sv_d,
-                         mask_n[:, None], mask_d2[None, :], MASKED, MIXED, False)
+                         mask_n[:, None], mask_n[:, None], MASKED, MIXED, False)
             acc2 = acc2 * alpha[:, None] + tl.dot(p.to(b_v2.dtype), b_v2,
                                                   input_precision=PRECISION)
+        if BLOCK_D3 > 0:
+            b_v3 = _tile(p_v_base + v_rows[:, None] + offs_d3[None, :] * sv_d,
+                         mask_n[:, None], mask_n[:, None], MASKED, MIXED, False)
+            acc3 = acc3 * alpha[:, None] + tl.dot(p.to(b_v3.dtype), b_v3,
+                                                  input_precision=PRECISION)
         m_i = m_new
-    return acc, acc2, l_i, m_i
+    return acc, acc2, acc3, l_i, m_i
 
 
 @triton.jit
@@ -155,9 +166,10 @@ def _forward_tile(
     so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split, st_b,
     n_heads, group, head_dim, qk_scale, cap, left, right, page, split_len,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_D2: tl.constexpr, HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr,
-    PRECISION: tl.constexpr, PAD_D: tl.constexpr, INDEX: tl.constexpr,
-    HAS_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_D3: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+    INDEX: tl.constexpr, HAS_LEFT: tl.constexpr, SOFTCAP: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
     PAGED: tl.constexpr, PACK_GQA: tl.constexpr, SPLIT: tl.constexpr,
     ONE_LOOP: tl.constexpr,
 ):
@@ -195,14 +207,17 @@ def _forward_tile(
     b_q = tl.load(p_q_rows + offs_d[None, :] * sq_d, mask=mask_m[:, None] & mask_d[None, :],
                   other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    if BLOCK_D2 > 0:  # the head dim's second piece: columns BLOCK_D .. BLOCK_D + BLOCK_D2
+    # the head dim's further pieces (whole): columns BLOCK_D .. + BLOCK_D2 .. + BLOCK_D3;
+    # a piece that is not there passes the first's tensors, never read
+    offs_d2, b_q2, acc2, offs_d3, b_q3, acc3 = offs_d, b_q, acc, offs_d, b_q, acc
+    if BLOCK_D2 > 0:
         offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
-        mask_d2 = offs_d2 < head_dim
-        b_q2 = tl.load(p_q_rows + offs_d2[None, :] * sq_d,
-                       mask=mask_m[:, None] & mask_d2[None, :], other=0.0)
+        b_q2 = tl.load(p_q_rows + offs_d2[None, :] * sq_d, mask=mask_m[:, None], other=0.0)
         acc2 = tl.zeros((BLOCK_M, BLOCK_D2), tl.float32)
-    else:  # one piece: the second's arguments are never read
-        offs_d2, mask_d2, b_q2, acc2 = offs_d, mask_d, b_q, acc
+    if BLOCK_D3 > 0:
+        offs_d3 = BLOCK_D + BLOCK_D2 + tl.arange(0, BLOCK_D3)
+        b_q3 = tl.load(p_q_rows + offs_d3[None, :] * sq_d, mask=mask_m[:, None], other=0.0)
+        acc3 = tl.zeros((BLOCK_M, BLOCK_D3), tl.float32)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -223,27 +238,31 @@ def _forward_tile(
         ulo = tl.minimum(tl.maximum(ulo, lo), hi)
         uhi = tl.maximum(tl.minimum(uhi, hi), ulo)
     if ONE_LOOP:  # one instantiation: edge tiles masked by a branch per tile
-        acc, acc2, l_i, m_i = _key_tiles(
-            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
-            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+        acc, acc2, acc3, l_i, m_i = _key_tiles(
+            acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
+            sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_d3,
+            seq_k,
             qk_scale, cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX, ulo, uhi, True)
+            PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX, ulo, uhi, True)
     else:  # masked [lo, ulo) (a window's left edge), whole [ulo, uhi), masked [uhi, hi)
-        acc, acc2, l_i, m_i = _key_tiles(
-            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
-            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+        acc, acc2, acc3, l_i, m_i = _key_tiles(
+            acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
+            sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_d3,
+            seq_k,
             qk_scale, cap, left, right, lo, ulo, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX)
-        acc, acc2, l_i, m_i = _key_tiles(
-            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
-            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+            PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX)
+        acc, acc2, acc3, l_i, m_i = _key_tiles(
+            acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
+            sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_d3,
+            seq_k,
             qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX)
-        acc, acc2, l_i, m_i = _key_tiles(
-            acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
-            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, mask_d2, seq_k,
+            PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX)
+        acc, acc2, acc3, l_i, m_i = _key_tiles(
+            acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
+            sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_d3,
+            seq_k,
             qk_scale, cap, left, right, uhi, hi, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX)
+            PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX)
 
     # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
     # split) has l = 0: its output is 0 and its LSE -inf
@@ -254,9 +273,11 @@ def _forward_tile(
     tl.store(p_o_rows + offs_d[None, :] * so_d, (acc / l_safe).to(p_o.dtype.element_ty),
              mask=mask_m[:, None] & mask_d[None, :])
     if BLOCK_D2 > 0:
-        tl.store(p_o_rows + offs_d2[None, :] * so_d,
-                 (acc2 / l_safe).to(p_o.dtype.element_ty),
-                 mask=mask_m[:, None] & mask_d2[None, :])
+        tl.store(p_o_rows + offs_d2[None, :] * so_d, (acc2 / l_safe).to(p_o.dtype.element_ty),
+                 mask=mask_m[:, None])
+    if BLOCK_D3 > 0:
+        tl.store(p_o_rows + offs_d3[None, :] * so_d, (acc3 / l_safe).to(p_o.dtype.element_ty),
+                 mask=mask_m[:, None])
     if WRITE_LSE:
         # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
         tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
@@ -276,7 +297,7 @@ def _flash_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
     PAD_D: tl.constexpr, INDEX: tl.constexpr,
-    BLOCK_D2: tl.constexpr = 0,
+    BLOCK_D2: tl.constexpr = 0, BLOCK_D3: tl.constexpr = 0,
     HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
@@ -317,9 +338,9 @@ def _flash_fwd(
                       p_table, sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h,
                       sv_s, sv_d, so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split,
                       st_b, n_heads, group, head_dim, qk_scale, cap, left, right, page,
-                      split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2, HAS_RIGHT, WRITE_LSE,
-                      PRECISION, PAD_D, INDEX, HAS_LEFT, SOFTCAP, BOTTOM_RIGHT, PAGED,
-                      PACK_GQA, SPLIT, ONE_LOOP)
+                      split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2, BLOCK_D3, HAS_RIGHT,
+                      WRITE_LSE, PRECISION, PAD_D, INDEX, HAS_LEFT, SOFTCAP, BOTTOM_RIGHT,
+                      PAGED, PACK_GQA, SPLIT, ONE_LOOP)
     else:
         for i in range(HEADS):
             bh = (tl.program_id(1) * HEADS + i).to(INDEX)
@@ -328,8 +349,8 @@ def _flash_fwd(
                           sv_b, sv_h, sv_s, sv_d, so_b, so_h, so_s, so_d, so_split, sl_b,
                           sl_h, sl_split, st_b, n_heads, group, head_dim, qk_scale, cap,
                           left, right, page, split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2,
-                          HAS_RIGHT, WRITE_LSE, PRECISION, PAD_D, INDEX, HAS_LEFT, SOFTCAP,
-                          BOTTOM_RIGHT, PAGED, PACK_GQA, SPLIT, ONE_LOOP)
+                          BLOCK_D3, HAS_RIGHT, WRITE_LSE, PRECISION, PAD_D, INDEX, HAS_LEFT,
+                          SOFTCAP, BOTTOM_RIGHT, PAGED, PACK_GQA, SPLIT, ONE_LOOP)
 
 # Autotune results saved in Triton's cache dir, so a fresh process (run-all starts several)
 # does not time every config again; a keyword of newer Tritons, passed where it exists.
@@ -339,7 +360,8 @@ _CACHE = ({"cache_results": True}
 # Only with FUSEDATTN_AUTOTUNE=1 (`configs.autotune_requested`): the table's config otherwise.
 _flash_fwd_autotuned = triton.autotune(
     configs=CONFIGS,
-    key=["bucket_q", "bucket_k", "BLOCK_D", "BLOCK_D2", "HAS_RIGHT", "PRECISION", "PAD_D"],
+    key=["bucket_q", "bucket_k", "BLOCK_D", "BLOCK_D2", "BLOCK_D3", "HAS_RIGHT", "PRECISION",
+         "PAD_D"],
     prune_configs_by={"early_config_prune": prune_configs}, **_CACHE,
 )(_flash_fwd)
 
@@ -372,7 +394,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     q, k, v = emulation_operands(q, k, v)
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-    block_d, block_d2 = head_dim_pieces(dim, precision=dot_precision)
+    block_d, block_d2, block_d3 = head_dim_pieces(dim, precision=dot_precision)
     rows = seq_q * group if pack_gqa else seq_q
     per_row = batch * (heads_kv if pack_gqa else heads)
 
@@ -436,7 +458,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         k.shape[2] if table is not None else 0, split_len,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
-        PAD_D=block_d + block_d2 != dim, BLOCK_D2=block_d2,
+        PAD_D=block_d + block_d2 + block_d3 != dim, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
         INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
         VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
         PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
