@@ -8,9 +8,10 @@ backward ("bwd") or forward and backward ("fwd+bwd") and checks the gradients.
     python3 scripts/ab_forward.py --switch FUSEDATTN_ONE_LOOP [--suite prefill] --out DIR
 
 FUSEDATTN_SPLIT_D=0 (`configs.head_dim_pieces`) pads every head dim to a power of two; "1"
-is the rule (two or three whole pieces where they exist): `--suite ab-split` times the head
-dims it splits in two, the prefill suite's D80 row among them; `--suite ab-split3` those in
-three.
+is the rule (two whole pieces where they exist): `--suite ab-split` times the head dims it
+splits in two, the prefill suite's D80 row among them. `--suite ab-split3` times the dims
+in three pieces: run at fe1f6b8, when "1" split them in three (the rule since asks for
+FUSEDATTN_SPLIT_D=3: `--values 0,3`).
 
 FUSEDATTN_ONE_LOOP (`configs.single_key_loop`) forces one loop (1) or two/three (0) in the
 forward and the backward. The forward's A/B, evidence/nvidia-h200/20261130T1536Z-ab-one-loop,

@@ -83,7 +83,7 @@ for step in ${1:-races train ncu}; do
     ab-split3)  # issue 14: head dims in three pieces against one padded piece
       A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-split3-d
       timeout 200 python3 scripts/ab_forward.py --switch FUSEDATTN_SPLIT_D --suite ab-split3 \
-        --out $A 2>&1 | tail -6;;
+        --values 0,3 --out $A 2>&1 | tail -6;;
     ab-heads)  # issue 14: several (batch, head)s per forward program against one
       for n in 2 4; do
         A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-heads-$n

@@ -286,6 +286,7 @@ def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
     (80, (64, 16, 0)), (96, (64, 32, 0)), (144, (128, 16, 0)), (160, (128, 32, 0)),
     (192, (128, 64, 0)),                           # two whole pieces, no padding
     (112, (64, 32, 16)), (176, (128, 32, 16)), (208, (128, 64, 16)), (224, (128, 64, 32)),
+                                                   # three, with $FUSEDATTN_SPLIT_D=3 only
     (72, (128, 0, 0)), (100, (128, 0, 0)), (120, (128, 0, 0)), (200, (256, 0, 0)),
     (240, (256, 0, 0)),                            # no whole pieces: padded
     (48, (64, 0, 0)), (24, (32, 0, 0)),            # a first piece under 64: padded
@@ -295,11 +296,12 @@ def test_head_dim_pieces(monkeypatch, dim, pieces):
     from fusedattn.configs import SPLIT_D_ENV, head_dim_pieces
 
     padded = (max(16, 1 << (dim - 1).bit_length()), 0, 0)
-    assert head_dim_pieces(dim, precision=None) == pieces  # fp16/bf16
+    # fp16/bf16; three pieces ran slower than padding, so only when asked for
+    assert head_dim_pieces(dim, precision=None) == (pieces if not pieces[2] else padded)
     for fp32 in ("ieee", "tf32", "tf32x3"):  # fp32 pads (tf32x3 ran slower split)
         assert head_dim_pieces(dim, precision=fp32) == padded
-    monkeypatch.setenv(SPLIT_D_ENV, "2")  # at most two pieces
-    assert head_dim_pieces(dim, precision=None) == (pieces if not pieces[2] else padded)
+    monkeypatch.setenv(SPLIT_D_ENV, "3")
+    assert head_dim_pieces(dim, precision=None) == pieces
     monkeypatch.setenv(SPLIT_D_ENV, "0")  # the A/B switch: one padded piece
     assert head_dim_pieces(dim, precision=None) == padded
 
@@ -319,11 +321,12 @@ def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
     both structures of the key loop, against the float64 reference within fp16's bound
     (SDPA's fp16 error on the same inputs sets it), the output and LSE poisoned first."""
     import fusedattn.tiles.flash as flash
-    from fusedattn.configs import head_dim_pieces
+    from fusedattn.configs import SPLIT_D_ENV, head_dim_pieces
     from fusedattn.lab.verify import poison
     from fusedattn.reference import visible
 
     monkeypatch.setattr(flash, "single_key_loop", lambda **_: one_loop)
+    monkeypatch.setenv(SPLIT_D_ENV, "3")  # three pieces where two do not exist
     b, h, hk, sq, sk, d, kind, splits = case
     assert head_dim_pieces(d, precision=None)[1] > 0  # the case runs the split path
     q, k, v = (_rand(b, n, s, d, dtype=torch.float16, seed=i)
@@ -347,12 +350,15 @@ def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
 @pytest.mark.parametrize("dim, causal", [(72, False), (80, False), (80, True), (96, False),
                                          (112, True), (144, True), (192, False),
                                          (208, False)])
-def test_split_head_dims_on_long_bf16_rows(dim, causal):
+def test_split_head_dims_on_long_bf16_rows(monkeypatch, dim, causal):
     """bf16 at S=2600 (ragged) with the rules' tiles, head dims in two and three pieces,
     and 72 (padded: a padded second piece gave wrong outputs here,
     `configs.head_dim_pieces`), within the low-precision bound that SDPA's error on the
-    same inputs sets; output poisoned first."""
+    same inputs sets; output poisoned first. Three pieces (112, 208) as asked for."""
+    from fusedattn.configs import SPLIT_D_ENV
     from fusedattn.lab.verify import poison
+
+    monkeypatch.setenv(SPLIT_D_ENV, "3")
     from fusedattn.tiles.flash import flash_forward
 
     q, k, v = (_rand(1, 2, 2600, dim, dtype=torch.bfloat16, seed=s) for s in range(3))

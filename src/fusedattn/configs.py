@@ -182,17 +182,21 @@ def _forced_one_loop() -> bool | None:
 # piece is whole: a padded one (72 as 64 + 16, 8 columns masked) gave wrong outputs on the
 # H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an illegal
 # memory access in another process, at a4015e1; small shapes and the interpreter were right;
-# not diagnosed). Three whole pieces where two do not exist: 112 = 64 + 32 + 16,
-# 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32. The rest (72, 100, 200,
-# ...) pad to one power of two as before. The forward only: the backward pads.
-SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim, "2" allows two pieces (A/B)
+# not diagnosed). Three whole pieces where two do not exist (112 = 64 + 32 + 16,
+# 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32) ran slower than one padded
+# piece (scripts/ab_forward.py --suite ab-split3 at fe1f6b8,
+# evidence/nvidia-h200/20261130T1906Z-ab-split3-d): D112 0.88x (causal 0.84x), D176 0.99x,
+# D208 0.99x, D224 0.96x; so they pad unless asked for. The rest (72, 100, 200, ...) pad to
+# one power of two as before. The forward only: the backward pads.
+SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim, "3" allows three pieces (A/B)
 
 
 def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int, int]:
     """(first, second, third) pieces of the forward's head dim for fp16/bf16 (`precision`
-    None): powers of two, the first 64 or more and half the padded dim, the others 16 or
-    more, that sum to it (third 0 for two pieces); else (a power of two >= dim, 0, 0), one
-    piece, padded. $FUSEDATTN_SPLIT_D=0: one piece always; =2: at most two pieces."""
+    None): powers of two, the first 64 or more and half the padded dim, the second 16 or
+    more, that sum to it (third 0); else (a power of two >= dim, 0, 0), one piece, padded.
+    $FUSEDATTN_SPLIT_D=0: one piece always; =3: three pieces (the third 16 or more) where
+    two do not exist."""
     whole = max(16, triton.next_power_of_2(dim))
     first, rest = whole // 2, dim - whole // 2
     forced = os.environ.get(SPLIT_D_ENV, "")
@@ -202,7 +206,7 @@ def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int, int]:
         return first, rest, 0
     second = triton.next_power_of_2(rest) // 2  # the largest power of two below `rest`
     third = rest - second
-    if forced != "2" and third >= 16 and third & (third - 1) == 0:
+    if forced == "3" and third >= 16 and third & (third - 1) == 0:
         return first, second, third
     return whole, 0, 0
 
