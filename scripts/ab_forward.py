@@ -36,7 +36,7 @@ from fusedattn.lab.slices import GradCheck
 from fusedattn.lab.suites import BenchProblem, _grad_call, _inputs, suites
 from fusedattn.lab.timing import time_gpu
 from fusedattn.lab.verify import check
-from fusedattn.reference import attention_ref
+from fusedattn.reference import attention_ref, visible
 
 EXTRA = [BenchProblem(2, 8, 1000, 128, "bf16", False), BenchProblem(2, 8, 1000, 128, "bf16", True),
          BenchProblem(2, 8, 3000, 64, "fp16", True), BenchProblem(1, 4, 700, 96, "fp32", False)]
@@ -70,8 +70,6 @@ def _verified(out, q, k, v, p, window) -> bool:
     """The first and the last (batch, head) against the float64 reference, within the
     tolerance table's bound (which scales with SDPA's error on the same slice, in the
     inputs' dtype). GQA: the last query head reads the last K/V head."""
-    from fusedattn.reference import visible
-
     mask = None
     if window is not None:
         mask = visible(q.shape[-2], k.shape[-2], window=window, device=q.device)

@@ -357,10 +357,9 @@ def test_split_head_dims_on_long_bf16_rows(monkeypatch, dim, causal):
     same inputs sets; output poisoned first. Three pieces (112, 208) as asked for."""
     from fusedattn.configs import SPLIT_D_ENV
     from fusedattn.lab.verify import poison
-
-    monkeypatch.setenv(SPLIT_D_ENV, "3")
     from fusedattn.tiles.flash import flash_forward
 
+    monkeypatch.setenv(SPLIT_D_ENV, "3")
     q, k, v = (_rand(1, 2, 2600, dim, dtype=torch.bfloat16, seed=s) for s in range(3))
     ref, _ = _ref(q, k, v, causal)
     peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)

@@ -181,8 +181,9 @@ def _forced_one_loop() -> bool | None:
 # fp32 (tf32x3) D96 S700 0.61x, so fp32 and first pieces under 64 pad. Only where the second
 # piece is whole: a padded one (72 as 64 + 16, 8 columns masked) gave wrong outputs on the
 # H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an illegal
-# memory access in another process, at a4015e1; small shapes and the interpreter were right;
-# not diagnosed). Three whole pieces where two do not exist (112 = 64 + 32 + 16,
+# memory access in another process, at a4015e1:
+# evidence/nvidia-h200/20261130T1830Z-split-d-padded-probe; small shapes and the interpreter
+# were right; not diagnosed). Three whole pieces where two do not exist (112 = 64 + 32 + 16,
 # 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32) ran slower than one padded
 # piece (scripts/ab_forward.py --suite ab-split3 at fe1f6b8,
 # evidence/nvidia-h200/20261130T1906Z-ab-split3-d): D112 0.88x (causal 0.84x), D176 0.99x,
