@@ -8,10 +8,11 @@ backward ("bwd") or forward and backward ("fwd+bwd") and checks the gradients.
     python3 scripts/ab_forward.py --switch FUSEDATTN_ONE_LOOP [--suite prefill] --out DIR
 
 FUSEDATTN_SPLIT_D=0 (`configs.head_dim_pieces`) pads every head dim to a power of two; "1"
-is the rule (two whole pieces where they exist): `--suite ab-split` times the head dims it
-splits in two, the prefill suite's D80 row among them. `--suite ab-split3` times the dims
-in three pieces: run at fe1f6b8, when "1" split them in three (the rule since asks for
-FUSEDATTN_SPLIT_D=3: `--values 0,3`).
+is the rule (two pieces where they are narrower than padding): `--suite ab-split` times the
+head dims it splits in two whole pieces, the prefill suite's D80 row among them, and
+`--suite ab-overlap` those whose second piece overlaps the first (D72 = 64 + 16). `--suite
+ab-split3` times the dims in three pieces (asked for by FUSEDATTN_SPLIT_D=3: `--values 0,3`;
+its first run, at fe1f6b8, had the four whole ones under "1").
 
 FUSEDATTN_ONE_LOOP (`configs.single_key_loop`) forces one loop (1) or two/three (0) in the
 forward and the backward. The forward's A/B, evidence/nvidia-h200/20261130T1536Z-ab-one-loop,
@@ -61,9 +62,15 @@ AB_HEADS = [BenchProblem(64, 16, 256, 64, "bf16", c) for c in (False, True)] + [
     BenchProblem(64, 16, 128, 64, "bf16", False), BenchProblem(32, 16, 512, 64, "bf16", False),
     BenchProblem(64, 16, 256, 128, "bf16", True), BenchProblem(16, 16, 1024, 64, "bf16", False)]
 
-# three pieces (64+32+16, 128+32+16, 128+64+16, 128+64+32) against one padded piece
-AB_SPLIT3 = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (112, 176, 208, 224)] + [
-    BenchProblem(2, 16, 4096, 112, "bf16", True)]
+# two pieces, the second overlapping the first (72 = 64 + 16 over columns 0..63 and
+# 56..71; 88, 136, 168, 176), against one padded piece
+AB_OVERLAP = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (72, 88, 136, 168, 176)] + [
+    BenchProblem(2, 16, 4096, 72, "bf16", True), BenchProblem(1, 16, 16384, 72, "bf16", False)]
+
+# three pieces (64+32+16, 128+64+16, 128+64+32; 100 and 200 with the third overlapping)
+# against one padded piece
+AB_SPLIT3 = [BenchProblem(2, 16, 4096, d, "bf16", False) for d in (100, 112, 200, 208, 224)
+             ] + [BenchProblem(2, 16, 4096, 112, "bf16", True)]
 
 
 def _verified(out, q, k, v, p, window) -> bool:
@@ -100,7 +107,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     problems = {**suites(), "ab-train": AB_TRAIN, "ab-split": AB_SPLIT,
-                "ab-split3": AB_SPLIT3, "ab-heads": AB_HEADS}
+                "ab-overlap": AB_OVERLAP, "ab-split3": AB_SPLIT3, "ab-heads": AB_HEADS}
     if args.suite not in problems:
         parser.error(f"--suite {args.suite}: one of {', '.join(problems)}")
     cases = [(p, None) for p in problems[args.suite]]

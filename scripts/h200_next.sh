@@ -7,8 +7,9 @@
 #   bash scripts/h200_next.sh [steps]     (default: races train ncu; also tier, prefill,
 #                                          ncu-prefill, ncu-final, ncu-stalls, chapter,
 #                                          chapter-ncu, tune, ab-split,
-#                                          ab-heads, ab-split3; STOP_AT=s skips ncu rows
-#                                          that would start past s seconds, NCU_LIMIT=s
+#                                          ab-overlap, ab-heads, ab-split3;
+#                                          STOP_AT=s skips ncu rows that would
+#                                          start past s seconds, NCU_LIMIT=s
 #                                          limits each, NCU_ROWS="name ..." runs only
 #                                          those rows, NCU_TAG=t names the folder)
 set -u
@@ -47,6 +48,8 @@ for step in ${1:-races train ncu}; do
               "bf16-gqa-b2-h32-8-s8192-d128-causal:--batch 2 --heads-kv 8 --seq 8192 --causal"
               "bf16-b1-h16-s16384-d80:--batch 1 --heads 16 --seq 16384 --dim 80"
               "bf16-b2-h16-d96:--batch 2 --heads 16 --dim 96"
+              "bf16-b2-h16-d112:--batch 2 --heads 16 --dim 112"
+              "bf16-b2-h16-d200:--batch 2 --heads 16 --dim 200"
               "bf16-b2-h16-d256:--batch 2 --heads 16 --dim 256"
               "bf16-b64-h16-s256-d64:--batch 64 --heads 16 --seq 256 --dim 64"
               "bf16-b64-h16-s256-d64-causal:--batch 64 --heads 16 --seq 256 --dim 64 --causal"
@@ -76,9 +79,10 @@ for step in ${1:-races train ncu}; do
       for s in prefill coldstart; do
         timeout 200 python3 -m fusedattn bench --suite $s --out $E 2>&1 | grep -E "written|FAIL"
       done;;
-    ab-split)  # issue 14: the forward's head dims in two pieces against one padded piece
-      A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-split-d
-      timeout 300 python3 scripts/ab_forward.py --switch FUSEDATTN_SPLIT_D --suite ab-split \
+    ab-split|ab-overlap)  # issue 14: the forward's head dims in two pieces (whole, or the
+            # second overlapping the first) against one padded piece
+      A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-$step-d
+      timeout 300 python3 scripts/ab_forward.py --switch FUSEDATTN_SPLIT_D --suite $step \
         --out $A 2>&1 | tail -12;;
     ab-split3)  # issue 14: head dims in three pieces against one padded piece
       A=$E/nvidia-h200/$(date -u +%Y%m%dT%H%MZ)-ab-split3-d

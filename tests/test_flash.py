@@ -285,10 +285,11 @@ def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
 @pytest.mark.parametrize("dim, pieces", [
     (80, (64, 16, 0)), (96, (64, 32, 0)), (144, (128, 16, 0)), (160, (128, 32, 0)),
     (192, (128, 64, 0)),                           # two whole pieces, no padding
-    (112, (64, 32, 16)), (176, (128, 32, 16)), (208, (128, 64, 16)), (224, (128, 64, 32)),
-                                                   # three, with $FUSEDATTN_SPLIT_D=3 only
-    (72, (128, 0, 0)), (100, (128, 0, 0)), (120, (128, 0, 0)), (200, (256, 0, 0)),
-    (240, (256, 0, 0)),                            # no whole pieces: padded
+    (72, (64, 16, 0)), (88, (64, 32, 0)), (136, (128, 16, 0)), (168, (128, 64, 0)),
+    (176, (128, 64, 0)),                           # the second overlaps the first
+    (112, (64, 32, 16)), (208, (128, 64, 16)), (224, (128, 64, 32)), (200, (128, 64, 16)),
+    (100, (64, 32, 16)),                           # three, with $FUSEDATTN_SPLIT_D=3 only
+    (120, (128, 0, 0)), (240, (256, 0, 0)),        # no narrower pieces: padded
     (48, (64, 0, 0)), (24, (32, 0, 0)),            # a first piece under 64: padded
     (64, (64, 0, 0)), (16, (16, 0, 0)), (1, (16, 0, 0)), (256, (256, 0, 0)),
 ])
@@ -314,6 +315,10 @@ def test_head_dim_pieces(monkeypatch, dim, pieces):
     (1, 1, 1, 20, 40, 144, "window", 1),  # 128 + 16; a window: masked tiles at both ends
     (2, 4, 2, 1, 70, 80, "full", 2),      # decode: GQA rows packed, keys split and merged
     (1, 2, 2, 35, 35, 112, "causal", 1),  # three pieces, 64 + 32 + 16
+    (1, 2, 1, 33, 50, 72, "full", 1),     # 64 + 16 overlapping by 8; GQA
+    (1, 1, 1, 20, 40, 88, "window", 1),   # 64 + 32 overlapping by 8; a window
+    (2, 4, 2, 1, 70, 72, "full", 2),      # decode with an overlapping piece
+    (1, 2, 2, 35, 35, 100, "causal", 1),  # three pieces, the third overlapping by 12
 ])
 def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
     """A head dim in pieces (`configs.head_dim_pieces`, fp16: the interpreter's bf16 dot
@@ -347,14 +352,15 @@ def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
 
 @pytest.mark.gpu_only("the tiles of long bf16 rows (two key loops, 128-row tiles); the "
                      "interpreter runs 16x16 tiles and has a broken bf16 dot")
-@pytest.mark.parametrize("dim, causal", [(72, False), (80, False), (80, True), (96, False),
-                                         (112, True), (144, True), (192, False),
-                                         (208, False)])
+@pytest.mark.parametrize("dim, causal", [(72, False), (72, True), (80, False), (80, True),
+                                         (96, False), (112, True), (144, True), (176, False),
+                                         (192, False), (200, False), (208, False)])
 def test_split_head_dims_on_long_bf16_rows(monkeypatch, dim, causal):
     """bf16 at S=2600 (ragged) with the rules' tiles, head dims in two and three pieces,
-    and 72 (padded: a padded second piece gave wrong outputs here,
-    `configs.head_dim_pieces`), within the low-precision bound that SDPA's error on the
-    same inputs sets; output poisoned first. Three pieces (112, 208) as asked for."""
+    whole (80, 96, 144, 192, 208) and overlapping (72, 176, 200: a masked padded piece gave
+    wrong outputs at bf16 S4096 here, `configs.head_dim_pieces`), within the low-precision
+    bound that SDPA's error on the same inputs sets; output poisoned first. Three pieces
+    (112, 200, 208) as asked for."""
     from fusedattn.configs import SPLIT_D_ENV
     from fusedattn.lab.verify import poison
     from fusedattn.tiles.flash import flash_forward

@@ -183,31 +183,39 @@ def _forced_one_loop() -> bool | None:
 # H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an illegal
 # memory access in another process, at a4015e1:
 # evidence/nvidia-h200/20261130T1830Z-split-d-padded-probe; small shapes and the interpreter
-# were right; not diagnosed). Three whole pieces where two do not exist (112 = 64 + 32 + 16,
+# were right; not diagnosed). So a last piece wider than what is left is not masked but
+# overlaps the piece before it: D72 = 64 + 16 reads columns 0..63 and 56..71, every load
+# unmasked and inside the row; Q's overlapped columns are zeros in the second piece, and
+# the output stores them from the first only (`_forward_tile`, OVERLAP). Three whole pieces
+# where two do not exist (112 = 64 + 32 + 16,
 # 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32) ran slower than one padded
 # piece (scripts/ab_forward.py --suite ab-split3 at fe1f6b8,
 # evidence/nvidia-h200/20261130T1906Z-ab-split3-d): D112 0.88x (causal 0.84x), D176 0.99x,
-# D208 0.99x, D224 0.96x; so they pad unless asked for. The rest (72, 100, 200, ...) pad to
-# one power of two as before. The forward only: the backward pads.
+# D208 0.99x, D224 0.96x; so they pad unless asked for. The forward only: the backward pads.
 SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim, "3" allows three pieces (A/B)
 
 
 def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int, int]:
     """(first, second, third) pieces of the forward's head dim for fp16/bf16 (`precision`
-    None): powers of two, the first 64 or more and half the padded dim, the second 16 or
-    more, that sum to it (third 0); else (a power of two >= dim, 0, 0), one piece, padded.
-    $FUSEDATTN_SPLIT_D=0: one piece always; =3: three pieces (the third 16 or more) where
-    two do not exist."""
+    None): powers of two, the first 64 or more and half the padded dim, the second (16 or
+    more) the smallest that covers the rest, where together they are narrower than the
+    padded dim (third 0); else (a power of two >= dim, 0, 0), one piece, padded. A last
+    piece wider than what is left overlaps the piece before it (D72 = 64 + 16, its second
+    piece columns 56..71): every load stays inside the row, unmasked, and the overlap
+    counts once (`_forward_tile`). $FUSEDATTN_SPLIT_D=0: one piece always; =3: three
+    pieces (the second half the first, the third 16 or more) where two are no narrower
+    than padding."""
     whole = max(16, triton.next_power_of_2(dim))
     first, rest = whole // 2, dim - whole // 2
     forced = os.environ.get(SPLIT_D_ENV, "")
     if precision is not None or first < 64 or whole == dim or forced == "0":
         return whole, 0, 0
-    if rest >= 16 and rest & (rest - 1) == 0:
-        return first, rest, 0
-    second = triton.next_power_of_2(rest) // 2  # the largest power of two below `rest`
-    third = rest - second
-    if forced == "3" and third >= 16 and third & (third - 1) == 0:
+    second = max(16, triton.next_power_of_2(rest))
+    if first + second < whole:
+        return first, second, 0
+    second = first // 2  # the largest power of two below `rest`
+    third = max(16, triton.next_power_of_2(rest - second))
+    if forced == "3" and first + second + third < whole:
         return first, second, third
     return whole, 0, 0
 

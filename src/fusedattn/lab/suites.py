@@ -100,6 +100,8 @@ def suites() -> dict[str, list[BenchProblem]]:
                     BenchProblem(2, 32, 8192, 128, "bf16", True, heads_kv=8),
                     BenchProblem(1, 16, 16384, 80, "bf16", False),
                     BenchProblem(2, 16, 4096, 96, "bf16", False),
+                    BenchProblem(2, 16, 4096, 112, "bf16", False),
+                    BenchProblem(2, 16, 4096, 200, "bf16", False),
                     BenchProblem(2, 16, 4096, 256, "bf16", False),
                     BenchProblem(64, 16, 256, 64, "bf16", False),
                     BenchProblem(64, 16, 256, 64, "bf16", True),

@@ -25,9 +25,9 @@ wholly past the diagonal are not visited, and those wholly before it run without
 `_key_tiles` is instantiated twice (unmasked whole tiles, then the diagonal/ragged ones), or
 once, masking a tile only when it is on an edge (ONE_LOOP: half the code and compile time,
 faster on short loops and fp32; `configs.single_key_loop` chooses).
-Head dims up to 256: a power of two >= 16, padded (masked), or for fp16/bf16 two or three
-whole pieces where they exist (D=80 as 64 + 16: each product is one dot per piece;
-`configs.head_dim_pieces`).
+Head dims up to 256: a power of two >= 16, padded (masked), or for fp16/bf16 two (or three)
+power-of-two pieces where they are narrower than padding (D=80 as 64 + 16: each product is
+one dot per piece; D=72 as 64 + 16 overlapping by 8 columns; `configs.head_dim_pieces`).
 fp32 inputs use `input_precision="ieee"` (exact FMA) unless "tf32" or "tf32x3" is asked for.
 
 HBM traffic per (batch, head), the fewest bytes: read Q, K, V once, write O (and LSE):
@@ -94,9 +94,10 @@ def _key_tiles(acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p
     select per element, no bounds on the loads); MASKED=True for the tiles on a mask's edge
     (causal diagonal, window edge) and the ragged last one. PAD_D: the head dim is padded up
     to BLOCK_D (masked columns). BLOCK_D2 > 0: the head dim is split in pieces, columns
-    [0, BLOCK_D) (`b_q`, `acc`), then BLOCK_D2 columns (`b_q2`, `acc2`) and, where
-    BLOCK_D3 > 0, BLOCK_D3 more (`b_q3`, `acc3`), none padded, each product one dot per
-    piece (`configs.head_dim_pieces`). PAGED: key j lives in page
+    [0, BLOCK_D) (`b_q`, `acc`), then BLOCK_D2 columns `offs_d2` (`b_q2`, `acc2`) and,
+    where BLOCK_D3 > 0, BLOCK_D3 more `offs_d3` (`b_q3`, `acc3`), none padded or masked
+    (the last may overlap the one before: `_forward_tile`), each product one dot per piece
+    (`configs.head_dim_pieces`). PAGED: key j lives in page
     `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page.
     MIXED=True: all of [lo, hi) in one loop, tiles outside [ulo, uhi) masked (a branch per
     tile), the loads always bounded."""
@@ -166,8 +167,8 @@ def _forward_tile(
     so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split, st_b,
     n_heads, group, head_dim, qk_scale, cap, left, right, page, split_len,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_D2: tl.constexpr, BLOCK_D3: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_D3: tl.constexpr, OVERLAP: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr, PAD_D: tl.constexpr,
     INDEX: tl.constexpr, HAS_LEFT: tl.constexpr, SOFTCAP: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
     PAGED: tl.constexpr, PACK_GQA: tl.constexpr, SPLIT: tl.constexpr,
@@ -207,16 +208,24 @@ def _forward_tile(
     b_q = tl.load(p_q_rows + offs_d[None, :] * sq_d, mask=mask_m[:, None] & mask_d[None, :],
                   other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    # the head dim's further pieces (whole): columns BLOCK_D .. + BLOCK_D2 .. + BLOCK_D3;
-    # a piece that is not there passes the first's tensors, never read
+    # the head dim's further pieces: columns BLOCK_D .. + BLOCK_D2 .. + BLOCK_D3, the last
+    # OVERLAP columns earlier where it is wider than what is left (its loads stay inside the
+    # row, unmasked); Q's overlapped columns are zeros there, so they count once. A piece
+    # that is not there passes the first's tensors, never read
     offs_d2, b_q2, acc2, offs_d3, b_q3, acc3 = offs_d, b_q, acc, offs_d, b_q, acc
     if BLOCK_D2 > 0:
-        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
-        b_q2 = tl.load(p_q_rows + offs_d2[None, :] * sq_d, mask=mask_m[:, None], other=0.0)
+        if BLOCK_D3 > 0:
+            offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        else:
+            offs_d2 = BLOCK_D - OVERLAP + tl.arange(0, BLOCK_D2)
+        b_q2 = tl.load(p_q_rows + offs_d2[None, :] * sq_d,
+                       mask=mask_m[:, None] & (offs_d2 >= BLOCK_D)[None, :], other=0.0)
         acc2 = tl.zeros((BLOCK_M, BLOCK_D2), tl.float32)
     if BLOCK_D3 > 0:
-        offs_d3 = BLOCK_D + BLOCK_D2 + tl.arange(0, BLOCK_D3)
-        b_q3 = tl.load(p_q_rows + offs_d3[None, :] * sq_d, mask=mask_m[:, None], other=0.0)
+        offs_d3 = BLOCK_D + BLOCK_D2 - OVERLAP + tl.arange(0, BLOCK_D3)
+        b_q3 = tl.load(p_q_rows + offs_d3[None, :] * sq_d,
+                       mask=mask_m[:, None] & (offs_d3 >= BLOCK_D + BLOCK_D2)[None, :],
+                       other=0.0)
         acc3 = tl.zeros((BLOCK_M, BLOCK_D3), tl.float32)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -272,12 +281,12 @@ def _forward_tile(
                 + row_q[:, None] * so_s)
     tl.store(p_o_rows + offs_d[None, :] * so_d, (acc / l_safe).to(p_o.dtype.element_ty),
              mask=mask_m[:, None] & mask_d[None, :])
-    if BLOCK_D2 > 0:
+    if BLOCK_D2 > 0:  # the overlapped columns come from the piece before
         tl.store(p_o_rows + offs_d2[None, :] * so_d, (acc2 / l_safe).to(p_o.dtype.element_ty),
-                 mask=mask_m[:, None])
+                 mask=mask_m[:, None] & (offs_d2 >= BLOCK_D)[None, :])
     if BLOCK_D3 > 0:
         tl.store(p_o_rows + offs_d3[None, :] * so_d, (acc3 / l_safe).to(p_o.dtype.element_ty),
-                 mask=mask_m[:, None])
+                 mask=mask_m[:, None] & (offs_d3 >= BLOCK_D + BLOCK_D2)[None, :])
     if WRITE_LSE:
         # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
         tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
@@ -297,7 +306,7 @@ def _flash_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_RIGHT: tl.constexpr, WRITE_LSE: tl.constexpr, PRECISION: tl.constexpr,
     PAD_D: tl.constexpr, INDEX: tl.constexpr,
-    BLOCK_D2: tl.constexpr = 0, BLOCK_D3: tl.constexpr = 0,
+    BLOCK_D2: tl.constexpr = 0, BLOCK_D3: tl.constexpr = 0, OVERLAP: tl.constexpr = 0,
     HAS_LEFT: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
@@ -338,9 +347,9 @@ def _flash_fwd(
                       p_table, sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h,
                       sv_s, sv_d, so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split,
                       st_b, n_heads, group, head_dim, qk_scale, cap, left, right, page,
-                      split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2, BLOCK_D3, HAS_RIGHT,
-                      WRITE_LSE, PRECISION, PAD_D, INDEX, HAS_LEFT, SOFTCAP, BOTTOM_RIGHT,
-                      PAGED, PACK_GQA, SPLIT, ONE_LOOP)
+                      split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2, BLOCK_D3, OVERLAP,
+                      HAS_RIGHT, WRITE_LSE, PRECISION, PAD_D, INDEX, HAS_LEFT, SOFTCAP,
+                      BOTTOM_RIGHT, PAGED, PACK_GQA, SPLIT, ONE_LOOP)
     else:
         for i in range(HEADS):
             bh = (tl.program_id(1) * HEADS + i).to(INDEX)
@@ -349,8 +358,8 @@ def _flash_fwd(
                           sv_b, sv_h, sv_s, sv_d, so_b, so_h, so_s, so_d, so_split, sl_b,
                           sl_h, sl_split, st_b, n_heads, group, head_dim, qk_scale, cap,
                           left, right, page, split_len, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D2,
-                          BLOCK_D3, HAS_RIGHT, WRITE_LSE, PRECISION, PAD_D, INDEX, HAS_LEFT,
-                          SOFTCAP, BOTTOM_RIGHT, PAGED, PACK_GQA, SPLIT, ONE_LOOP)
+                          BLOCK_D3, OVERLAP, HAS_RIGHT, WRITE_LSE, PRECISION, PAD_D, INDEX,
+                          HAS_LEFT, SOFTCAP, BOTTOM_RIGHT, PAGED, PACK_GQA, SPLIT, ONE_LOOP)
 
 # Autotune results saved in Triton's cache dir, so a fresh process (run-all starts several)
 # does not time every config again; a keyword of newer Tritons, passed where it exists.
@@ -360,8 +369,8 @@ _CACHE = ({"cache_results": True}
 # Only with FUSEDATTN_AUTOTUNE=1 (`configs.autotune_requested`): the table's config otherwise.
 _flash_fwd_autotuned = triton.autotune(
     configs=CONFIGS,
-    key=["bucket_q", "bucket_k", "BLOCK_D", "BLOCK_D2", "BLOCK_D3", "HAS_RIGHT", "PRECISION",
-         "PAD_D"],
+    key=["bucket_q", "bucket_k", "BLOCK_D", "BLOCK_D2", "BLOCK_D3", "OVERLAP", "HAS_RIGHT",
+         "PRECISION", "PAD_D"],
     prune_configs_by={"early_config_prune": prune_configs}, **_CACHE,
 )(_flash_fwd)
 
@@ -458,7 +467,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         k.shape[2] if table is not None else 0, split_len,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
-        PAD_D=block_d + block_d2 + block_d3 != dim, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
+        PAD_D=block_d > dim, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
+        OVERLAP=block_d + block_d2 + block_d3 - dim if block_d2 else 0,
         INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
         VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
         PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
