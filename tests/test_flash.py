@@ -303,8 +303,22 @@ def test_head_dim_pieces(monkeypatch, dim, pieces):
         assert head_dim_pieces(dim, precision=fp32) == padded
     monkeypatch.setenv(SPLIT_D_ENV, "3")
     assert head_dim_pieces(dim, precision=None) == pieces
+    assert head_dim_pieces(dim, precision=None, aligned=False) == padded  # rows off 16 B
     monkeypatch.setenv(SPLIT_D_ENV, "0")  # the A/B switch: one padded piece
     assert head_dim_pieces(dim, precision=None) == padded
+
+
+def test_row_alignment():
+    """16 bytes' worth of elements where every row starts on 16 bytes, else 1."""
+    from fusedattn.tiles.common import row_alignment
+
+    x = torch.zeros(2, 3, 5, 88, dtype=torch.float16)
+    assert row_alignment(x[..., :80], x[..., :72]) == 8  # rows of 88: 176 bytes
+    assert row_alignment(x.float()[..., :20]) == 4
+    assert row_alignment(x[..., :80], x[..., :84].contiguous()) == 1  # rows of 84
+    assert row_alignment(x[..., 1:]) == 1                            # data off 16 bytes
+    assert row_alignment(x.transpose(2, 3)) == 1                     # last stride not 1
+    assert row_alignment(x[:, :, 1:]) == 8                           # a row off: 176 bytes
 
 
 @pytest.mark.parametrize("one_loop", [False, True])
@@ -350,23 +364,49 @@ def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
     assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize("dim, row", [(80, 88), (72, 80), (80, 84), (96, 100)])
+def test_head_dim_pieces_in_wider_rows(dim, row):
+    """Q, K, V as the first `dim` columns of rows `row` wide: rows that start on 16 bytes
+    (88, 80: the strides reach the kernel divided by ALIGN) run in pieces, the others (84,
+    100) in one padded piece; fp16 against the float64 reference, output poisoned first."""
+    import fusedattn.tiles.flash as flash
+    from fusedattn.configs import head_dim_pieces
+    from fusedattn.lab.verify import poison
+    from fusedattn.tiles.common import row_alignment
+
+    q, k, v = (_rand(1, 2, 37, row, dtype=torch.float16, seed=i)[..., :dim] for i in range(3))
+    assert (head_dim_pieces(dim, precision=None, aligned=row_alignment(q, k, v) > 1)[1] > 0
+            ) == (row * 2 % 16 == 0)
+    out = poison(torch.empty(1, 2, 37, dim, dtype=torch.float16, device=DEVICE))
+    flash.flash_forward(q, k, v, out=out, lse=None, is_causal=True, scale=dim ** -0.5,
+                        precision="ieee")
+    ref = attention_ref(q, k, v, causal=True)
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    result = check(out, ref, peer_error=float((peer.double().cpu() - ref).abs().max()))
+    assert result.ok, result.reasons
+
+
 @pytest.mark.gpu_only("the tiles of long bf16 rows (two key loops, 128-row tiles); the "
                      "interpreter runs 16x16 tiles and has a broken bf16 dot")
-@pytest.mark.parametrize("dim, causal", [(72, False), (72, True), (80, False), (80, True),
-                                         (96, False), (112, True), (144, True), (176, False),
-                                         (192, False), (200, False), (208, False)])
-def test_split_head_dims_on_long_bf16_rows(monkeypatch, dim, causal):
+@pytest.mark.parametrize("dim, causal, row", [
+    (72, False, 72), (72, True, 72), (80, False, 80), (80, True, 80), (96, False, 96),
+    (112, True, 112), (144, True, 144), (176, False, 176), (192, False, 192),
+    (200, False, 200), (208, False, 208),
+    (80, False, 88), (96, True, 104), (80, False, 84)])  # wider rows: aligned, or not
+def test_split_head_dims_on_long_bf16_rows(monkeypatch, dim, causal, row):
     """bf16 at S=2600 (ragged) with the rules' tiles, head dims in two and three pieces,
     whole (80, 96, 144, 192, 208) and overlapping (72, 176, 200: a masked padded piece gave
     wrong outputs at bf16 S4096 here, `configs.head_dim_pieces`), within the low-precision
     bound that SDPA's error on the same inputs sets; output poisoned first. Three pieces
-    (112, 200, 208) as asked for."""
+    (112, 200, 208) as asked for. Rows wider than the head dim: on 16 bytes (88, 104;
+    these went wrong before `common.row_alignment`) in pieces, else (84) padded."""
     from fusedattn.configs import SPLIT_D_ENV
     from fusedattn.lab.verify import poison
     from fusedattn.tiles.flash import flash_forward
 
     monkeypatch.setenv(SPLIT_D_ENV, "3")
-    q, k, v = (_rand(1, 2, 2600, dim, dtype=torch.bfloat16, seed=s) for s in range(3))
+    q, k, v = (_rand(1, 2, 2600, row, dtype=torch.bfloat16, seed=s)[..., :dim]
+               for s in range(3))
     ref, _ = _ref(q, k, v, causal)
     peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out = poison(torch.empty_like(q))

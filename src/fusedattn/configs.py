@@ -179,36 +179,45 @@ def _forced_one_loop() -> bool | None:
 # evidence/nvidia-h200/20261130T1835Z-ab-split-d): D80 1.11x (causal 1.21x, S16384 1.10x),
 # D96 1.09x (causal 1.05x), D144 1.13x, D160 1.13x, D192 1.06x; but D48 (32 + 16) 0.99x and
 # fp32 (tf32x3) D96 S700 0.61x, so fp32 and first pieces under 64 pad. Only where the second
-# piece is whole: a padded one (72 as 64 + 16, 8 columns masked) gave wrong outputs on the
-# H200 at bf16 B2 H16 S4096 (max error 0.70 against 6e-4 padded to 128, and an illegal
-# memory access in another process, at a4015e1:
-# evidence/nvidia-h200/20261130T1830Z-split-d-padded-probe; small shapes and the interpreter
-# were right; not diagnosed). So a last piece wider than what is left is not masked but
-# overlaps the piece before it: D72 = 64 + 16 reads columns 0..63 and 56..71, every load
-# unmasked and inside the row; Q's overlapped columns are zeros in the second piece, and
-# the output stores them from the first only (`_forward_tile`, OVERLAP). Three whole pieces
-# where two do not exist (112 = 64 + 32 + 16,
-# 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32) ran slower than one padded
-# piece (scripts/ab_forward.py --suite ab-split3 at fe1f6b8,
+# piece is whole. Pieces past the first went wrong on the H200 wherever the rows of Q, K, V
+# do not start on 16 bytes as far as Triton knows (a row stride not a multiple of 16
+# elements; bf16 B1 H2 S2600, against SDPA in fp32, .scratch-style probes kept in
+# evidence/nvidia-h200/20261130T2000Z-split-d-unaligned-probe): the pieces' columns off by
+# up to 0.37, or an illegal memory access, both for a masked padded piece (72 as 64 + 16 at
+# a4015e1, 20261130T1830Z-split-d-padded-probe) and for whole pieces (D80 in rows of 88,
+# D96 in rows of 104), while one piece was right at every stride tried (D8 to D128). The
+# compiled code differs there: with unaligned rows Triton loads each tile element by
+# element, unpipelined, straight into the shared memory the async wgmma reads; aligned, it
+# copies them by cp.async into multi-buffered shared memory. So pieces are used only where
+# every row starts on 16 bytes (`common.row_alignment`); the strides then reach the kernel
+# divided by 8 and are multiplied back there (`_flash_fwd`'s ALIGN), which tells Triton so.
+# A last piece wider than what is left is not masked but overlaps the piece before it: D72
+# = 64 + 16 reads columns 0..63 and 56..71, every load unmasked and inside the row; Q's
+# overlapped columns are zeros in the second piece, and the output stores them from the
+# first only (`_forward_tile`, OVERLAP). Three whole pieces where two do not exist
+# (112 = 64 + 32 + 16, 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32) ran
+# slower than one padded piece (scripts/ab_forward.py --suite ab-split3 at fe1f6b8,
 # evidence/nvidia-h200/20261130T1906Z-ab-split3-d): D112 0.88x (causal 0.84x), D176 0.99x,
 # D208 0.99x, D224 0.96x; so they pad unless asked for. The forward only: the backward pads.
 SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim, "3" allows three pieces (A/B)
 
 
-def head_dim_pieces(dim: int, *, precision: str | None) -> tuple[int, int, int]:
+def head_dim_pieces(dim: int, *, precision: str | None, aligned: bool = True
+                    ) -> tuple[int, int, int]:
     """(first, second, third) pieces of the forward's head dim for fp16/bf16 (`precision`
     None): powers of two, the first 64 or more and half the padded dim, the second (16 or
     more) the smallest that covers the rest, where together they are narrower than the
     padded dim (third 0); else (a power of two >= dim, 0, 0), one piece, padded. A last
     piece wider than what is left overlaps the piece before it (D72 = 64 + 16, its second
     piece columns 56..71): every load stays inside the row, unmasked, and the overlap
-    counts once (`_forward_tile`). $FUSEDATTN_SPLIT_D=0: one piece always; =3: three
-    pieces (the second half the first, the third 16 or more) where two are no narrower
-    than padding."""
+    counts once (`_forward_tile`). `aligned`: every row of Q, K and V starts on 16 bytes
+    (`common.row_alignment`); where not, one piece (see above). $FUSEDATTN_SPLIT_D=0: one
+    piece always; =3: three pieces (the second half the first, the third 16 or more) where
+    two are no narrower than padding."""
     whole = max(16, triton.next_power_of_2(dim))
     first, rest = whole // 2, dim - whole // 2
     forced = os.environ.get(SPLIT_D_ENV, "")
-    if precision is not None or first < 64 or whole == dim or forced == "0":
+    if precision is not None or not aligned or first < 64 or whole == dim or forced == "0":
         return whole, 0, 0
     second = max(16, triton.next_power_of_2(rest))
     if first + second < whole:

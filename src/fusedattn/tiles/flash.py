@@ -63,6 +63,7 @@ from fusedattn.tiles.common import (
     _visible,
     emulation_operands,
     index_dtype,
+    row_alignment,
     shape_jit,
 )
 from fusedattn.tiles.splitkv import merge_splits
@@ -311,7 +312,7 @@ def _flash_fwd(
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     SEQLENS_K: tl.constexpr = False, PAGED: tl.constexpr = False,
     PACK_GQA: tl.constexpr = False, SPLIT: tl.constexpr = False,
-    ONE_LOOP: tl.constexpr = False, HEADS: tl.constexpr = 1,
+    ONE_LOOP: tl.constexpr = False, HEADS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
     head) that are (query r // group, head r % group), so one K/V tile serves the whole
@@ -322,7 +323,13 @@ def _flash_fwd(
     keys [split * split_len, +split_len) and writes its normalised partial O and LSE for the
     merge (flash-decoding). HEADS > 1: program_id(1) takes HEADS (batch, head)s one after
     another (`[B, H, S, D]` only, HEADS dividing B * H): fewer, longer programs where
-    sequences are short."""
+    sequences are short. ALIGN > 1: Q's, K's and V's strides (but the last) came divided by
+    ALIGN; multiplied back, Triton knows every row starts on 16 bytes (the host checked,
+    `common.row_alignment`), which the head-dim pieces need (`configs.head_dim_pieces`)."""
+    if ALIGN > 1:
+        sq_b, sq_h, sq_s = sq_b * ALIGN, sq_h * ALIGN, sq_s * ALIGN
+        sk_b, sk_h, sk_s = sk_b * ALIGN, sk_h * ALIGN, sk_s * ALIGN
+        sv_b, sv_h, sv_s = sv_b * ALIGN, sv_h * ALIGN, sv_s * ALIGN
     if HAS_RIGHT and not HAS_LEFT:
         # the last query tiles see the most keys: launch them first, so the short tiles
         # fill the end of the grid instead of leaving SMs idle behind one long tile
@@ -403,7 +410,10 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     q, k, v = emulation_operands(q, k, v)
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-    block_d, block_d2, block_d3 = head_dim_pieces(dim, precision=dot_precision)
+    align = row_alignment(q, k, v)
+    block_d, block_d2, block_d3 = head_dim_pieces(dim, precision=dot_precision,
+                                                  aligned=align > 1)
+    align = align if block_d2 else 1  # only the pieces need it (`_flash_fwd`'s ALIGN)
     rows = seq_q * group if pack_gqa else seq_q
     per_row = batch * (heads_kv if pack_gqa else heads)
 
@@ -458,8 +468,10 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     compiled = kernel[grid](
         q, k, v, target, target_lse if target_lse is not None else target, *seq_args,
         cache.seqlens if cache is not None else q, table if table is not None else q,
-        batch_strides[0], *q.stride()[1:], batch_strides[1], *k.stride()[1:],
-        batch_strides[2], *v.stride()[1:], batch_strides[3], *target.stride()[-3:],
+        *(x // align for x in (batch_strides[0], *q.stride()[1:3])), q.stride(3),
+        *(x // align for x in (batch_strides[1], *k.stride()[1:3])), k.stride(3),
+        *(x // align for x in (batch_strides[2], *v.stride()[1:3])), v.stride(3),
+        batch_strides[3], *target.stride()[-3:],
         target.stride(0) if splits > 1 else 0,
         *lse_bh, target_lse.stride(0) if splits > 1 else 0,
         table.stride(0) if table is not None else 0,
@@ -471,7 +483,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         OVERLAP=block_d + block_d2 + block_d3 - dim if block_d2 else 0,
         INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
         VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
-        PACK_GQA=pack_gqa, SPLIT=splits > 1, **flags, **fixed,
+        PACK_GQA=pack_gqa, SPLIT=splits > 1, ALIGN=align, **flags, **fixed,
         ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision,
                                  has_left=flags.get("HAS_LEFT", False)),
     )
