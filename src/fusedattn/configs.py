@@ -181,7 +181,7 @@ def _forced_one_loop() -> bool | None:
 # fp32 (tf32x3) D96 S700 0.61x, so fp32 and first pieces under 64 pad. Only where the second
 # piece is whole. Pieces past the first went wrong on the H200 wherever the rows of Q, K, V
 # do not start on 16 bytes as far as Triton knows (a row stride not a multiple of 16
-# elements; bf16 B1 H2 S2600, against SDPA in fp32, .scratch-style probes kept in
+# elements; bf16 B1 H2 S2600, against SDPA in fp32: the probes in
 # evidence/nvidia-h200/20261130T2000Z-split-d-unaligned-probe): the pieces' columns off by
 # up to 0.37, or an illegal memory access, both for a masked padded piece (72 as 64 + 16 at
 # a4015e1, 20261130T1830Z-split-d-padded-probe) and for whole pieces (D80 in rows of 88,
@@ -189,8 +189,10 @@ def _forced_one_loop() -> bool | None:
 # compiled code differs there: with unaligned rows Triton loads each tile element by
 # element, unpipelined, straight into the shared memory the async wgmma reads; aligned, it
 # copies them by cp.async into multi-buffered shared memory. So pieces are used only where
-# every row starts on 16 bytes (`common.row_alignment`); the strides then reach the kernel
-# divided by 8 and are multiplied back there (`_flash_fwd`'s ALIGN), which tells Triton so.
+# every row starts on 16 bytes and the head dim is a multiple of 16 bytes
+# (`common.row_alignment`); the strides and the head dim then reach the kernel divided by 8
+# and are multiplied back there (`_flash_fwd`'s ALIGN), which tells Triton so -- for every
+# head dim, split or not: rows of 72 or 200 elements were loaded element by element before.
 # A last piece wider than what is left is not masked but overlaps the piece before it: D72
 # = 64 + 16 reads columns 0..63 and 56..71, every load unmasked and inside the row; Q's
 # overlapped columns are zeros in the second piece, and the output stores them from the
@@ -385,6 +387,8 @@ def candidates(configs, head_dim: int, bucket_q: int, precision) -> list:
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """The autotuner's early prune: `candidates` for the launch's arguments."""
+    """The autotuner's early prune: `candidates` for the launch's arguments (the head dim
+    comes divided by ALIGN: `_flash_fwd`)."""
     args = {**named_args, **kwargs}
-    return candidates(configs, args["head_dim"], args["bucket_q"], args["PRECISION"])
+    return candidates(configs, args["head_dim"] * args.get("ALIGN", 1), args["bucket_q"],
+                      args["PRECISION"])

@@ -107,8 +107,8 @@ def index_dtype(*tensors: torch.Tensor, rows: int = 0):
 def row_alignment(*tensors: torch.Tensor) -> int:
     """The elements in 16 bytes (8 for fp16/bf16) if every row of `tensors` starts on 16
     bytes -- the data 16-byte aligned, the last stride 1, every other stride a multiple of
-    it -- else 1. Where it holds, the forward's head-dim pieces are right on the H200 and
-    the kernel is told so (`configs.head_dim_pieces`, `_flash_fwd`'s ALIGN)."""
+    it -- else 1. Where it holds (and the head dim is a multiple of it), the forward is
+    told so (`_flash_fwd`'s ALIGN) and may split the head dim (`configs.head_dim_pieces`)."""
     align = 16 // tensors[0].element_size()
     for t in tensors:
         if (t.element_size() * align != 16 or t.data_ptr() % 16 or t.stride(-1) != 1

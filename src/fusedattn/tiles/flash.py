@@ -323,10 +323,13 @@ def _flash_fwd(
     keys [split * split_len, +split_len) and writes its normalised partial O and LSE for the
     merge (flash-decoding). HEADS > 1: program_id(1) takes HEADS (batch, head)s one after
     another (`[B, H, S, D]` only, HEADS dividing B * H): fewer, longer programs where
-    sequences are short. ALIGN > 1: Q's, K's and V's strides (but the last) came divided by
-    ALIGN; multiplied back, Triton knows every row starts on 16 bytes (the host checked,
-    `common.row_alignment`), which the head-dim pieces need (`configs.head_dim_pieces`)."""
+    sequences are short. ALIGN > 1: Q's, K's and V's strides (but the last) and the head dim
+    came divided by ALIGN; multiplied back, Triton knows that every row starts on 16 bytes
+    and the head-dim mask is constant over 16 bytes (the host checked,
+    `common.row_alignment`), so it loads tiles 16 bytes at a time and pipelines them, and
+    the head-dim pieces are right (`configs.head_dim_pieces`)."""
     if ALIGN > 1:
+        head_dim = head_dim * ALIGN
         sq_b, sq_h, sq_s = sq_b * ALIGN, sq_h * ALIGN, sq_s * ALIGN
         sk_b, sk_h, sk_s = sk_b * ALIGN, sk_h * ALIGN, sk_s * ALIGN
         sv_b, sv_h, sv_s = sv_b * ALIGN, sv_h * ALIGN, sv_s * ALIGN
@@ -410,10 +413,12 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     q, k, v = emulation_operands(q, k, v)
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
+    # rows on 16 bytes and a head dim of whole 16-byte pieces: the kernel is told so
+    # (`_flash_fwd`'s ALIGN), and the head dim may be split
     align = row_alignment(q, k, v)
+    align = align if dim % align == 0 else 1
     block_d, block_d2, block_d3 = head_dim_pieces(dim, precision=dot_precision,
                                                   aligned=align > 1)
-    align = align if block_d2 else 1  # only the pieces need it (`_flash_fwd`'s ALIGN)
     rows = seq_q * group if pack_gqa else seq_q
     per_row = batch * (heads_kv if pack_gqa else heads)
 
@@ -475,7 +480,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         target.stride(0) if splits > 1 else 0,
         *lse_bh, target_lse.stride(0) if splits > 1 else 0,
         table.stride(0) if table is not None else 0,
-        heads, group, seq_q, seq_k, dim, qk_scale, cap, left, right,
+        heads, group, seq_q, seq_k, dim // align, qk_scale, cap, left, right,
         k.shape[2] if table is not None else 0, split_len,
         triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
