@@ -413,12 +413,15 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     q, k, v = emulation_operands(q, k, v)
     # fp32: "ieee" (exact products) or "tf32"; fp16/bf16 feed the tensor cores as they are
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-    # rows on 16 bytes and a head dim of whole 16-byte pieces: the kernel is told so
-    # (`_flash_fwd`'s ALIGN), and the head dim may be split
+    # rows on 16 bytes and a head dim of whole 16-byte words: the head dim may be split,
+    # and the kernel is told so (`_flash_fwd`'s ALIGN) unless Triton sees it already
+    # (strides and head dim multiples of 16, which it specialises on)
     align = row_alignment(q, k, v)
     align = align if dim % align == 0 else 1
     block_d, block_d2, block_d3 = head_dim_pieces(dim, precision=dot_precision,
                                                   aligned=align > 1)
+    if all(x % 16 == 0 for t in (q, k, v) for x in t.stride()[:-1]) and dim % 16 == 0:
+        align = 1
     rows = seq_q * group if pack_gqa else seq_q
     per_row = batch * (heads_kv if pack_gqa else heads)
 
