@@ -255,24 +255,15 @@ def _forward_tile(
             qk_scale, cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
             PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX, ulo, uhi, True)
     else:  # masked [lo, ulo) (a window's left edge), whole [ulo, uhi), masked [uhi, hi)
-        acc, acc2, acc3, l_i, m_i = _key_tiles(
-            acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
-            sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_d3,
-            seq_k,
-            qk_scale, cap, left, right, lo, ulo, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX)
-        acc, acc2, acc3, l_i, m_i = _key_tiles(
-            acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
-            sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_d3,
-            seq_k,
-            qk_scale, cap, left, right, ulo, uhi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX)
-        acc, acc2, acc3, l_i, m_i = _key_tiles(
-            acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
-            sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_d3,
-            seq_k,
-            qk_scale, cap, left, right, uhi, hi, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-            PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION, INDEX)
+        for part in tl.static_range(3):  # unrolled: three instantiations of the loop
+            start = lo if part == 0 else (ulo if part == 1 else uhi)
+            stop = ulo if part == 0 else (uhi if part == 1 else hi)
+            acc, acc2, acc3, l_i, m_i = _key_tiles(
+                acc, acc2, acc3, l_i, m_i, b_q, b_q2, b_q3, p_k_base, p_v_base, p_pages, sk_b,
+                sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2,
+                offs_d3, seq_k, qk_scale, cap, left, right, start, stop, BLOCK_N, part != 1,
+                HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, BLOCK_D2, BLOCK_D3, PRECISION,
+                INDEX)
 
     # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
     # split) has l = 0: its output is 0 and its LSE -inf
