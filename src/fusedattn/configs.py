@@ -190,9 +190,12 @@ def _forced_one_loop() -> bool | None:
 # element, unpipelined, straight into the shared memory the async wgmma reads; aligned, it
 # copies them by cp.async into multi-buffered shared memory. So pieces are used only where
 # every row starts on 16 bytes and the head dim is a multiple of 16 bytes
-# (`common.row_alignment`); the strides and the head dim then reach the kernel divided by 8
-# and are multiplied back there (`_flash_fwd`'s ALIGN), which tells Triton so -- for every
-# head dim, split or not: rows of 72 or 200 elements were loaded element by element before.
+# (`common.row_alignment`). Where Triton cannot see that itself (a stride or the head dim
+# not a multiple of 16), the strides and the head dim reach the kernel divided by 8 and are
+# multiplied back there (`_flash_fwd`'s ALIGN), which tells Triton so -- for every head dim,
+# split or not: padded D72 ran 2.05x faster with it (bf16 B2 H16 S4096, the padded sides
+# of evidence/nvidia-h200/20261130T2010Z-ab-overlap-d and 2020Z-ab-overlap-d), and D200
+# (padded to 256) 2.05x (the prefill suite, 201200Z against 202200Z).
 # A last piece wider than what is left is not masked but overlaps the piece before it: D72
 # = 64 + 16 reads columns 0..63 and 56..71, every load unmasked and inside the row; Q's
 # overlapped columns are zeros in the second piece, and the output stores them from the
@@ -200,7 +203,10 @@ def _forced_one_loop() -> bool | None:
 # (112 = 64 + 32 + 16, 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32) ran
 # slower than one padded piece (scripts/ab_forward.py --suite ab-split3 at fe1f6b8,
 # evidence/nvidia-h200/20261130T1906Z-ab-split3-d): D112 0.88x (causal 0.84x), D176 0.99x,
-# D208 0.99x, D224 0.96x; so they pad unless asked for. The forward only: the backward pads.
+# D208 0.99x, D224 0.96x; and D200 as 128 + 64 + 16 overlapping, 0.94x (at 4855946,
+# 2021Z-ab-split3-d); so they pad unless asked for. Two overlapping pieces over one padded
+# piece, both aligned (2020Z-ab-overlap-d): D72 1.05x (causal 1.09x, S16384 1.04x), D88
+# 1.07x, D136 1.20x, D168 1.04x, D176 1.07x. The forward only: the backward pads.
 SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim, "3" allows three pieces (A/B)
 
 
