@@ -178,8 +178,8 @@ def _forced_one_loop() -> bool | None:
 # B2 H16 S4096, split over padded (scripts/ab_forward.py --suite ab-split at c76e01e,
 # evidence/nvidia-h200/20261130T1835Z-ab-split-d): D80 1.11x (causal 1.21x, S16384 1.10x),
 # D96 1.09x (causal 1.05x), D144 1.13x, D160 1.13x, D192 1.06x; but D48 (32 + 16) 0.99x and
-# fp32 (tf32x3) D96 S700 0.61x, so fp32 and first pieces under 64 pad. Only where the second
-# piece is whole. Pieces past the first went wrong on the H200 wherever the rows of Q, K, V
+# fp32 (tf32x3) D96 S700 0.61x, so fp32 and first pieces under 64 pad. Pieces past the
+# first went wrong on the H200 wherever the rows of Q, K, V
 # do not start on 16 bytes as far as Triton knows (a row stride not a multiple of 16
 # elements; bf16 B1 H2 S2600, against SDPA in fp32: the probes in
 # evidence/nvidia-h200/20261130T2000Z-split-d-unaligned-probe): the pieces' columns off by
