@@ -58,12 +58,16 @@ def test_plot_refuses_an_unwritable_or_malformed_folder(tmp_path, capsys):
 
 @pytest.mark.emulation_only("the default base folder in emulation")
 def test_emulation_output_lands_outside_the_repository(capsys):
-    assert outputs.default_base(None) == outputs.EMULATION_BASE
+    base = outputs.default_base(None)
+    assert base == outputs.emulation_base()
+    # private: made by mkdtemp (a name nobody can guess), a real folder, only ours
+    assert base.name.startswith("fusedattn-emulation-") and base.name != "fusedattn-emulation"
+    assert base.is_dir() and not base.is_symlink() and base.stat().st_mode & 0o077 == 0
     assert outputs.default_base(Path("mine")) == Path("mine")
     assert main(["profile", "--version", "t0", "--seq", "4", "--dim", "3"]) == 0
     out = capsys.readouterr().out
     written = next(line for line in out.splitlines() if line.startswith("written:"))
-    assert str(outputs.EMULATION_BASE) in written.replace("\n", "")
+    assert str(base) in written.replace("\n", "")
 
 
 @pytest.mark.gpu_only("the default base folder on a GPU")

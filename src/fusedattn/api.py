@@ -35,6 +35,7 @@ without a graph break.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -47,10 +48,13 @@ from fusedattn.problem import (
     check_qkv,
     check_softcap,
     check_window,
+    clamp_window,
 )
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LAYOUTS = {2: "[S, D]", 3: "[H, S, D]", 4: "[B, H, S, D]"}
+MAX_RANK = 8  # leading batch dims past B: [..., H, S, D] up to 8 dims in all
+LAYOUTS = {2: "[S, D]", 3: "[H, S, D]", 4: "[B, H, S, D]",
+           **{r: f"[..., H, S, D] (up to {MAX_RANK} dims)" for r in range(5, MAX_RANK + 1)}}
 
 
 def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
@@ -129,6 +133,16 @@ def _backward(ctx, dout, dlse):
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def refuse_double_backward(ctx, *grads):
+    """The backward ops' own backward: gradients of gradients are not implemented."""
+    raise ProblemError("double backward", "a gradient of fusedattn's gradients (create_graph"
+                       "=True, then backward again)", "first-order gradients only; use "
+                       "torch.nn.functional.scaled_dot_product_attention for higher orders")
+
+
+_flash_bwd_op.register_autograd(refuse_double_backward)
+
+
 def check_options(q, k, v, is_causal, scale, precision, window, softcap):
     """The options every entry point shares (attention, varlen, KV cache): is_causal,
     scale, precision for q's dtype, window, softcap; the same head dim for q, k, v and
@@ -141,9 +155,13 @@ def check_options(q, k, v, is_causal, scale, precision, window, softcap):
         raise ProblemError("head_dim", d, f"1..{MAX_FLASH_DIM}")
     if not isinstance(is_causal, bool):
         raise ProblemError("is_causal", is_causal, "True or False")
-    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)
-                                  and scale > 0):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                              or not (math.isfinite(scale) and scale > 0)):
         raise ProblemError("scale", scale, "None or a finite number > 0")
+    if precision is not None and q.dtype != torch.float32:
+        raise ProblemError("precision", precision, "None for float16/bfloat16 inputs (their "
+                           "products run on tensor cores as they are); 'ieee', 'tf32' or "
+                           "'tf32x3' for float32 only")
     resolve(q.dtype, precision)
     return check_window(window), check_softcap(softcap)
 
@@ -194,6 +212,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     """Attention forward with the flash kernel; see the module docstring."""
     window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
                                 softcap)
+    window = clamp_window(window, q.shape[-2], k.shape[-2])
     lead = q.shape[:-2]
     q4, k4, v4 = (t.reshape((-1,) + t.shape[-3:]) if t.dim() >= 3 else t[None, None]
                   for t in (q, k, v))

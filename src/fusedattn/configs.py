@@ -60,15 +60,61 @@ def table_path() -> Path | None:
     return TUNED_DIR / f"{family}.json" if family else None
 
 
+_KEY = re.compile(r"(fwd|bwd|decode) (16bit|ieee|tf32|tf32x3) d\d+ (causal|full) s\d+ "
+                  r"(fills|few)")
+
+
+def _check_config(c: object) -> bool:
+    """A config `[BLOCK_M, BLOCK_N, num_warps, num_stages]`: tiles powers of two in 16..256,
+    warps a power of two in 1..16, stages in 1..8."""
+    def pow2(x, low, high):
+        return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high \
+            and x & (x - 1) == 0
+
+    return (isinstance(c, list) and len(c) == 4 and pow2(c[0], 16, 256)
+            and pow2(c[1], 16, 256) and pow2(c[2], 1, 16) and isinstance(c[3], int)
+            and not isinstance(c[3], bool) and 1 <= c[3] <= 8)
+
+
+def load_table(path: Path) -> dict[str, list]:
+    """A tuned table's entries, validated: `{"entries": {key: config}}`, each key as
+    `table_key` writes it, a config for "fwd" and "decode", two (dK/dV, dQ) for "bwd".
+    A missing file is no table ({}: the rules serve); anything malformed raises
+    ProblemError naming the file and what is wrong."""
+    from fusedattn.problem import ProblemError
+
+    field = f"tuned table {path}"
+    if not path.exists():
+        return {}
+    try:
+        entries = json.loads(path.read_text())["entries"]
+    except (OSError, ValueError, KeyError, TypeError) as err:  # JSON and decode errors too
+        raise ProblemError(field, f"unreadable ({type(err).__name__}: {err})",
+                           '{"entries": {key: config}}, as `fusedattn tune` writes it') from None
+    if not isinstance(entries, dict):
+        raise ProblemError(field, "entries of another type", "an object of key: config")
+    for key, value in entries.items():
+        if not _KEY.fullmatch(key):
+            raise ProblemError(field, f"key {key!r}", "keys as 'fwd 16bit d128 causal s4096 "
+                               "fills' (kernel, precision, head dim, mask, bucket, grid)")
+        configs = value if key.startswith("bwd") else [value]
+        if not (isinstance(value, list) and len(configs) == (2 if key.startswith("bwd")
+                else 1) and all(_check_config(c) for c in configs)):
+            raise ProblemError(field, f"{key!r}: {value!r}", "[BLOCK_M, BLOCK_N, warps, "
+                               "stages] (two of them for 'bwd': dK/dV, dQ), tiles powers of "
+                               "two in 16..256, warps in 1..16, stages in 1..8")
+    return entries
+
+
 def tuned_table() -> dict[str, list]:
-    """The entries of the table in use ({} when there is none), read once per path per
-    process (every kernel launch asks: no file access after the first)."""
+    """The entries of the table in use ({} when there is none), read and validated once
+    per path per process (every kernel launch asks: no file access after the first)."""
     path = table_path()
     if path is None:
         return {}
     key = str(path)
     if key not in _LOADED:
-        _LOADED[key] = json.loads(path.read_text())["entries"] if path.is_file() else {}
+        _LOADED[key] = load_table(path)
     return _LOADED[key]
 
 

@@ -24,12 +24,30 @@ chunked prefill), with the new keys appended in place.
   program).
 
 Every bad input raises `ProblemError` before anything is written, so a cache is never left
-half-updated; checking the lengths and block table against the cache costs one
-device-to-host copy of `cache_seqlens` (and of `block_table`). `check_lengths=False` skips
-that copy (a decode loop whose lengths are known good, CUDA graphs): shapes, dtypes and
-options are still checked, but lengths past the cache or block indices out of range are
-then the caller's bug (they read or write outside the cache). Returns O `[B, H, Sq, D]`
-(and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
+half-updated. The checks that need the values of `cache_seqlens` and `block_table` cost one
+device-to-host copy of each (`check_lengths=True`, the default):
+- every length in `0..capacity - S_new`;
+- every block a sequence uses (after the append) in `0..num_blocks - 1`;
+- no block that this call's append writes is mapped anywhere else among the blocks in
+  use: not by another sequence, not twice by the same one. Reading a shared block is
+  fine (prefix caching: several sequences map one prompt's blocks), appending into one
+  is refused, since the other sequences would then read the new rows.
+Index tensors of any strides are taken (copied contiguous first, so what is checked is
+what the kernels read). The caches must not overlap each other or themselves (an
+expanded, stride-0 cache is refused); caches made under `torch.inference_mode()` are
+written like any other.
+
+`check_lengths=False` skips the copies (a decode loop whose lengths are known good, CUDA
+graphs): shapes, dtypes and options are still checked. Bad lengths or block indices are
+then the caller's bug, with exactly these effects:
+- a sequence whose append does not fit (a negative length, a length past
+  `capacity - S_new`, a written block index out of range) is not appended at all; the
+  others are, and no write lands outside the cache or in another sequence's rows;
+- duplicate blocks are not detected: of two appends into one block, either may win;
+- the attention reads `clamp(cache_seqlens + S_new, 0, capacity)` keys per sequence; a
+  block index out of range among the blocks a sequence reads makes the kernel read
+  outside the cache (undefined output, or an illegal-address error on the GPU).
+Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """
 
 from __future__ import annotations
@@ -42,20 +60,60 @@ import triton
 from fusedattn.api import DTYPES, check_options
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
-from fusedattn.problem import ProblemError, check_index_tensor, check_qkv
+from fusedattn.problem import (
+    ProblemError,
+    check_index_tensor,
+    check_qkv,
+    clamp_window,
+    is_int,
+)
 
 
-def _check_index(name: str, t: object, shape: tuple[int, ...] | None, rank: int) -> None:
-    check_index_tensor(name, t, DEVICE)
+def _check_index(name: str, t: object, shape: tuple[int, ...] | None,
+                 rank: int) -> torch.Tensor:
+    t = check_index_tensor(name, t, DEVICE)
     if t.dim() != rank or (shape is not None and tuple(t.shape) != shape):
         raise ProblemError(name, tuple(t.shape),
                            f"a tensor of shape {shape}" if shape else f"a {rank}-D tensor")
+    return t
+
+
+def _self_overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` may share memory: sorted by stride, each dimension
+    (of size > 1) must step past everything the smaller ones reach (conservative: True
+    where it cannot tell)."""
+    reach = 0
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride(), strict=True)
+                               if n > 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` may share an element (conservative: True where it cannot tell).
+    Views of one storage with the same shape and strides, offset by `delta` elements, are
+    apart when stacking them along a new dimension of stride `delta` leaves no overlap
+    (`kv[:, 0]` and `kv[:, 1]` of one `[N, 2, H, page, D]` buffer)."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    size = a.element_size()
+    spans = [(t.data_ptr(), t.data_ptr() + size * (1 + sum(
+        (n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)))) for t in (a, b)]
+    if spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0]:
+        return False
+    delta, rest = divmod(abs(a.data_ptr() - b.data_ptr()), size)
+    if a.shape != b.shape or a.stride() != b.stride() or rest or delta == 0:
+        return True
+    return _self_overlaps(a.as_strided((2, *a.shape), (delta, *a.stride())))
 
 
 def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
               check_lengths: bool) -> tuple:
-    """Check everything (the lengths and block table only with `check_lengths`); returns
-    (capacity per sequence, S_new)."""
+    """Check everything (the lengths and block table's values only with `check_lengths`);
+    returns (capacity per sequence, S_new, cache_seqlens, block_table), the index tensors
+    contiguous."""
     check_qkv(q, k_cache, v_cache, device=DEVICE, ranks={4: "[B, H, S, D]"}, dtypes=DTYPES)
     if k_cache.shape != v_cache.shape:
         raise ProblemError("k_cache/v_cache shapes",
@@ -73,17 +131,18 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
                                f"[B={batch}, H_kv, S_max, D] (or paged, with block_table)")
         capacity = k_cache.shape[2]
     else:
-        _check_index("block_table", block_table, None, 2)
+        block_table = _check_index("block_table", block_table, None, 2)
         if block_table.shape[0] != batch or block_table.shape[1] == 0:
             raise ProblemError("block_table.shape", tuple(block_table.shape),
                                f"[B={batch}, max_blocks >= 1]")
         capacity = block_table.shape[1] * k_cache.shape[2]
-    _check_index("cache_seqlens", cache_seqlens, (batch,), 1)
+    cache_seqlens = _check_index("cache_seqlens", cache_seqlens, (batch,), 1)
     s_new = 0
     if (k_new is None) != (v_new is None):
         raise ProblemError("k_new/v_new", (k_new is None, v_new is None), "both or neither")
     if k_new is not None:
-        want = (batch, heads_kv, k_new.shape[2] if k_new.dim() == 4 else -1, dim)
+        want = (batch, heads_kv, k_new.shape[2] if isinstance(k_new, torch.Tensor)
+                and k_new.dim() == 4 else -1, dim)
         for name, t in (("k_new", k_new), ("v_new", v_new)):
             if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != want \
                     or want[2] < 1:
@@ -94,40 +153,47 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
                 raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
                                    f"{q.dtype} on {q.device}, as q")
         s_new = want[2]
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if _self_overlaps(t):
+                raise ProblemError(f"{name}.stride", t.stride(), "a cache whose elements "
+                                   "each have their own memory (not expanded, no stride 0)")
+        if _share_memory(k_cache, v_cache):
+            raise ProblemError("k_cache/v_cache", "tensors sharing memory",
+                               "separate memory for K and V (the append writes both)")
     if not check_lengths:
-        return capacity, s_new
+        return capacity, s_new, cache_seqlens, block_table
     lengths = cache_seqlens.tolist()
     if min(lengths) < 0 or max(lengths) + s_new > capacity:
         raise ProblemError("cache_seqlens", lengths if batch <= 16 else f"max {max(lengths)}",
                            f"0..{capacity - s_new} (the cache holds {capacity} rows per "
                            f"sequence{f', and {s_new} new ones are appended' if s_new else ''})")
     if block_table is not None:
-        # the blocks each sequence uses after the append: ceil((n + S_new) / block_size)
-        used = torch.div(cache_seqlens + s_new + k_cache.shape[2] - 1, k_cache.shape[2],
-                         rounding_mode="floor")
-        in_use = torch.arange(block_table.shape[1], device=block_table.device) < used[:, None]
-        pages = block_table[in_use]
-        bad = pages[(pages < 0) | (pages >= k_cache.shape[0])].tolist()
-        if bad:
-            raise ProblemError("block_table", f"entries {bad[:8]}",
-                               f"block indices in 0..{k_cache.shape[0] - 1} for every block "
-                               "a sequence uses")
-    return capacity, s_new
+        _check_blocks(block_table, cache_seqlens, s_new, k_cache.shape[0], k_cache.shape[2])
+    return capacity, s_new, cache_seqlens, block_table
 
 
-def _append(caches: tuple[torch.Tensor, ...], news: tuple[torch.Tensor, ...],
-            seqlens: torch.Tensor, block_table: torch.Tensor | None) -> None:
-    """Write each `new [B, H_kv, S_new, D]` at rows seqlens[b].. of each sequence of its
-    cache, in place (the indices computed once for K and V)."""
-    batch, _, s_new, _ = news[0].shape
-    rows = seqlens.long()[:, None] + torch.arange(s_new, device=seqlens.device)[None, :]
-    if block_table is None:
-        index = (torch.arange(batch, device=rows.device)[:, None].expand_as(rows), rows)
-    else:
-        block = caches[0].shape[2]
-        index = (torch.gather(block_table.long(), 1, rows // block), rows % block)
-    for cache, new in zip(caches, news, strict=True):
-        cache[index[0], :, index[1]] = new.permute(0, 2, 1, 3)  # [B, S_new, H_kv, D]
+def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: int) -> None:
+    """Every block a sequence uses after the append in range, and no block this call's
+    append writes mapped anywhere else among the blocks in use (the module docstring)."""
+    # the blocks each sequence uses after the append: ceil((n + S_new) / page)
+    used = torch.div(cache_seqlens + s_new + page - 1, page, rounding_mode="floor")
+    slots = torch.arange(block_table.shape[1], device=block_table.device)
+    pages = block_table[slots < used[:, None]]
+    bad = pages[(pages < 0) | (pages >= n_blocks)].tolist()
+    if bad:
+        raise ProblemError("block_table", f"entries {bad[:8]}",
+                           f"block indices in 0..{n_blocks - 1} for every block a sequence "
+                           "uses")
+    if not s_new:
+        return
+    first = torch.div(cache_seqlens, page, rounding_mode="floor")
+    written = block_table[(slots >= first[:, None]) & (slots < used[:, None])]
+    maps = torch.bincount(pages.long(), minlength=n_blocks)
+    shared = torch.unique(written[maps[written.long()] > 1]).tolist()
+    if shared:
+        raise ProblemError("block_table", f"blocks {shared[:8]} appended to and mapped more "
+                           "than once", "blocks that this call appends to mapped once among "
+                           "the blocks in use (shared blocks may be read, not appended to)")
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
@@ -139,22 +205,26 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            return_lse: bool = False, precision: str | None = None,
                            splits: int | None = None, check_lengths: bool = True):
     """Attention of new queries over a KV cache; see the module docstring."""
-    from fusedattn.configs import decode_splits
+    from fusedattn.configs import decode_splits, tuned_table
+    from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
     from fusedattn.tiles.flash import flash_forward
 
+    capacity, s_new, cache_seqlens, block_table = _validate(
+        q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)
     window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision, window,
                                     softcap)
-    capacity, s_new = _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
-                                block_table, check_lengths)
-    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int)
-                               or not 1 <= splits <= 64):
+    window = clamp_window(window, q.shape[2], capacity)
+    if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):
         raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
+    tuned_table()  # a malformed tuned table is refused here, before the cache is written
     if s_new:
-        _append((k_cache, v_cache), (k_new, v_new), cache_seqlens, block_table)
+        append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
     batch, heads, seq_q, dim = q.shape
     group = heads // k_cache.shape[1]
-    seqlens = (cache_seqlens + s_new).to(torch.int32)
+    seqlens = cache_seqlens + s_new
+    if not check_lengths:  # the reads stay inside each sequence's capacity
+        seqlens = seqlens.clamp_(0, capacity)
     if splits is None:
         rows = seq_q * group
         splits = decode_splits(programs=batch * k_cache.shape[1] * triton.cdiv(rows, 64),

@@ -13,7 +13,9 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 
@@ -35,6 +37,17 @@ EMULATION: bool = _decide()
 
 DEVICE: torch.device = torch.device("cpu" if EMULATION else "cuda")
 """Where the version buffers live: torch CPU tensors in emulation, CUDA tensors otherwise."""
+
+
+_INTERPRETER = threading.RLock()
+
+
+def kernel_launches():
+    """The context every fusedattn kernel launch runs in. In emulation, one process-wide
+    (re-entrant) lock: Triton's interpreter is not thread-safe (four threads launching a
+    plain Triton kernel at once raised InterpreterError or returned wrong numbers, an
+    upstream fault), so fusedattn's launches there run one at a time. On the GPU: nothing."""
+    return _INTERPRETER if EMULATION else contextlib.nullcontext()
 
 
 def describe() -> str:

@@ -8,6 +8,7 @@ in the registry (`lab/registry.py`) and are checked through `Limits.check`.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +36,14 @@ class ProblemError(ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}={value!r} is not allowed: {allowed}")
+        # `args` set here rather than by super().__init__, which torch.compile cannot trace:
+        # under torch.compile(fullgraph=True) a refused input then surfaces as torch's
+        # "Observed exception" error quoting this message (fullgraph lets no exception out
+        # of a traced region as itself), instead of an unrelated "super()" error
+        self.args = (f"{field}={value!r} is not allowed: {allowed}",)
+
+    def __reduce__(self):  # pickles (across processes) by its three fields
+        return type(self), (self.field, self.value, self.allowed)
 
 
 def is_power_of_two(n: int) -> bool:
@@ -132,35 +140,63 @@ def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: d
 
 
 def check_index_tensor(name: str, t: object, device: torch.device) -> torch.Tensor:
-    """`t` an int32 tensor on `device` (lengths, offsets, block tables); its shape is the
-    caller's to check."""
+    """`t` an int32 tensor on `device` (lengths, offsets, block tables), returned
+    contiguous: the kernels read index tensors as rows of consecutive ints, so the caller
+    checks and launches with the returned tensor, and what is checked is what is read (a
+    strided view is copied, a few bytes). Its shape is the caller's to check."""
     if not isinstance(t, torch.Tensor):
         raise ProblemError(name, type(t).__name__, "an int32 tensor")
     if t.dtype != torch.int32 or t.device.type != device.type:
         raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
                            f"torch.int32 on the {device.type} device")
-    return t
+    return t.contiguous()
+
+
+def is_int(value: object) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_window(window: object) -> tuple[int | None, int | None] | None:
-    """None, or `(left, right)`: each None (unbounded) or an integer >= 0."""
+    """None, or `(left, right)`: each None (unbounded) or an integer >= 0, of any size
+    (`clamp_window` then bounds it by the sequence lengths)."""
     if window is None:
         return None
     if not isinstance(window, tuple | list) or len(window) != 2 or any(
-            w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0)
-            for w in window):
+            w is not None and (not is_int(w) or w < 0) for w in window):
         raise ProblemError("window", window, "None or (left, right), each None (unbounded) "
                            "or an integer >= 0")
-    return tuple(window)
+    return tuple(None if w is None else int(w) for w in window)
+
+
+def clamp_window(window: tuple[int | None, int | None] | None, seq_q: int,
+                 seq_k: int) -> tuple[int | None, int | None] | None:
+    """A window side of at least `seq_q + seq_k` becomes None (unbounded), which it equals
+    exactly: a query's position lies in [-seq_q, seq_k) under either alignment, so such a
+    side reaches past every key. What remains is below 2^31 for any tensor the kernels take,
+    so `pos + right` and `pos - left` cannot overflow their 32-bit arithmetic."""
+    if window is None:
+        return None
+    far = seq_q + seq_k
+    window = tuple(None if w is None or w >= far else w for w in window)
+    return None if window == (None, None) else window
+
+
+SOFTCAP_RANGE = (1e-30, 1e30)
+"""Softcaps the kernels compute in fp32 without overflow or underflow: they scale the
+scores by `scale / softcap` and multiply tanh by `softcap * log2(e)`, both normal fp32
+numbers for a cap in this range at the usual scales (1/sqrt(D)); a cap of 1e-40 made the
+first infinite and an all-zero row's 0 * inf a NaN."""
 
 
 def check_softcap(softcap: object) -> float | None:
-    """None, or a finite number > 0 (scores s become softcap * tanh(s / softcap))."""
+    """None, or a number in `SOFTCAP_RANGE` (scores s become softcap * tanh(s / softcap))."""
     if softcap is None:
         return None
-    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not (
-            math.isfinite(softcap) and softcap > 0):
-        raise ProblemError("softcap", softcap, "None or a finite number > 0")
+    low, high = SOFTCAP_RANGE
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (
+            math.isfinite(softcap) and low <= softcap <= high):
+        raise ProblemError("softcap", softcap, f"None or a number in {low:g}..{high:g}")
     return float(softcap)
 
 

@@ -24,10 +24,23 @@ import math
 
 import torch
 
-from fusedattn.api import DTYPES, _mask, check_grad_dim, check_options, kernel_options
+from fusedattn.api import (
+    DTYPES,
+    _mask,
+    check_grad_dim,
+    check_options,
+    kernel_options,
+    refuse_double_backward,
+)
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
-from fusedattn.problem import ProblemError, check_index_tensor, check_qkv
+from fusedattn.problem import (
+    ProblemError,
+    check_index_tensor,
+    check_qkv,
+    clamp_window,
+    is_int,
+)
 
 
 def _varlen(cu_q, cu_k, max_q, max_k):
@@ -103,14 +116,16 @@ def _backward(ctx, dout, dlse):
 
 
 _varlen_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_varlen_bwd_op.register_autograd(refuse_double_backward)
 
 
 def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
-                     max_seqlen: object) -> int:
+                     max_seqlen: object) -> tuple[torch.Tensor, int]:
     """`cu` a 1-D int32 tensor on the kernels' device: 0, non-decreasing, ending at
-    `total` (and `batch + 1` long where given); `max_seqlen` an int >= its longest
-    sequence. Returns the batch size."""
-    check_index_tensor(name, cu, DEVICE)
+    `total` (and `batch + 1` long where given); `max_seqlen` an integer (Python or numpy)
+    >= its longest sequence. Returns (`cu` contiguous, as the kernels read it; max_seqlen
+    as an int)."""
+    cu = check_index_tensor(name, cu, DEVICE)
     if cu.dim() != 1 or cu.numel() < 2:
         raise ProblemError(name, tuple(cu.shape), "a 1-D tensor of B + 1 offsets (B >= 1)")
     if batch is not None and cu.numel() != batch + 1:
@@ -120,11 +135,10 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
     if bounds[0] != 0 or min(lengths) < 0 or bounds[-1] != total:
         raise ProblemError(name, bounds if len(bounds) <= 12 else f"{bounds[:12]}...",
                            f"offsets from 0, non-decreasing, ending at the total rows {total}")
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or \
-            max_seqlen < max(lengths):
+    if not is_int(max_seqlen) or max_seqlen < max(lengths):
         raise ProblemError(name.replace("cu_seqlens", "max_seqlen"), max_seqlen,
                            f"an int >= the longest sequence, {max(lengths)}")
-    return cu.numel() - 1
+    return cu, int(max_seqlen)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -141,9 +155,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.shape[1] % k.shape[1] or 0 in q.shape[1:] or 0 in k.shape[1:]:
         raise ProblemError("heads", (q.shape[1], k.shape[1]),
                            ">= 1 each, k/v heads dividing q heads (GQA/MQA)")
-    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k)
+    cu_seqlens_q, max_seqlen_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0],
+                                                  None, max_seqlen_q)
+    cu_seqlens_k, max_seqlen_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0],
+                                                  cu_seqlens_q.numel() - 1, max_seqlen_k)
     check_grad_dim(q, k, v)
+    window = clamp_window(window, max_seqlen_q, max_seqlen_k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     out, lse = _varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max(1, max_seqlen_q),
                               max(1, max_seqlen_k), is_causal, scale,

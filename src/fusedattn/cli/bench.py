@@ -64,8 +64,10 @@ def _select(args: argparse.Namespace, problems: list, known: list[str], emulated
     if not names or any(n not in known for n in names):
         raise ProblemError("providers", args.providers, "all, or a comma-separated list of: "
                            + ", ".join(known))
-    if args.warmup < 0 or args.repeat < 1:
-        raise ProblemError("repeat", args.repeat, "warmup >= 0 and repeat >= 1")
+    if args.warmup < 0:
+        raise ProblemError("warmup", args.warmup, "an integer >= 0")
+    if args.repeat < 1:
+        raise ProblemError("repeat", args.repeat, "an integer >= 1")
     if mode.EMULATION and not args.suite.startswith("tiny"):
         raise ProblemError("suite", args.suite,
                            f"{emulated} in emulation (the others are GPU-sized)")

@@ -25,6 +25,7 @@ non-causal ring takes any equal split (`contiguous_shard` or zigzag).
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 import torch.distributed as dist
@@ -74,18 +75,44 @@ def _blocks(rank: int, src: int, seq: int, causal: bool):
     return [(slice(half, seq), every, False)]
 
 
-def _check_shards(q, k, v, group, causal: bool, world: int) -> None:
-    """Every rank the same shapes, dtype and options (one all_gather of 9 integers), then
-    the shard rules; every rank reaches the same verdict, so none waits on a raised one."""
-    mine = torch.tensor([*q.shape, k.shape[-3], k.shape[-2], int(causal), q.element_size(),
-                         int(q.dtype.is_floating_point)], dtype=torch.int64,
-                        device=q.device)
+_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+_PRECISION_CODES = {None: 0, "ieee": 1, "tf32": 2, "tf32x3": 3}
+
+
+def _check_shards(q, k, group, causal: bool, scale: float | None, precision: str | None,
+                  world: int, error: ProblemError | None) -> None:
+    """Every rank the same shapes, dtype, scale, precision and is_causal, and no rank that
+    refused its own inputs (one all_gather of 11 integers): every rank reaches the same
+    verdict, so none waits on a raised one or computes with a disagreeing one."""
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    mine = torch.zeros(11, dtype=torch.int64)
+    if error is None:
+        exact_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        mine[1:] = torch.tensor([
+            *q.shape, k.shape[-3], k.shape[-2], int(causal), _DTYPE_CODES[q.dtype],
+            _PRECISION_CODES[precision],
+            struct.unpack("<q", struct.pack("<d", exact_scale))[0]],  # the float's bits
+            dtype=torch.int64)
+    else:
+        mine[0] = 1
+    mine = mine.to(device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
-    seen = {tuple(t.tolist()) for t in every}
-    if len(seen) > 1:
-        raise ProblemError("shards", sorted(seen), "the same [B, H, S/P, D], K/V heads, "
-                           "dtype and is_causal on every rank")
+    rows = [tuple(t.tolist()) for t in every]
+    refused = [r for r, row in enumerate(rows) if row[0]]
+    if error is not None:
+        raise error
+    if refused:
+        raise ProblemError("shards", f"rank(s) {refused} refused their inputs",
+                           "valid inputs on every rank (each refusing rank raised why)")
+    if len(set(rows)) > 1:
+        names = ("B", "H", "S/P", "D", "H_kv", "S_kv/P", "is_causal", "dtype", "precision",
+                 "scale bits")
+        differ = [n for i, n in enumerate(names) if len({row[1 + i] for row in rows}) > 1]
+        raise ProblemError("shards", f"ranks disagree on {', '.join(differ)}",
+                           "the same [B, H, S/P, D], K/V heads, dtype, precision, scale and "
+                           "is_causal on every rank")
     if q.shape[-2] != k.shape[-2]:
         raise ProblemError("shards", (q.shape[-2], k.shape[-2]),
                            "q and k/v shards of one length on every rank")
@@ -188,21 +215,32 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     shapes on every rank; returns this rank's `[B, H, S/P, D]` of the output, differentiable
     for q, k and v. `is_causal=True` expects zigzag shards (`zigzag_shard`; S divisible by
     2P); a non-causal ring takes any equal split. A group of one rank is plain `attention`.
-    The shapes are checked on every rank (one small all_gather per call): disagreeing ranks
-    get a ProblemError, not a hang or a wrong result.
+    The shapes, dtype, scale, precision and is_causal are compared across the ranks (one
+    small all_gather per call): disagreeing ranks, or a rank whose own inputs are refused,
+    give every rank a ProblemError, not a hang or a wrong result. Without an initialised
+    process group: a ProblemError.
     """
     from fusedattn.api import _validate
 
-    _validate(q, k, v, is_causal, scale, k.shape[-3] != q.shape[-3], precision)
-    if q.dim() != 4:
-        raise ProblemError("q.shape", tuple(q.shape), "[B, H, S/P, D] shards")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ProblemError("group", group, "a process group of an initialised "
+                           "torch.distributed (torch.distributed.init_process_group first)")
     world = dist.get_world_size(group)
+    error = None
+    try:  # a rank that refuses its inputs tells the others before it raises
+        _validate(q, k, v, is_causal, scale, True, precision)
+        if q.dim() != 4:
+            raise ProblemError("q.shape", tuple(q.shape), "[B, H, S/P, D] shards")
+    except ProblemError as err:
+        error = err
     if world == 1:
+        if error is not None:
+            raise error
         from fusedattn.api import attention
 
         return attention(q, k, v, is_causal=is_causal, scale=scale, precision=precision,
                          enable_gqa=k.shape[-3] != q.shape[-3])
-    _check_shards(q, k, v, group, is_causal, world)
+    _check_shards(q, k, group, is_causal, scale, precision, world, error)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return _RingAttention.apply(q, k, v, group, is_causal, scale,
                                 resolve(q.dtype, precision).op)

@@ -36,6 +36,7 @@ are refused there (the ring has neither).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from transformers import AttentionInterface
@@ -45,18 +46,21 @@ from fusedattn.api import attention
 from fusedattn.problem import ProblemError
 
 NAME = "fusedattn"
-_RING: list = []  # the process group of the innermost `sequence_parallel`, if any
+# the process groups of the `sequence_parallel` blocks around this thread's (or task's)
+# code, innermost last: a ContextVar, so another thread's plain forward never sees them
+_RING: ContextVar[tuple] = ContextVar("fusedattn_sequence_parallel", default=())
 
 
 @contextmanager
 def sequence_parallel(group=None):
     """Inside: "fusedattn" layers run ring attention over `group` (default: the world) on
-    sequence shards; see the module docstring."""
-    _RING.append(group)
+    sequence shards; see the module docstring. It holds for the thread (or asyncio task)
+    that enters it, not for others."""
+    token = _RING.set((*_RING.get(), group))
     try:
         yield
     finally:
-        _RING.pop()
+        _RING.reset(token)
 
 
 def fusedattn_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -77,14 +81,15 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
     window = None
     if sliding is not None and causal:  # a decode step (Sq == 1) came with no mask: it
         window = (int(sliding) - 1, None)  # sees every cached key, so no window applies
-    if _RING:
+    ring = _RING.get()
+    if ring:
         from fusedattn.distributed import ring_attention
 
         for name in ("sliding_window", "softcap"):
             if kwargs.get(name) is not None:
                 raise ProblemError(name, kwargs[name], "None under sequence_parallel (ring "
                                    "attention has no windows or softcap)")
-        out = ring_attention(query, key, value, group=_RING[-1], is_causal=causal,
+        out = ring_attention(query, key, value, group=ring[-1], is_causal=causal,
                              scale=scaling)
         return out.transpose(1, 2).contiguous(), None
     out = attention(query, key, value, is_causal=causal, scale=scaling,

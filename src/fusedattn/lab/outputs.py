@@ -7,13 +7,16 @@
   nearest existing folder is probed by creating (and removing) a file in it, which is the
   only test that also holds for root and for read-only filesystems.
 - In emulation the default base is a temporary folder, not the repository's `evidence/`:
-  emulation proves logic, and its output is not evidence (`default_base`).
+  emulation proves logic, and its output is not evidence (`default_base`). The folder is
+  private to the process (`tempfile.mkdtemp`: a name nobody can guess, mode 0700), so no
+  other user can plant a link where the files go.
 - Evidence from a tree with uncommitted changes keeps the diff beside it
   (`uncommitted.diff`), so the code that ran is always recoverable.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import tempfile
@@ -23,14 +26,20 @@ from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
 EVIDENCE = Path("evidence")
-EMULATION_BASE = Path(tempfile.gettempdir()) / "fusedattn-emulation"
+
+
+@functools.cache
+def emulation_base() -> Path:
+    """This process's private folder for emulation output, made on first use."""
+    return Path(tempfile.mkdtemp(prefix="fusedattn-emulation-"))
 
 
 def default_base(out: Path | None) -> Path:
-    """`--out` as given, else `evidence/` on a GPU and a temporary folder in emulation."""
+    """`--out` as given, else `evidence/` on a GPU and a private temporary folder in
+    emulation."""
     if out is not None:
         return Path(out)
-    return EMULATION_BASE if EMULATION else EVIDENCE
+    return emulation_base() if EMULATION else EVIDENCE
 
 
 def _probe(folder: Path) -> bool:

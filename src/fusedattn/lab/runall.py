@@ -116,6 +116,10 @@ def execute(plan: Plan, run_dir: Path, console, progress_factory) -> tuple[list[
     """Run every unit not yet on disk, then write summary.csv (and return both)."""
     from fusedattn.lab.registry import VERSIONS
 
+    for name in ("plan.json", "environment.json", "records.jsonl", "summary.csv"):
+        if (run_dir / name).exists() and not (run_dir / name).is_file():
+            raise ValueError(f"{run_dir / name} is not a file; a run folder holds its {name} "
+                             "as one")
     plan_path = run_dir / "plan.json"
     if plan_path.exists():
         stored = json.loads(plan_path.read_text())

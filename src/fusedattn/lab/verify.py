@@ -12,6 +12,7 @@ still holds exactly that pattern was not written.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import asdict, dataclass
 
 import torch
@@ -83,16 +84,22 @@ def needs_peer(dtype: torch.dtype, precision: str | None = None,
     return TOLERANCE[precision_key(dtype, precision, protocol)].abs_max is None
 
 
+_TF32 = threading.RLock()  # held while a `tf32_matmuls` block has the setting changed
+
+
 @contextlib.contextmanager
 def tf32_matmuls(enabled: bool):
     """PyTorch's CUDA matmuls with TF32 on or off inside the block, restored after: the one
-    place the peers' TF32 setting is applied (it is global torch state)."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+    place the peers' TF32 setting is applied. The setting is global torch state, so blocks
+    on different threads run one at a time (a re-entrant lock): interleaved, the second
+    would restore what the first had set."""
+    with _TF32:
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
 
 
 # A NaN with a recognisable payload per storage type, written as raw bits.

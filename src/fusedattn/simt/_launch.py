@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from fusedattn.mode import EMULATION
+from fusedattn.mode import EMULATION, kernel_launches
 
 F32 = np.float32
 
@@ -39,17 +39,20 @@ def simulated_threads():
     The simulator runs every CUDA thread as an OS thread and a manager thread polls them
     for barriers; with the default 5 ms switch interval each block-level barrier costs
     about 20 ms for 32 threads. At 50 us the same 7x13 online launch ran 8x faster here.
-    On a GPU this does nothing.
+    On a GPU this does nothing. The interval is process-wide, so simulated launches on
+    different threads run one at a time (`mode.kernel_launches`): interleaved, the second
+    would restore the first's interval.
     """
     if not EMULATION:
         yield
         return
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(5e-5)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
+    with kernel_launches():
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(5e-5)
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(before)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from fusedattn.configs import (
     prune_configs,
     single_key_loop,
 )
+from fusedattn.mode import kernel_launches
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import (
     KVCache,
@@ -464,30 +465,31 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     def grid(meta):
         return (triton.cdiv(rows, meta["BLOCK_M"]), per_row // heads_each, splits)
 
-    compiled = kernel[grid](
-        q, k, v, target, target_lse if target_lse is not None else target, *seq_args,
-        cache.seqlens if cache is not None else q, table if table is not None else q,
-        *(x // align for x in (batch_strides[0], *q.stride()[1:3])), q.stride(3),
-        *(x // align for x in (batch_strides[1], *k.stride()[1:3])), k.stride(3),
-        *(x // align for x in (batch_strides[2], *v.stride()[1:3])), v.stride(3),
-        batch_strides[3], *target.stride()[-3:],
-        target.stride(0) if splits > 1 else 0,
-        *lse_bh, target_lse.stride(0) if splits > 1 else 0,
-        table.stride(0) if table is not None else 0,
-        heads, group, seq_q, seq_k, dim // align, qk_scale, cap, left, right,
-        k.shape[2] if table is not None else 0, split_len,
-        triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
-        BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
-        PAD_D=block_d > dim, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
-        OVERLAP=block_d + block_d2 + block_d3 - dim if block_d2 else 0,
-        INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
-        VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
-        PACK_GQA=pack_gqa, SPLIT=splits > 1, ALIGN=align, **flags, **fixed,
-        ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision,
-                                 has_left=flags.get("HAS_LEFT", False)),
-    )
-    if splits > 1:
-        merge_splits(target, target_lse, out, lse)
+    with kernel_launches():  # (merge_splits launches inside it too)
+        compiled = kernel[grid](
+            q, k, v, target, target_lse if target_lse is not None else target, *seq_args,
+            cache.seqlens if cache is not None else q, table if table is not None else q,
+            *(x // align for x in (batch_strides[0], *q.stride()[1:3])), q.stride(3),
+            *(x // align for x in (batch_strides[1], *k.stride()[1:3])), k.stride(3),
+            *(x // align for x in (batch_strides[2], *v.stride()[1:3])), v.stride(3),
+            batch_strides[3], *target.stride()[-3:],
+            target.stride(0) if splits > 1 else 0,
+            *lse_bh, target_lse.stride(0) if splits > 1 else 0,
+            table.stride(0) if table is not None else 0,
+            heads, group, seq_q, seq_k, dim // align, qk_scale, cap, left, right,
+            k.shape[2] if table is not None else 0, split_len,
+            triton.next_power_of_2(seq_q), triton.next_power_of_2(seq_k),
+            BLOCK_D=block_d, WRITE_LSE=target_lse is not None, PRECISION=dot_precision,
+            PAD_D=block_d > dim, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
+            OVERLAP=block_d + block_d2 + block_d3 - dim if block_d2 else 0,
+            INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
+            VARLEN=varlen is not None, SEQLENS_K=cache is not None, PAGED=table is not None,
+            PACK_GQA=pack_gqa, SPLIT=splits > 1, ALIGN=align, **flags, **fixed,
+            ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision,
+                                     has_left=flags.get("HAS_LEFT", False)),
+        )
+        if splits > 1:
+            merge_splits(target, target_lse, out, lse)
     return out, compiled
 
 

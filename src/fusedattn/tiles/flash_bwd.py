@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from fusedattn.configs import backward_configs, backward_single_loop
-from fusedattn.mode import EMULATION
+from fusedattn.mode import EMULATION, kernel_launches
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import (
     Mask,
@@ -459,8 +459,9 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
     _wait_for_precompiles()
-    for kernel, grid, args, kwargs in _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk,
-                                                dv, precision=precision, configs=configs,
-                                                mask=mask, varlen=varlen, scale=scale):
-        kernel[grid](*args, **kwargs)
+    with kernel_launches():
+        for kernel, grid, args, kwargs in _launches(
+                dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
+                configs=configs, mask=mask, varlen=varlen, scale=scale):
+            kernel[grid](*args, **kwargs)
     return dq, dk, dv

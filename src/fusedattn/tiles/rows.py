@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedattn.mode import EMULATION  # noqa: F401  (mode is fixed before triton.jit runs)
+from fusedattn.mode import kernel_launches  # (and mode is fixed before triton.jit runs)
 
 
 @triton.jit
@@ -89,11 +89,12 @@ def rows_attention(
     seq, dim = q.shape
     if out is None:
         out = torch.empty_like(q)
-    compiled = _rows_fwd_kernel[(seq,)](
-        q, k, v, out, seq, dim, 1.0 / dim**0.5,
-        BLOCK_K=block_k, BLOCK_D=triton.next_power_of_2(dim), IS_CAUSAL=causal,
-        num_warps=num_warps,
-    )
+    with kernel_launches():
+        compiled = _rows_fwd_kernel[(seq,)](
+            q, k, v, out, seq, dim, 1.0 / dim**0.5,
+            BLOCK_K=block_k, BLOCK_D=triton.next_power_of_2(dim), IS_CAUSAL=causal,
+            num_warps=num_warps,
+        )
     return out, compiled
 
 
