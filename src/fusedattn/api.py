@@ -4,19 +4,20 @@ SDPA-like API, as a PyTorch custom op.
     attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, return_lse=False,
               precision=None, window=None, softcap=None)
 
-`q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (any strides; `[S, D]` and `[H, S, D]`
-work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
+`q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (up to 8 dims, any strides; `[S, D]` and
+`[H, S, D]` work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
 like q, and with `return_lse=True` also the natural-log log-sum-exp of each row's scaled
 scores, `[..., H, Sq] float32`. `precision`, for fp32 inputs only: None (the default,
 "tf32x3"), "tf32x3" (tensor cores, each product as three TF32 products of the high and low
 parts, big*big + big*small + small*big: within fp32's error bound, not bitwise IEEE; the
 technique of SDPA's fp32 "efficient" kernel), "ieee" (exact fp32 products, FMA on CUDA
-cores: about 4x slower) or "tf32" (tensor cores, 10-bit mantissas, TF32's bound). Every
-bad input raises `ProblemError`.
+cores: about 4x slower) or "tf32" (tensor cores, 10-bit mantissas, TF32's bound); fp16 and
+bf16 take None only. Every bad input raises `ProblemError`.
 
 Masks are aligned top-left, as SDPA's `is_causal`: query i sits at position i. `window =
-(left, right)` (None for an unbounded side) lets it see keys i - left .. i + right (with
-`is_causal`, right is 0); key tiles outside every row's window are skipped, not masked.
+(left, right)` (None for an unbounded side; an integer of any size, a side of Sq + Sk or
+more being exactly None) lets it see keys i - left .. i + right (with `is_causal`, right
+is 0); key tiles outside every row's window are skipped, not masked.
 `softcap=c` maps each scaled score s to c * tanh(s / c) before the mask (Gemma 2's logit
 softcap). A row that sees no key gives O = 0 and LSE = -inf. (`attention_varlen` and
 `attention_with_kvcache` align bottom-right, as FlashAttention does.)
@@ -24,12 +25,15 @@ softcap). A row that sees no key gives O = 0 and LSE = -inf. (`attention_varlen`
 Differentiable: `.backward()` runs the FlashAttention-2-style backward kernels
 (`tiles/flash_bwd.py`: deterministic, no S x S array) for every combination the forward
 takes, except fp32 head dims over 128 (`problem.MAX_FP32_GRAD_DIM`), refused at the call.
-With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij).
+With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij). First-order
+gradients only: a double backward raises `ProblemError`.
 
 Registered as `torch.ops.fusedattn.flash_fwd` and `torch.ops.fusedattn.flash_bwd`
 (`torch.library.custom_op` with fake implementations, the backward through
 `register_autograd`), so `torch.compile(fullgraph=True)` traces the forward and the backward
-without a graph break.
+without a graph break. A refused input under `torch.compile(fullgraph=True)` surfaces as
+torch's "Observed exception" error, which quotes the `ProblemError` (fullgraph lets no
+exception out of a traced region as itself); without fullgraph it is the `ProblemError`.
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ then the caller's bug, with exactly these effects:
   `capacity - S_new`, a written block index out of range) is not appended at all; the
   others are, and no write lands outside the cache or in another sequence's rows;
 - duplicate blocks are not detected: of two appends into one block, either may win;
-- the attention reads `clamp(cache_seqlens + S_new, 0, capacity)` keys per sequence; a
-  block index out of range among the blocks a sequence reads makes the kernel read
-  outside the cache (undefined output, or an illegal-address error on the GPU).
+- the attention reads `clamp(cache_seqlens + S_new, 0, capacity)` keys per sequence, and
+  a block index out of range as the nearest real block (0 or num_blocks - 1): the output
+  is then meaningless, but nothing is read outside the cache.
 Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """
 
@@ -223,8 +223,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     batch, heads, seq_q, dim = q.shape
     group = heads // k_cache.shape[1]
     seqlens = cache_seqlens + s_new
-    if not check_lengths:  # the reads stay inside each sequence's capacity
+    if not check_lengths:  # the reads stay inside each sequence's capacity and the cache
         seqlens = seqlens.clamp_(0, capacity)
+        if block_table is not None:
+            block_table = block_table.clamp(0, k_cache.shape[0] - 1)
     if splits is None:
         rows = seq_q * group
         splits = decode_splits(programs=batch * k_cache.shape[1] * triton.cdiv(rows, 64),
