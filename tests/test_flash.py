@@ -73,7 +73,7 @@ def test_scale_argument():
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 def test_tensor_core_fp32_is_opt_in_and_fp32_only(precision):
     q, k, v = (_rand(1, 2, 20, 16, seed=s) for s in range(3))
-    with pytest.raises(ProblemError, match="float32 inputs only"):
+    with pytest.raises(ProblemError, match="float32 only"):
         attention(q.half(), k.half(), v.half(), precision=precision)
     out = attention(q, k, v, precision=precision, is_causal=True)
     # the interpreter computes fp32 dots exactly; on the GPU tf32x3 must still meet fp32's
@@ -103,7 +103,7 @@ def test_fp32_default_is_tf32x3_within_fp32s_bound(dim, seq, causal):
     (lambda q: (q.double(), q.double(), q.double()), "q.dtype"),
     (lambda q: (q, q.half(), q), "dtypes"),
     (lambda q: (q[0, 0, 0], q[0, 0, 0], q[0, 0, 0]), "q.shape"),       # 1-D
-    (lambda q: (q[None], q[None], q[None]), "q.shape"),                # 5-D
+    (lambda q: (q[(None,) * 5], q[(None,) * 5], q[(None,) * 5]), "q.shape"),  # 9-D
     (lambda q: (q, q[:, :3], q[:, :3]), "heads"),                      # 4 vs 3 heads
     (lambda q: (q, q[:, :2], q[:, :2]), "heads"),                      # GQA without the flag
     (lambda q: (q, q, q[:, :, :5]), "k/v shapes"),
