@@ -321,7 +321,7 @@ def test_compiled_fullgraph_keeps_the_message():
     f = torch.compile(lambda t: fusedattn.attention(t, t, t), fullgraph=True, backend="eager")
     with pytest.raises(Exception) as err:  # fullgraph lets no exception out as itself
         f(torch.randn(1, 1, 4, 16, dtype=torch.float64))
-    assert "ProblemError" in str(err.value) and "float64" in str(err.value)
+    assert "ProblemError" in str(err.value) and "q.dtype" in str(err.value)
     g = torch.compile(lambda t: fusedattn.attention(t, t, t), backend="eager")
     with pytest.raises(ProblemError, match="q.dtype"):  # without fullgraph: itself
         g(torch.randn(1, 1, 4, 16, dtype=torch.float64))

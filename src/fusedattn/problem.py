@@ -35,12 +35,14 @@ class ProblemError(ValueError):
     """A bad input: `field`, the offending `value`, and what is `allowed`."""
 
     def __init__(self, field: str, value: object, allowed: str):
+        # no super().__init__: torch.compile cannot trace it. BaseException keeps the three
+        # arguments as `args`, and __str__ words them, so under torch.compile(fullgraph=True)
+        # torch's "Observed exception" error (fullgraph lets no exception out of a traced
+        # region as itself) quotes the field, value and what is allowed
         self.field, self.value, self.allowed = field, value, allowed
-        # `args` set here rather than by super().__init__, which torch.compile cannot trace:
-        # under torch.compile(fullgraph=True) a refused input then surfaces as torch's
-        # "Observed exception" error quoting this message (fullgraph lets no exception out
-        # of a traced region as itself), instead of an unrelated "super()" error
-        self.args = (f"{field}={value!r} is not allowed: {allowed}",)
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r} is not allowed: {self.allowed}"
 
     def __reduce__(self):  # pickles (across processes) by its three fields
         return type(self), (self.field, self.value, self.allowed)
