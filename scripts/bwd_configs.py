@@ -15,9 +15,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fusedattn.api import attention
 from fusedattn.configs import backward_configs
-from fusedattn.lab.timing import time_gpu
 from fusedattn.tiles.flash import flops
 from fusedattn.tiles.flash_bwd import flash_backward
+from fusedattn_lab.timing import time_gpu
 
 DKDV = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
         (128, 128, 8, 2), (64, 128, 4, 2)]

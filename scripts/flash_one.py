@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-from fusedattn.lab.registry import VERSIONS
-from fusedattn.lab.suites import _inputs, check_suite
+from fusedattn_lab.registry import VERSIONS
+from fusedattn_lab.suites import _inputs, check_suite
 
 suite, match, provider = sys.argv[1:4]
 problem = next(p for p in check_suite(suite) if match in p.label())

@@ -25,9 +25,9 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fusedattn.api import attention
-from fusedattn.lab.evidence import environment, write_json
-from fusedattn.lab.timing import time_gpu
 from fusedattn.tiles.flash import flash_forward, flops
+from fusedattn_lab.evidence import environment, write_json
+from fusedattn_lab.timing import time_gpu
 
 # (B, H, S, D, causal): the prefill rows furthest from cuDNN
 ROWS = [(2, 16, 4096, 256, False), (4, 32, 4096, 128, False), (4, 32, 4096, 128, True),

@@ -20,8 +20,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from fusedattn.lab.evidence import environment, write_atomic, write_json
-from fusedattn.lab.runall import run_dir_for
+from fusedattn_lab.evidence import environment, write_atomic, write_json
+from fusedattn_lab.runall import run_dir_for
 
 TARGET_S = 300
 

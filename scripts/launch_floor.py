@@ -11,8 +11,8 @@ from pathlib import Path
 
 import triton
 
-from fusedattn.lab.evidence import environment, write_json
-from fusedattn.lab.timing import time_gpu
+from fusedattn_lab.evidence import environment, write_json
+from fusedattn_lab.timing import time_gpu
 
 
 @triton.jit

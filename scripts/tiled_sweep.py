@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from fusedattn.lab.evidence import environment, write_json
-from fusedattn.lab.timing import time_gpu
 from fusedattn.reference import attention_ref
-from fusedattn.simt import materialized, online_tiled
-from fusedattn.simt.tiled_plan import Plan
+from fusedattn_lab.evidence import environment, write_json
+from fusedattn_lab.simt import materialized, online_tiled
+from fusedattn_lab.simt.tiled_plan import Plan
+from fusedattn_lab.timing import time_gpu
 
 
 def _one(seq: int, dim: int, causal: bool, rows_list, blocks) -> list[dict]:

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import fusedattn.integrations.transformers  # noqa: E402,F401  (registers "fusedattn")
-from fusedattn.lab.evidence import environment, sha256_file, write_json  # noqa: E402
+from fusedattn_lab.evidence import environment, sha256_file, write_json  # noqa: E402
 
 STEPS, BATCH, HALF, VOCAB = 200, 32, 128, 256
 CONFIG = dict(vocab_size=VOCAB, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,

@@ -1,8 +1,10 @@
 """Tests run wherever they are started: in emulation on a CPU (CI), on the GPU otherwise
 (the GPU tier: the same suite on the H200, README "The GPU tier").
 
-Importing fusedattn fixes the mode before any kernel module is imported. A test that makes
-sense on one side only says so with a marker and a reason, and is skipped on the other:
+The mode is chosen here, explicitly, before fusedattn is imported: emulation (Triton's
+interpreter, numba's simulator) where no GPU is visible, by the lab's rule
+(`fusedattn_lab.choose_mode`). A test that makes sense on one side only says so with a
+marker and a reason, and is skipped on the other:
 
     @pytest.mark.emulation_only("why")   # CPU emulation only
     @pytest.mark.gpu_only("why")         # the GPU only
@@ -11,10 +13,14 @@ sense on one side only says so with a marker and a reason, and is skipped on the
 import pytest
 import torch
 
-import fusedattn  # noqa: F401
-from fusedattn.lab.inputs import make_inputs
-from fusedattn.mode import DEVICE, EMULATION
-from fusedattn.problem import Problem
+from fusedattn_lab import choose_mode
+
+choose_mode()  # before fusedattn is imported
+
+import fusedattn  # noqa: E402, F401
+from fusedattn.mode import DEVICE, EMULATION  # noqa: E402
+from fusedattn.problem import Problem  # noqa: E402
+from fusedattn_lab.inputs import make_inputs  # noqa: E402
 
 SIDES = {"emulation_only": True, "gpu_only": False}  # marker -> runs when EMULATION is
 
@@ -47,7 +53,7 @@ def qkv():
 
 
 def assert_passes(out: torch.Tensor, ref: torch.Tensor) -> None:
-    from fusedattn.lab.verify import check
+    from fusedattn_lab.verify import check
 
     result = check(out, ref)
     assert result.ok, result.reasons

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from fusedattn.lab.registry import VERSIONS
-from fusedattn.lab.verify import check, poison
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import Problem
 from fusedattn.reference import attention_ref, causal_mask, online_ref
+from fusedattn_lab.registry import VERSIONS
+from fusedattn_lab.verify import check, poison
 
 ROW_VERSIONS = ["materialized", "online", "t0", "t1"]
 SHAPES = [
@@ -69,7 +69,7 @@ def test_causal_differs_from_full_attention(qkv):
 
 
 def test_cli_causal_flag(capsys):
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
 
     assert main(["run", "--version", "t0,materialized", "--seq", "5", "--dim", "3",
                  "--causal"]) == 0

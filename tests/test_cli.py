@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from fusedattn.cli import main
-from fusedattn.lab.registry import VERSIONS
+from fusedattn_lab.cli import main
+from fusedattn_lab.registry import VERSIONS
 
 
 @pytest.mark.parametrize("argv, field", [

@@ -2,13 +2,13 @@
 
 import pytest
 
-from fusedattn.cli import main
-from fusedattn.lab.suites import BenchProblem
+from fusedattn_lab.cli import main
+from fusedattn_lab.suites import BenchProblem
 
 
 @pytest.mark.gpu_only("nothing is compiled in emulation")
 def test_a_fresh_process_first_call_is_verified_and_timed():
-    from fusedattn.lab.coldstart import run_fresh
+    from fusedattn_lab.coldstart import run_fresh
 
     row = run_fresh(BenchProblem(1, 2, 100, 64, "bf16", True))
     assert "error" not in row, row
@@ -21,7 +21,7 @@ def test_a_fresh_process_first_call_is_verified_and_timed():
 def test_the_compile_listener_keeps_each_compiles_stages_and_skips_cache_hits():
     from types import SimpleNamespace
 
-    from fusedattn.lab.coldstart import _compile_listener, compile_profile
+    from fusedattn_lab.coldstart import _compile_listener, compile_profile
 
     records = []
     listen = _compile_listener(records)
@@ -47,7 +47,7 @@ def test_the_coldstart_table_renders_verified_and_failed_rows():
     verified row shows True, a failed one its error, cut to 60 characters."""
     from rich.console import Console
 
-    from fusedattn.cli.bench import render_coldstart
+    from fusedattn_lab.cli.bench import render_coldstart
 
     console = Console(record=True, width=200)
     render_coldstart(console, [

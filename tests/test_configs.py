@@ -1,22 +1,38 @@
 """The tile table and its rule (what a GPU would launch; read here with EMULATION off)."""
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from fusedattn import configs
+
+
+def override(monkeypatch, **fields):
+    """Environment overrides as they would be read at import (`configs.OVERRIDES`)."""
+    monkeypatch.setattr(configs, "OVERRIDES", replace(configs.OVERRIDES, **fields))
 
 
 @pytest.fixture
 def gpu_rules(monkeypatch, tmp_path):
     """The rules as a GPU takes them, without a tuned table (the GPU tier has one)."""
     monkeypatch.setattr(configs, "EMULATION", False)
-    monkeypatch.setenv(configs.TABLE_ENV, str(tmp_path / "no-table.json"))
+    override(monkeypatch, table=tmp_path / "no-table.json")
 
 
 def test_every_kernel_takes_one_config_without_a_search(gpu_rules, monkeypatch):
-    monkeypatch.delenv("FUSEDATTN_AUTOTUNE", raising=False)
+    override(monkeypatch, autotune=False)
     assert not configs.autotune_requested()
-    monkeypatch.setenv("FUSEDATTN_AUTOTUNE", "1")
+    override(monkeypatch, autotune=True)
     assert configs.autotune_requested()
+
+
+def test_overrides_are_read_from_the_environment_once():
+    env = {"FUSEDATTN_AUTOTUNE": "1", "FUSEDATTN_ONE_LOOP": "0", "FUSEDATTN_SPLIT_D": "0",
+           "FUSEDATTN_INDEX64": "1", configs.TABLE_ENV: "/t.json"}
+    assert configs.Overrides.from_env(env) == configs.Overrides(
+        autotune=True, one_loop=False, split_d=False, index64=True, table=Path("/t.json"))
+    assert configs.Overrides.from_env({"FUSEDATTN_ONE_LOOP": "yes"}) == configs.Overrides()
 
 
 @pytest.mark.parametrize("dim, seq, bh, causal, precision, want", [
@@ -67,7 +83,7 @@ def test_emulation_runs_one_small_config():
 
 
 def test_a_tuned_table_entry_comes_before_the_rules(gpu_rules, monkeypatch, tmp_path):
-    from fusedattn.lab.tune import write_table
+    from fusedattn_lab.tune import write_table
 
     table = tmp_path / "gpu.json"
     key = configs.table_key("fwd", precision=None, dim=100, causal=True, seq=3000,
@@ -80,7 +96,7 @@ def test_a_tuned_table_entry_comes_before_the_rules(gpu_rules, monkeypatch, tmp_
                             programs=256)
     write_table(table, {bwd: [[32, 32, 4, 1], [64, 32, 4, 1]], dec: [16, 256, 8, 3]},
                 {"git_commit": "def"})
-    monkeypatch.setenv(configs.TABLE_ENV, str(table))
+    override(monkeypatch, table=table)
     # the first write's entry kept, both writes' provenance kept
     assert configs.forward_config(dim=100, seq_q=3000, programs_per_tile_row=64,
                                   causal=True, precision=None) == (32, 64, 4, 2)
@@ -96,14 +112,14 @@ def test_a_tuned_table_entry_comes_before_the_rules(gpu_rules, monkeypatch, tmp_
 
 
 def test_no_table_means_the_rules(gpu_rules, monkeypatch, tmp_path):
-    monkeypatch.setenv(configs.TABLE_ENV, str(tmp_path / "missing.json"))
+    override(monkeypatch, table=tmp_path / "missing.json")
     assert configs.tuned_table() == {}
     assert configs.backward_configs(dim=64, itemsize=2, seq=4096) == configs.BACKWARD[64]
 
 
 @pytest.mark.emulation_only("on a GPU `tune` times the candidates")
 def test_tune_is_refused_in_emulation_and_bad_options_first(capsys):
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
 
     assert main(["tune", "--kernel", "fwd"]) == 2
     assert "a GPU" in capsys.readouterr().err
@@ -116,7 +132,7 @@ def test_tune_is_refused_in_emulation_and_bad_options_first(capsys):
 
 
 def test_tune_cases_and_candidates():
-    from fusedattn.lab.tune import candidate_configs, default_cases
+    from fusedattn_lab.tune import candidate_configs, default_cases
 
     fwd = default_cases("fwd", "bf16", None, [128], [512, 4096], [True])
     assert [(c.batch, c.heads) for c in fwd] == [(64, 16), (4, 32)]
@@ -132,7 +148,7 @@ def test_tune_cases_and_candidates():
 def test_tune_always_times_what_the_kernel_takes_now(gpu_rules):
     """The rule's (or the table's) config is a candidate of its own case, so the table can
     only replace it with something that ran faster on that case."""
-    from fusedattn.lab.tune import candidate_configs, default_cases
+    from fusedattn_lab.tune import candidate_configs, default_cases
 
     for case in default_cases("fwd", "bf16", None, [64, 128, 256], [256, 4096], [False, True]):
         now = configs.forward_config(dim=case.dim, seq_q=case.seq, causal=case.causal,
@@ -184,7 +200,7 @@ def test_the_committed_tables_are_well_formed():
 def test_tune_verifies_every_candidate_and_keeps_the_fastest_that_passes(monkeypatch):
     import torch
 
-    from fusedattn.lab import timing, tune
+    from fusedattn_lab import timing, tune
 
     case = tune.TuneCase("fwd", "fp16", None, 24, True, 40, 1, 2, 2)
     ms = {(16, 16, 1, 1): 3.0, (32, 32, 4, 2): 1.0, (16, 32, 2, 2): 2.0}
@@ -218,7 +234,7 @@ def test_tune_times_backward_pairs_on_one_saved_forward(monkeypatch):
     all reading the forward's O and LSE run once for the case."""
     import torch
 
-    from fusedattn.lab import timing, tune
+    from fusedattn_lab import timing, tune
 
     case = tune.TuneCase("bwd", "fp16", None, 16, True, 40, 1, 2, 1)
     pairs = [((32, 32, 4, 2), (32, 32, 4, 2)), ((16, 32, 2, 2), (32, 16, 2, 2))]
@@ -250,17 +266,17 @@ def test_one_loop_rule_and_its_override(monkeypatch):
     loops; FUSEDATTN_ONE_LOOP=0/1 forces either (A/B runs), anything else is the rule."""
     from fusedattn.configs import ONE_LOOP_MAX_KEYS, single_key_loop
 
-    monkeypatch.delenv("FUSEDATTN_ONE_LOOP", raising=False)
+    override(monkeypatch, one_loop=None)
     long = ONE_LOOP_MAX_KEYS + 1
     assert single_key_loop(seq_k=ONE_LOOP_MAX_KEYS, precision=None, has_left=False)
     assert not single_key_loop(seq_k=long, precision=None, has_left=False)
     assert single_key_loop(seq_k=long, precision="tf32x3", has_left=False)
     assert single_key_loop(seq_k=long, precision=None, has_left=True)
-    monkeypatch.setenv("FUSEDATTN_ONE_LOOP", "1")
+    override(monkeypatch, one_loop=True)
     assert single_key_loop(seq_k=long, precision=None, has_left=False)
-    monkeypatch.setenv("FUSEDATTN_ONE_LOOP", "0")
+    override(monkeypatch, one_loop=False)
     assert not single_key_loop(seq_k=64, precision="ieee", has_left=True)
-    monkeypatch.setenv("FUSEDATTN_ONE_LOOP", "yes")
+    override(monkeypatch, one_loop=None)  # $FUSEDATTN_ONE_LOOP unset or neither 0 nor 1
     assert single_key_loop(seq_k=64, precision=None, has_left=False)
 
 
@@ -269,12 +285,12 @@ def test_backward_one_loop_rule(monkeypatch):
     16-bit loop without a mask (where one loop measured 4-6% slower); the same override."""
     from fusedattn.configs import BWD_ONE_LOOP_MAX, backward_single_loop
 
-    monkeypatch.delenv("FUSEDATTN_ONE_LOOP", raising=False)
+    override(monkeypatch, one_loop=None)
     plain = dict(precision=None, has_left=False, has_right=False)
     assert backward_single_loop(seq=BWD_ONE_LOOP_MAX, **plain)
     assert not backward_single_loop(seq=1024, **plain)
     assert backward_single_loop(seq=8192, **plain | {"has_right": True})
     assert backward_single_loop(seq=8192, **plain | {"has_left": True})
     assert backward_single_loop(seq=8192, **plain | {"precision": "ieee"})
-    monkeypatch.setenv("FUSEDATTN_ONE_LOOP", "1")
+    override(monkeypatch, one_loop=True)
     assert backward_single_loop(seq=8192, **plain)

@@ -15,9 +15,9 @@ SHAPE = (1, 2, 1, 24, 16)
 def _ring_body(rank: int, world: int, device, results: str) -> list[str]:
     """One rank: the ring against the float64 reference, then two refused inputs."""
     from fusedattn.distributed import contiguous_shard, ring_attention, zigzag_shard
-    from fusedattn.lab.verify import check
     from fusedattn.problem import ProblemError
     from fusedattn.reference import attention_ref, attention_ref_grads
+    from fusedattn_lab.verify import check
 
     lines = []
     b, h, hk, s, d = SHAPE

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from fusedattn.api import attention
-from fusedattn.lab.verify import check
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref
+from fusedattn_lab.verify import check
 
 
 def _ref(q, k, v, causal=False, scale=None):
@@ -150,9 +150,9 @@ def test_runs_inside_torch_compile_without_graph_breaks():
 
 
 def test_flash_is_in_the_registry_for_the_chapters_problem(qkv):
-    from fusedattn.lab.registry import VERSIONS, select
-    from fusedattn.lab.verify import poison
     from fusedattn.problem import Problem
+    from fusedattn_lab.registry import VERSIONS, select
+    from fusedattn_lab.verify import poison
 
     assert "flash" in [v.name for v in select("all")]
     assert "sdpa-flash" not in [v.name for v in select("all")]  # peers for bench only
@@ -167,7 +167,7 @@ def test_flash_is_in_the_registry_for_the_chapters_problem(qkv):
 
 @pytest.mark.emulation_only("bench in emulation: no times; the GPU bench is evidence")
 def test_bench_tiny_suite_in_emulation(tmp_path, capsys):
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
 
     assert main(["bench", "--suite", "tiny", "--providers", "flash,sdpa-math",
                  "--out", str(tmp_path)]) == 0
@@ -182,8 +182,8 @@ def test_bench_tiny_suite_in_emulation(tmp_path, capsys):
 def test_bench_times_each_config_on_matching_problems(tmp_path):
     import csv
 
-    from fusedattn.cli import main
     from fusedattn.configs import CONFIGS, candidates
+    from fusedattn_lab.cli import main
     assert main(["bench", "--suite", "tiny", "--providers", "flash", "--configs",
                  "--match", "H2/1 S33 D16 causal", "--out", str(tmp_path)]) == 0
     (folder,) = (tmp_path / "emulation").iterdir()
@@ -223,7 +223,7 @@ def test_flops_model():
 
 
 def test_ratios_are_ours_over_each_peer_per_problem():
-    from fusedattn.lab.suites import BenchRow, with_ratios
+    from fusedattn_lab.suites import BenchRow, with_ratios
 
     def row(provider, tflops, problem="p"):
         return BenchRow(problem, provider, 1, 1, 8, 16, "bf16", False, "", "fwd", "ok", "", 0.0,
@@ -249,7 +249,12 @@ def test_offsets_are_64_bit_exactly_where_32_would_overflow(monkeypatch):
                                                                   (2**31, 1, 1, 1))
     assert index_dtype(strided) == tl.int64
     assert index_dtype(small, rows=2**31) == tl.int64          # LSE / delta rows
-    monkeypatch.setenv("FUSEDATTN_INDEX64", "1")                # forced, to measure the cost
+    from dataclasses import replace
+
+    from fusedattn import configs
+
+    # forced ($FUSEDATTN_INDEX64=1, read once), to measure the cost
+    monkeypatch.setattr(configs, "OVERRIDES", replace(configs.OVERRIDES, index64=True))
     assert index_dtype(small) == tl.int64
 
 
@@ -283,28 +288,28 @@ def test_one_key_loop_and_two_give_the_reference(monkeypatch, one_loop, case):
 
 
 @pytest.mark.parametrize("dim, pieces", [
-    (80, (64, 16, 0)), (96, (64, 32, 0)), (144, (128, 16, 0)), (160, (128, 32, 0)),
-    (192, (128, 64, 0)),                           # two whole pieces, no padding
-    (72, (64, 16, 0)), (88, (64, 32, 0)), (136, (128, 16, 0)), (168, (128, 64, 0)),
-    (176, (128, 64, 0)),                           # the second overlaps the first
-    (112, (64, 32, 16)), (208, (128, 64, 16)), (224, (128, 64, 32)), (200, (128, 64, 16)),
-    (100, (64, 32, 16)),                           # three, with $FUSEDATTN_SPLIT_D=3 only
-    (120, (128, 0, 0)), (240, (256, 0, 0)),        # no narrower pieces: padded
-    (48, (64, 0, 0)), (24, (32, 0, 0)),            # a first piece under 64: padded
-    (64, (64, 0, 0)), (16, (16, 0, 0)), (1, (16, 0, 0)), (256, (256, 0, 0)),
+    (80, (64, 16)), (96, (64, 32)), (144, (128, 16)), (160, (128, 32)),
+    (192, (128, 64)),                              # two whole pieces, no padding
+    (72, (64, 16)), (88, (64, 32)), (136, (128, 16)), (168, (128, 64)),
+    (176, (128, 64)),                              # the second overlaps the first
+    (112, (128, 0)), (200, (256, 0)), (100, (128, 0)),  # no two narrower pieces: padded
+    (120, (128, 0)), (240, (256, 0)),
+    (48, (64, 0)), (24, (32, 0)),                  # a first piece under 64: padded
+    (64, (64, 0)), (16, (16, 0)), (1, (16, 0)), (256, (256, 0)),
 ])
 def test_head_dim_pieces(monkeypatch, dim, pieces):
-    from fusedattn.configs import SPLIT_D_ENV, head_dim_pieces
+    from dataclasses import replace
 
-    padded = (max(16, 1 << (dim - 1).bit_length()), 0, 0)
-    # fp16/bf16; three pieces ran slower than padding, so only when asked for
-    assert head_dim_pieces(dim, precision=None) == (pieces if not pieces[2] else padded)
+    from fusedattn import configs
+    from fusedattn.configs import head_dim_pieces
+
+    padded = (max(16, 1 << (dim - 1).bit_length()), 0)
+    assert head_dim_pieces(dim, precision=None) == pieces  # fp16/bf16
     for fp32 in ("ieee", "tf32", "tf32x3"):  # fp32 pads (tf32x3 ran slower split)
         assert head_dim_pieces(dim, precision=fp32) == padded
-    monkeypatch.setenv(SPLIT_D_ENV, "3")
-    assert head_dim_pieces(dim, precision=None) == pieces
     assert head_dim_pieces(dim, precision=None, aligned=False) == padded  # rows off 16 B
-    monkeypatch.setenv(SPLIT_D_ENV, "0")  # the A/B switch: one padded piece
+    # the A/B switch ($FUSEDATTN_SPLIT_D=0, read once): one padded piece
+    monkeypatch.setattr(configs, "OVERRIDES", replace(configs.OVERRIDES, split_d=False))
     assert head_dim_pieces(dim, precision=None) == padded
 
 
@@ -328,11 +333,9 @@ def test_row_alignment():
     (1, 2, 1, 33, 50, 80, "full", 1),     # 64 + 16; GQA
     (1, 1, 1, 20, 40, 144, "window", 1),  # 128 + 16; a window: masked tiles at both ends
     (2, 4, 2, 1, 70, 80, "full", 2),      # decode: GQA rows packed, keys split and merged
-    (1, 2, 2, 35, 35, 112, "causal", 1),  # three pieces, 64 + 32 + 16
     (1, 2, 1, 33, 50, 72, "full", 1),     # 64 + 16 overlapping by 8; GQA
     (1, 1, 1, 20, 40, 88, "window", 1),   # 64 + 32 overlapping by 8; a window
     (2, 4, 2, 1, 70, 72, "full", 2),      # decode with an overlapping piece
-    (1, 2, 2, 35, 35, 100, "causal", 1),  # three pieces, the third overlapping by 12
 ])
 def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
     """A head dim in pieces (`configs.head_dim_pieces`, fp16: the interpreter's bf16 dot
@@ -340,12 +343,11 @@ def test_split_head_dim_gives_the_reference(monkeypatch, one_loop, case):
     both structures of the key loop, against the float64 reference within fp16's bound
     (SDPA's fp16 error on the same inputs sets it), the output and LSE poisoned first."""
     import fusedattn.tiles.flash as flash
-    from fusedattn.configs import SPLIT_D_ENV, head_dim_pieces
-    from fusedattn.lab.verify import poison
+    from fusedattn.configs import head_dim_pieces
     from fusedattn.reference import visible
+    from fusedattn_lab.verify import poison
 
     monkeypatch.setattr(flash, "single_key_loop", lambda **_: one_loop)
-    monkeypatch.setenv(SPLIT_D_ENV, "3")  # three pieces where two do not exist
     b, h, hk, sq, sk, d, kind, splits = case
     assert head_dim_pieces(d, precision=None)[1] > 0  # the case runs the split path
     q, k, v = (_rand(b, n, s, d, dtype=torch.float16, seed=i)
@@ -371,8 +373,8 @@ def test_head_dim_pieces_in_wider_rows(dim, row):
     100) in one padded piece; fp16 against the float64 reference, output poisoned first."""
     import fusedattn.tiles.flash as flash
     from fusedattn.configs import head_dim_pieces
-    from fusedattn.lab.verify import poison
     from fusedattn.tiles.common import row_alignment
+    from fusedattn_lab.verify import poison
 
     q, k, v = (_rand(1, 2, 37, row, dtype=torch.float16, seed=i)[..., :dim] for i in range(3))
     assert (head_dim_pieces(dim, precision=None, aligned=row_alignment(q, k, v) > 1)[1] > 0
@@ -393,18 +395,16 @@ def test_head_dim_pieces_in_wider_rows(dim, row):
     (112, True, 112), (144, True, 144), (176, False, 176), (192, False, 192),
     (200, False, 200), (208, False, 208),
     (80, False, 88), (96, True, 104), (80, False, 84)])  # wider rows: aligned, or not
-def test_split_head_dims_on_long_bf16_rows(monkeypatch, dim, causal, row):
-    """bf16 at S=2600 (ragged) with the rules' tiles, head dims in two and three pieces,
-    whole (80, 96, 144, 192, 208) and overlapping (72, 176, 200: a masked padded piece gave
-    wrong outputs at bf16 S4096 here, `configs.head_dim_pieces`), within the low-precision
-    bound that SDPA's error on the same inputs sets; output poisoned first. Three pieces
-    (112, 200, 208) as asked for. Rows wider than the head dim: on 16 bytes (88, 104;
-    these went wrong before `common.row_alignment`) in pieces, else (84) padded."""
-    from fusedattn.configs import SPLIT_D_ENV
-    from fusedattn.lab.verify import poison
+def test_split_head_dims_on_long_bf16_rows(dim, causal, row):
+    """bf16 at S=2600 (ragged) with the rules' tiles, head dims in two pieces, whole (80,
+    96, 144, 192) and overlapping (72, 176: a masked padded piece gave wrong outputs at bf16
+    S4096 here, `configs.head_dim_pieces`), and padded (112, 200, 208), within the
+    low-precision bound that SDPA's error on the same inputs sets; output poisoned first.
+    Rows wider than the head dim: on 16 bytes (88, 104; these went wrong before
+    `common.row_alignment`) in pieces, else (84) padded."""
     from fusedattn.tiles.flash import flash_forward
+    from fusedattn_lab.verify import poison
 
-    monkeypatch.setenv(SPLIT_D_ENV, "3")
     q, k, v = (_rand(1, 2, 2600, row, dtype=torch.bfloat16, seed=s)[..., :dim]
                for s in range(3))
     ref, _ = _ref(q, k, v, causal)
@@ -416,38 +416,6 @@ def test_split_head_dims_on_long_bf16_rows(monkeypatch, dim, causal, row):
     assert result.ok, result.reasons
 
 
-@pytest.mark.parametrize("heads_each, causal", [(2, False), (4, True), (8, False)])
-def test_several_heads_per_program_give_the_reference(monkeypatch, heads_each, causal):
-    """Programs that walk several (batch, head)s (`configs.heads_per_program`, forced by
-    $FUSEDATTN_HEADS): every head of B2 H4 (GQA 2:1, ragged S) against the float64
-    reference, output and LSE poisoned first (a head no program took stays NaN)."""
-    import fusedattn.tiles.flash as flash
-    from fusedattn.configs import HEADS_ENV, heads_per_program
-    from fusedattn.lab.verify import poison
-
-    monkeypatch.setenv(HEADS_ENV, str(heads_each))
-    assert heads_per_program(programs=8) == heads_each
-    q, k, v = _rand(2, 4, 37, 24), _rand(2, 2, 37, 24, seed=1), _rand(2, 2, 37, 24, seed=2)
-    out, lse = poison(torch.empty_like(q)), poison(torch.empty((2, 4, 37), device=DEVICE))
-    flash.flash_forward(q, k, v, out=out, lse=lse, is_causal=causal, scale=24 ** -0.5,
-                        precision="ieee")
-    ref, ref_lse = _ref(q, k, v, causal)
-    result = check(out, ref)
-    assert result.ok, result.reasons
-    assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-5)
-
-
-def test_heads_per_program_only_where_it_divides(monkeypatch):
-    from fusedattn.configs import HEADS_ENV, heads_per_program
-
-    assert heads_per_program(programs=1024) == 1  # the rule
-    monkeypatch.setenv(HEADS_ENV, "3")
-    assert heads_per_program(programs=1024) == 1  # 3 does not divide
-    assert heads_per_program(programs=96) == 3
-    monkeypatch.setenv(HEADS_ENV, "x")
-    assert heads_per_program(programs=96) == 1
-
-
 @pytest.mark.gpu_only("the interpreter compiles nothing")
 def test_a_new_head_count_reuses_the_compiled_forward():
     """Head counts and the LSE's strides are not specialised (`common.SHAPE_INTS`): after
@@ -456,7 +424,7 @@ def test_a_new_head_count_reuses_the_compiled_forward():
     from fusedattn.tiles.flash import _flash_fwd
 
     def kernels():
-        return sum(len(cache[0]) for cache in _flash_fwd.device_caches.values())
+        return sum(len(cache[0]) for cache in _flash_fwd.fn.device_caches.values())
 
     def run(heads):
         q = _rand(2, heads, 1000, 64, seed=heads).to(torch.bfloat16)
@@ -473,7 +441,12 @@ def test_a_new_head_count_reuses_the_compiled_forward():
 
 def _unspecialised(kernel) -> set[str]:
     """The int arguments a kernel leaves unspecialised (`do_not_specialize`), as the GPU's
-    JIT function holds them or as the interpreter was handed them."""
+    JIT function holds them or as the interpreter was handed them (under the heuristics
+    that derive the flags, if any)."""
+    from triton.runtime.autotuner import Heuristics
+
+    if isinstance(kernel, Heuristics):
+        kernel = kernel.fn
     names = getattr(kernel, "do_not_specialize", None)
     if names is None:
         names = kernel.kwargs.get("do_not_specialize") or []

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from fusedattn.api import attention
-from fusedattn.lab.verify import check
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref, attention_ref_grads
+from fusedattn_lab.verify import check
 
 
 def _rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
@@ -244,8 +244,8 @@ def test_no_grad_inputs_build_no_graph():
 def test_bench_tiny_train_suite_verifies_gradients(tmp_path, monkeypatch):
     import csv
 
-    from fusedattn.cli import main
-    from fusedattn.lab import suites as flashbench
+    from fusedattn_lab import suites as flashbench
+    from fusedattn_lab.cli import main
 
     assert main(["bench", "--suite", "tiny-train", "--providers", "flash,sdpa-math",
                  "--match", "bwd bf16 B1 H2/1 S33 D16 causal,fwd+bwd fp32 B1 H2 S33 D16",
@@ -271,7 +271,7 @@ def test_bench_tiny_train_suite_verifies_gradients(tmp_path, monkeypatch):
 
 
 def test_bench_flops_convention():
-    from fusedattn.lab.suites import BenchProblem
+    from fusedattn_lab.suites import BenchProblem
 
     fwd = BenchProblem(4, 32, 4096, 128, "bf16", True)
     assert fwd.flops() == 4 * 4 * 32 * 4096 * 4096 * 128 / 2

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from fusedattn.lab.inputs import PROTOCOLS, make_inputs
 from fusedattn.problem import Problem, ProblemError
+from fusedattn_lab.inputs import PROTOCOLS, make_inputs
 
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))

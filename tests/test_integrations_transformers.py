@@ -12,9 +12,9 @@ transformers = pytest.importorskip(
     "transformers", reason="the [hf] extra is not installed: pip install -e '.[hf]'")
 
 import fusedattn.integrations.transformers  # noqa: E402,F401  (registers "fusedattn")
-from fusedattn.lab.verify import check  # noqa: E402
 from fusedattn.mode import DEVICE, EMULATION  # noqa: E402
 from fusedattn.problem import ProblemError  # noqa: E402
+from fusedattn_lab.verify import check  # noqa: E402
 
 # emulation: tiny (the interpreter runs every program); GPU: a model with real tiles
 SIZES = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

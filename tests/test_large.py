@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from fusedattn.api import attention
-from fusedattn.lab.verify import check
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref, attention_ref_grads
+from fusedattn_lab.verify import check
 
 # The reproduction: bf16 [4200, 8, 512, 128], 2.2e9 elements per tensor (4.4 GB),
 # crashed with an illegal memory access when b * stride was computed in 32 bits.

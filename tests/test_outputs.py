@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fusedattn.cli import main
-from fusedattn.lab import outputs
 from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
+from fusedattn_lab import outputs
+from fusedattn_lab.cli import main
 
 UNWRITABLE = Path("/proc/fusedattn-test")  # not writable, root included
 
@@ -39,7 +39,7 @@ def test_two_runs_in_the_same_second_get_their_own_folders(tmp_path):
     (["bench", "--suite", "tiny", "--out", str(UNWRITABLE)], "out"),
 ])
 def test_unwritable_outputs_fail_before_the_work(argv, field, capsys, monkeypatch):
-    from fusedattn.lab import protocol as bench
+    from fusedattn_lab import protocol as bench
 
     ran = []
     monkeypatch.setattr(bench, "measure", lambda *a, **k: ran.append(a))
@@ -101,7 +101,7 @@ def test_bad_boundary_shapes_are_argument_errors(argv, capsys):
 
 
 def test_sweep_defaults_to_a_version_with_a_block_k(tmp_path):
-    from fusedattn.cli import build_parser  # noqa: F401
+    from fusedattn_lab.cli import build_parser  # noqa: F401
 
     assert build_parser().parse_args(["sweep"]).version is None  # resolved from the registry
     if EMULATION:
@@ -128,16 +128,16 @@ def test_masks_refuses_an_unreadable_grid(capsys):
     assert main(["masks", "--seq", "100000000", "--block-k", "1"]) == 2
     assert "iterations" in _err(capsys)[0]
     with pytest.raises(ProblemError):
-        from fusedattn.lab.walkthrough import key_masks
+        from fusedattn_lab.walkthrough import key_masks
 
         key_masks(10, 4096)
 
 
 @pytest.mark.emulation_only("the simulator's slowness")
 def test_emulation_warns_when_a_run_will_take_long(capsys, monkeypatch):
-    from fusedattn.lab import protocol as bench
-    from fusedattn.lab.registry import VERSIONS
     from fusedattn.problem import Problem
+    from fusedattn_lab import protocol as bench
+    from fusedattn_lab.registry import VERSIONS
 
     warned = []
     bench.check_resources(Problem(128, 64, 256), [VERSIONS["online"]], warned.append)

@@ -1,8 +1,8 @@
 import matplotlib.image as mpimg
 
-from fusedattn.lab.plots import draw
-from fusedattn.lab.records import summarize, summary_csv
-from fusedattn.lab.runall import Plan
+from fusedattn_lab.plots import draw
+from fusedattn_lab.records import summarize, summary_csv
+from fusedattn_lab.runall import Plan
 
 SETTINGS = {"inputs": "uniform", "seed": 0, "warmup": 10, "repeat": 50, "timing": "events"}
 ENV = {"gpu": "NVIDIA H200", "driver": "580", "torch": "2.11", "triton": "3.6",
@@ -51,7 +51,7 @@ def test_no_timed_rows_no_figures(tmp_path):
 def test_plot_command_draws_a_bench_folder(tmp_path):
     import csv
 
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
 
     fields = ["problem", "provider", "batch", "heads", "seq", "dim", "dtype", "causal",
               "precision", "mode", "status", "tflops"]

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from fusedattn.lab.registry import VERSIONS
 from fusedattn.problem import Problem, ProblemError, check_block, check_tensors
+from fusedattn_lab.registry import VERSIONS
 
 CPU = torch.device("cpu")
 

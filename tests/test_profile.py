@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from fusedattn.lab import profile
-from fusedattn.lab.profile import (
+from fusedattn.problem import Problem, ProblemError
+from fusedattn_lab import profile
+from fusedattn_lab.profile import (
     SanitizerReport,
     kernel_verdicts,
     occupancy,
@@ -14,7 +15,6 @@ from fusedattn.lab.profile import (
     parse_sanitizer,
     resource_rows,
 )
-from fusedattn.problem import Problem, ProblemError
 
 FIX = Path(__file__).parent / "fixtures"
 OURS = ["_scores_kernel", "_softmax_rows_kernel", "_pv_kernel", "_online_rows_kernel",
@@ -118,7 +118,7 @@ def test_missing_tools_give_clear_errors(monkeypatch):
 
 @pytest.mark.emulation_only("what profile prints without a GPU")
 def test_cli_profile_in_emulation_says_what_needs_a_gpu(tmp_path, capsys):
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
     assert main(["profile", "--version", "online,t0", "--seq", "4", "--dim", "3",
                  "--block", "32", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusedattn.lab.verify import check, poison
 from fusedattn.reference import attention_ref
-from fusedattn.tiles.rows import rows_attention
+from fusedattn_lab.rows import rows_attention
+from fusedattn_lab.verify import check, poison
 
 SHAPES = [
     (1, 1),    # one key: the first tile holds one valid key, the rest masked
@@ -18,8 +18,8 @@ SHAPES = [
 
 
 def _run(q, k, v, block_k, protocol=None):
-    from fusedattn.lab.protocol import peer_error
     from fusedattn.problem import Problem
+    from fusedattn_lab.protocol import peer_error
 
     out = poison(torch.empty_like(q))
     rows_attention(q, k, v, block_k=block_k, out=out)
@@ -58,9 +58,9 @@ def test_block_k_is_a_parameter_for_sweeps(qkv):
 @given(seq=st.integers(1, 40), dim=st.integers(1, 40), block_k=st.sampled_from([16, 32]),
        seed=st.integers(0, 2**16))
 def test_rows_random_shapes(seq, dim, block_k, seed):
-    from fusedattn.lab.inputs import make_inputs
     from fusedattn.mode import DEVICE
     from fusedattn.problem import Problem
+    from fusedattn_lab.inputs import make_inputs
 
     q, k, v = make_inputs(Problem(seq, dim, 32), "normal", seed, DEVICE)
     result = _run(q, k, v, block_k)

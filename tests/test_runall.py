@@ -8,11 +8,11 @@ from dataclasses import fields
 
 import pytest
 
-from fusedattn.lab import records as run_records
-from fusedattn.lab import runall
-from fusedattn.lab.evidence import write_atomic
-from fusedattn.lab.records import SummaryRow, summarize, summary_csv
-from fusedattn.lab.runall import Plan, execute
+from fusedattn_lab import records as run_records
+from fusedattn_lab import runall
+from fusedattn_lab.evidence import write_atomic
+from fusedattn_lab.records import SummaryRow, summarize, summary_csv
+from fusedattn_lab.runall import Plan, execute
 
 SETTINGS = {"inputs": "uniform", "seed": 0, "warmup": 10, "repeat": 50, "timing": "events"}
 ENV = {"git_commit": "abc", "git_dirty": False, "gpu": "NVIDIA H200", "driver": "580",
@@ -67,7 +67,7 @@ def test_error_record_gives_error_verdict():
 
 
 def test_materialized_models_are_the_chapters():
-    from fusedattn.lab.registry import VERSIONS
+    from fusedattn_lab.registry import VERSIONS
 
     models = VERSIONS["materialized"].intermediate_models(128)
     assert models == {"capacity_bytes": 2 * 128 * 128 * 4, "traffic_bytes": 16 * 128 * 128}
@@ -127,7 +127,7 @@ class _Console:
 
 def _boundary_records(unit):
     """What a worker writes for a boundary unit that passed (the record shape of
-    `fusedattn.lab.worker` in emulation), without starting a process."""
+    `fusedattn_lab.worker` in emulation), without starting a process."""
     check = {"ok": True, "max_abs": 0.0, "where": [0, 0], "max_rel": 0.0, "n_nan": 0,
              "n_inf": 0, "n_unwritten": 0, "tolerance": 2e-4, "reasons": []}
     return [{"unit": unit["unit"], "kind": unit["kind"], "suite": "boundary", "process": 0,
@@ -174,7 +174,7 @@ def test_resume_refuses_another_plan(tmp_path):
 
 @pytest.mark.emulation_only("the GPU protocol runs on the H200 as evidence, minutes long")
 def test_run_all_cli_in_emulation_writes_evidence(tmp_path, capsys):
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
     rc = main(["run-all", "--version", "t0,online", "--boundary", "1x1,3x5",
                "--out", str(tmp_path)])
     assert rc == 0
@@ -191,7 +191,7 @@ def test_run_all_cli_in_emulation_writes_evidence(tmp_path, capsys):
 
 
 def test_sender_named_commit_wins_over_the_copys_git(monkeypatch):
-    from fusedattn.lab.evidence import environment
+    from fusedattn_lab.evidence import environment
 
     monkeypatch.setenv("FUSEDATTN_GIT_COMMIT", "0123abc")
     monkeypatch.setenv("FUSEDATTN_GIT_DIRTY", "0")
@@ -321,7 +321,7 @@ def test_two_input_protocols_in_one_run_are_kept_apart(tmp_path, monkeypatch):
 
 
 def test_run_all_refuses_an_unknown_or_repeated_protocol(tmp_path, capsys):
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
 
     for bad in ("uniform,gauss", "normal,normal"):
         assert main(["run-all", "--version", "t0", "--inputs", bad,

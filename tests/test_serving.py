@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import fusedattn
-from fusedattn.lab.verify import check
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import (
@@ -20,6 +19,7 @@ from fusedattn.reference import (
     varlen_ref_grads,
     visible,
 )
+from fusedattn_lab.verify import check
 
 LOW = (torch.float16, torch.bfloat16)
 
@@ -286,7 +286,7 @@ def test_attention_bad_window_and_softcap():
 def test_serving_bench_verifies_every_kind(tmp_path):
     import csv
 
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
     assert main(["bench", "--suite", "tiny-serving", "--out", str(tmp_path)]) == 0
     (csv_path,) = tmp_path.rglob("bench.csv")
     rows = list(csv.DictReader(csv_path.open()))

@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusedattn.lab.verify import check, poison
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref
-from fusedattn.simt import materialized, online
+from fusedattn_lab.simt import materialized, online
+from fusedattn_lab.verify import check, poison
 
 SHAPES = [
     ((1, 1), 32),   # one key, one component: 31 idle threads in every reduction
@@ -79,8 +79,8 @@ def test_each_version_allocates_only_what_it_uses(qkv):
 
 
 def test_barrier_counts_in_the_registry_match_the_kernels():
-    from fusedattn.lab.registry import VERSIONS
     from fusedattn.problem import Problem
+    from fusedattn_lab.registry import VERSIONS
 
     p = Problem(128, 64, 256)
     (online_rows,) = VERSIONS["online"].launches
@@ -102,7 +102,7 @@ def test_barrier_counts_in_the_registry_match_the_kernels():
     ((100, 128), 256, 32, True),  # D=128: merge slots fit 2 at a time (chunked rounds)
 ])
 def test_online_tiled_shapes(qkv, shape, block, rows, causal):
-    from fusedattn.simt import online_tiled
+    from fusedattn_lab.simt import online_tiled
 
     q, k, v = qkv(*shape)
     bufs = online_tiled.allocate(q)
@@ -116,7 +116,7 @@ def test_online_tiled_shapes(qkv, shape, block, rows, causal):
 def test_online_tiled_stable_under_large_scores(qkv, rows, causal):
     # stress: scores in the hundreds, over 2 tiles and a merge tree: a running max that
     # stopped moving after the first tile would overflow exp() to inf
-    from fusedattn.simt import online_tiled
+    from fusedattn_lab.simt import online_tiled
 
     q, k, v = qkv(70, 8, inputs="stress")
     bufs = online_tiled.allocate(q)
@@ -127,10 +127,10 @@ def test_online_tiled_stable_under_large_scores(qkv, rows, causal):
 
 
 def test_online_tiled_plan_barriers_and_registry():
-    from fusedattn.lab.registry import VERSIONS, planted_symbol, planted_versions
     from fusedattn.problem import Problem, ProblemError
-    from fusedattn.simt import online_tiled
-    from fusedattn.simt.tiled_plan import Plan, auto_rows
+    from fusedattn_lab.registry import VERSIONS, planted_symbol, planted_versions
+    from fusedattn_lab.simt import online_tiled
+    from fusedattn_lab.simt.tiled_plan import Plan, auto_rows
 
     # about one block per SM (132 on the H200): the sweep's fastest rows at each S
     assert [auto_rows(s, 256, 64, sms=132) for s in (128, 512, 2048, 8192, 16384)] == [
@@ -166,7 +166,7 @@ def test_online_tiled_plan_barriers_and_registry():
 def test_online_tiled_any_plan_matches_the_reference(seq, dim, block, rows_log2, causal, scale):
     """Any rows per block that divides the block (1 .. block): tiles, pads, merge rounds and
     masks together; at scale 3 the scores spread over tens, so a wrong running max shows."""
-    from fusedattn.simt import online_tiled
+    from fusedattn_lab.simt import online_tiled
 
     rows = min(2 ** rows_log2, block)
     gen = torch.Generator().manual_seed(seq * 1000 + dim)

@@ -5,15 +5,15 @@ only list of version and kernel names."""
 import pytest
 import torch
 
-from fusedattn.cli import main
-from fusedattn.lab import registry
-from fusedattn.lab.profile import (
+from fusedattn.problem import Problem
+from fusedattn_lab import registry
+from fusedattn_lab.cli import main
+from fusedattn_lab.profile import (
     SanitizerReport,
     kernel_verdicts,
     resource_rows,
     sanitizer_kernels,
 )
-from fusedattn.problem import Problem
 
 TOY = "toy-ref"
 

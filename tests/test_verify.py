@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fusedattn.lab.verify import TOLERANCE, check, poison
+from fusedattn_lab.verify import TOLERANCE, check, poison
 
 
 def _pair():
@@ -57,7 +57,7 @@ def test_float32_tolerance_is_the_chapters_bound():
 
 
 def test_low_precision_bound_is_twice_the_peer_plus_a_floor():
-    from fusedattn.lab.verify import precision_key
+    from fusedattn_lab.verify import precision_key
 
     assert precision_key(torch.float32, "tf32") == "tf32"
     assert precision_key(torch.bfloat16) == "bfloat16"
@@ -81,7 +81,7 @@ def test_poison_for_half_precisions_is_nan_and_detected():
 
 
 def test_stress_bound_is_relative_to_torchs_fp32_error_and_chapter_bound_stays():
-    from fusedattn.lab.verify import TOLERANCE, needs_peer, precision_key
+    from fusedattn_lab.verify import TOLERANCE, needs_peer, precision_key
 
     # the chapter's protocols keep the fixed 2e-4
     for protocol in ("uniform", "normal", None):
@@ -95,7 +95,7 @@ def test_stress_bound_is_relative_to_torchs_fp32_error_and_chapter_bound_stays()
 
 
 def test_stress_check_fails_an_error_above_twice_the_peer():
-    from fusedattn.lab.verify import check
+    from fusedattn_lab.verify import check
 
     ref = torch.zeros(4, 4, dtype=torch.float64)
     out = torch.full((4, 4), 3e-4)

@@ -1,7 +1,7 @@
 import pytest
 
-from fusedattn.lab.registry import ROUTES, VERSIONS, select
 from fusedattn.problem import Problem, ProblemError
+from fusedattn_lab.registry import ROUTES, VERSIONS, select
 
 
 def test_registry_entries_are_complete():
@@ -47,7 +47,7 @@ def test_prepare_validates_the_tensors(qkv):
 
 
 def test_list_command_shows_every_version(capsys):
-    from fusedattn.cli import main
+    from fusedattn_lab.cli import main
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out

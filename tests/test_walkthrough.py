@@ -6,9 +6,9 @@ import matplotlib.image as mpimg
 import pytest
 import torch
 
-from fusedattn.cli import main
-from fusedattn.lab import walkthrough as wt
 from fusedattn.problem import ProblemError
+from fusedattn_lab import walkthrough as wt
+from fusedattn_lab.cli import main
 
 
 def test_hand_example_walk():

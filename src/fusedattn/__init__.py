@@ -1,6 +1,12 @@
-"""fusedattn: attention forward built materialized and online, thread-level and tile-level.
+"""fusedattn: fused attention for PyTorch, forward and backward, on Triton kernels.
 
-Importing the package first fixes the execution mode (GPU or emulation), see `mode`.
+    fusedattn.attention(q, k, v, is_causal=..., window=..., softcap=..., enable_gqa=...)
+    fusedattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ...)
+    fusedattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., ...)
+    fusedattn.distributed.ring_attention(q, k, v, group=..., is_causal=...)
+
+Depends on torch and triton only. Importing it reads where the kernels run (the GPU, or
+Triton's interpreter where the user set TRITON_INTERPRET=1; see `mode`) and sets nothing.
 """
 
 from fusedattn import mode as _mode  # noqa: F401  (must run before kernel imports)

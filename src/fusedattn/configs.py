@@ -1,29 +1,25 @@
-"""Tile configs for the library's kernels: a table tuned on the H200 and a rule for the
-rest, so the first call on a new shape costs one compile, not a search.
+"""Tile configs for the library's kernels: a table tuned on the H200, then rules, so the
+first call on a new shape costs one compile, not a search. Data and rules only: each rule
+has a one-line reason here and its measurements in docs/decisions.md (the anchor named
+beside it).
 
-A config is `(BLOCK_M, BLOCK_N, num_warps, num_stages)`. Autotuning (Triton's
-`triton.autotune` over the candidate sets below) runs only on request:
-`FUSEDATTN_AUTOTUNE=1` in the environment, read at each call. In emulation every kernel
-runs one small config: the interpreter is exact whatever the tile, and slow on big ones.
+A config is `(BLOCK_M, BLOCK_N, num_warps, num_stages)`. Each kernel first looks its problem
+up in the tuned table (`fusedattn tune` writes `tuned/<gpu>.json`, keyed by `table_key`);
+a key the table lacks, or a GPU without a table, gets the rules. Other GPUs get the H200's
+rules: a rule, not a promise of speed there. In emulation every kernel runs one small
+config: the interpreter is exact whatever the tile, and slow on big ones. Autotuning
+(Triton's `triton.autotune` over the candidates at the end) runs only on request.
 
-Where the numbers come from: the forward's winners of `fusedattn bench --configs` on the
-H200 (evidence/nvidia-h200/20261130T044344Z-tune-bf16, ...044457Z-tune-fp32); the
-backward's of `scripts/bwd_configs.py` (evidence/README.md, "Training"). Other GPUs get
-the same table: a rule, not a promise of speed there.
-
-Before the rules, each kernel looks its problem up in a tuned table: `fusedattn tune` times
-the candidates on the GPU it runs on and writes `tuned/<gpu>.json` (e.g. `nvidia-h200`),
-keyed by kernel, precision, padded head dim, causal or not, the sequence's power-of-two
-bucket and whether the grid fills the SMs (`table_key`). `FUSEDATTN_TUNED_TABLE=path` reads
-another table instead. A key the table lacks (or a GPU without a table) gets the rules.
+Environment overrides, for A/B runs and tuning, are read once when fusedattn is imported,
+never on a launch (`OVERRIDES`); tests and the A/B runner replace `configs.OVERRIDES`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import triton
@@ -36,13 +32,34 @@ SMS = 132  # the H200's streaming multiprocessors: a grid under this leaves SMs 
 EMULATED: Config = (16, 16, 1, 1)  # tl.dot wants tiles >= 16 on the GPU; kept in emulation
 SHORT_SEQ = 256  # query lengths up to this take small query tiles (the autotuner too)
 
-
 TUNED_DIR = Path(__file__).parent / "tuned"
 TABLE_ENV = "FUSEDATTN_TUNED_TABLE"
 _LOADED: dict[str, dict] = {}
 
 
-@functools.cache
+@dataclass(frozen=True)
+class Overrides:
+    """What the environment overrides, read once (`from_env`)."""
+
+    autotune: bool = False        # FUSEDATTN_AUTOTUNE=1: time the candidates on each shape
+    one_loop: bool | None = None  # FUSEDATTN_ONE_LOOP=1/0: force one key loop or several
+    split_d: bool = True          # FUSEDATTN_SPLIT_D=0: every head dim one padded piece
+    index64: bool = False         # FUSEDATTN_INDEX64=1: 64-bit offsets always (their cost)
+    table: Path | None = None     # FUSEDATTN_TUNED_TABLE=path: another tuned table
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> Overrides:
+        loop = env.get("FUSEDATTN_ONE_LOOP", "")
+        return cls(autotune=env.get("FUSEDATTN_AUTOTUNE", "") == "1",
+                   one_loop=loop == "1" if loop in ("0", "1") else None,
+                   split_d=env.get("FUSEDATTN_SPLIT_D", "") != "0",
+                   index64=env.get("FUSEDATTN_INDEX64", "") == "1",
+                   table=Path(env[TABLE_ENV]) if env.get(TABLE_ENV) else None)
+
+
+OVERRIDES = Overrides.from_env()
+
+
 def gpu_family() -> str | None:
     """This GPU's name as a file stem ("nvidia-h200"); None without a GPU (asked once)."""
     import torch
@@ -54,8 +71,8 @@ def gpu_family() -> str | None:
 
 def table_path() -> Path | None:
     """The tuned table in use: $FUSEDATTN_TUNED_TABLE, else this GPU's committed one."""
-    if os.environ.get(TABLE_ENV):
-        return Path(os.environ[TABLE_ENV])
+    if OVERRIDES.table is not None:
+        return OVERRIDES.table
     family = gpu_family()
     return TUNED_DIR / f"{family}.json" if family else None
 
@@ -141,7 +158,7 @@ def _tuned(kernel: str, **key) -> list | None:
 def autotune_requested() -> bool:
     """`FUSEDATTN_AUTOTUNE=1`: time the candidate configs on each new shape (a search of
     seconds to minutes per shape) instead of taking the table's config."""
-    return os.environ.get("FUSEDATTN_AUTOTUNE", "") == "1" and not EMULATION
+    return OVERRIDES.autotune and not EMULATION
 
 
 def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: bool,
@@ -161,25 +178,16 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
         tensor_tiles = precision is None or (precision != "ieee" and block_d <= 64)
         return (64, 64, 4, 3) if fills and tensor_tiles else (32, 32, 4, 2)
     if precision is not None and block_d <= 128 and not fills:
-        # fp32 on a grid of 64-row tiles that leaves SMs idle: 32-row tiles, twice the
-        # programs and a quarter (half) of the unrolled products to compile. B1 H4 S700 D96
-        # on the H200 (scripts/fwd_configs.py --fp32, 20261130T1636Z): exact 0.161 against
-        # 0.350 ms with the 64x64 tiles, compiled in 1.34 s; tf32x3 0.058 against 0.109 ms
-        # (13.0 TFLOP/s, SDPA efficient 11.1), compiled in 1.48 s against about 2
+        # fp32, SMs idle: 32-row tiles, twice the programs (decisions.md#fp32-few-programs)
         return (32, 32, 4, 2) if precision == "ieee" else (32, 64, 4, 2)
     if precision == "ieee":
-        # the FMA winner at S=4096 D=64 (12.3 TFLOP/s); past D=128 smaller tiles, as the
-        # FMA dot unrolls to M*N*D/threads instructions (never timed: not run on the GPU)
+        # the FMA winner at D64; past 128 smaller, FMA dots unroll (decisions.md#fp32-ieee)
         return (64, 64, 4, 2) if block_d <= 128 else (32, 32, 4, 2)
     if precision is not None and block_d > 64:
-        # fp32 on tensor cores (tf32, tf32x3, the fp32 default): tiles of 4-byte words, so
-        # the 16-bit rules' D=128 tiles would need 384 KB of shared memory. D=128: 64-row
-        # tiles, 2 stages (160 KB); past 128: one stage of K and V
+        # fp32 on tensor cores: 4-byte tiles, fewer stages fit (decisions.md#fp32-tensor-cores)
         return (64, 64, 4, 2) if block_d == 128 else (64, 32, 4, 1)
     if block_d > 128:
-        # K, V and a 256-column accumulator: 128-row tiles fit with 8 warps and 2 stages of
-        # 64 keys (192 KB of shared memory); 1.17x the 64-row tiles of 4 warps at B2 H16
-        # S4096 (510 against 436 TFLOP/s, scripts/fwd_configs.py, 20261130T1550Z)
+        # 128 rows, 8 warps, 2 stages of 64 keys fit 256 columns (decisions.md#d256)
         return (128, 64, 8, 2)
     if block_d == 128 and causal:
         return (64, 64, 4, 3)
@@ -188,129 +196,40 @@ def forward_config(*, dim: int, seq_q: int, programs_per_tile_row: int, causal: 
     return (128, 64, 8, 3)
 
 
-# One key loop or two (`flash._key_tiles`): the forward either runs its whole tiles and its
-# mask-edge tiles (causal diagonal, window edges, the ragged last tile) as separate
-# instantiations of the loop -- no compare, select or load mask on the whole ones -- or as one
-# loop that masks a tile when it is on an edge (a branch per tile, masked loads). One loop is
-# half the code: the compile takes about half as long (bf16 S1000 D128 on the H200: 0.93 s
-# against 2.02; fp32 S700 D96: 1.99 against 3.64), and short loops run faster without a second
-# pipeline to fill. Two loops win on long 16-bit loops. A/B on the H200
-# (evidence/nvidia-h200/20261130T1536Z-ab-one-loop), one loop over two: B64 S256 1.21x and
-# causal 1.28x, window 1.09x, S1000 1.03-1.04x, fp32 ieee S4096 1.63x, fp32 tf32x3 S4096 0.98x;
-# bf16 S4096 D128 0.90x, D64 0.95x, S16384 D80 0.90x, causal 0.98x.
-ONE_LOOP_MAX_KEYS = 2048
-ONE_LOOP_ENV = "FUSEDATTN_ONE_LOOP"  # "1" or "0" overrides the rule (A/B runs), read per call
+ONE_LOOP_MAX_KEYS = 2048  # one loop up to here: half the compile (decisions.md#one-key-loop)
 
 
 def single_key_loop(*, seq_k: int, precision: str | None, has_left: bool) -> bool:
     """One loop (see above) for fp32 (any precision: big tiles of code), windows with a
     left edge (masked tiles at both ends) and up to ONE_LOOP_MAX_KEYS keys; two otherwise.
     $FUSEDATTN_ONE_LOOP=1/0 forces it (the backward's rule: `backward_single_loop`)."""
-    forced = _forced_one_loop()
-    if forced is not None:
-        return forced
+    if OVERRIDES.one_loop is not None:
+        return OVERRIDES.one_loop
     return precision is not None or has_left or seq_k <= ONE_LOOP_MAX_KEYS
 
 
-def _forced_one_loop() -> bool | None:
-    forced = os.environ.get(ONE_LOOP_ENV, "")
-    return forced == "1" if forced in ("0", "1") else None
-
-
-# Head dims that are not powers of two: tl.dot takes power-of-two tiles, so D=80 padded to
-# 128 multiplies 48 columns of zeros in both products (1.6x the tensor-core work). Split in
-# two pieces instead, 64 + 16, each product is two dots over the pieces and nothing is
-# padded; 96 = 64 + 32, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64. On the H200, bf16
-# B2 H16 S4096, split over padded (scripts/ab_forward.py --suite ab-split at c76e01e,
-# evidence/nvidia-h200/20261130T1835Z-ab-split-d): D80 1.11x (causal 1.21x, S16384 1.10x),
-# D96 1.09x (causal 1.05x), D144 1.13x, D160 1.13x, D192 1.06x; but D48 (32 + 16) 0.99x and
-# fp32 (tf32x3) D96 S700 0.61x, so fp32 and first pieces under 64 pad. Pieces past the
-# first went wrong on the H200 wherever the rows of Q, K, V
-# do not start on 16 bytes as far as Triton knows (a row stride not a multiple of 16
-# elements; bf16 B1 H2 S2600, against SDPA in fp32: the probes in
-# evidence/nvidia-h200/20261130T2000Z-split-d-unaligned-probe): the pieces' columns off by
-# up to 0.37, or an illegal memory access, both for a masked padded piece (72 as 64 + 16 at
-# a4015e1, 20261130T1830Z-split-d-padded-probe) and for whole pieces (D80 in rows of 88,
-# D96 in rows of 104), while one piece was right at every stride tried (D8 to D128). The
-# compiled code differs there: with unaligned rows Triton loads each tile element by
-# element, unpipelined, straight into the shared memory the async wgmma reads; aligned, it
-# copies them by cp.async into multi-buffered shared memory. So pieces are used only where
-# every row starts on 16 bytes and the head dim is a multiple of 16 bytes
-# (`common.row_alignment`). Where Triton cannot see that itself (a stride or the head dim
-# not a multiple of 16), the strides and the head dim reach the kernel divided by 8 and are
-# multiplied back there (`_flash_fwd`'s ALIGN), which tells Triton so -- for every head dim,
-# split or not: padded D72 ran 2.05x faster with it (bf16 B2 H16 S4096, the padded sides
-# of evidence/nvidia-h200/20261130T2010Z-ab-overlap-d and 2020Z-ab-overlap-d), and D200
-# (padded to 256) 2.05x (the prefill suite, 201200Z against 202200Z).
-# A last piece wider than what is left is not masked but overlaps the piece before it: D72
-# = 64 + 16 reads columns 0..63 and 56..71, every load unmasked and inside the row; Q's
-# overlapped columns are zeros in the second piece, and the output stores them from the
-# first only (`_forward_tile`, OVERLAP). Three whole pieces where two do not exist
-# (112 = 64 + 32 + 16, 176 = 128 + 32 + 16, 208 = 128 + 64 + 16, 224 = 128 + 64 + 32) ran
-# slower than one padded piece (scripts/ab_forward.py --suite ab-split3 at fe1f6b8,
-# evidence/nvidia-h200/20261130T1906Z-ab-split3-d): D112 0.88x (causal 0.84x), D176 0.99x,
-# D208 0.99x, D224 0.96x; and D200 as 128 + 64 + 16 overlapping, 0.94x (at 4855946,
-# 2021Z-ab-split3-d); so they pad unless asked for. Two overlapping pieces over one padded
-# piece, both aligned (2020Z-ab-overlap-d): D72 1.05x (causal 1.09x, S16384 1.04x), D88
-# 1.07x, D136 1.20x, D168 1.04x, D176 1.07x. The forward only: the backward pads.
-SPLIT_D_ENV = "FUSEDATTN_SPLIT_D"  # "0" pads every head dim, "3" allows three pieces (A/B)
-
-
 def head_dim_pieces(dim: int, *, precision: str | None, aligned: bool = True
-                    ) -> tuple[int, int, int]:
-    """(first, second, third) pieces of the forward's head dim for fp16/bf16 (`precision`
-    None): powers of two, the first 64 or more and half the padded dim, the second (16 or
-    more) the smallest that covers the rest, where together they are narrower than the
-    padded dim (third 0); else (a power of two >= dim, 0, 0), one piece, padded. A last
-    piece wider than what is left overlaps the piece before it (D72 = 64 + 16, its second
-    piece columns 56..71): every load stays inside the row, unmasked, and the overlap
-    counts once (`_forward_tile`). `aligned`: every row of Q, K and V starts on 16 bytes
-    (`common.row_alignment`); where not, one piece (see above). $FUSEDATTN_SPLIT_D=0: one
-    piece always; =3: three pieces (the second half the first, the third 16 or more) where
-    two are no narrower than padding."""
+                    ) -> tuple[int, int]:
+    """(first, second) pieces of the forward's head dim for fp16/bf16 (`precision` None):
+    powers of two, the first 64 or more and half the padded dim, the second (16 or more)
+    the smallest that covers the rest, where together they are narrower than the padded dim
+    (1.05-1.21x faster: decisions.md#head-dim-pieces); else (a power of two >= dim, 0), one
+    piece, padded. A second piece wider than what is left overlaps the first (D72 = 64 +
+    16, its columns 56..71): every load stays inside the row, unmasked, and the overlap
+    counts once (`flash._flash_fwd`). `aligned`: every row of Q, K and V starts on 16
+    bytes (`common.row_alignment`); pieces in unaligned rows went wrong on the H200, so
+    there one piece. Three pieces and fp32 pieces ran slower and are not made.
+    $FUSEDATTN_SPLIT_D=0 (`OVERRIDES.split_d`): one piece always."""
     whole = max(16, triton.next_power_of_2(dim))
     first, rest = whole // 2, dim - whole // 2
-    forced = os.environ.get(SPLIT_D_ENV, "")
-    if precision is not None or not aligned or first < 64 or whole == dim or forced == "0":
-        return whole, 0, 0
+    if precision is not None or not aligned or first < 64 or whole == dim \
+            or not OVERRIDES.split_d:
+        return whole, 0
     second = max(16, triton.next_power_of_2(rest))
-    if first + second < whole:
-        return first, second, 0
-    second = first // 2  # the largest power of two below `rest`
-    third = max(16, triton.next_power_of_2(rest - second))
-    if forced == "3" and first + second + third < whole:
-        return first, second, third
-    return whole, 0, 0
+    return (first, second) if first + second < whole else (whole, 0)
 
 
-# Several (batch, head)s per program (`_flash_fwd`'s HEADS): one program walks HEADS of them
-# one after another, meant for short sequences (B64 H16 S256: 4096 programs of one 64-row
-# tile), to pay each program's prologue once per HEADS tiles. It lost everywhere it was
-# timed on the H200 (scripts/ab_forward.py --suite ab-heads at 1dd4b72,
-# evidence/nvidia-h200/20261130T1843Z-ab-heads-2 and ...1844Z-ab-heads-4), HEADS=2 and 4
-# against 1: bf16 D64 B64 S256 0.75x (causal 0.75x, 0.72x), B64 S128 0.75x, B32 S512
-# 0.71-0.73x, B16 S1024 0.74-0.76x, D128 B64 S256 causal 0.99x/0.94x. So the rule is 1 and
-# HEADS stays a switch for A/B runs and tuning.
-HEADS_ENV = "FUSEDATTN_HEADS"  # a count forces it where it applies (A/B runs), read per call
-
-
-def heads_per_program(*, programs: int) -> int:
-    """How many (batch, head)s each forward program walks, of `programs` (B * H):
-    $FUSEDATTN_HEADS=n forces n where it divides them; 1 otherwise (the rule: above)."""
-    forced = os.environ.get(HEADS_ENV, "")
-    if forced.isdigit() and int(forced) > 0:
-        return int(forced) if programs % int(forced) == 0 else 1
-    return 1
-
-
-# The backward's loops (dK/dV over the query tiles, dQ over the key tiles), one against three
-# in one process on the H200 (scripts/ab_forward.py --suite ab-train,
-# evidence/nvidia-h200/20261130T1634Z-ab-bwd-one-loop), one over three: causal 1.03-1.08x at
-# S 1024-4096 (D64 and D128), B64 S256 1.05x (causal 1.11x), fp32 1.01x, but without a mask
-# 0.94-0.96x at S 1024-4096: there the three loops' masked ones are empty (or one ragged
-# tile) and one loop pays for bounded loads on every tile. One loop halves the compile
-# (fwd+bwd S1000: the backward's two kernels 1.06-1.08 s against 1.83-2.12).
-BWD_ONE_LOOP_MAX = 256
+BWD_ONE_LOOP_MAX = 256  # one loop for masks and short loops (decisions.md#backward-loops)
 
 
 def backward_single_loop(*, seq: int, precision: str | None, has_left: bool,
@@ -318,9 +237,8 @@ def backward_single_loop(*, seq: int, precision: str | None, has_left: bool,
     """One loop in a backward kernel whose loop walks `seq` rows: for fp32, any mask
     edge (causal, a window) and loops up to BWD_ONE_LOOP_MAX rows; three otherwise.
     $FUSEDATTN_ONE_LOOP=1/0 forces it, as in the forward."""
-    forced = _forced_one_loop()
-    if forced is not None:
-        return forced
+    if OVERRIDES.one_loop is not None:
+        return OVERRIDES.one_loop
     return precision is not None or has_left or has_right or seq <= BWD_ONE_LOOP_MAX
 
 
@@ -347,14 +265,7 @@ def decode_splits(*, programs: int, seq_k: int) -> int:
     return max(1, min(want, triton.cdiv(seq_k, 256), 64))
 
 
-# The backward, per padded head dim (fp32 counts twice its head dim: twice the bytes).
-# dK/dV holds two [BLOCK_N, D] fp32 accumulators and the K and V tiles for its whole loop and
-# streams query tiles past them; dQ the reverse. The fastest at bf16 B4 H32 S4096
-# (scripts/bwd_configs.py): dQ's in all four of D64/D128 x causal or not, dK/dV's in three
-# (D128 causal ran 4% faster with 3 stages). Past 128 (bf16/fp16), dK/dV's two [BLOCK_N, 256]
-# fp32 accumulators took 256 registers a thread at 64 keys and 4 warps and spilled (ncu
-# 20261130T1454Z: SM 11% busy, DRAM 43%); with 8 warps and 2 stages it ran 1.72x faster
-# (B2 H16 S4096: 7.43 ms, causal 2.22x: 4.88; scripts/bwd_configs.py, 20261130T1457Z).
+# the backward per padded head dim (fp32 counts twice): decisions.md#backward-tiles
 BACKWARD: dict[int, tuple[Config, Config]] = {
     # head dim up to: (dkdv, dq)
     64: ((32, 64, 4, 3), (128, 64, 8, 3)),
@@ -366,10 +277,7 @@ BACKWARD: dict[int, tuple[Config, Config]] = {
 BACKWARD_FP32_WIDE: tuple[Config, Config] = ((32, 64, 4, 1), (64, 32, 4, 1))
 
 
-# Exact fp32 ("ieee") dots are FMA loops on CUDA cores that Triton unrolls to
-# M*N*D/threads instructions per dot: tensor-core tiles (128x128 at D=64) took 64-76 s to
-# compile each in the GPU tier of ccb29d2. Small tiles keep the compile in seconds; exact
-# fp32 is the correctness path, not the fast one.
+# exact fp32: small tiles keep the FMA dots' compile in seconds (decisions.md#backward-ieee)
 BACKWARD_IEEE: tuple[Config, Config] = ((32, 32, 4, 2), (32, 32, 4, 2))
 
 
@@ -398,16 +306,7 @@ def backward_configs(*, dim: int, itemsize: int, precision: str | None = None,
 
 # --- the autotuner's candidates (FUSEDATTN_AUTOTUNE=1, `fusedattn bench --configs`) -----
 
-# Hopper configs, (BLOCK_M, BLOCK_N, warps, stages). Tensor cores (fp16, bf16, tf32):
-# 128-row query tiles feed wgmma (a warpgroup of 4 warps takes 64 rows); 64-row tiles give
-# more programs when B*H*Sq is small. The four kept are those that won on the H200 (bf16
-# D=64 causal S=8192/16384, D=128 S=4096, fp32-tf32 S=4096, each config timed alone with
-# `fusedattn bench --configs`); 128x64 with 4 warps (3 or 4 stages), 64x128 and 64x64 with
-# 4 stages never did and went. fp32-ieee runs tl.dot as FMA on CUDA cores, where a thread's
-# share of the tile sets the shared-memory traffic per FMA: it tries both sets (at S=4096,
-# D=64 the FMA set alone reached 12.3 TFLOP/s). Short queries (bucket <= 256) try only
-# small tiles: there one 128-row tile would be the whole grid of a head, and compiling
-# fewer configs keeps a fresh process's first call short.
+# the candidates that won on the H200, by kind (decisions.md#autotune-candidates)
 TENSOR_CORE = ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4))
 FMA = ((64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2),
        (32, 64, 4, 2), (64, 32, 4, 3), (32, 32, 2, 2), (128, 64, 4, 3))

@@ -1,14 +1,16 @@
-"""Choose, once and before any kernel module is imported, between the GPU and emulation.
+"""Where the kernels run: the GPU, or Triton's interpreter on CPU tensors (emulation).
 
-Triton reads `TRITON_INTERPRET` when a kernel is decorated and numba reads
-`NUMBA_ENABLE_CUDASIM` when it is imported, so both must be set before
-`fusedattn.tiles` / `fusedattn.simt` are imported. `fusedattn/__init__.py` imports this
-module first; nothing else sets the flags.
+Read once, when fusedattn is imported, from the environment the user (or the lab's CLI, or
+the tests' conftest) set before; importing fusedattn sets nothing itself, so no other
+package or child process sees a change:
+- `TRITON_INTERPRET=1` (Triton's own switch, which it reads when a kernel is decorated):
+  emulation. The kernels then take CPU tensors, slowly, to prove logic, never speed.
+- otherwise the GPU: the kernels take CUDA tensors, and a CPU tensor is refused with a
+  `ProblemError` that says how to run it.
 
-Rules:
-- no CUDA device visible to torch -> emulation (both flags set to 1);
-- `FUSEDATTN_EMULATE=1` forces emulation on a GPU machine (to test the emulated path there);
-- flags the user already set to 1 are honoured (emulation).
+The lab's CLI (`fusedattn_lab.cli`) chooses emulation on a machine without a GPU, or with
+`FUSEDATTN_EMULATE=1`, by setting `TRITON_INTERPRET` and `NUMBA_ENABLE_CUDASIM` in its own
+process before it imports fusedattn (`fusedattn_lab.choose_mode`).
 """
 
 from __future__ import annotations
@@ -19,25 +21,14 @@ import threading
 
 import torch
 
-_FLAGS = ("TRITON_INTERPRET", "NUMBA_ENABLE_CUDASIM")
-
-
-def _decide() -> bool:
-    forced = os.environ.get("FUSEDATTN_EMULATE", "") == "1"
-    preset = any(os.environ.get(f, "") == "1" for f in _FLAGS)
-    emulate = forced or preset or not torch.cuda.is_available()
-    if emulate:
-        for flag in _FLAGS:
-            os.environ[flag] = "1"
-    return emulate
-
-
-EMULATION: bool = _decide()
-"""True when kernels run in Triton's interpreter and numba's CUDA simulator (on the CPU)."""
+EMULATION: bool = os.environ.get("TRITON_INTERPRET", "") == "1"
+"""True when kernels run in Triton's interpreter (on the CPU)."""
 
 DEVICE: torch.device = torch.device("cpu" if EMULATION else "cuda")
-"""Where the version buffers live: torch CPU tensors in emulation, CUDA tensors otherwise."""
+"""Where the kernels' tensors live: CPU tensors in emulation, CUDA tensors otherwise."""
 
+HOW_TO_EMULATE = ("without a GPU, set TRITON_INTERPRET=1 before importing fusedattn to run "
+                  "the kernels on CPU tensors in Triton's interpreter (slow: for tests)")
 
 _INTERPRETER = threading.RLock()
 

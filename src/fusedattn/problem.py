@@ -1,4 +1,6 @@
-"""The problem: single batch, single head, float32 attention forward on `[S, D]` inputs.
+"""Errors and checks shared by every entry point: `ProblemError`, the one tensor validator
+(`check_qkv`), the index-tensor, window and softcap checks, the head-dim limits; and the
+chapter's problem (`Problem`: one `[S, D]` float32 head), which the lab's versions take.
 
 Every bad input raises `ProblemError`, which names the field, the value and what is allowed;
 the CLI prints it as one line. Version-specific limits (D <= 256 for the row kernels) live
@@ -12,6 +14,8 @@ import numbers
 from dataclasses import dataclass
 
 import torch
+
+from fusedattn.mode import HOW_TO_EMULATE
 
 MIN_BLOCK, MAX_BLOCK = 32, 1024  # one warp .. the CUDA limit of threads per block
 MAX_ROW_DIM = 256
@@ -129,7 +133,8 @@ def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: d
         if t.dtype not in dtypes:
             raise ProblemError(f"{name}.dtype", str(t.dtype), kinds)
         if t.device.type != device.type:
-            raise ProblemError(f"{name}.device", str(t.device), f"a {device.type} tensor")
+            raise ProblemError(f"{name}.device", str(t.device), f"a {device.type} tensor"
+                               + (f" ({HOW_TO_EMULATE})" if device.type == "cuda" else ""))
         if contiguous and not t.is_contiguous():
             raise ProblemError(f"{name}.strides", t.stride(), "a contiguous tensor (row-major)")
     if not (q.dim() == k.dim() == v.dim()):

@@ -5,13 +5,13 @@ offsets' width, and the operands in emulation. `flash.py` (forward), `flash_bwd.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from fusedattn import configs
 from fusedattn.mode import EMULATION
 
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
@@ -103,11 +103,11 @@ def index_dtype(*tensors: torch.Tensor, rows: int = 0):
     """The kernels' offset type: `tl.int32` when every element offset of `tensors` (and
     `rows`, the LSE/delta length) fits in 31 bits, else `tl.int64` (batch and head offsets
     and tiles' first rows; offsets inside a tile stay 32-bit). 32 bits where they suffice,
-    the widths used before 64-bit offsets existed. FUSEDATTN_INDEX64=1 forces 64 bits (to
-    measure what they cost)."""
+    the widths used before 64-bit offsets existed. FUSEDATTN_INDEX64=1
+    (`configs.OVERRIDES.index64`) forces 64 bits (to measure what they cost)."""
     span = max([rows] + [sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
                          for t in tensors])
-    if span >= 2**31 - 1 or os.environ.get("FUSEDATTN_INDEX64") == "1":
+    if span >= 2**31 - 1 or configs.OVERRIDES.index64:
         return tl.int64
     return tl.int32
 
@@ -147,21 +147,50 @@ class Mask:
     softcap: float | None = None
     bottom_right: bool = False
 
-    def kernel_args(self, scale: float) -> tuple[tuple, dict]:
-        """((qk_scale, cap, left, right), constexprs) for the kernels."""
+    def kernel_args(self, scale: float) -> tuple[float, float, int, int]:
+        """(qk_scale, cap, left, right) as the kernels take them: a window side -1 where it
+        is unbounded (causal: right = 0, a window's right side adds nothing), cap 0.0
+        without a softcap. The kernels derive their flags from these (`MASK_FLAGS`)."""
         left, right = self.window if self.window is not None else (None, None)
-        has_right = self.causal or right is not None
         if self.causal:
-            right = 0  # a window's right side (>= 0) adds nothing to causal
-        elif right is None:
-            right = 0  # unused: no upper bound
+            right = 0
         if self.softcap:
-            scores = (scale / self.softcap, self.softcap * LOG2E)
+            qk_scale, cap = scale / self.softcap, self.softcap * LOG2E
         else:
-            scores = (scale * LOG2E, 1.0)
-        return ((*scores, left or 0, right),
-                {"HAS_LEFT": left is not None, "HAS_RIGHT": has_right,
-                 "SOFTCAP": bool(self.softcap), "BOTTOM_RIGHT": self.bottom_right})
+            qk_scale, cap = scale * LOG2E, 0.0
+        return (qk_scale, cap, -1 if left is None else left, -1 if right is None else right)
+
+
+MASK_FLAGS = {
+    "HAS_LEFT": lambda a: a["left"] >= 0,   # a window's left edge
+    "HAS_RIGHT": lambda a: a["right"] >= 0,  # causal, or a window's right edge
+    "SOFTCAP": lambda a: a["cap"] > 0,
+}
+"""The mask's constexprs of the forward and backward kernels, derived from their `left`,
+`right` and `cap` arguments (`Mask.kernel_args`) by `triton.heuristics`."""
+
+
+@triton.jit
+def _sequence(p_cu_q, p_cu_k, p_seqlens_k, b, seq_q, seq_k, VARLEN: tl.constexpr,
+              SEQLENS_K: tl.constexpr, INDEX: tl.constexpr, WIDE: tl.constexpr):
+    """(first query row, query count, first key row, key count) of sequence b, for the
+    forward and the backward: packed (VARLEN: rows cu[b]..cu[b+1] of q and of k),
+    per-sequence key lengths (SEQLENS_K: a KV cache), or the batch's own `seq_q`, `seq_k`.
+    WIDE: the counts as INDEX-bit tensors (the backward's row arithmetic); else the
+    batch's lengths stay the arguments they came as (the forward's)."""
+    q_start = b * 0
+    k_start = b * 0
+    if WIDE:
+        seq_q = b * 0 + seq_q
+        seq_k = b * 0 + seq_k
+    if VARLEN:
+        q_start = tl.load(p_cu_q + b).to(INDEX)
+        seq_q = tl.load(p_cu_q + b + 1).to(INDEX) - q_start
+        k_start = tl.load(p_cu_k + b).to(INDEX)
+        seq_k = tl.load(p_cu_k + b + 1).to(INDEX) - k_start
+    if SEQLENS_K:
+        seq_k = tl.load(p_seqlens_k + b)
+    return q_start, seq_q, k_start, seq_k
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,0 @@
-from fusedattn.cli import main
-
-raise SystemExit(main())

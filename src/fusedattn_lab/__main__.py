@@ -1,0 +1,3 @@
+from fusedattn_lab.cli import main
+
+raise SystemExit(main())

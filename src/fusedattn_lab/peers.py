@@ -1,0 +1,109 @@
+"""The peers: PyTorch's attention, run on the same inputs as ours, for comparison.
+
+`torch-eager` (addmm + softmax + mm, float32 with TF32 off) and SDPA's four backends. They
+register in the same registry as our versions (route "peer"), from this module, so the
+source hash in a peer's evidence is this file's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fusedattn.problem import Problem
+from fusedattn.reference import causal_mask
+from fusedattn_lab.registry import Kernel, Prepared, Version, register
+from fusedattn_lab.verify import tf32_matmuls
+
+
+def _prepare_eager(q, k, v, problem: Problem) -> Prepared:
+    seq = q.shape[0]
+    scores = torch.empty((seq, seq), dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
+    future = None
+    if problem.causal:  # True above the diagonal: key j > i, masked with -inf
+        future = ~causal_mask(seq, seq, q.device)
+
+    def call():
+        with tf32_matmuls(False):  # float32 GEMMs, so the peer computes what ours compute
+            torch.addmm(scores, q, k.T, beta=0.0, alpha=problem.scale, out=scores)  # fused
+            if future is not None:
+                scores.masked_fill_(future, float("-inf"))
+            torch.mm(torch.softmax(scores, dim=-1), v, out=out)  # softmax allocates P [S, S]
+
+    return Prepared(call, out, {"scores": scores, "out": out}, lambda: [])
+
+
+def _eager_batched(q, k, v, causal: bool, precision: str | None):
+    """torch-eager on `[B, H, S, D]` (equal heads): matmul + softmax + matmul, with TF32
+    matmuls only for `precision="tf32"`."""
+    scale = q.shape[-1] ** -0.5
+    future = None
+    if causal:
+        future = ~causal_mask(q.shape[-2], k.shape[-2], q.device)
+
+    def call():
+        with tf32_matmuls(precision == "tf32"):
+            s = torch.matmul(q, k.transpose(-1, -2)) * scale
+            if future is not None:
+                s = s.masked_fill(future, float("-inf"))
+            return torch.matmul(torch.softmax(s, dim=-1), v)
+
+    return call
+
+
+register(Version(
+    "torch-eager", "peer",
+    "PyTorch: addmm (scaled QK^T) [+ masked_fill if causal] + softmax + mm, float32, TF32 off",
+    (Kernel("addmm", ("Q", "K"), ("Scores",)),
+     Kernel("masked_fill", ("Scores",), ("Scores",), None, "causal only"),
+     Kernel("softmax", ("Scores",), ("P",)), Kernel("mm", ("P", "V"), ("O",))),
+    "fusedattn_lab.peers", _prepare_eager, intermediates=2, batched=_eager_batched,
+    judges=("tf32", "float32-wide"),  # honours TF32 when asked; plain fp32 otherwise
+))
+
+
+
+def _sdpa_batched(backend: str):
+    def make(q, k, v, causal: bool, precision: str | None):
+        # `precision` is unused: SDPA's kernels choose their own products (fp32 "efficient"
+        # runs on tensor cores, see evidence/README.md); TF32 state does not reach them
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        which = getattr(SDPBackend, backend)
+        gqa = q.shape[-3] != k.shape[-3]
+
+        def call():
+            with sdpa_kernel(which):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                      enable_gqa=gqa)
+
+        return call
+
+    return make
+
+
+def _sdpa_prepare(backend: str):
+    def prepare(q, k, v, problem: Problem) -> Prepared:
+        call4 = _sdpa_batched(backend)(q[None, None], k[None, None], v[None, None],
+                                       problem.causal, None)
+        out = torch.empty_like(q)
+        return Prepared(lambda: out.copy_(call4()[0, 0]), out, {"out": out}, lambda: [])
+
+    return prepare
+
+
+# (name, backend, what, S x S arrays it holds, tolerance keys it is the peer for)
+for _name, _backend, _what, _inter, _judges in (
+    ("sdpa-flash", "FLASH_ATTENTION", "FlashAttention-2 (fp16/bf16 only)", 0, ()),
+    ("sdpa-cudnn", "CUDNN_ATTENTION", "cuDNN's fused attention", 0, ()),
+    ("sdpa-efficient", "EFFICIENT_ATTENTION", "memory-efficient (xFormers) kernel", 0, ()),
+    ("sdpa-math", "MATH", "the math fallback: matmuls and softmax", 2,
+     ("float16", "bfloat16")),
+):
+    register(Version(
+        _name, "peer", f"PyTorch scaled_dot_product_attention, {_what}",
+        (Kernel(_backend.lower(), ("Q", "K", "V"), ("O",)),), "fusedattn_lab.peers",
+        _sdpa_prepare(_backend), in_all=False, batched=_sdpa_batched(_backend),
+        intermediates=_inter, judges=_judges,
+    ))

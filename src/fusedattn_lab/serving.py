@@ -1,0 +1,302 @@
+"""`fusedattn bench --suite decode|varlen|window`: the serving entry points against their
+peers, in one process, on the same inputs.
+
+- decode: `attention_with_kvcache` (one or a few new queries per sequence over a KV cache,
+  dense or paged) against SDPA's cuDNN and flash backends on the same cache (keys up to the
+  longest length; here every sequence is full). The bandwidth column is the K and V bytes
+  that must be read, `2 * B * H_kv * Sk * D * itemsize`, over the time.
+- varlen: `attention_varlen` on a packed batch against the same batch padded to its
+  longest sequence and run through SDPA (flash, cuDNN), and FlexAttention with a document
+  mask (compiled) on the packed rows. TFLOP/s count the useful FLOPs only (each sequence's
+  own causal triangle).
+- window: `attention(window=...)` against FlexAttention with a sliding-window block mask and
+  SDPA with the window as a boolean mask. Useful TFLOP/s: 4 * D * (visible pairs).
+
+Every provider's output is verified against the float64 reference on one sequence / two
+heads before it is timed (`lab/verify.check`, peers' errors for the low-precision bound),
+and timed with the primed-event protocol (`lab/timing.time_gpu`). A provider that cannot run
+a problem is recorded as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fusedattn.mode import DEVICE, EMULATION
+from fusedattn_lab.suites import DTYPES, BenchRow
+
+
+@dataclass(frozen=True)
+class ServingProblem:
+    kind: str             # decode | varlen | window
+    batch: int
+    heads: int
+    heads_kv: int
+    seq_q: int            # decode: new queries per sequence; varlen: longest sequence
+    seq_k: int            # keys per sequence (decode: cache length; window: S)
+    dim: int
+    dtype: str = "bf16"
+    page: int | None = None       # decode: paged cache with this block size
+    window: int | None = None     # window: left size (causal)
+    lengths: tuple[int, ...] = ()  # varlen: each sequence's length
+
+    def label(self) -> str:
+        base = f"{self.kind} {self.dtype} B{self.batch} H{self.heads}/{self.heads_kv}"
+        if self.kind == "decode":
+            return (f"{base} Sq{self.seq_q} Sk{self.seq_k} D{self.dim}"
+                    + (f" paged{self.page}" if self.page else ""))
+        if self.kind == "varlen":
+            return f"{base} total{sum(self.lengths)} max{self.seq_q} D{self.dim} causal"
+        return f"{base} S{self.seq_k} D{self.dim} causal window{self.window}"
+
+    def useful_flops(self) -> float:
+        """4 * D * (query, key) pairs seen, per head."""
+        if self.kind == "decode":
+            pairs = self.batch * self.seq_q * self.seq_k
+        elif self.kind == "varlen":
+            pairs = sum(n * (n + 1) // 2 for n in self.lengths)
+        else:
+            s, w = self.seq_k, self.window
+            pairs = self.batch * sum(min(i, w) + 1 for i in range(s))
+        return 4.0 * self.dim * self.heads * pairs
+
+    def kv_bytes(self) -> int:
+        return 2 * self.batch * self.heads_kv * self.seq_k * self.dim * \
+            DTYPES[self.dtype].itemsize
+
+
+def _lengths(n: int, total: int, seed: int) -> tuple[int, ...]:
+    """n sequence lengths, 64..4096, summing to about `total` (a document batch)."""
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.rand(n, generator=g) ** 2
+    lengths = (raw / raw.sum() * total).clamp(64, 4096).round().long().tolist()
+    return tuple(int(x) for x in lengths)
+
+
+def serving_suites() -> dict[str, list[ServingProblem]]:
+    decode = [ServingProblem("decode", 32, 32, 8, sq, 8192, 128) for sq in (1, 2, 4, 16)]
+    decode += [ServingProblem("decode", 32, 32, 8, 1, 8192, 128, page=256),
+               ServingProblem("decode", 1, 32, 8, 1, 131072, 128)]
+    lengths = _lengths(24, 32768, 0)
+    return {
+        "decode": decode,
+        "varlen": [ServingProblem("varlen", len(lengths), 16, 16, max(lengths), max(lengths),
+                                  128, lengths=lengths)],
+        "window": [ServingProblem("window", 1, 32, 32, 8192, 8192, 128, window=1024)],
+        "tiny-serving": [ServingProblem("decode", 2, 4, 2, 1, 40, 16, "fp32"),
+                         ServingProblem("decode", 2, 4, 2, 2, 48, 16, "fp32", page=16),
+                         ServingProblem("varlen", 3, 2, 2, 9, 9, 16, "fp32",
+                                        lengths=(9, 1, 5)),
+                         ServingProblem("window", 1, 2, 2, 40, 40, 16, "fp32", window=7)],
+    }
+
+
+# --- inputs and providers ----------------------------------------------------------------
+
+def _rand(shape, dtype, gen):
+    return torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.float32).to(dtype)
+
+
+def _sdpa(backend: str, q, k, v, **kw):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+              "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def call():
+        with sdpa_kernel(chosen):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+    return call
+
+
+def _flex(q, k, v, mask_mod, enable_gqa=False):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    block = create_block_mask(mask_mod, None, None, q.shape[-2], k.shape[-2],
+                              device=q.device)
+    compiled = torch.compile(flex_attention)
+    return lambda: compiled(q, k, v, block_mask=block, enable_gqa=enable_gqa)
+
+
+def _decode(p: ServingProblem, gen):
+    """(providers, reference check) for a decode problem: every sequence's cache full."""
+    from fusedattn.kvcache import attention_with_kvcache
+    from fusedattn.reference import attention_ref
+
+    dt = DTYPES[p.dtype]
+    q = _rand((p.batch, p.heads, p.seq_q, p.dim), dt, gen)
+    k, v = (_rand((p.batch, p.heads_kv, p.seq_k, p.dim), dt, gen) for _ in range(2))
+    seqlens = torch.full((p.batch,), p.seq_k, dtype=torch.int32, device=DEVICE)
+    cache, table = (k, v), None
+    if p.page:  # the same keys, paged in a shuffled block order
+        per = p.seq_k // p.page
+        order = torch.randperm(p.batch * per, generator=torch.Generator().manual_seed(1))
+        table = order.reshape(p.batch, per).to(torch.int32).to(DEVICE)
+        paged = []
+        for t in (k, v):
+            pages = torch.empty((p.batch * per, p.heads_kv, p.page, p.dim), dtype=dt,
+                                device=DEVICE)
+            pages[table.flatten().long()] = t.reshape(p.batch, p.heads_kv, per, p.page,
+                                                      p.dim).transpose(1, 2).flatten(0, 1)
+            paged.append(pages)
+        cache = tuple(paged)
+    ours = {"fusedattn": lambda: attention_with_kvcache(
+        q, *cache, cache_seqlens=seqlens, block_table=table, check_lengths=False)}
+    # SDPA: queries at the end of the keys = bottom-right causal; one query sees them all.
+    causal = p.seq_q > 1
+    if causal:
+        from torch.nn.attention.bias import causal_lower_right
+        bias = causal_lower_right(p.seq_q, p.seq_k)
+        kw = {"attn_mask": bias}
+    else:
+        kw = {}
+    peers = {name: _sdpa(name, q, k, v, enable_gqa=True, **kw)
+             for name in ("sdpa-cudnn", "sdpa-flash")}
+
+    def reference(out):
+        heads = [0, p.heads - 1]
+        kv = [h // (p.heads // p.heads_kv) for h in heads]
+        return (out[0, heads], attention_ref(q[0, heads], k[0, kv], v[0, kv], causal=causal,
+                                             align="bottom-right", device=q.device))
+    return {**ours, **peers}, reference
+
+
+def _varlen(p: ServingProblem, gen):
+    from fusedattn.reference import attention_ref
+    from fusedattn.varlen import attention_varlen
+
+    dt = DTYPES[p.dtype]
+    total = sum(p.lengths)
+    q, k, v = (_rand((total, p.heads, p.dim), dt, gen) for _ in range(3))
+    cu = torch.tensor([0, *torch.tensor(p.lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device=DEVICE)
+    longest = max(p.lengths)
+    ours = {"fusedattn": lambda: attention_varlen(q, k, v, cu, cu, longest, longest,
+                                                  is_causal=True)}
+    # the same batch padded to the longest sequence ([B, H, S, D]); padding rows ignored
+    padded = []
+    for t in (q, k, v):
+        x = torch.zeros((len(p.lengths), p.heads, longest, p.dim), dtype=dt, device=DEVICE)
+        for b, (a, n) in enumerate(zip(cu[:-1].tolist(), p.lengths, strict=True)):
+            x[b, :, :n] = t[a:a + n].transpose(0, 1)
+        padded.append(x)
+    peers = {name: _sdpa(name, *padded, is_causal=True) for name in ("sdpa-flash",
+                                                                     "sdpa-cudnn")}
+    doc = torch.repeat_interleave(torch.arange(len(p.lengths), device=DEVICE),
+                                  torch.tensor(p.lengths, device=DEVICE))
+
+    def document_causal(b, h, qi, ki):
+        return (doc[qi] == doc[ki]) & (qi >= ki)
+
+    packed = [t.transpose(0, 1)[None] for t in (q, k, v)]  # [1, H, total, D]
+    peers["flex"] = lambda: _flex(*packed, document_causal)
+    n0 = p.lengths[0]
+
+    def unpad(name, out):  # ours is packed [total, H, D]; the peers' are [B or 1, H, S, D]
+        if name == "fusedattn":
+            return out[:n0].transpose(0, 1)[[0, p.heads - 1]]
+        return out[0, [0, p.heads - 1], :n0]
+
+    def reference(out, name="fusedattn"):
+        heads = [0, p.heads - 1]
+        return (unpad(name, out), attention_ref(*(t[:n0].transpose(0, 1)[heads]
+                                                  for t in (q, k, v)),
+                                                causal=True, device=q.device))
+    return {**ours, **peers}, reference
+
+
+def _window(p: ServingProblem, gen):
+    from fusedattn.api import attention
+    from fusedattn.reference import attention_ref, visible
+
+    dt = DTYPES[p.dtype]
+    q, k, v = (_rand((p.batch, p.heads, p.seq_k, p.dim), dt, gen) for _ in range(3))
+    w = p.window
+    ours = {"fusedattn": lambda: attention(q, k, v, is_causal=True, window=(w, None))}
+
+    def sliding(b, h, qi, ki):
+        return (qi >= ki) & (qi - ki <= w)
+
+    mask = visible(p.seq_k, p.seq_k, causal=True, window=(w, None), device=DEVICE)
+    peers = {"flex": lambda: _flex(q, k, v, sliding),
+             "sdpa-efficient": _sdpa("sdpa-efficient", q, k, v, attn_mask=mask),
+             "sdpa-cudnn": _sdpa("sdpa-cudnn", q, k, v, attn_mask=mask)}
+
+    def reference(out):
+        heads = [0, p.heads - 1]
+        return (out[0, heads], attention_ref(q[0, heads], k[0, heads], v[0, heads],
+                                             causal=True, window=(w, None), device=q.device))
+    return {**ours, **peers}, reference
+
+
+BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window}
+PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex")
+"""Every provider a serving problem may have (each builder makes the ones that apply)."""
+
+
+def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int,
+                seed: int = 0) -> list[dict]:
+    """Verify, then time, every provider of one serving problem; rows as dicts (the bench
+    CSV's columns plus `gbps`, the K/V bandwidth of decode rows)."""
+    from fusedattn_lab.protocol import call_peak
+    from fusedattn_lab.timing import time_gpu
+    from fusedattn_lab.verify import check, needs_peer
+
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    providers, reference = BUILDERS[p.kind](p, gen)
+    if EMULATION:  # the compiled and SDPA-backend peers need the GPU
+        providers = {"fusedattn": providers["fusedattn"]}
+    unmeasured = dict.fromkeys(("max_abs_error", "tolerance", "median_ms", "min_ms", "max_ms",
+                                "tflops", "peak_bytes", "call_bytes"))
+
+    def row_of(name: str, **fields) -> dict:
+        """A bench.csv row of provider `name`: `BenchRow`'s columns, then `gbps`."""
+        base = vars(BenchRow(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
+                             seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=True,
+                             precision="", mode="fwd", status="", reason="", **unmeasured))
+        return {**base, "gbps": None, **fields}
+
+    rows, outs = [], {}
+    for name, make in providers.items():
+        if name not in names:
+            continue
+        try:
+            call = make() if name == "flex" else make
+            out = call()
+            if not EMULATION:
+                torch.cuda.synchronize()
+        except Exception as exc:  # a backend that refuses this problem: recorded
+            rows.append(row_of(name, status="skipped", reason=f"{type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:160]}"))
+            continue
+        got, ref = reference(out, name) if p.kind == "varlen" else reference(out)
+        outs[name] = (got, ref, call)
+    # low precision: the bound is twice the worst peer's error (SDPA in the same dtype)
+    peer_err = None
+    if needs_peer(DTYPES[p.dtype], None):
+        errs = [float((g.double() - r).abs().max()) for n, (g, r, _) in outs.items()
+                if n != "fusedattn"]
+        peer_err = max(errs) if errs else None
+    for name, (got, ref, call) in outs.items():
+        result = check(got, ref, peer_error=peer_err)
+        row = row_of(name, status="ok" if result.ok else "FAIL",
+                     reason="; ".join(result.reasons), max_abs_error=result.max_abs,
+                     tolerance=result.tolerance)
+        if not EMULATION and result.ok:
+            t = time_gpu(call, warmup=warmup, repeat=repeat)
+            peak, call_bytes = call_peak(call)
+            row.update(median_ms=t.median_ms, min_ms=t.min_ms, max_ms=t.max_ms,
+                       tflops=p.useful_flops() / (t.median_ms * 1e-3) / 1e12,
+                       peak_bytes=peak, call_bytes=call_bytes)
+            if p.kind == "decode":
+                row["gbps"] = p.kv_bytes() / (t.median_ms * 1e-3) / 1e9
+        rows.append(row)
+    ours = next((r for r in rows if r["provider"] == "fusedattn" and r["median_ms"]), None)
+    for r in rows:
+        r["flash_over_this"] = (r["median_ms"] / ours["median_ms"]
+                                if ours and r["median_ms"] and r is not ours else None)
+    return rows
+

@@ -1,0 +1,305 @@
+"""Inputs that once returned a silently wrong number or a raw error (issue 28): windows at
+the int limit, large and tiny softcaps, ranks that disagree, errors that came out raw,
+context managers across threads, and threads in emulation."""
+
+import json
+import math
+import threading
+
+import pytest
+import torch
+
+import fusedattn
+from fusedattn.mode import DEVICE
+from fusedattn.problem import ProblemError
+from fusedattn.reference import attention_ref
+from fusedattn_lab.verify import check
+
+
+def _rand(*shape, dtype=torch.float32, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+    return t.requires_grad_() if grad else t
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def _passes(got, ref):
+    result = check(got, ref)
+    assert result.ok, result.reasons
+
+
+# --- 3. windows at and past the int32 limit ------------------------------------------------
+
+HUGE = [2**31 - 1, 2**31, 2**63 - 1, 2**63, 10**30]
+
+
+def test_a_window_past_every_key_is_no_window():
+    q, k, v = (_rand(1, 2, 37, 16, seed=s) for s in range(3))
+    for causal in (False, True):
+        unbounded = fusedattn.attention(q, k, v, is_causal=causal)
+        for big in HUGE:
+            for window in ((None, big), (big, None), (big, big)):
+                assert torch.equal(fusedattn.attention(q, k, v, is_causal=causal,
+                                                       window=window), unbounded), window
+        left = fusedattn.attention(q, k, v, is_causal=causal, window=(5, None))
+        assert torch.equal(fusedattn.attention(q, k, v, is_causal=causal,
+                                               window=(5, 2**31 - 1)), left)
+    x = _rand(9, 2, 16, seed=4)
+    cu = _i32([0, 4, 9])
+    assert torch.equal(fusedattn.attention_varlen(x, x, x, cu, cu, 5, 5, window=(1, 2**31 - 1)),
+                       fusedattn.attention_varlen(x, x, x, cu, cu, 5, 5, window=(1, None)))
+    kc, vc = _rand(2, 1, 8, 16, seed=5), _rand(2, 1, 8, 16, seed=6)
+    cache = dict(cache_seqlens=_i32([5, 8]), is_causal=False)
+    qd = _rand(2, 2, 1, 16, seed=7)
+    assert torch.equal(
+        fusedattn.attention_with_kvcache(qd, kc, vc, window=(2, 2**31 - 1), **cache),
+        fusedattn.attention_with_kvcache(qd, kc, vc, window=(2, None), **cache))
+
+
+@pytest.mark.gpu_only("S >= 4096 is a GPU-sized problem")
+def test_a_window_of_the_int_limit_at_s4096():
+    q, k, v = (_rand(1, 4, 4096, 64, dtype=torch.bfloat16, seed=s) for s in range(3))
+    for causal in (False, True):
+        assert torch.equal(
+            fusedattn.attention(q, k, v, is_causal=causal, window=(2**31 - 1, 2**31 - 1)),
+            fusedattn.attention(q, k, v, is_causal=causal))
+
+
+# --- 6. softcaps large and small -------------------------------------------------------------
+
+@pytest.mark.parametrize("cap", [1e4, 1e6, 1e8, 1e30])
+def test_a_large_softcap_keeps_fp32_accuracy(cap):
+    q, k, v = (_rand(1, 2, 40, 32, seed=s, grad=True) for s in range(3))
+    out = fusedattn.attention(q, k, v, softcap=cap, precision="ieee")
+    _passes(out, attention_ref(q, k, v, softcap=cap))
+    # the forward and backward share the scores: the gradient too, against float64's
+    dout = _rand(1, 2, 40, 32, seed=3)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    s = (q64 @ k64.transpose(-1, -2)) / math.sqrt(32)
+    ref = torch.softmax(cap * torch.tanh(s / cap), -1) @ v64
+    want = torch.autograd.grad(ref, (q64, k64, v64), dout.double().cpu())
+    for g, w in zip(got, want, strict=True):
+        _passes(g, w)
+
+
+def test_softcaps_outside_fp32s_range_are_refused_and_tiny_ones_stay_finite():
+    q = _rand(1, 1, 8, 16)
+    for cap in (1e-40, 1e-31, 1e31, 1e300):
+        with pytest.raises(ProblemError, match="softcap"):
+            fusedattn.attention(q, q, q, softcap=cap)
+    q = q.clone()
+    q[..., 3, :] = 0.0  # a row of zero scores: 0 * (scale / cap) must not be 0 * inf
+    out = fusedattn.attention(q, q, q, softcap=1e-30, precision="ieee")
+    assert torch.isfinite(out).all()
+    _passes(out, attention_ref(q, q, q, softcap=1e-30))
+
+
+# --- 9. errors that came out raw ---------------------------------------------------------------
+
+def test_clear_errors_where_raw_ones_came_out(tmp_path, monkeypatch):
+    with pytest.raises(ProblemError, match="^q="):
+        fusedattn.attention_with_kvcache(None, _rand(1, 1, 4, 16), _rand(1, 1, 4, 16),
+                                         cache_seqlens=_i32([1]))
+    q = _rand(1, 1, 4, 16)
+    with pytest.raises(ProblemError, match="scale"):
+        fusedattn.attention(q, q, q, scale=True)
+    with pytest.raises(ProblemError, match="precision"):
+        fusedattn.attention(q.half(), q.half(), q.half(), precision="ieee")
+    # double backward: one clear error
+    x = _rand(1, 1, 4, 16, grad=True)
+    out = fusedattn.attention(x, x, x)
+    (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(ProblemError, match="double backward"):
+        g.sum().backward()
+    # ring attention without a process group
+    from fusedattn.distributed import ring_attention
+    with pytest.raises(ProblemError, match="init_process_group"):
+        ring_attention(q, q, q)
+
+
+def test_documented_shapes_and_integers_are_taken():
+    q5 = _rand(2, 3, 2, 5, 16, seed=0)  # [..., H, S, D] with two leading dims
+    out = fusedattn.attention(q5, q5, q5, is_causal=True)
+    _passes(out, attention_ref(q5, q5, q5, causal=True))
+    import numpy as np
+
+    x = _rand(7, 2, 16, seed=1)
+    cu = _i32([0, 3, 7])
+    got = fusedattn.attention_varlen(x, x, x, cu, cu, np.int64(4), np.int32(4))
+    assert torch.equal(got, fusedattn.attention_varlen(x, x, x, cu, cu, 4, 4))
+
+
+def test_a_malformed_tuned_table_is_refused_naming_the_file(tmp_path, monkeypatch):
+    from fusedattn import configs
+
+    monkeypatch.setattr(configs, "_LOADED", {})
+    bad = [("not json {", "unreadable"),
+           (json.dumps({"rows": {}}), "unreadable"),
+           (json.dumps({"entries": {"fwd 16bit d64 full s4096 fills": [0, 0, 0, 0]}}),
+            "BLOCK_M"),
+           (json.dumps({"entries": {"bwd 16bit d64 full s4096 fills": [64, 64, 4, 2]}}),
+            "two of them"),
+           (json.dumps({"entries": {"fwd oops": [64, 64, 4, 2]}}), "keys as")]
+    for n, (text, why) in enumerate(bad):
+        path = tmp_path / f"t{n}.json"
+        path.write_text(text)
+        with pytest.raises(ProblemError, match=why) as err:
+            configs.load_table(path)
+        assert str(path) in str(err.value)
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(ProblemError, match="unreadable"):
+        configs.load_table(tmp_path / "dir.json")
+    # through the environment, the error comes at the call (before a cache is written)
+    from dataclasses import replace
+
+    monkeypatch.setattr(configs, "EMULATION", False)
+    monkeypatch.setattr(configs, "OVERRIDES", replace(configs.OVERRIDES,
+                                                      table=tmp_path / "t2.json"))
+    with pytest.raises(ProblemError, match="t2.json"):
+        configs.forward_config(dim=64, seq_q=4096, programs_per_tile_row=128, causal=False,
+                               precision=None)
+
+
+def test_compiled_fullgraph_keeps_the_message():
+    f = torch.compile(lambda t: fusedattn.attention(t, t, t), fullgraph=True, backend="eager")
+    with pytest.raises(Exception) as err:  # fullgraph lets no exception out as itself
+        f(torch.randn(1, 1, 4, 16, dtype=torch.float64))
+    assert "ProblemError" in str(err.value) and "q.dtype" in str(err.value)
+    g = torch.compile(lambda t: fusedattn.attention(t, t, t), backend="eager")
+    with pytest.raises(ProblemError, match="q.dtype"):  # without fullgraph: itself
+        g(torch.randn(1, 1, 4, 16, dtype=torch.float64))
+
+
+def test_cli_errors_name_the_right_option(tmp_path, capsys):
+    from fusedattn_lab.cli import main
+
+    assert main(["bench", "--suite", "tiny", "--warmup", "-1"]) == 2
+    assert "warmup=-1" in capsys.readouterr().err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text("{}")
+    (run / "records.jsonl").mkdir()
+    assert main(["run-all", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "records.jsonl" in err and "Traceback" not in err
+
+
+# --- 4. ranks that disagree --------------------------------------------------------------
+
+def _disagreeing_body(rank: int, world: int, device, results: str) -> list[str]:
+    """Each rank: three calls whose inputs disagree across the ranks, one line each."""
+    from fusedattn.distributed import ring_attention
+
+    lines = []
+    x = torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(rank))
+    cases = {"dtype": dict(q=x.to(torch.float16 if rank == 0 else torch.bfloat16)),
+             "scale": dict(q=x, scale=0.25 if rank == 0 else 0.5),
+             "local": dict(q=x.double() if rank == 1 else x)}  # rank 1 refuses its own
+    for name, case in cases.items():
+        q = case.pop("q").to(device)
+        try:
+            ring_attention(q, q, q, **case)
+            lines.append(f"{name} not-refused")
+        except ProblemError as err:
+            lines.append(f"{name} refused {err.field} {err.value}")
+    return lines
+
+
+def test_ranks_that_disagree_are_all_refused(tmp_path):
+    from ranks import need_gpus, spawn
+
+    need_gpus(2)
+    for rank, lines in enumerate(spawn(_disagreeing_body, 2, tmp_path)):
+        assert not any(line.startswith("ERROR") for line in lines), lines
+        dtype, scale, local = lines
+        assert dtype.startswith("dtype refused shards") and "dtype" in dtype, lines
+        assert scale.startswith("scale refused shards") and "scale" in scale, lines
+        assert local.startswith("local refused " + ("q.dtype" if rank == 1 else "shards")), \
+            lines
+
+
+# --- 5 and 10. threads -----------------------------------------------------------------------
+
+def _in_threads(fn, n=4):
+    errors, results = [], [None] * n
+
+    def run(i):
+        try:
+            results[i] = fn(i)
+        except Exception as err:  # noqa: BLE001  (collected, asserted below)
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+def test_threads_calling_attention_at_once_all_get_right_results():
+    inputs = [tuple(_rand(1, 2, 19, 16, seed=10 * i + s) for s in range(3)) for i in range(4)]
+
+    def call(i):
+        return [fusedattn.attention(*inputs[i], is_causal=True) for _ in range(5)]
+
+    for i, outs in enumerate(_in_threads(call)):
+        ref = attention_ref(*inputs[i], causal=True)
+        for out in outs:
+            _passes(out, ref)
+
+
+def test_tf32_setting_is_restored_whatever_threads_interleave():
+    from fusedattn_lab.verify import tf32_matmuls
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    inside = threading.Barrier(2, timeout=2)
+
+    def block(i):
+        with tf32_matmuls(i == 0):
+            try:  # with the lock, the second thread is not inside while the first is
+                inside.wait()
+                return "together"
+            except threading.BrokenBarrierError:
+                return "alone"
+
+    assert sorted(_in_threads(block, 2)) == ["alone", "alone"]
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+
+
+def test_sequence_parallel_holds_for_its_own_thread_only():
+    pytest.importorskip("transformers")
+    from fusedattn.integrations.transformers import (
+        fusedattn_attention_forward,
+        sequence_parallel,
+    )
+
+    entered, done = threading.Event(), threading.Event()
+
+    class Layer:
+        is_causal = True
+
+    q = _rand(1, 2, 6, 16)
+
+    def a(_):
+        with sequence_parallel(None):
+            entered.set()
+            done.wait(5)
+
+    def b(_):
+        entered.wait(5)
+        try:  # a plain forward here, while thread a is inside sequence_parallel
+            out, _ = fusedattn_attention_forward(Layer(), q, q, q, None)
+        finally:
+            done.set()
+        return out
+
+    out = _in_threads(lambda i: (a, b)[i](i), 2)[1]
+    _passes(out.transpose(1, 2), attention_ref(q, q, q, causal=True))
+
+
