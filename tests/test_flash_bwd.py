@@ -323,6 +323,9 @@ def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case)
 
     monkeypatch.setattr(fb, "EMULATION", False)
     monkeypatch.setattr(fb, "_POOL", Recorder())
+    from fusedattn import configs
+
+    configs.tuned_table()  # asks torch.cuda for the GPU's name, before `device` is stubbed
     monkeypatch.setattr(fb.torch.cuda, "device", lambda _: _NoDevice())
     # the operands as the GPU takes them (emulation makes fp32 copies of bf16 ones; the
     # interpreter's bf16 values are not looked at here)

@@ -36,20 +36,29 @@ DTYPE = torch.float32
 
 
 class ProblemError(ValueError):
-    """A bad input: `field`, the offending `value`, and what is `allowed`."""
+    """A bad input: `ProblemError(field, value, allowed)`, the field, the offending value,
+    and what is allowed.
 
-    def __init__(self, field: str, value: object, allowed: str):
-        # no super().__init__: torch.compile cannot trace it. BaseException keeps the three
-        # arguments as `args`, and __str__ words them, so under torch.compile(fullgraph=True)
-        # torch's "Observed exception" error (fullgraph lets no exception out of a traced
-        # region as itself) quotes the field, value and what is allowed
-        self.field, self.value, self.allowed = field, value, allowed
+    It has no __init__ of its own: BaseException keeps the three arguments as `args`, the
+    properties below read them, and __str__ words them. That is the form torch.compile
+    traces in every version: under `torch.compile(fullgraph=True)` (which lets no exception
+    out of a traced region as itself) torch's "Observed exception" error then quotes the
+    three arguments; torch 2.11 quoted none when an __init__ set them."""
+
+    @property
+    def field(self) -> str:
+        return self.args[0]
+
+    @property
+    def value(self) -> object:
+        return self.args[1]
+
+    @property
+    def allowed(self) -> str:
+        return self.args[2]
 
     def __str__(self) -> str:
-        return f"{self.field}={self.value!r} is not allowed: {self.allowed}"
-
-    def __reduce__(self):  # pickles (across processes) by its three fields
-        return type(self), (self.field, self.value, self.allowed)
+        return f"{self.args[0]}={self.args[1]!r} is not allowed: {self.args[2]}"
 
 
 def is_power_of_two(n: int) -> bool:
