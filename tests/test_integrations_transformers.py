@@ -13,7 +13,6 @@ transformers = pytest.importorskip(
 
 import fusedattn.integrations.transformers  # noqa: E402,F401  (registers "fusedattn")
 from fusedattn.mode import DEVICE, EMULATION  # noqa: E402
-from fusedattn.problem import ProblemError  # noqa: E402
 from fusedattn_lab.verify import check  # noqa: E402
 
 # emulation: tiny (the interpreter runs every program); GPU: a model with real tiles
@@ -89,12 +88,3 @@ def test_generate_with_a_cache_matches_sdpa():
     ids = torch.arange(1, 8, device=DEVICE)[None]  # no pad token (0): no padding mask
     kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(ours.generate(ids, **kwargs), peer.generate(ids, **kwargs))
-
-
-def test_a_padding_mask_is_refused_not_ignored():
-    model = _model("fusedattn", dtype=torch.float32)
-    ids = torch.ones(2, 8, dtype=torch.long, device=DEVICE)
-    mask = torch.ones(2, 8, dtype=torch.long, device=DEVICE)
-    mask[0, :3] = 0  # left padding: fusedattn would have attended to the pad tokens
-    with pytest.raises(ProblemError, match="attention_mask"):
-        model(ids, attention_mask=mask)

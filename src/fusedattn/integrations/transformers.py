@@ -5,17 +5,26 @@
 
 transformers calls the attention function with `query: [B, H, Sq, D]`, `key, value:
 [B, H_kv, Sk, D]` and expects `[B, Sq, H, D]` back. The mask function registered beside it
-is transformers' own SDPA one, followed by a check, once per model call (not per layer):
-a mask that says no more than `is_causal` does (exactly the lower triangle with Sq == Sk:
-prefill and training; all True with Sq == 1: a decode step, which attends to every cached
-key) becomes None, and so does a sliding-window causal mask with Sq == Sk (the lower
-triangle cut to the last W keys: Mistral's, Gemma 2's sliding layers), whose window the
-layer passes as `sliding_window=W`. Then fusedattn runs, causal (top-left) for Sq > 1 on
-decoder layers, with `window=(W - 1, None)` (query i sees keys i - W + 1 .. i, as
-transformers' mask) and Gemma 2's `softcap`. Any other mask (a padded batch, chunked
-prefill after a cache, a windowed decode step that does not see every cached key, a static
-cache's unused tail) reaches the attention function, which raises `ProblemError` rather
-than return a silently different result; use "sdpa" for those.
+runs once per model call (not per layer): it builds transformers' own SDPA mask, then
+- a mask that says no more than `is_causal` does (the lower triangle with Sq == Sk, every
+  key with Sq == 1), or a sliding-window causal band with Sq == Sk, becomes None: the layer
+  runs `fusedattn.attention` causal, with `window=(W - 1, None)` from its `sliding_window`;
+- any other mask that is bottom-right causal (with a window) within sequences once the
+  padding is dropped gets a `masks.MaskPlan` attached (`mask.fusedattn_plan`; the mask
+  stays the tensor transformers expects, since generate passes it on as a 4D mask):
+  left- or right-padded batches in training, prefill and decode, chunked prefill after a
+  cache, a static cache's unused tail, packed documents (`DataCollatorWithFlattening`'s
+  `position_ids` that restart at 0). Its gathers' indices and `cu_seqlens` are computed
+  once, and each layer runs `attention_varlen` on the packed rows (`MaskPlan.attend`);
+  padded query rows get zeros. A mask that reaches a layer without its plan (a model that
+  sliced it) is planned there. Where transformers made no mask because the call keeps a
+  cache, packed `position_ids` reach the layer, which plans from them, once per call
+  (`masks.plan_from_positions`), as FlashAttention-2's integration does;
+- anything else (an arbitrary 4D mask) stays a tensor, and the layer raises `ProblemError`
+  naming what is supported, or, after `allow_mask_fallback(True)`, computes it with the
+  plain formula (PyTorch's SDPA with that mask), saying so once.
+Gemma 2's `softcap` and windows reach the kernels in every case; dropout and
+`output_attentions` are refused.
 
 Context parallel (`sequence_parallel(group)`): inside it, every "fusedattn" layer runs
 `fusedattn.distributed.ring_attention` over the ranks of `group`, each holding a shard of
@@ -35,6 +44,7 @@ are refused there (the ring has neither).
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -43,6 +53,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fusedattn.api import attention
+from fusedattn.integrations.masks import MaskPlan, plan_from_mask, plan_from_positions
 from fusedattn.problem import ProblemError
 
 NAME = "fusedattn"
@@ -63,25 +74,49 @@ def sequence_parallel(group=None):
         _RING.reset(token)
 
 
+SUPPORTED = ("None (causal or full attention), a causal or sliding-window causal mask with "
+             "padding (left or right, in training, prefill and decode), chunked prefill, a "
+             "static cache, or packed documents; for another mask call fusedattn.integrations"
+             ".transformers.allow_mask_fallback(True) or use attn_implementation='sdpa'")
+_FALLBACK = {"allowed": False, "said": False}
+
+
+def allow_mask_fallback(allowed: bool = True) -> None:
+    """Let masks fusedattn cannot run (an arbitrary 4D mask) fall back, per call, to the
+    plain formula (PyTorch's SDPA with the mask), with one warning, instead of raising."""
+    _FALLBACK["allowed"] = bool(allowed)
+
+
 def fusedattn_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                                 scaling: float | None = None, is_causal: bool | None = None,
                                 **kwargs):
     """transformers' attention-function signature; returns `(out [B, Sq, H, D], None)`."""
-    if attention_mask is not None:
-        raise ProblemError("attention_mask", f"a {tuple(attention_mask.shape)} mask tensor",
-                           "None: fusedattn takes causal or full attention only (no padding, "
-                           "chunked prefill or sliding window); use attn_implementation='sdpa'")
-    if dropout:
+    if dropout and module.training:
         raise ProblemError("dropout", dropout, "0.0: fusedattn has no attention dropout")
     if kwargs.get("output_attentions"):
         raise ProblemError("output_attentions", True, "False: fusedattn never forms P")
+    ring = _RING.get()
+    if attention_mask is not None and not ring:
+        # planned once per model call by the mask hook (None: not runnable); else here
+        plan = getattr(attention_mask, "fusedattn_plan", False)
+        if plan is False and isinstance(attention_mask, torch.Tensor) \
+                and attention_mask.dtype == torch.bool:
+            plan = plan_from_mask(attention_mask)
+        if isinstance(plan, MaskPlan) and plan.seq_k == key.shape[2]:
+            return plan.attend(query, key, value, scale=scaling,
+                               softcap=kwargs.get("softcap")), None
+    if attention_mask is not None:
+        return _other_mask(query, key, value, attention_mask, scaling, ring), None
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = bool(causal) and query.shape[2] > 1
     sliding = kwargs.get("sliding_window")
     window = None
     if sliding is not None and causal:  # a decode step (Sq == 1) came with no mask: it
         window = (int(sliding) - 1, None)  # sees every cached key, so no window applies
-    ring = _RING.get()
+    packed = _packed_plan(kwargs.get("position_ids"), query, key, causal, window, ring)
+    if packed is not None:
+        return packed.attend(query, key, value, scale=scaling,
+                             softcap=kwargs.get("softcap")), None
     if ring:
         from fusedattn.distributed import ring_attention
 
@@ -98,9 +133,47 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
     return out.transpose(1, 2).contiguous(), None
 
 
+def _packed_plan(position_ids, query, key, causal, window, ring) -> MaskPlan | None:
+    """Packed documents with no mask (a model call that made a cache, so transformers' mask
+    hook saw no packing): the plan from `position_ids` that restart, made once per model
+    call (kept on the tensor, per window) and only where queries and keys are the same
+    tokens; as FlashAttention-2's integration does."""
+    if (ring or not causal or not isinstance(position_ids, torch.Tensor)
+            or position_ids.dim() != 2 or query.shape[2] != key.shape[2]
+            or position_ids.shape[-1] != query.shape[2]):
+        return None
+    plans = getattr(position_ids, "fusedattn_plans", None)
+    if plans is None:
+        plans = position_ids.fusedattn_plans = {}
+    left = None if window is None else window[0]
+    if left not in plans:
+        ids = position_ids.expand(query.shape[0], -1) if position_ids.shape[0] == 1 \
+            else position_ids
+        plans[left] = plan_from_positions(ids, left)
+    return plans[left]
+
+
+def _other_mask(query, key, value, mask, scaling, ring) -> torch.Tensor:
+    """A mask fusedattn does not run: the plain formula if allowed, else the error."""
+    what = f"a {tuple(mask.shape)} mask of {mask.dtype}"
+    if ring:
+        raise ProblemError("attention_mask", what, "None under sequence_parallel (the ring "
+                           "runs causal or full attention)")
+    if not _FALLBACK["allowed"]:
+        raise ProblemError("attention_mask", what, SUPPORTED)
+    if not _FALLBACK["said"]:
+        warnings.warn("fusedattn: a mask it cannot run falls back to PyTorch's SDPA with the "
+                      "mask (allow_mask_fallback)", stacklevel=3)
+        _FALLBACK["said"] = True
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous()
+
+
 def fusedattn_mask(*args, **kwargs):
-    """transformers' SDPA mask, or None where causal (or sliding-window causal) or full
-    attention says the same."""
+    """transformers' SDPA mask, as None where causal (or sliding-window causal) or full
+    attention says the same, with its `MaskPlan` attached where it is padding, packing or
+    a cache's tail; any other mask as it is (the module docstring)."""
     mask = sdpa_mask(*args, **kwargs)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         return mask
@@ -114,6 +187,7 @@ def fusedattn_mask(*args, **kwargs):
         band = tril.triu(-(width - 1)) if width >= 1 else tril
         if torch.equal(mask, band.expand_as(mask)):
             return None
+    mask.fusedattn_plan = plan_from_mask(mask)  # None: a mask fusedattn does not run
     return mask
 
 
