@@ -25,7 +25,8 @@ def add(sub) -> None:
     p.add_argument("--suite", default="bf16",
                     help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
                     "tiny-train|prefill|all, the serving suites decode|varlen|window|tiny-serving, "
-                    "or coldstart (first calls in fresh processes)")
+                    "coldstart (first calls in fresh processes), or the Hugging Face suites "
+                    "hf-generate|hf-train|tiny-hf")
     p.add_argument("--providers", default="all",
                     help="all, or a comma-separated list of versions with a batched form")
     p.add_argument("--match", default="",
@@ -102,6 +103,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return run_serving_suite(args, console)
     if args.suite == "coldstart":
         return run_coldstart(args, console)
+    from fusedattn_lab.hf_bench import SUITES as HF_SUITES
+
+    if args.suite in HF_SUITES:
+        from fusedattn_lab.hf_bench import run_hf_suite
+
+        return run_hf_suite(args, console)
     if args.ab is not None:
         return run_ab_suite(args, console)
     from fusedattn_lab.evidence import sha256_file
