@@ -16,6 +16,7 @@ never on a launch (`OVERRIDES`); tests and the A/B runner replace `configs.OVERR
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -60,6 +61,7 @@ class Overrides:
 OVERRIDES = Overrides.from_env()
 
 
+@functools.cache
 def gpu_family() -> str | None:
     """This GPU's name as a file stem ("nvidia-h200"); None without a GPU (asked once)."""
     import torch
