@@ -13,23 +13,9 @@ import fusedattn
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, paged_to_dense, varlen_ref
-from fusedattn_lab.verify import check
-
-
-def _rand(*shape, dtype=torch.float32, seed=0, grad=False):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
-    return t.requires_grad_() if grad else t
-
-
-def _i32(values):
-    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
-
-
-def _passes(got, ref):
-    result = check(got, ref)
-    assert result.ok, result.reasons
-
+from inputs import i32 as _i32
+from inputs import passes as _passes
+from inputs import rand as _rand
 
 # --- 1. index tensors are read as they were checked ----------------------------------------
 
