@@ -1,8 +1,8 @@
-"""One markdown table per `ncu --csv --page details` file (what `scripts/h200_next.sh ncu`
-writes): per kernel of at least 20 us, its duration, SM and issue-slot busy %, the busiest
+"""One markdown table per `ncu --csv --page details` file (what `ncu --csv --page details`
+over `fusedattn bench --suite prefill --match ROW` writes): per kernel of at least 20 us, its duration, SM and issue-slot busy %, the busiest
 pipe (ncu's own rule) with its share, registers, occupancy, block, grid and dynamic shared
-memory; where the run also collected them (`h200_next.sh ncu-stalls`), the tensor pipes'
-busy % and the three largest stall reasons, in cycles per issued instruction, of the total
+memory; where the run also collected them (`--metrics` of the stall reasons and tensor
+pipes, as the ncu-stalls evidence folders' command.txt lists), the tensor pipes' busy % and the three largest stall reasons, in cycles per issued instruction, of the total
 cycles between a warp's issues ("selected", the issue itself, is 1 of them).
 
     python3 scripts/ncu_details.py FOLDER     # writes FOLDER/summary.md from FOLDER/*.csv

@@ -37,7 +37,7 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
     (causal diagonal, window edge) and the ragged last one. PAD_D: the head dim is padded up
     to BLOCK_D (masked columns). BLOCK_D2 > 0: the head dim is split in two pieces, columns
     [0, BLOCK_D) (`b_q`, `acc`) and BLOCK_D2 columns `offs_d2` (`b_q2`, `acc2`), neither
-    padded or masked (the second may overlap the first: `_forward_tile`), each product one
+    padded or masked (the second may overlap the first: `_flash_fwd`), each product one
     dot per piece (`configs.head_dim_pieces`). PAGED: key j lives in page
     `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page.
     MIXED=True: all of [lo, hi) in one loop, tiles outside [ulo, uhi) masked (a branch per
