@@ -1,9 +1,11 @@
-"""One markdown table per `ncu --csv --page details` file (what `ncu --csv --page details`
-over `fusedattn bench --suite prefill --match ROW` writes): per kernel of at least 20 us, its duration, SM and issue-slot busy %, the busiest
-pipe (ncu's own rule) with its share, registers, occupancy, block, grid and dynamic shared
-memory; where the run also collected them (`--metrics` of the stall reasons and tensor
-pipes, as the ncu-stalls evidence folders' command.txt lists), the tensor pipes' busy % and the three largest stall reasons, in cycles per issued instruction, of the total
-cycles between a warp's issues ("selected", the issue itself, is 1 of them).
+"""One markdown table per `ncu --csv --page details` file (ncu run over `fusedattn bench
+--suite prefill --match ROW`): per kernel of at least 20 us, its duration, SM and
+issue-slot busy %, the busiest pipe (ncu's own rule) with its share, registers, occupancy,
+block, grid and dynamic shared memory; where the run also collected them (the stall and
+tensor-pipe `--metrics` that the ncu-stalls evidence folders' command.txt lists), the
+tensor pipes' busy % and the three largest stall reasons, in cycles per issued
+instruction, of the total cycles between a warp's issues ("selected", the issue itself,
+is 1 of them).
 
     python3 scripts/ncu_details.py FOLDER     # writes FOLDER/summary.md from FOLDER/*.csv
 """
