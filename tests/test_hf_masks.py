@@ -89,6 +89,7 @@ def test_masks_of_another_kind_have_no_plan():
     assert plan_from_mask(noise) is None
     assert plan_from_mask(torch.ones(1, 4, 4, dtype=torch.bool)) is None  # bidirectional
     assert plan_from_mask(_causal(4, 4).float()[None]) is None  # not a boolean mask
+    assert plan_from_mask(torch.zeros(2, 3, 3, dtype=torch.bool)) is None  # sees nothing
     holes = _causal(6, 6, 3)[None].clone()
     holes[0, 5, 4] = False  # a window with a hole in it
     assert plan_from_mask(holes) is None

@@ -86,6 +86,8 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
         return None
     batch, seq_q, seq_k = mask.shape
     q_valid, k_used = mask.any(-1), mask.any(-2)
+    if not bool(q_valid.any()):
+        return None  # no query sees any key: nothing to plan
     rows = torch.arange(batch, device=mask.device)[:, None]
     seg_q = rows.expand(batch, seq_q)
     seg_k = rows.expand(batch, seq_k)
