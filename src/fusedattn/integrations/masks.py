@@ -65,19 +65,18 @@ def _ranks(valid: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
     flat = valid.reshape(-1).long()
     order = torch.cumsum(flat, 0) - flat  # valid elements before this one, all rows
     seg = segment.reshape(-1)
-    starts = torch.zeros_like(order)
     first = torch.ones_like(flat, dtype=torch.bool)
     first[1:] = seg[1:] != seg[:-1]
-    starts[first] = order[first]
-    starts = torch.cummax(starts * first, 0).values  # each run's first count, carried on
+    # each run's count at its start, carried on (counts never fall: cummax carries it)
+    starts = torch.cummax(torch.where(first, order, 0), 0).values
     rank = order - starts
     return torch.where(valid.reshape(-1), rank, -1).reshape(valid.shape)
 
 
 def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
     """The plan of a boolean mask `[B, Sq, Sk]` or `[B, 1, Sq, Sk]`, or None when it is not
-    of the form in the module docstring. One pass of tensor ops and two small host reads
-    (the longest sequences)."""
+    of the form in the module docstring. One pass of tensor ops (the last, the check, on
+    `[B, Sq, Sk]` booleans) and about ten scalar reads on the host, once per model call."""
     if mask.dim() == 4:
         if mask.shape[1] != 1:
             return None
@@ -97,9 +96,9 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
         # is dropped too, and gets zeros
         q_valid = q_valid & k_used
     if seq_q == seq_k and torch.equal(q_valid, k_used):
-        # queries and keys the same tokens: a new document wherever a token cannot see the
-        # valid token before it (with a window of one key every token would be one; the
-        # check below accepts that only where the mask says so)
+        # and packed documents: a new one wherever a token cannot see the valid token
+        # before it (with a window of one key every token would be one; the check below
+        # accepts that only where the mask says so)
         pos = torch.arange(seq_q, device=mask.device).expand(batch, seq_q)
         before = torch.full_like(pos, -1)  # the previous valid token's position, or -1
         before[:, 1:] = torch.cummax(torch.where(q_valid, pos, -1), 1).values[:, :-1]
@@ -133,12 +132,13 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
         implied &= rank_k[:, None, :] >= pos_q[:, :, None] - left
     if not torch.equal(implied, mask & q_valid[:, :, None]):  # dropped rows: padding
         return None
-    cu = torch.zeros(len(ids_q) + 1, dtype=torch.int32, device=mask.device)
-    cu_q, cu_k = cu.clone(), cu.clone()
-    cu_q[1:] = torch.cumsum(len_q, 0)
-    cu_k[1:] = torch.cumsum(len_k, 0)
     return MaskPlan(batch, seq_q, seq_k, flat_q.nonzero()[:, 0], flat_k.nonzero()[:, 0],
-                    cu_q, cu_k, int(len_q.max()), int(len_k.max()), left)
+                    _offsets(len_q), _offsets(len_k), int(len_q.max()), int(len_k.max()), left)
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """int32 `cu_seqlens` of the sequence `lengths`: 0, then their running sums."""
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
 
 
 def plan_from_positions(position_ids: torch.Tensor, left: int | None) -> MaskPlan | None:
@@ -150,12 +150,11 @@ def plan_from_positions(position_ids: torch.Tensor, left: int | None) -> MaskPla
     batch, seq = position_ids.shape
     starts = position_ids == 0
     starts[:, 0] = True  # a row begins a document wherever its positions start
-    if bool(starts.all(0)[1:].logical_not().all()) and bool(starts[:, 1:].sum() == 0):
+    if not bool(starts[:, 1:].any()):
         return None
-    cu = torch.zeros(int(starts.sum()) + 1, dtype=torch.int32, device=position_ids.device)
-    cu[:-1] = starts.reshape(-1).nonzero()[:, 0]
-    cu[-1] = batch * seq
-    lengths = cu[1:] - cu[:-1]
+    first = starts.reshape(-1).nonzero()[:, 0]
+    lengths = torch.diff(first, append=first.new_tensor([batch * seq]))
+    cu = _offsets(lengths)
     index = torch.arange(batch * seq, device=position_ids.device)
     longest = int(lengths.max())
     return MaskPlan(batch, seq, seq, index, index, cu, cu, longest, longest, left)
