@@ -79,14 +79,14 @@ def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
 def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                   scale: float, precision: str, window_left: int, window_right: int,
                   softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    from fusedattn.tiles.flash import flash_forward
+    from fusedattn.dispatch import forward
 
     batch, heads, seq_q, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    flash_forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
-                  precision=precision,
-                  mask=_mask(is_causal, window_left, window_right, softcap))
+    forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
+            precision=precision,
+            mask=_mask(is_causal, window_left, window_right, softcap))
     return out, lse
 
 

@@ -208,7 +208,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     from fusedattn.configs import decode_splits, tuned_table
     from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
-    from fusedattn.tiles.flash import flash_forward
+    from fusedattn.dispatch import forward
 
     capacity, s_new, cache_seqlens, block_table = _validate(
         q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)
@@ -235,9 +235,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
-    flash_forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal, scale=scale,
-                  precision=resolve(q.dtype, precision).op,
-                  mask=Mask(causal=is_causal, window=window, softcap=softcap,
-                            bottom_right=True),
-                  cache=KVCache(seqlens, block_table), splits=splits, pack_gqa=True)
+    forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal, scale=scale,
+            precision=resolve(q.dtype, precision).op,
+            mask=Mask(causal=is_causal, window=window, softcap=softcap,
+                      bottom_right=True),
+            cache=KVCache(seqlens, block_table), splits=splits, pack_gqa=True)
     return (out, lse) if return_lse else out

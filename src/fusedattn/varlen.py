@@ -59,14 +59,14 @@ def _varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
                    cu_k: torch.Tensor, max_q: int, max_k: int, is_causal: bool, scale: float,
                    precision: str, window_left: int, window_right: int,
                    softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    from fusedattn.tiles.flash import flash_forward
+    from fusedattn.dispatch import forward
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    flash_forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
-                  is_causal=is_causal, scale=scale, precision=precision,
-                  mask=_mask(is_causal, window_left, window_right, softcap, True),
-                  varlen=_varlen(cu_q, cu_k, max_q, max_k))
+    forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
+            is_causal=is_causal, scale=scale, precision=precision,
+            mask=_mask(is_causal, window_left, window_right, softcap, True),
+            varlen=_varlen(cu_q, cu_k, max_q, max_k))
     return out, lse
 
 

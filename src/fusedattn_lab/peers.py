@@ -107,3 +107,27 @@ for _name, _backend, _what, _inter, _judges in (
         _sdpa_prepare(_backend), in_all=False, batched=_sdpa_batched(_backend),
         intermediates=_inter, judges=_judges,
     ))
+
+
+def _fa4_batched(q, k, v, causal: bool, precision: str | None):
+    """FlashAttention-4 (`flash_attn.cute`, staged by `peers/stage-fa4.sh`; its sm90 kernels
+    run on Hopper) on `[B, S, H, D]` copies made here, outside the timed call; its output
+    comes back as a `[B, H, S, D]` view. ImportError where it is not installed: the bench
+    records the row as skipped."""
+    from flash_attn.cute import flash_attn_func
+
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+    def call():
+        out = flash_attn_func(qs, ks, vs, causal=causal)
+        out = out[0] if isinstance(out, tuple) else out
+        return out.transpose(1, 2)
+
+    return call
+
+
+register(Version(
+    "fa4", "peer", "FlashAttention-4 (flash-attn-4, CuTe DSL kernels; sm90 on Hopper)",
+    (Kernel("flash_attn_func", ("Q", "K", "V"), ("O",)),), "fusedattn_lab.peers",
+    _sdpa_prepare("FLASH_ATTENTION"), in_all=False, batched=_fa4_batched,
+))

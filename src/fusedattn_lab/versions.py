@@ -213,3 +213,33 @@ register(Version(
     Limits(max_dim=MAX_FLASH_DIM, note="head dims up to 256, padded to a power of two >= 16"),
     batched=_flash_batched, bench_subject=True,
 ))
+
+
+def _flash_on(backend: str):
+    """`flash` with its path forced (`fusedattn.dispatch.use_backend`): the A/B of the
+    Hopper kernel against the portable one on the same inputs."""
+    def batched(q, k, v, causal: bool, precision: str | None):
+        from fusedattn.api import attention
+        from fusedattn.dispatch import use_backend
+
+        gqa = q.shape[-3] != k.shape[-3]
+
+        def call():
+            with use_backend(backend):
+                return attention(q, k, v, is_causal=causal, enable_gqa=gqa,
+                                 precision=precision)
+
+        return call
+
+    return batched
+
+
+for _backend, _module, _what in (
+        ("portable", "fusedattn.tiles.flash_kernels", "the portable tl.* kernel"),
+        ("hopper", "fusedattn.hopper.forward_kernel",
+         "the Hopper Gluon kernel (warp-specialised, TMA, wgmma)")):
+    register(Version(
+        f"flash-{_backend}", "tiles", f"`flash` forced onto {_what}",
+        (Kernel("flash_fwd", ("Q", "K", "V"), ("O",)),), _module, _prepare_flash,
+        in_all=False, batched=_flash_on(_backend),
+    ))

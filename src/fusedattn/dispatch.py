@@ -1,0 +1,124 @@
+"""Which kernel path serves a forward call, and why: the one dispatch rule.
+
+    hopper    Gluon, warp-specialised, TMA + wgmma (`fusedattn.hopper`): fp16/bf16 on an
+              sm90 GPU, head dims in `hopper.forward.TILES`, causal or not (both
+              alignments), windows, GQA, varlen, LSE
+    portable  Triton `tl.*` (`fusedattn.tiles`): everything, on every GPU and in emulation
+
+`forward_path` returns the path and a one-line reason; `use_backend("portable" | "hopper"
+| "auto")` forces a path for the calls inside it (tests, A/Bs): "hopper" on a call it
+cannot serve raises `ProblemError` with the reason, never a silent fallback."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+
+import torch
+
+from fusedattn.mode import EMULATION
+from fusedattn.problem import ProblemError
+
+BACKENDS = ("auto", "hopper", "portable")
+_BACKEND = contextvars.ContextVar("fusedattn_backend", default="auto")
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Force the forward's path for the calls made inside (this thread/task only)."""
+    if name not in BACKENDS:
+        raise ProblemError("backend", name, " or ".join(map(repr, BACKENDS)))
+    token = _BACKEND.set(name)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+@functools.cache
+def _gluon_hopper() -> str | None:
+    """None where Triton's Gluon has the Hopper pieces the kernel uses, else why not."""
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: F401
+            tma,
+            warpgroup_mma,
+            warpgroup_mma_init,
+        )
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError as e:
+        return f"this Triton has no Gluon Hopper API ({e})"
+    return None
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """A TMA descriptor can cover `t` as it is: 16-byte aligned data, the last stride 1,
+    every other stride a multiple of 16 bytes."""
+    size = t.element_size()
+    return (t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+            and all(s * size % 16 == 0 for s in t.stride()[:-1]))
+
+
+def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
+                   config=None) -> str | None:
+    """None when the Hopper kernel can serve this call, else the reason it cannot."""
+    from fusedattn.hopper.forward import TILES
+
+    if EMULATION or q.device.type != "cuda":
+        return "not on a CUDA GPU (emulation runs the portable kernels)"
+    if not _is_sm90(q.device.index if q.device.index is not None else 0):
+        return "not an sm90 (Hopper) GPU"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"{q.dtype} (the Hopper kernel takes float16/bfloat16)"
+    if q.shape[-1] not in TILES:
+        return f"head dim {q.shape[-1]} (the Hopper kernel takes {sorted(TILES)})"
+    if cache is not None or splits > 1 or pack_gqa:
+        return "a KV cache or split-KV decode (portable)"
+    if config is not None:
+        return "an explicit portable config"
+    if mask.softcap:
+        return "softcap (portable)"
+    if not all(_tma_ready(t) for t in (q, k, v)):
+        return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
+    return _gluon_hopper()
+
+
+def forward_path(q, k, v, **kw) -> tuple[str, str]:
+    """("hopper" | "portable", why) for this call under the current `use_backend`."""
+    chosen = _BACKEND.get()
+    if chosen == "portable":
+        return "portable", "forced by use_backend('portable')"
+    refusal = hopper_refusal(q, k, v, **kw)
+    if refusal is None:
+        return "hopper", ("forced by use_backend('hopper')" if chosen == "hopper"
+                          else "fp16/bf16 on sm90 at a covered head dim")
+    if chosen == "hopper":
+        raise ProblemError("backend", "hopper", f"a call the Hopper kernel serves; this one "
+                           f"has {refusal}")
+    return "portable", refusal
+
+
+def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen=None,
+            cache=None, splits=1, pack_gqa=False, config=None):
+    """The forward behind every entry point: the path `forward_path` picks, launched on
+    validated `[B, H, S, D]` tensors (`tiles.flash.flash_forward`'s arguments)."""
+    from fusedattn.tiles.common import Mask
+
+    mask = mask or Mask(causal=is_causal)
+    path, _ = forward_path(q, k, v, mask=mask, cache=cache, splits=splits,
+                           pack_gqa=pack_gqa, config=config)
+    if path == "hopper":
+        from fusedattn.hopper.forward import hopper_forward
+
+        return hopper_forward(q, k, v, out=out, lse=lse, scale=scale, mask=mask,
+                              varlen=varlen), None
+    from fusedattn.tiles.flash import flash_forward
+
+    return flash_forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
+                         precision=precision, config=config, mask=mask, varlen=varlen,
+                         cache=cache, splits=splits, pack_gqa=pack_gqa)

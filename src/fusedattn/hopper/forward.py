@@ -1,0 +1,72 @@
+"""Launch the Hopper forward (`forward_kernel.py`) on validated `[B, H, S, D]` tensors.
+
+Q, K and V reach the kernel as TMA descriptors over their own strides (4-D: batch, head,
+row, head dim), so `[B, S, H, D]` views need no copy. Tiles per head dim (`TILES`): two
+consumer warpgroups of BLOCK_M = 64 rows each, BLOCK_N keys per step, STAGES slots of K and
+V in shared memory, within the 227 KB an SM gives one program."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+# head dim -> (padded head dim P, BLOCK_M per warpgroup, BLOCK_N, STAGES); shared memory
+# is 2 * BLOCK_M * P * 2 bytes of Q plus STAGES * 2 * BLOCK_N * P * 2 of K and V. 96 and
+# 192 pad to 128 and 256 (TMA boxes are powers of two): a third more products than needed
+TILES = {
+    64: (64, 64, 128, 3),
+    96: (128, 64, 128, 2),
+    128: (128, 64, 128, 2),
+    192: (256, 64, 64, 2),
+    256: (256, 64, 64, 2),
+}
+LOADER_REGS, CONSUMER_REGS = 24, 240
+
+
+@functools.cache
+def _layout(block: tuple[int, ...], dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(
+        list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
+def _descriptor(t: torch.Tensor, rows: int, dim: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    block = (1, 1, rows, dim)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block),
+                            _layout(block, t.dtype))
+
+
+def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
+                   lse: torch.Tensor | None, scale: float, mask, varlen=None):
+    """Write `out` (and `lse`, `[B, H, Sq]` natural-log float32) for the mask (`common.Mask`
+    without softcap) and, with `varlen`, the packed batch (`[1, H, total, D]` views, lse
+    `[1, H, total_q]`). The caller checked `dispatch.hopper_refusal`."""
+    from fusedattn.hopper.forward_kernel import _flash_fwd_sm90
+
+    heads, dim = q.shape[1], q.shape[3]
+    group = heads // k.shape[1]
+    padded, block_m, block_n, stages = TILES[dim]
+    if varlen is not None:
+        batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+        cu_q, cu_k = varlen.cu_q, varlen.cu_k
+    else:
+        batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
+        cu_q = cu_k = None
+    qk_scale, _, left, right = mask.kernel_args(scale)
+    lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
+    grid = (triton.cdiv(seq_q, 2 * block_m), batch * heads)
+    _flash_fwd_sm90[grid](
+        _descriptor(q, block_m, padded), _descriptor(k, block_n, padded),
+        _descriptor(v, block_n, padded), _descriptor(out, block_m, padded), out, lse,
+        cu_q, cu_k, out.stride(0), out.stride(1), out.stride(2), out.stride(3), *lse_strides,
+        heads, group, seq_q, seq_k, qk_scale, left, right,
+        HEAD_DIM=padded, DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
+        VARLEN=varlen is not None, WRITE_LSE=lse is not None,
+        LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+    return out

@@ -1,0 +1,253 @@
+"""The Hopper forward kernel (`forward.py` launches it).
+
+One program (CTA) owns 2 x BLOCK_M query rows of one (batch, head) and three partitions of
+warps that share its shared memory:
+
+    loader (1 warp, few registers)      Q tiles once, then K_j and V_j by TMA into a ring of
+                                        STAGES slots; each slot has a K-ready, a V-ready and
+                                        an empty mbarrier
+    consumer 0, consumer 1 (a warpgroup each, BLOCK_M rows each)
+        S = Q K_j^T        async wgmma, Q and K from shared memory
+        softmax            in registers: the online update of m, l (exp2, scale folded in)
+        O = O * alpha + P V_j   async wgmma, P from registers, V from shared memory
+        release slot j     one arrive on its empty barrier, once both products read it
+
+The two consumer warpgroups run the same loop on their own rows; the tensor cores are
+shared, so while one warpgroup runs its softmax the other's products run (FA3's inter-
+warpgroup overlap, without forcing the order). Inside a warpgroup, the product P_{j-1} V_{j-1}
+is issued before S_j, so it runs while this warpgroup waits for S_j.
+
+Masks are the portable kernels' (`tiles/common`): a key is seen when it is inside the
+sequence, no later than pos + right and no earlier than pos - left; a tile is masked
+element-wise only where one of those bounds cuts it. Rows that see no key write O = 0 and
+LSE = -inf. Varlen: the tensors are `[1, H, total, D]` and sequence b is rows
+cu[b]..cu[b+1]; a tile that runs past its sequence reads the next one's rows, which the
+masks drop (keys) or the stores skip (queries)."""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+            b, h, h_kv, q_row, k_row, lo, hi, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """The producer: both consumers' Q tiles on one barrier, then each key tile's K and V
+    into slot i % STAGES once both consumers released its last use."""
+    dtype: gl.constexpr = q_desc.dtype
+    tile4: gl.constexpr = q_desc.layout
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    for c in gl.static_range(2):
+        tma.async_copy_global_to_shared(
+            q_desc, [b, h, q_row + c * BLOCK_M, 0], q_bar,
+            q_smem.index(c)._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], tile4))
+    kv_tile4: gl.constexpr = k_desc.layout
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    for i in range(n_tiles):
+        slot = i % STAGES
+        # a fresh barrier counts as having completed the phase before its first: the first
+        # STAGES waits pass at once
+        mbarrier.wait(empty_bar.index(slot), ((i // STAGES) & 1) ^ 1)
+        row = k_row + lo + i * BLOCK_N
+        mbarrier.expect(k_bar.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            k_desc, [b, h_kv, row, 0], k_bar.index(slot),
+            k_smem.index(slot)._reinterpret(dtype, [1, 1, BLOCK_N, HEAD_DIM], kv_tile4))
+        mbarrier.expect(v_bar.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            v_desc, [b, h_kv, row, 0], v_bar.index(slot),
+            v_smem.index(slot)._reinterpret(dtype, [1, 1, BLOCK_N, HEAD_DIM], kv_tile4))
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_desc, p_o, p_lse,
+              so_s, so_d, sl_s, o_base, lse_base, b_row, h, c: gl.constexpr, m_start, seq_q, seq_k,
+              diag, qk_scale, left, right, lo, hi,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+              DIM: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """One warpgroup's BLOCK_M rows (m_start + c * BLOCK_M ...): the key loop and the store."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    first = m_start + c * BLOCK_M
+    rows = first + gl.arange(0, BLOCK_M, layout=row_s)
+    pos = rows + diag
+    first_pos = first + diag
+    last_pos = gl.minimum(first + BLOCK_M - 1, seq_q - 1) + diag
+
+    q_tile = q_smem.index(c)
+    mbarrier.wait(q_bar, 0)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
+    # an async accumulator across the loop: each tile's wait gives its value back
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout))
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    for i in range(n_tiles):
+        slot = i % STAGES
+        phase = (i // STAGES) & 1
+        start_n = lo + i * BLOCK_N
+        mbarrier.wait(k_bar.index(slot), phase)
+        k_tile = k_smem.index(slot)
+        s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        # waits for this product and the previous tile's P V (issued before it)
+        done = warpgroup_mma_wait(0, deps=[s_tok, acc, q_tile, k_tile])
+        s = done[0]
+        acc = done[1]
+        if i > 0:  # the previous slot: both its products are done
+            mbarrier.arrive(empty_bar.index((i - 1) % STAGES), count=1)
+
+        # this warpgroup's rows: is the tile cut by a bound?
+        edge = start_n + BLOCK_N > seq_k
+        if HAS_RIGHT:
+            edge = edge | (start_n + BLOCK_N - 1 > first_pos + right)
+        if HAS_LEFT:
+            edge = edge | (start_n < last_pos - left)
+        if edge:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
+            valid = gl.expand_dims(cols < seq_k, 0)
+            if HAS_RIGHT:
+                valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
+            if HAS_LEFT:
+                valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
+            s = gl.where(valid, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            m_use = m_new
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_bar.index(slot), phase)
+        acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    if n_tiles > 0:
+        mbarrier.arrive(empty_bar.index((n_tiles - 1) % STAGES), count=1)
+
+    # rows that saw no key: l = 0, O = 0, LSE = -inf
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(dtype)
+    if VARLEN:  # rows past the sequence belong to the next one: a masked store
+        rows_o = first + gl.arange(0, BLOCK_M, layout=row_o)
+        cols_o = gl.arange(0, HEAD_DIM, layout=col_o)
+        offs = gl.expand_dims(rows_o * so_s, 1) + gl.expand_dims(cols_o * so_d, 0)
+        keep = gl.expand_dims(rows_o < seq_q, 1)
+        if DIM < HEAD_DIM:  # a padded head dim: its zero columns are not written
+            keep = keep & gl.expand_dims(cols_o < DIM, 0)
+        gl.store(p_o + o_base + offs, out, mask=keep)
+    else:  # through this warpgroup's Q tile (done with) and a TMA store, clipped at Sq, D
+        q_tile.store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(
+            o_desc, [b_row, h, first, 0],
+            q_tile._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], o_desc.layout))
+        tma.store_wait(0)
+    if WRITE_LSE:
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+        gl.store(p_lse + lse_base + rows.to(gl.int64) * sl_s, lse, mask=rows < seq_q)
+
+
+@gluon.jit
+def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
+                    so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s,
+                    n_heads, group, seq_q, seq_k, qk_scale, left, right,
+                    HEAD_DIM: gl.constexpr, DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                    BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+                    WRITE_LSE: gl.constexpr, LOADER_REGS: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr):
+    """Grid (query tiles of 2 * BLOCK_M rows, batch * heads). A window side `left`/`right`
+    >= 0 bounds the keys (causal: right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq.
+    VARLEN: sequence b is rows cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors.
+    DIM < HEAD_DIM: the head dim is padded to a power of two (TMA boxes and aranges are
+    powers of two): the loads fill the columns past DIM with zeros, which add nothing to
+    Q K^T and give zero columns of O, not stored."""
+    TILE_M: gl.constexpr = 2 * BLOCK_M
+    if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles first
+        tile_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        tile_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    h_kv = h // group
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        q_start = gl.load(p_cu_q + b)
+        seq_q = gl.load(p_cu_q + b + 1) - q_start
+        k_start = gl.load(p_cu_k + b)
+        seq_k = gl.load(p_cu_k + b + 1) - k_start
+        if tile_m * TILE_M >= seq_q:
+            return
+    m_start = tile_m * TILE_M
+    diag = 0
+    if BOTTOM_RIGHT:
+        diag = seq_k - seq_q
+    # the key tiles this program's rows see (`common._spans`' lo, hi)
+    lo = 0
+    hi = seq_k
+    if HAS_LEFT:
+        lo = gl.maximum(m_start + diag - left, 0) // BLOCK_N * BLOCK_N
+    if HAS_RIGHT:
+        hi = gl.minimum(gl.minimum(m_start + TILE_M, seq_q) - 1 + diag + right + 1, seq_k)
+    hi = gl.maximum(hi, lo)
+    b_row = 0 if VARLEN else b  # varlen: one batch row, sequences along the rows
+
+    dtype: gl.constexpr = q_desc.dtype
+    tile2: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv2: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], tile2)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv2)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv2)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_bar.index(s), count=1)
+        mbarrier.init(v_bar.index(s), count=1)
+        mbarrier.init(empty_bar.index(s), count=2)  # both consumers release a slot
+    fence_async_shared()
+
+    o_base = b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h + q_start.to(gl.int64) * so_s
+    lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start.to(gl.int64) * sl_s
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_desc, p_o,
+                     p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 0, m_start, seq_q, seq_k, diag, qk_scale,
+                     left, right, lo, hi, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT,
+                     HAS_RIGHT, VARLEN, WRITE_LSE)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_desc, p_o,
+                     p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 1, m_start, seq_q, seq_k, diag, qk_scale,
+                     left, right, lo, hi, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT,
+                     HAS_RIGHT, VARLEN, WRITE_LSE)),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
+                   empty_bar, b_row, h, h_kv, q_start + m_start, k_start, lo, hi, BLOCK_M,
+                   BLOCK_N, HEAD_DIM, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
