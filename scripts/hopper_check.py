@@ -103,6 +103,15 @@ def providers(q, k, v, causal):
             with use_backend(backend):
                 return attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         calls[backend] = call
+    def no_pingpong():  # the A/B of the consumers' explicit turns
+        from fusedattn.hopper import forward
+
+        forward.PINGPONG = False
+        try:
+            return calls["hopper"]()
+        finally:
+            forward.PINGPONG = True
+    calls["hopper-nopp"] = no_pingpong
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):
@@ -157,10 +166,12 @@ def bench(rows):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="bf16 checks only")
+    ap.add_argument("--bench-only", action="store_true", help="no checks")
     args = ap.parse_args()
     t0 = time.time()
-    checks = check_cases(torch.bfloat16) + ([] if args.quick else check_cases(torch.float16))
+    checks = [] if args.bench_only else check_cases(torch.bfloat16) + (
+        [] if args.quick else check_cases(torch.float16))
     print(f"checks: {sum(r['ok'] for r in checks)}/{len(checks)} ok ({time.time() - t0:.0f}s)")
     results = bench(ROWS)
     with open(f"{args.out}/hopper_check.json", "w") as f:

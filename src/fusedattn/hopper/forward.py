@@ -16,13 +16,14 @@ import triton
 # is 2 * BLOCK_M * P * 2 bytes of Q plus STAGES * 2 * BLOCK_N * P * 2 of K and V. 96 and
 # 192 pad to 128 and 256 (TMA boxes are powers of two): a third more products than needed
 TILES = {
-    64: (64, 64, 128, 3),
-    96: (128, 64, 128, 2),
-    128: (128, 64, 128, 2),
+    64: (64, 64, 128, 4),
+    96: (128, 64, 128, 3),
+    128: (128, 64, 128, 3),
     192: (256, 64, 64, 2),
     256: (256, 64, 64, 2),
 }
 LOADER_REGS, CONSUMER_REGS = 24, 240
+PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
 
 
 @functools.cache
@@ -67,6 +68,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         heads, group, seq_q, seq_k, qk_scale, left, right,
         HEAD_DIM=padded, DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
-        VARLEN=varlen is not None, WRITE_LSE=lse is not None,
+        VARLEN=varlen is not None, WRITE_LSE=lse is not None, PINGPONG=PINGPONG,
         LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
     return out

@@ -4,18 +4,20 @@ One program (CTA) owns 2 x BLOCK_M query rows of one (batch, head) and three par
 warps that share its shared memory:
 
     loader (1 warp, few registers)      Q tiles once, then K_j and V_j by TMA into a ring of
-                                        STAGES slots; each slot has a K-ready, a V-ready and
-                                        an empty mbarrier
+                                        STAGES slots; K and V each have a ready and a free
+                                        mbarrier per slot
     consumer 0, consumer 1 (a warpgroup each, BLOCK_M rows each)
         S = Q K_j^T        async wgmma, Q and K from shared memory
         softmax            in registers: the online update of m, l (exp2, scale folded in)
         O = O * alpha + P V_j   async wgmma, P from registers, V from shared memory
-        release slot j     one arrive on its empty barrier, once both products read it
+        release            K_j once S is done, V_j once P V is: an arrive each
 
 The two consumer warpgroups run the same loop on their own rows; the tensor cores are
 shared, so while one warpgroup runs its softmax the other's products run (FA3's inter-
-warpgroup overlap, without forcing the order). Inside a warpgroup, the product P_{j-1} V_{j-1}
-is issued before S_j, so it runs while this warpgroup waits for S_j.
+warpgroup overlap, without forcing the order). Inside a warpgroup (FA3's intra-warpgroup
+overlap), step j issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j only, and
+runs the softmax of S_j while the second product runs: P_{j-1} and P_j both live in
+registers for that while.
 
 Masks are the portable kernels' (`tiles/common`): a key is seen when it is inside the
 sequence, no later than pos + right and no earlier than pos - left; a tile is masked
@@ -31,17 +33,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free,
             b, h, h_kv, q_row, k_row, lo, hi, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """The producer: both consumers' Q tiles on one barrier, then each key tile's K and V
-    into slot i % STAGES once both consumers released its last use."""
+    into slot i % STAGES, each once both consumers released its last use (K after its
+    S = Q K^T, V after its P V: K runs ahead of V)."""
     dtype: gl.constexpr = q_desc.dtype
     tile4: gl.constexpr = q_desc.layout
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
@@ -55,12 +57,13 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
         slot = i % STAGES
         # a fresh barrier counts as having completed the phase before its first: the first
         # STAGES waits pass at once
-        mbarrier.wait(empty_bar.index(slot), ((i // STAGES) & 1) ^ 1)
         row = k_row + lo + i * BLOCK_N
+        mbarrier.wait(k_free.index(slot), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(k_bar.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             k_desc, [b, h_kv, row, 0], k_bar.index(slot),
             k_smem.index(slot)._reinterpret(dtype, [1, 1, BLOCK_N, HEAD_DIM], kv_tile4))
+        mbarrier.wait(v_free.index(slot), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(v_bar.index(slot), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             v_desc, [b, h_kv, row, 0], v_bar.index(slot),
@@ -68,12 +71,45 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_desc, p_o, p_lse,
+def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, left, right,
+                  BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
+                  HAS_RIGHT: gl.constexpr):
+    """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
+    where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
+    exponent (m is kept scaled)."""
+    edge = start_n + BLOCK_N > seq_k
+    if HAS_RIGHT:
+        edge = edge | (start_n + BLOCK_N - 1 > first_pos + right)
+    if HAS_LEFT:
+        edge = edge | (start_n < last_pos - left)
+    if edge:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
+        valid = gl.expand_dims(cols < seq_k, 0)
+        if HAS_RIGHT:
+            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
+        if HAS_LEFT:
+            valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
+        s = gl.where(valid, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        m_use = m_new
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc, p_o, p_lse,
               so_s, so_d, sl_s, o_base, lse_base, b_row, h, c: gl.constexpr, m_start, seq_q, seq_k,
               diag, qk_scale, left, right, lo, hi,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
               DIM: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr):
+              HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
+              PINGPONG: gl.constexpr):
     """One warpgroup's BLOCK_M rows (m_start + c * BLOCK_M ...): the key loop and the store."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -97,56 +133,49 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_desc, p_
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
-    # an async accumulator across the loop: each tile's wait gives its value back
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-    for i in range(n_tiles):
-        slot = i % STAGES
-        phase = (i // STAGES) & 1
-        start_n = lo + i * BLOCK_N
-        mbarrier.wait(k_bar.index(slot), phase)
-        k_tile = k_smem.index(slot)
-        s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s, use_acc=False,
-                              is_async=True)
-        # waits for this product and the previous tile's P V (issued before it)
-        done = warpgroup_mma_wait(0, deps=[s_tok, acc, q_tile, k_tile])
-        s = done[0]
-        acc = done[1]
-        if i > 0:  # the previous slot: both its products are done
-            mbarrier.arrive(empty_bar.index((i - 1) % STAGES), count=1)
-
-        # this warpgroup's rows: is the tile cut by a bound?
-        edge = start_n + BLOCK_N > seq_k
-        if HAS_RIGHT:
-            edge = edge | (start_n + BLOCK_N - 1 > first_pos + right)
-        if HAS_LEFT:
-            edge = edge | (start_n < last_pos - left)
-        if edge:
-            cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
-            valid = gl.expand_dims(cols < seq_k, 0)
-            if HAS_RIGHT:
-                valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
-            if HAS_LEFT:
-                valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
-            s = gl.where(valid, s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            m_use = m_new
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_bar.index(slot), phase)
-        acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=[acc])
     if n_tiles > 0:
-        mbarrier.arrive(empty_bar.index((n_tiles - 1) % STAGES), count=1)
+        # tile 0: S_0 and its softmax; its P waits for the loop's first P V
+        mbarrier.wait(k_bar.index(0), 0)
+        s_tok = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero_s,
+                              use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(0)])[0]
+        mbarrier.arrive(k_free.index(0), count=1)
+        p, m_i, l_i, alpha = _softmax_tile(
+            s, m_i, l_i, lo, pos, first_pos, last_pos, seq_k, qk_scale, left, right,
+            BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for i in range(1, n_tiles):
+            # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i runs while
+            # the second product does
+            slot = i % STAGES
+            prev = (i - 1) % STAGES
+            mbarrier.wait(k_bar.index(slot), (i // STAGES) & 1)
+            mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
+            k_tile = k_smem.index(slot)
+            if PINGPONG:  # this warpgroup's turn to issue (the other one's softmax runs)
+                mbarrier.wait(turn_bar.index(c), (i - 1) & 1)
+            s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn_bar.index(1 - c), count=1)
+            s = warpgroup_mma_wait(1, deps=[s_tok, q_tile, k_tile])[0]
+            mbarrier.arrive(k_free.index(slot), count=1)
+            p, m_i, l_i, alpha = _softmax_tile(
+                s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, seq_k, qk_scale,
+                left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(prev)])[0]
+            mbarrier.arrive(v_free.index(prev), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_bar.index(last), ((n_tiles - 1) // STAGES) & 1)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(last)])[0]
+        mbarrier.arrive(v_free.index(last), count=1)
 
     # rows that saw no key: l = 0, O = 0, LSE = -inf
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
@@ -179,7 +208,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
                     BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-                    WRITE_LSE: gl.constexpr, LOADER_REGS: gl.constexpr,
+                    WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
+                    LOADER_REGS: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr):
     """Grid (query tiles of 2 * BLOCK_M rows, batch * heads). A window side `left`/`right`
     >= 0 bounds the keys (causal: right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq.
@@ -228,26 +258,35 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # ping-pong: warpgroup c issues its products of step i once the other issued its own
+    # of the step before (turn c completes a phase per hand-over; warpgroup 0 starts)
+    turn_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(turn_bar.index(0), count=1)
+    mbarrier.init(turn_bar.index(1), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(s), count=1)
         mbarrier.init(v_bar.index(s), count=1)
-        mbarrier.init(empty_bar.index(s), count=2)  # both consumers release a slot
+        mbarrier.init(k_free.index(s), count=2)  # both consumers release a slot
+        mbarrier.init(v_free.index(s), count=2)
     fence_async_shared()
+    if PINGPONG:
+        mbarrier.arrive(turn_bar.index(0), count=1)
 
     o_base = b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h + q_start.to(gl.int64) * so_s
     lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start.to(gl.int64) * sl_s
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_desc, p_o,
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc, p_o,
                      p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 0, m_start, seq_q, seq_k, diag, qk_scale,
                      left, right, lo, hi, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT,
-                     HAS_RIGHT, VARLEN, WRITE_LSE)),
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_desc, p_o,
+                     HAS_RIGHT, VARLEN, WRITE_LSE, PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc, p_o,
                      p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 1, m_start, seq_q, seq_k, diag, qk_scale,
                      left, right, lo, hi, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT,
-                     HAS_RIGHT, VARLEN, WRITE_LSE)),
+                     HAS_RIGHT, VARLEN, WRITE_LSE, PINGPONG)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                   empty_bar, b_row, h, h_kv, q_start + m_start, k_start, lo, hi, BLOCK_M,
+                   k_free, v_free, b_row, h, h_kv, q_start + m_start, k_start, lo, hi, BLOCK_M,
                    BLOCK_N, HEAD_DIM, STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
