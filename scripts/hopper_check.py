@@ -8,7 +8,6 @@ Prints one line per case and per row; writes `hopper_check.json` under --out."""
 
 import argparse
 import json
-import math
 import sys
 import time
 

@@ -69,10 +69,6 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
     """None when the Hopper kernel can serve this call, else the reason it cannot."""
     from fusedattn.hopper.forward import TILES
 
-    if EMULATION or q.device.type != "cuda":
-        return "not on a CUDA GPU (emulation runs the portable kernels)"
-    if not _is_sm90(q.device.index if q.device.index is not None else 0):
-        return "not an sm90 (Hopper) GPU"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"{q.dtype} (the Hopper kernel takes float16/bfloat16)"
     if q.shape[-1] not in TILES:
@@ -85,6 +81,10 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
         return "softcap (portable)"
     if not all(_tma_ready(t) for t in (q, k, v)):
         return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
+    if EMULATION or q.device.type != "cuda":
+        return "not on a CUDA GPU (emulation runs the portable kernels)"
+    if not _is_sm90(q.device.index if q.device.index is not None else 0):
+        return "not an sm90 (Hopper) GPU"
     return _gluon_hopper()
 
 

@@ -206,9 +206,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            splits: int | None = None, check_lengths: bool = True):
     """Attention of new queries over a KV cache; see the module docstring."""
     from fusedattn.configs import decode_splits, tuned_table
+    from fusedattn.dispatch import forward
     from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
-    from fusedattn.dispatch import forward
 
     capacity, s_new, cache_seqlens, block_table = _validate(
         q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)

@@ -103,8 +103,9 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc, p_o, p_lse,
-              so_s, so_d, sl_s, o_base, lse_base, b_row, h, c: gl.constexpr, m_start, seq_q, seq_k,
+def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc,
+              p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, c: gl.constexpr,
+              m_start, seq_q, seq_k,
               diag, qk_scale, left, right, lo, hi,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
               DIM: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
@@ -211,7 +212,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
                     WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                     LOADER_REGS: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr):
-    """Grid (query tiles of 2 * BLOCK_M rows, batch * heads). A window side `left`/`right`
+    """Grid (batch * heads, query tiles of 2 * BLOCK_M rows). A window side `left`/`right`
     >= 0 bounds the keys (causal: right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq.
     VARLEN: sequence b is rows cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors.
     DIM < HEAD_DIM: the head dim is padded to a power of two (TMA boxes and aranges are
@@ -219,10 +220,10 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
     Q K^T and give zero columns of O, not stored."""
     TILE_M: gl.constexpr = 2 * BLOCK_M
     if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles first
-        tile_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        tile_m = gl.num_programs(1) - 1 - gl.program_id(1)
     else:
-        tile_m = gl.program_id(0)
-    bh = gl.program_id(1)
+        tile_m = gl.program_id(1)
+    bh = gl.program_id(0)  # axis 0 (up to 2^31 - 1): batch * heads may pass 65535
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // group
@@ -277,16 +278,20 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
 
     o_base = b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h + q_start.to(gl.int64) * so_s
     lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start.to(gl.int64) * sl_s
+    # the consumers' arguments are spelled out for each: constexprs passed inside a tuple
+    # held in a variable reach the partition as tensors (Triton 3.6)
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc, p_o,
-                     p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 0, m_start, seq_q, seq_k, diag, qk_scale,
-                     left, right, lo, hi, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT,
-                     HAS_RIGHT, VARLEN, WRITE_LSE, PINGPONG)),
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc, p_o,
-                     p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 1, m_start, seq_q, seq_k, diag, qk_scale,
-                     left, right, lo, hi, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT,
-                     HAS_RIGHT, VARLEN, WRITE_LSE, PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar,
+                     o_desc, p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 0,
+                     m_start, seq_q, seq_k, diag, qk_scale, left, right, lo, hi, BLOCK_M,
+                     BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT, HAS_RIGHT, VARLEN, WRITE_LSE,
+                     PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar,
+                     o_desc, p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 1,
+                     m_start, seq_q, seq_k, diag, qk_scale, left, right, lo, hi, BLOCK_M,
+                     BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT, HAS_RIGHT, VARLEN, WRITE_LSE,
+                     PINGPONG)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                   k_free, v_free, b_row, h, h_kv, q_start + m_start, k_start, lo, hi, BLOCK_M,
-                   BLOCK_N, HEAD_DIM, STAGES)),
+                   k_free, v_free, b_row, h, h_kv, q_start + m_start, k_start, lo, hi,
+                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

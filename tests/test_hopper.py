@@ -1,0 +1,137 @@
+"""The Hopper forward (`fusedattn.hopper`) and the dispatch rule (`fusedattn.dispatch`).
+
+The dispatch runs everywhere (CI too): which path a call gets and why, and `use_backend`.
+The Gluon kernel has no interpreter, so its cases are `gpu_only` (the GPU tier on the
+H200): awkward shapes against the float64 reference, each bounded by twice the portable
+kernel's error on the same inputs plus a floor, and asserted to have run on the Hopper path
+(a silent fallback fails them)."""
+
+import pytest
+import torch
+
+from fusedattn import attention, attention_varlen
+from fusedattn.dispatch import forward_path, hopper_refusal, use_backend
+from fusedattn.mode import DEVICE, EMULATION
+from fusedattn.problem import ProblemError
+from fusedattn.reference import attention_ref, varlen_ref
+from fusedattn.tiles.common import Mask
+
+ON_HOPPER = (not EMULATION and torch.cuda.is_available()
+             and torch.cuda.get_device_capability() == (9, 0))
+
+
+def _rand(*shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+
+
+def test_use_backend_takes_only_known_names():
+    with pytest.raises(ProblemError, match="backend"):
+        with use_backend("fast"):
+            pass
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(dtype=torch.float32), "float32"),
+    (dict(dim=80), "head dim 80"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(cache=object()), "KV cache"),
+    (dict(strided=True), "TMA-aligned"),
+])
+def test_the_hopper_path_says_why_it_refuses(change, reason):
+    dim = change.get("dim", 128)
+    q = _rand(1, 2, 16, dim, dtype=change.get("dtype", torch.bfloat16))
+    if change.get("strided"):  # a head dim that is every other element: last stride 2
+        q = _rand(1, 2, 16, 2 * dim)[..., ::2]
+    why = hopper_refusal(q, q, q, mask=Mask(softcap=change.get("softcap")),
+                         cache=change.get("cache"))
+    assert why is not None and reason in why
+
+
+@pytest.mark.emulation_only("the CPU's answer: the portable path, and why")
+def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
+    q = _rand(1, 2, 16, 128)
+    path, why = forward_path(q, q, q, mask=Mask())
+    assert path == "portable" and "not on a CUDA GPU" in why
+    with use_backend("hopper"), pytest.raises(ProblemError, match="Hopper kernel serves"):
+        attention(q, q, q)
+    with use_backend("portable"):
+        assert forward_path(q, q, q, mask=Mask())[0] == "portable"
+        out = attention(q, q, q, is_causal=True)
+    ref = attention_ref(q, q, q, causal=True, device=DEVICE)
+    # bf16's rounding of the output (2^-8 relative) with room for the sums before it
+    assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
+
+
+def _both(call, dtype):
+    """(hopper output, portable output): the same call on each path."""
+    outs = []
+    for backend in ("hopper", "portable"):
+        with use_backend(backend):
+            outs.append(call())
+    return outs
+
+
+CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window)
+    (2, 4, 4, 1, 1, 128, False, None), (1, 3, 3, 127, 127, 64, True, None),
+    (1, 2, 2, 129, 300, 128, True, None), (1, 2, 2, 300, 129, 128, True, None),
+    (1, 2, 2, 4095, 4095, 128, True, None), (2, 48, 8, 257, 257, 128, True, None),
+    (1, 2, 2, 1000, 1000, 96, False, None), (1, 2, 2, 513, 513, 192, True, None),
+    (1, 2, 2, 700, 700, 256, False, None), (1, 2, 2, 2000, 2000, 128, True, (100, 0)),
+    (1, 2, 2, 777, 777, 64, False, (0, 0)), (1, 2, 2, 777, 777, 64, False, (50, 3000)),
+    (1, 2, 2, 4097, 4097, 64, False, None), (3, 5, 1, 333, 555, 128, False, None),
+]
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}H{}/{}_{}x{}_D{}_c{}_w{}".format(*c))
+def test_hopper_forward_matches_the_reference(case, dtype):
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    b, h, hk, sq, sk, d, causal, window = case
+    q, k, v = (_rand(b, n, s, d, dtype=dtype, seed=i)
+               for i, (n, s) in enumerate(((h, sq), (hk, sk), (hk, sk))))
+    assert forward_path(q, k, v, mask=Mask(causal=causal))[0] == "hopper"
+    ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, return_lse=True,
+                                 device=DEVICE)
+    (out, lse), (out_p, _) = _both(lambda: attention(
+        q, k, v, is_causal=causal, enable_gqa=hk != h, window=window, return_lse=True), dtype)
+    assert torch.isfinite(out).all()
+    err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_p))
+    assert err <= 2 * err_p + 1e-3, (err, err_p)
+    seen = torch.isfinite(ref_lse)  # rows that see no key: LSE -inf on both
+    assert torch.equal(torch.isfinite(lse), seen)
+    assert (lse.double() - ref_lse)[seen].abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_varlen_with_empty_and_one_token_sequences(causal):
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    lens_q, lens_k = [5, 0, 1, 300, 129, 1000, 64], [5, 3, 1, 300, 500, 1000, 0]
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
+                               device=DEVICE) for n in (lens_q, lens_k))
+    q = _rand(sum(lens_q), 4, 128, seed=1)
+    k, v = _rand(sum(lens_k), 2, 128, seed=2), _rand(sum(lens_k), 2, 128, seed=3)
+    ref = varlen_ref(q, k, v, cu_q, cu_k, causal=causal, device=DEVICE)
+    out, out_p = _both(lambda: attention_varlen(q, k, v, cu_q, cu_k, max(lens_q),
+                                                max(lens_k), is_causal=causal),
+                       torch.bfloat16)
+    assert torch.isfinite(out).all()
+    err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_p))
+    assert err <= 2 * err_p + 1e-3, (err, err_p)
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+def test_hopper_forward_takes_a_bshd_view_and_writes_every_row():
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    # FlashAttention's [B, S, H, D] as a transposed view: strides the descriptors carry
+    q, k, v = (_rand(2, 333, 4, 64, seed=i).transpose(1, 2) for i in range(3))
+    out = attention(q, k, v, is_causal=True)
+    ref = attention_ref(q, k, v, causal=True, device=DEVICE)
+    assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
+    # the same call twice gives the same bits (no atomics, no race)
+    assert torch.equal(out, attention(q, k, v, is_causal=True))
