@@ -21,6 +21,7 @@ from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
 BACKENDS = ("auto", "hopper", "portable")
+MAX_GRID_Y = 65535  # the Hopper kernel's grid: (query tiles, batch * heads)
 _BACKEND = contextvars.ContextVar("fusedattn_backend", default="auto")
 
 
@@ -79,6 +80,8 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
         return "an explicit portable config"
     if mask.softcap:
         return "softcap (portable)"
+    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
+        return f"batch * heads over {MAX_GRID_Y} (a CUDA grid's second axis)"
     if not all(_tma_ready(t) for t in (q, k, v)):
         return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
     if EMULATION or q.device.type != "cuda":

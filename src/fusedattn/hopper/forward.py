@@ -60,7 +60,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         cu_q = cu_k = None
     qk_scale, _, left, right = mask.kernel_args(scale)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
-    grid = (batch * heads, triton.cdiv(seq_q, 2 * block_m))
+    grid = (triton.cdiv(seq_q, 2 * block_m), batch * heads)
     _flash_fwd_sm90[grid](
         _descriptor(q, block_m, padded), _descriptor(k, block_n, padded),
         _descriptor(v, block_n, padded), _descriptor(out, block_m, padded), out, lse,

@@ -212,18 +212,21 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
                     WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                     LOADER_REGS: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr):
-    """Grid (batch * heads, query tiles of 2 * BLOCK_M rows). A window side `left`/`right`
+    """Grid (query tiles of 2 * BLOCK_M rows, batch * heads <= 65535). A window side `left`/`right`
     >= 0 bounds the keys (causal: right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq.
     VARLEN: sequence b is rows cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors.
     DIM < HEAD_DIM: the head dim is padded to a power of two (TMA boxes and aranges are
     powers of two): the loads fill the columns past DIM with zeros, which add nothing to
     Q K^T and give zero columns of O, not stored."""
     TILE_M: gl.constexpr = 2 * BLOCK_M
+    # the query tiles of one head are launched together, so its K and V stay in L2 (with
+    # batch * heads on axis 0 the H200 ran 11-15% slower at D128, S4096: each wave read
+    # 132 heads' K/V)
     if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles first
-        tile_m = gl.num_programs(1) - 1 - gl.program_id(1)
+        tile_m = gl.num_programs(0) - 1 - gl.program_id(0)
     else:
-        tile_m = gl.program_id(1)
-    bh = gl.program_id(0)  # axis 0 (up to 2^31 - 1): batch * heads may pass 65535
+        tile_m = gl.program_id(0)
+    bh = gl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     h_kv = h // group
