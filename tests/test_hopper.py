@@ -34,7 +34,6 @@ def test_use_backend_takes_only_known_names():
 @pytest.mark.parametrize("change, reason", [
     (dict(dtype=torch.float32), "float32"),
     (dict(dim=80), "head dim 80"),
-    (dict(softcap=30.0), "softcap"),
     (dict(cache=object()), "KV cache"),
     (dict(strided=True), "TMA-aligned"),
 ])
@@ -43,8 +42,7 @@ def test_the_hopper_path_says_why_it_refuses(change, reason):
     q = _rand(1, 2, 16, dim, dtype=change.get("dtype", torch.bfloat16))
     if change.get("strided"):  # a head dim that is every other element: last stride 2
         q = _rand(1, 2, 16, 2 * dim)[..., ::2]
-    why = hopper_refusal(q, q, q, mask=Mask(softcap=change.get("softcap")),
-                         cache=change.get("cache"))
+    why = hopper_refusal(q, q, q, mask=Mask(), cache=change.get("cache"))
     assert why is not None and reason in why
 
 
@@ -63,6 +61,23 @@ def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
     assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
 
 
+def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch):
+    from fusedattn import dispatch
+
+    monkeypatch.setattr(dispatch, "hopper_refusal", lambda *a, **kw: None)  # as on an H200
+    short = _rand(1, 2, dispatch.HOPPER_MIN_KEYS - 1, 64)
+    long = _rand(1, 2, dispatch.HOPPER_MIN_KEYS, 64)
+    path, why = forward_path(short, short, short, mask=Mask())
+    assert path == "portable" and "HOPPER_MIN_KEYS" in why
+    assert forward_path(long, long, long, mask=Mask())[0] == "hopper"
+    with use_backend("hopper"):
+        assert forward_path(short, short, short, mask=Mask())[0] == "hopper"
+
+    class Packed:  # varlen: the longest sequence decides, not the packed total
+        max_seqlen_k = dispatch.HOPPER_MIN_KEYS - 1
+    assert forward_path(long, long, long, mask=Mask(), varlen=Packed())[0] == "portable"
+
+
 def _both(call, dtype):
     """(hopper output, portable output): the same call on each path."""
     outs = []
@@ -72,31 +87,39 @@ def _both(call, dtype):
     return outs
 
 
-CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window)
-    (2, 4, 4, 1, 1, 128, False, None), (1, 3, 3, 127, 127, 64, True, None),
-    (1, 2, 2, 129, 300, 128, True, None), (1, 2, 2, 300, 129, 128, True, None),
-    (1, 2, 2, 4095, 4095, 128, True, None), (2, 48, 8, 257, 257, 128, True, None),
-    (1, 2, 2, 1000, 1000, 96, False, None), (1, 2, 2, 513, 513, 192, True, None),
-    (1, 2, 2, 700, 700, 256, False, None), (1, 2, 2, 2000, 2000, 128, True, (100, 0)),
-    (1, 2, 2, 777, 777, 64, False, (0, 0)), (1, 2, 2, 777, 777, 64, False, (50, 3000)),
-    (1, 2, 2, 4097, 4097, 64, False, None), (3, 5, 1, 333, 555, 128, False, None),
+CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
+    (2, 4, 4, 1, 1, 128, False, None, None), (1, 3, 3, 127, 127, 64, True, None, None),
+    (1, 2, 2, 129, 300, 128, True, None, None), (1, 2, 2, 300, 129, 128, True, None, None),
+    (1, 2, 2, 4095, 4095, 128, True, None, None), (2, 48, 8, 257, 257, 128, True, None, None),
+    (1, 2, 2, 1000, 1000, 96, False, None, None), (1, 2, 2, 513, 513, 192, True, None, None),
+    (1, 2, 2, 700, 700, 256, False, None, None), (1, 2, 2, 2000, 2000, 128, True, (100, 0), None),
+    (1, 2, 2, 777, 777, 64, False, (0, 0), None), (1, 2, 2, 777, 777, 64, False, (50, 3000), None),
+    (1, 2, 2, 4097, 4097, 64, False, None, None), (3, 5, 1, 333, 555, 128, False, None, None),
+    # two head-dim pieces against Sq != Sk, GQA and windows
+    (1, 6, 2, 301, 1025, 96, True, None, None), (2, 4, 1, 1025, 301, 192, False, (64, 64), None),
+    # softcap: a tight cap, one large enough that tanh is its series, and with masks
+    (1, 2, 2, 600, 600, 128, False, None, 5.0), (1, 2, 2, 333, 333, 64, True, None, 1e8),
+    (1, 4, 2, 517, 517, 96, True, (40, 0), 30.0),
 ]
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}H{}/{}_{}x{}_D{}_c{}_w{}".format(*c))
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: "B{}H{}/{}_{}x{}_D{}_c{}_w{}_cap{}".format(*c))
 def test_hopper_forward_matches_the_reference(case, dtype):
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
-    b, h, hk, sq, sk, d, causal, window = case
+    b, h, hk, sq, sk, d, causal, window, softcap = case
     q, k, v = (_rand(b, n, s, d, dtype=dtype, seed=i)
                for i, (n, s) in enumerate(((h, sq), (hk, sk), (hk, sk))))
-    assert forward_path(q, k, v, mask=Mask(causal=causal))[0] == "hopper"
-    ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, return_lse=True,
-                                 device=DEVICE)
+    with use_backend("hopper"):  # raises where the Hopper kernel cannot serve the call
+        forward_path(q, k, v, mask=Mask(causal=causal, softcap=softcap))
+    ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, softcap=softcap,
+                                 return_lse=True, device=DEVICE)
     (out, lse), (out_p, _) = _both(lambda: attention(
-        q, k, v, is_causal=causal, enable_gqa=hk != h, window=window, return_lse=True), dtype)
+        q, k, v, is_causal=causal, enable_gqa=hk != h, window=window, softcap=softcap,
+        return_lse=True), dtype)
     assert torch.isfinite(out).all()
     err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_p))
     assert err <= 2 * err_p + 1e-3, (err, err_p)
@@ -107,14 +130,15 @@ def test_hopper_forward_matches_the_reference(case, dtype):
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("causal", [False, True])
-def test_hopper_varlen_with_empty_and_one_token_sequences(causal):
+@pytest.mark.parametrize("dim", [128, 96, 192])
+def test_hopper_varlen_with_empty_and_one_token_sequences(causal, dim):
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     lens_q, lens_k = [5, 0, 1, 300, 129, 1000, 64], [5, 3, 1, 300, 500, 1000, 0]
     cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
                                device=DEVICE) for n in (lens_q, lens_k))
-    q = _rand(sum(lens_q), 4, 128, seed=1)
-    k, v = _rand(sum(lens_k), 2, 128, seed=2), _rand(sum(lens_k), 2, 128, seed=3)
+    q = _rand(sum(lens_q), 4, dim, seed=1)
+    k, v = _rand(sum(lens_k), 2, dim, seed=2), _rand(sum(lens_k), 2, dim, seed=3)
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=causal, device=DEVICE)
     out, out_p = _both(lambda: attention_varlen(q, k, v, cu_q, cu_k, max(lens_q),
                                                 max(lens_k), is_causal=causal),
@@ -125,11 +149,12 @@ def test_hopper_varlen_with_empty_and_one_token_sequences(causal):
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
-def test_hopper_forward_takes_a_bshd_view_and_writes_every_row():
+@pytest.mark.parametrize("dim", [64, 192])
+def test_hopper_forward_takes_a_bshd_view_and_writes_every_row(dim):
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     # FlashAttention's [B, S, H, D] as a transposed view: strides the descriptors carry
-    q, k, v = (_rand(2, 333, 4, 64, seed=i).transpose(1, 2) for i in range(3))
+    q, k, v = (_rand(2, 333, 4, dim, seed=i).transpose(1, 2) for i in range(3))
     out = attention(q, k, v, is_causal=True)
     ref = attention_ref(q, k, v, causal=True, device=DEVICE)
     assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()

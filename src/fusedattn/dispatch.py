@@ -2,7 +2,7 @@
 
     hopper    Gluon, warp-specialised, TMA + wgmma (`fusedattn.hopper`): fp16/bf16 on an
               sm90 GPU, head dims in `hopper.forward.TILES`, causal or not (both
-              alignments), windows, GQA, varlen, LSE
+              alignments), windows, softcap, GQA, varlen, LSE
     portable  Triton `tl.*` (`fusedattn.tiles`): everything, on every GPU and in emulation
 
 `forward_path` returns the path and a one-line reason; `use_backend("portable" | "hopper"
@@ -22,6 +22,10 @@ from fusedattn.problem import ProblemError
 
 BACKENDS = ("auto", "hopper", "portable")
 MAX_GRID_Y = 65535  # the Hopper kernel's grid: (query tiles, batch * heads)
+# Under this many keys a row the Hopper kernel's programs end before its pipeline fills
+# (two key tiles at S = 256), and the portable kernel ran faster on the H200:
+# scripts/hopper_check.py --sweep (docs/decisions.md#hopper-forward)
+HOPPER_MIN_KEYS = 512
 _BACKEND = contextvars.ContextVar("fusedattn_backend", default="auto")
 
 
@@ -78,8 +82,6 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
         return "a KV cache or split-KV decode (portable)"
     if config is not None:
         return "an explicit portable config"
-    if mask.softcap:
-        return "softcap (portable)"
     if q.shape[0] * q.shape[1] > MAX_GRID_Y:
         return f"batch * heads over {MAX_GRID_Y} (a CUDA grid's second axis)"
     if not all(_tma_ready(t) for t in (q, k, v)):
@@ -91,15 +93,22 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
     return _gluon_hopper()
 
 
-def forward_path(q, k, v, **kw) -> tuple[str, str]:
-    """("hopper" | "portable", why) for this call under the current `use_backend`."""
+def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
+    """("hopper" | "portable", why) for this call under the current `use_backend`. Under
+    "auto", a call the Hopper kernel can serve still goes portable where its rows have
+    fewer than `HOPPER_MIN_KEYS` keys (varlen: the longest sequence's)."""
     chosen = _BACKEND.get()
     if chosen == "portable":
         return "portable", "forced by use_backend('portable')"
     refusal = hopper_refusal(q, k, v, **kw)
     if refusal is None:
-        return "hopper", ("forced by use_backend('hopper')" if chosen == "hopper"
-                          else "fp16/bf16 on sm90 at a covered head dim")
+        if chosen == "hopper":
+            return "hopper", "forced by use_backend('hopper')"
+        keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
+        if keys < HOPPER_MIN_KEYS:
+            return "portable", (f"{keys} keys a row, under HOPPER_MIN_KEYS = "
+                                f"{HOPPER_MIN_KEYS} (the portable kernel is faster there)")
+        return "hopper", "fp16/bf16 on sm90 at a covered head dim"
     if chosen == "hopper":
         raise ProblemError("backend", "hopper", f"a call the Hopper kernel serves; this one "
                            f"has {refusal}")
@@ -113,7 +122,7 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
     from fusedattn.tiles.common import Mask
 
     mask = mask or Mask(causal=is_causal)
-    path, _ = forward_path(q, k, v, mask=mask, cache=cache, splits=splits,
+    path, _ = forward_path(q, k, v, varlen=varlen, mask=mask, cache=cache, splits=splits,
                            pack_gqa=pack_gqa, config=config)
     if path == "hopper":
         from fusedattn.hopper.forward import hopper_forward

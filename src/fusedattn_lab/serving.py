@@ -121,6 +121,19 @@ def _flex(q, k, v, mask_mod, enable_gqa=False):
     return lambda: compiled(q, k, v, block_mask=block, enable_gqa=enable_gqa)
 
 
+def _fa4(call):
+    """FlashAttention-4's call where it imports (`peers/stage-fa4.sh`), as {"fa4": call}; {}
+    elsewhere. Its layout is `[B, S, H, D]` (varlen: `[total, H, D]`)."""
+    try:
+        import flash_attn.cute as fa4
+    except ImportError:
+        return {}
+
+    def first(out):  # out, or (out, lse)
+        return out[0] if isinstance(out, tuple) else out
+    return {"fa4": lambda: first(call(fa4))}
+
+
 def _decode(p: ServingProblem, gen):
     """(providers, reference check) for a decode problem: every sequence's cache full."""
     from fusedattn.kvcache import attention_with_kvcache
@@ -193,10 +206,13 @@ def _varlen(p: ServingProblem, gen):
 
     packed = [t.transpose(0, 1)[None] for t in (q, k, v)]  # [1, H, total, D]
     peers["flex"] = lambda: _flex(*packed, document_causal)
+    peers |= _fa4(lambda fa4: fa4.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+        max_seqlen_k=longest, causal=True))
     n0 = p.lengths[0]
 
-    def unpad(name, out):  # ours is packed [total, H, D]; the peers' are [B or 1, H, S, D]
-        if name == "fusedattn":
+    def unpad(name, out):  # ours and FA4's are packed [total, H, D]; the others'
+        if name in ("fusedattn", "fa4"):  # are [B or 1, H, S, D]
             return out[:n0].transpose(0, 1)[[0, p.heads - 1]]
         return out[0, [0, p.heads - 1], :n0]
 
@@ -224,6 +240,9 @@ def _window(p: ServingProblem, gen):
     peers = {"flex": lambda: _flex(q, k, v, sliding),
              "sdpa-efficient": _sdpa("sdpa-efficient", q, k, v, attn_mask=mask),
              "sdpa-cudnn": _sdpa("sdpa-cudnn", q, k, v, attn_mask=mask)}
+    bshd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]  # FA4's layout, made once
+    peers |= _fa4(lambda fa4: fa4.flash_attn_func(*bshd, causal=True,
+                                                  window_size=(w, 0)).transpose(1, 2))
 
     def reference(out):
         heads = [0, p.heads - 1]
@@ -233,7 +252,7 @@ def _window(p: ServingProblem, gen):
 
 
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window}
-PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex")
+PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
 

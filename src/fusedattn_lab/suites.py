@@ -95,6 +95,11 @@ def suites() -> dict[str, list[BenchProblem]]:
         # the prefill issue's rows, in one run: the tile table's hard cases
         "prefill": [BenchProblem(4, 32, 4096, 128, "bf16", False),
                     BenchProblem(4, 32, 4096, 128, "bf16", True),
+                    BenchProblem(4, 32, 4096, 128, "fp16", False),
+                    BenchProblem(4, 32, 4096, 128, "fp16", True),
+                    BenchProblem(1, 32, 16384, 128, "bf16", True),
+                    BenchProblem(4, 32, 4096, 96, "bf16", False),
+                    BenchProblem(4, 32, 4096, 192, "bf16", False),
                     BenchProblem(4, 32, 4096, 64, "bf16", False),
                     BenchProblem(2, 32, 8192, 64, "bf16", True),
                     BenchProblem(2, 32, 8192, 128, "bf16", True, heads_kv=8),

@@ -12,15 +12,16 @@ import functools
 import torch
 import triton
 
-# head dim -> (padded head dim P, BLOCK_M per warpgroup, BLOCK_N, STAGES); shared memory
-# is 2 * BLOCK_M * P * 2 bytes of Q plus STAGES * 2 * BLOCK_N * P * 2 of K and V. 96 and
-# 192 pad to 128 and 256 (TMA boxes are powers of two): a third more products than needed
+# head dim -> (D_A, D_B, BLOCK_M per warpgroup, BLOCK_N, STAGES): the head dim in one or two
+# power-of-two pieces (TMA boxes and Gluon's tensors are powers of two; 96 = 64 + 32 and
+# 192 = 128 + 64 take two wgmmas per product instead of padding to 128 and 256). Shared
+# memory is 2 * BLOCK_M * D * 2 bytes of Q plus STAGES * 2 * BLOCK_N * D * 2 of K and V
 TILES = {
-    64: (64, 64, 128, 4),
-    96: (128, 64, 128, 3),
-    128: (128, 64, 128, 3),
-    192: (256, 64, 64, 2),
-    256: (256, 64, 64, 2),
+    64: (64, 0, 64, 128, 4),
+    96: (64, 32, 64, 128, 3),
+    128: (128, 0, 64, 128, 3),
+    192: (128, 64, 64, 64, 3),
+    256: (256, 0, 64, 64, 2),
 }
 LOADER_REGS, CONSUMER_REGS = 24, 240
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
@@ -44,30 +45,33 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
                    lse: torch.Tensor | None, scale: float, mask, varlen=None):
-    """Write `out` (and `lse`, `[B, H, Sq]` natural-log float32) for the mask (`common.Mask`
-    without softcap) and, with `varlen`, the packed batch (`[1, H, total, D]` views, lse
+    """Write `out` (and `lse`, `[B, H, Sq]` natural-log float32) for the mask (`common.Mask`)
+    and, with `varlen`, the packed batch (`[1, H, total, D]` views, lse
     `[1, H, total_q]`). The caller checked `dispatch.hopper_refusal`."""
     from fusedattn.hopper.forward_kernel import _flash_fwd_sm90
 
     heads, dim = q.shape[1], q.shape[3]
     group = heads // k.shape[1]
-    padded, block_m, block_n, stages = TILES[dim]
+    d_a, d_b, block_m, block_n, stages = TILES[dim]
     if varlen is not None:
         batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
         cu_q, cu_k = varlen.cu_q, varlen.cu_k
     else:
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
-    qk_scale, _, left, right = mask.kernel_args(scale)
+    qk_scale, cap, left, right = mask.kernel_args(scale)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
+    descs = [_descriptor(t, rows, d_a) for t, rows in
+             ((q, block_m), (k, block_n), (v, block_n), (out, block_m))]
+    # the second head-dim piece's descriptors (columns d_a on); one piece repeats the first's
+    descs += ([_descriptor(t, rows, d_b) for t, rows in
+               ((q, block_m), (k, block_n), (v, block_n), (out, block_m))] if d_b else descs)
     grid = (triton.cdiv(seq_q, 2 * block_m), batch * heads)
     _flash_fwd_sm90[grid](
-        _descriptor(q, block_m, padded), _descriptor(k, block_n, padded),
-        _descriptor(v, block_n, padded), _descriptor(out, block_m, padded), out, lse,
-        cu_q, cu_k, out.stride(0), out.stride(1), out.stride(2), out.stride(3), *lse_strides,
-        heads, group, seq_q, seq_k, qk_scale, left, right,
-        HEAD_DIM=padded, DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        *descs, out, lse, cu_q, cu_k, out.stride(0), out.stride(1), out.stride(2),
+        out.stride(3), *lse_strides, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
+        D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
-        VARLEN=varlen is not None, WRITE_LSE=lse is not None, PINGPONG=PINGPONG,
-        LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+        SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
+        PINGPONG=PINGPONG, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
     return out

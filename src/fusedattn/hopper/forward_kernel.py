@@ -14,17 +14,18 @@ warps that share its shared memory:
 
 The two consumer warpgroups run the same loop on their own rows; the tensor cores are
 shared, so while one warpgroup runs its softmax the other's products run (FA3's inter-
-warpgroup overlap, without forcing the order). Inside a warpgroup (FA3's intra-warpgroup
-overlap), step j issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j only, and
-runs the softmax of S_j while the second product runs: P_{j-1} and P_j both live in
-registers for that while.
+warpgroup overlap; PINGPONG makes them take turns to issue, by two mbarriers). Inside a
+warpgroup (FA3's intra-warpgroup overlap), step j issues S_j = Q K_j^T and then
+O += P_{j-1} V_{j-1}, waits for S_j only, and runs the softmax of S_j while the second
+product runs: P_{j-1} and P_j both live in registers for that while.
 
 Masks are the portable kernels' (`tiles/common`): a key is seen when it is inside the
 sequence, no later than pos + right and no earlier than pos - left; a tile is masked
 element-wise only where one of those bounds cuts it. Rows that see no key write O = 0 and
 LSE = -inf. Varlen: the tensors are `[1, H, total, D]` and sequence b is rows
 cu[b]..cu[b+1]; a tile that runs past its sequence reads the next one's rows, which the
-masks drop (keys) or the stores skip (queries)."""
+masks drop (keys) or the stores skip (queries). Softcap c: scores c * tanh(s / c), the
+portable kernels' formula (`_softcap`)."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -38,20 +39,36 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free,
+def _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A: gl.constexpr,
+               D_B: gl.constexpr):
+    """One tile of rows by TMA onto `bar`: its first D_A columns into `smem`, and with a
+    second head-dim piece (D_B > 0) the next D_B into `smem2`."""
+    rows: gl.constexpr = desc.block_type.shape[2]
+    tma.async_copy_global_to_shared(
+        desc, [coord_b, coord_h, row, 0], bar,
+        smem._reinterpret(desc.dtype, [1, 1, rows, D_A], desc.layout))
+    if D_B > 0:
+        tma.async_copy_global_to_shared(
+            desc2, [coord_b, coord_h, row, D_A], bar,
+            smem2._reinterpret(desc2.dtype, [1, 1, rows, D_B], desc2.layout))
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
+            q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, k_free, v_free,
             b, h, h_kv, q_row, k_row, lo, hi, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+            D_A: gl.constexpr, D_B: gl.constexpr, STAGES: gl.constexpr):
     """The producer: both consumers' Q tiles on one barrier, then each key tile's K and V
     into slot i % STAGES, each once both consumers released its last use (K after its
     S = Q K^T, V after its P V: K runs ahead of V)."""
-    dtype: gl.constexpr = q_desc.dtype
-    tile4: gl.constexpr = q_desc.layout
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
+                                                        else 0)
+    kv_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
+                                                         else 0)
+    mbarrier.expect(q_bar, 2 * q_bytes)
     for c in gl.static_range(2):
-        tma.async_copy_global_to_shared(
-            q_desc, [b, h, q_row + c * BLOCK_M, 0], q_bar,
-            q_smem.index(c)._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], tile4))
-    kv_tile4: gl.constexpr = k_desc.layout
+        _load_rows(q_desc, q2_desc, b, h, q_row + c * BLOCK_M, q_bar, q_smem.index(c),
+                   q2_smem.index(c), D_A, D_B)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     for i in range(n_tiles):
         slot = i % STAGES
@@ -59,24 +76,39 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
         # STAGES waits pass at once
         row = k_row + lo + i * BLOCK_N
         mbarrier.wait(k_free.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_bar.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            k_desc, [b, h_kv, row, 0], k_bar.index(slot),
-            k_smem.index(slot)._reinterpret(dtype, [1, 1, BLOCK_N, HEAD_DIM], kv_tile4))
+        mbarrier.expect(k_bar.index(slot), kv_bytes)
+        _load_rows(k_desc, k2_desc, b, h_kv, row, k_bar.index(slot), k_smem.index(slot),
+                   k2_smem.index(slot), D_A, D_B)
         mbarrier.wait(v_free.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(v_bar.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            v_desc, [b, h_kv, row, 0], v_bar.index(slot),
-            v_smem.index(slot)._reinterpret(dtype, [1, 1, BLOCK_N, HEAD_DIM], kv_tile4))
+        mbarrier.expect(v_bar.index(slot), kv_bytes)
+        _load_rows(v_desc, v2_desc, b, h_kv, row, v_bar.index(slot), v_smem.index(slot),
+                   v2_smem.index(slot), D_A, D_B)
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, left, right,
-                  BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
-                  HAS_RIGHT: gl.constexpr):
+def _softcap(x):
+    """tanh(x), as the portable kernels' `_scores` computes it: the Taylor series to x^9
+    for |x| < 0.3, 1 - 2 / (exp(2x) + 1) elsewhere."""
+    x2 = x * x
+    series = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+        -0.05396825396825397 + x2 * 0.021869488536155203))))
+    exp_form = 1.0 - 2.0 / (gl.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
+    return gl.where(gl.abs(x) < 0.3, series, exp_form)
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap, left,
+                  right, BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
+                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr):
     """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
     where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
-    exponent (m is kept scaled)."""
+    exponent (m is kept scaled). SOFTCAP: the scores are cap * tanh(s * qk_scale) first
+    (`common.Mask.kernel_args`: qk_scale = scale / c, cap = c * log2(e))."""
+    if SOFTCAP:
+        s = _softcap(s * qk_scale) * cap
+        scale = 1.0
+    else:
+        scale = qk_scale
     edge = start_n + BLOCK_N > seq_k
     if HAS_RIGHT:
         edge = edge | (start_n + BLOCK_N - 1 > first_pos + right)
@@ -90,38 +122,57 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
         if HAS_LEFT:
             valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
         s = gl.where(valid, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
         # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    p = gl.exp2(s * scale - gl.expand_dims(m_use, 1))
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar, o_desc,
-              p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, c: gl.constexpr,
-              m_start, seq_q, seq_k,
-              diag, qk_scale, left, right, lo, hi,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-              DIM: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
-              PINGPONG: gl.constexpr):
-    """One warpgroup's BLOCK_M rows (m_start + c * BLOCK_M ...): the key loop and the store."""
+def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, col0, seq_q,
+                 BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, o_layout: gl.constexpr,
+                 VARLEN: gl.constexpr):
+    """Columns col0 ... col0 + WIDTH of a warpgroup's normalised O tile `out`."""
+    if VARLEN:  # rows past the sequence belong to the next one: a masked store
+        rows_o = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols_o = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, o_layout))
+        offs = gl.expand_dims(rows_o * so_s, 1) + gl.expand_dims(cols_o * so_d, 0)
+        gl.store(p_o + o_base + offs, out, mask=gl.expand_dims(rows_o < seq_q, 1))
+    else:  # through the warpgroup's Q tile (done with) and a TMA store, clipped at Sq
+        tile.store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(
+            o_desc, [b_row, h, first, col0],
+            tile._reinterpret(out.dtype, [1, 1, BLOCK_M, WIDTH], o_desc.layout))
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, k_free,
+              v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base,
+              b_row, h, c: gl.constexpr, m_start, seq_q, seq_k, diag, qk_scale, cap, left,
+              right, lo, hi, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
+              D_B: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
+              WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warpgroup's BLOCK_M rows (m_start + c * BLOCK_M ...): the key loop and the store.
+    With a second head-dim piece (D_B > 0) each product is two wgmmas: S = Q_a K_a^T +
+    Q_b K_b^T, and O's pieces O_a = P V_a, O_b = P V_b accumulate apart."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_A, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     dtype: gl.constexpr = q_smem.dtype
+    PIECES: gl.constexpr = 2 if D_B > 0 else 1  # wgmmas per product
 
     first = m_start + c * BLOCK_M
     rows = first + gl.arange(0, BLOCK_M, layout=row_s)
@@ -130,11 +181,19 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_
     last_pos = gl.minimum(first + BLOCK_M - 1, seq_q - 1) + diag
 
     q_tile = q_smem.index(c)
+    q2_tile = q2_smem.index(c)
     mbarrier.wait(q_bar, 0)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    acc = gl.zeros([BLOCK_M, D_A], gl.float32, layout=o_layout)
+    if D_B > 0:
+        o2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_B, 16])
+        p2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o2_layout,
+                                                      k_width=2)
+        row_o2: gl.constexpr = gl.SliceLayout(1, o2_layout)
+        acc2 = gl.zeros([BLOCK_M, D_B], gl.float32, layout=o2_layout)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     if n_tiles > 0:
@@ -142,11 +201,15 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_
         mbarrier.wait(k_bar.index(0), 0)
         s_tok = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero_s,
                               use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(0)])[0]
+        if D_B > 0:
+            s_tok = warpgroup_mma(q2_tile, k2_smem.index(0).permute((1, 0)), s_tok,
+                                  is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(0), q2_tile,
+                                        k2_smem.index(0)])[0]
         mbarrier.arrive(k_free.index(0), count=1)
         p, m_i, l_i, alpha = _softmax_tile(
-            s, m_i, l_i, lo, pos, first_pos, last_pos, seq_k, qk_scale, left, right,
-            BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT)
+            s, m_i, l_i, lo, pos, first_pos, last_pos, seq_k, qk_scale, cap, left, right,
+            BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_tiles):
             # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i runs while
@@ -156,45 +219,59 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_
             mbarrier.wait(k_bar.index(slot), (i // STAGES) & 1)
             mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
             k_tile = k_smem.index(slot)
+            k2_tile = k2_smem.index(slot)
             if PINGPONG:  # this warpgroup's turn to issue (the other one's softmax runs)
                 mbarrier.wait(turn_bar.index(c), (i - 1) & 1)
             s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s, use_acc=False,
                                   is_async=True)
+            if D_B > 0:
+                s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok, is_async=True)
             acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            if D_B > 0:
+                acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
+                                         v2_smem.index(prev), acc2, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn_bar.index(1 - c), count=1)
-            s = warpgroup_mma_wait(1, deps=[s_tok, q_tile, k_tile])[0]
+            s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_tile, k_tile, q2_tile, k2_tile])[0]
             mbarrier.arrive(k_free.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(
-                s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, seq_k, qk_scale,
-                left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT)
-            acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(prev)])[0]
+                s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, seq_k, qk_scale, cap,
+                left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            if D_B > 0:
+                both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op, v_smem.index(prev),
+                                                   v2_smem.index(prev)])
+                acc = both[0]
+                acc2 = both[1]
+                acc2 = acc2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
+            else:
+                acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(prev)])[0]
             mbarrier.arrive(v_free.index(prev), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
         last = (n_tiles - 1) % STAGES
         mbarrier.wait(v_bar.index(last), ((n_tiles - 1) // STAGES) & 1)
         acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(last)])[0]
+        if D_B > 0:
+            acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout), v2_smem.index(last),
+                                     acc2, is_async=True)
+            both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op, v_smem.index(last),
+                                               v2_smem.index(last)])
+            acc = both[0]
+            acc2 = both[1]
+        else:
+            acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(last)])[0]
         mbarrier.arrive(v_free.index(last), count=1)
 
     # rows that saw no key: l = 0, O = 0, LSE = -inf
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(dtype)
-    if VARLEN:  # rows past the sequence belong to the next one: a masked store
-        rows_o = first + gl.arange(0, BLOCK_M, layout=row_o)
-        cols_o = gl.arange(0, HEAD_DIM, layout=col_o)
-        offs = gl.expand_dims(rows_o * so_s, 1) + gl.expand_dims(cols_o * so_d, 0)
-        keep = gl.expand_dims(rows_o < seq_q, 1)
-        if DIM < HEAD_DIM:  # a padded head dim: its zero columns are not written
-            keep = keep & gl.expand_dims(cols_o < DIM, 0)
-        gl.store(p_o + o_base + offs, out, mask=keep)
-    else:  # through this warpgroup's Q tile (done with) and a TMA store, clipped at Sq, D
-        q_tile.store(out)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(
-            o_desc, [b_row, h, first, 0],
-            q_tile._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], o_desc.layout))
+    _store_piece(out, o_desc, q_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, seq_q,
+                 BLOCK_M, D_A, o_layout, VARLEN)
+    if D_B > 0:
+        out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(dtype)
+        _store_piece(out2, o2_desc, q2_tile, p_o, o_base, so_s, so_d, b_row, h, first, D_A,
+                     seq_q, BLOCK_M, D_B, o2_layout, VARLEN)
+    if not VARLEN:
         tma.store_wait(0)
     if WRITE_LSE:
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
@@ -202,22 +279,22 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_
 
 
 @gluon.jit
-def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
-                    so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s,
-                    n_heads, group, seq_q, seq_k, qk_scale, left, right,
-                    HEAD_DIM: gl.constexpr, DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                    BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-                    WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-                    LOADER_REGS: gl.constexpr,
+def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc,
+                    p_o, p_lse, p_cu_q, p_cu_k, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s,
+                    n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
+                    D_A: gl.constexpr, D_B: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+                    HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                    SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
+                    PINGPONG: gl.constexpr, LOADER_REGS: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr):
     """Grid (query tiles of 2 * BLOCK_M rows, batch * heads <= 65535). A window side `left`/`right`
     >= 0 bounds the keys (causal: right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq.
     VARLEN: sequence b is rows cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors.
-    DIM < HEAD_DIM: the head dim is padded to a power of two (TMA boxes and aranges are
-    powers of two): the loads fill the columns past DIM with zeros, which add nothing to
-    Q K^T and give zero columns of O, not stored."""
+    The head dim is D_A + D_B, both powers of two (TMA boxes and aranges are): 96 = 64 + 32
+    and 192 = 128 + 64 are two pieces, each with its own descriptors (`*2_desc`, columns D_A
+    on) and shared buffers; D_B = 0 is one piece (the `*2` arguments repeat the first's and
+    are not used)."""
     TILE_M: gl.constexpr = 2 * BLOCK_M
     # the query tiles of one head are launched together, so its K and V stay in L2 (with
     # batch * heads on axis 0 the H200 ran 11-15% slower at D128, S4096: each wave read
@@ -254,11 +331,22 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
     b_row = 0 if VARLEN else b  # varlen: one batch row, sequences along the rows
 
     dtype: gl.constexpr = q_desc.dtype
-    tile2: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-    kv2: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], tile2)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv2)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv2)
+    q_smem = gl.allocate_shared_memory(
+        dtype, [2, BLOCK_M, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
+    kv_a: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_A], dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_A], kv_a)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_A], kv_a)
+    if D_B > 0:
+        q2_smem = gl.allocate_shared_memory(
+            dtype, [2, BLOCK_M, D_B],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_B], dtype))
+        kv_b: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_B], dtype)
+        k2_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_B], kv_b)
+        v2_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_B], kv_b)
+    else:  # one piece: the second piece's names stand for the first's, never read
+        q2_smem = q_smem
+        k2_smem = k_smem
+        v2_smem = v_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -284,17 +372,18 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, p_o, p_lse, p_cu_q, p_cu_k,
     # the consumers' arguments are spelled out for each: constexprs passed inside a tuple
     # held in a variable reach the partition as tensors (Triton 3.6)
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar,
-                     o_desc, p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 0,
-                     m_start, seq_q, seq_k, diag, qk_scale, left, right, lo, hi, BLOCK_M,
-                     BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT, HAS_RIGHT, VARLEN, WRITE_LSE,
-                     PINGPONG)),
-        (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn_bar,
-                     o_desc, p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base, b_row, h, 1,
-                     m_start, seq_q, seq_k, diag, qk_scale, left, right, lo, hi, BLOCK_M,
-                     BLOCK_N, HEAD_DIM, DIM, STAGES, HAS_LEFT, HAS_RIGHT, VARLEN, WRITE_LSE,
-                     PINGPONG)),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                   k_free, v_free, b_row, h, h_kv, q_start + m_start, k_start, lo, hi,
-                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar,
+                     k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_s, so_d, sl_s,
+                     o_base, lse_base, b_row, h, 0, m_start, seq_q, seq_k, diag, qk_scale, cap,
+                     left, right, lo, hi, BLOCK_M, BLOCK_N, D_A, D_B, STAGES, HAS_LEFT,
+                     HAS_RIGHT, SOFTCAP, VARLEN, WRITE_LSE, PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar,
+                     k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_s, so_d, sl_s,
+                     o_base, lse_base, b_row, h, 1, m_start, seq_q, seq_k, diag, qk_scale, cap,
+                     left, right, lo, hi, BLOCK_M, BLOCK_N, D_A, D_B, STAGES, HAS_LEFT,
+                     HAS_RIGHT, SOFTCAP, VARLEN, WRITE_LSE, PINGPONG)),
+        (_loader, (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
+                   q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, k_free, v_free, b_row, h,
+                   h_kv, q_start + m_start, k_start, lo, hi, BLOCK_M, BLOCK_N, D_A, D_B,
+                   STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
