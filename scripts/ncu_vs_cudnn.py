@@ -8,6 +8,7 @@ off` profiles exactly those kernels (NVTX ranges name them).
         --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \\
         --csv --page details python3 scripts/ncu_vs_cudnn.py --dim 128 [--causal] > OUT.csv
     ... scripts/ncu_vs_cudnn.py --dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64
+    ... scripts/ncu_vs_cudnn.py --peer fa4 --fwd-only --dim 64    # FA4 (staged) as the peer
 """
 
 import argparse
@@ -29,10 +30,15 @@ def main() -> None:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"))
+    parser.add_argument("--peer", default="sdpa", choices=("sdpa", "fa4"),
+                        help="SDPA (cuDNN; efficient for fp32) or FA4 (forward only)")
+    parser.add_argument("--fwd-only", action="store_true", help="profile forwards only")
     args = parser.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     peer, backend = (("efficient", SDPBackend.EFFICIENT_ATTENTION) if dtype == torch.float32
                      else ("cudnn", SDPBackend.CUDNN_ATTENTION))
+    if args.peer == "fa4":
+        peer, args.fwd_only = "fa4", True
     gen = torch.Generator(device="cuda").manual_seed(0)
     heads_kv = args.heads_kv or args.heads
     q, k, v, dout = (torch.randn(args.batch, h, args.seq, args.dim, generator=gen,
@@ -46,6 +52,12 @@ def main() -> None:
                          enable_gqa=gqa)
 
     def theirs():
+        if peer == "fa4":  # [B, S, H, D] views of the same tensors (strided: TMA takes them)
+            from flash_attn.cute import flash_attn_func
+
+            out = flash_attn_func(*(t.detach().transpose(1, 2) for t in (q, k, v)),
+                                  causal=args.causal)
+            return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
         with sdpa_kernel(backend):
             return sdpa(q, k, v, is_causal=args.causal, enable_gqa=gqa)
 
@@ -53,7 +65,7 @@ def main() -> None:
     for name, fwd in (("fusedattn", ours), (peer, theirs)):
         for _ in range(3):  # compile, pick configs, warm caches
             out = fwd()
-            grads = torch.autograd.grad(out, (q, k, v), dout)
+            grads = () if args.fwd_only else torch.autograd.grad(out, (q, k, v), dout)
         outs[name] = (out, grads)
     for mine, its in zip((outs["fusedattn"][0], *outs["fusedattn"][1]),
                          (outs[peer][0], *outs[peer][1]), strict=True):
@@ -66,8 +78,9 @@ def main() -> None:
     for name, fwd in (("fusedattn", ours), (peer, theirs)):
         with torch.cuda.nvtx.range(f"{name}-fwd"):
             out = fwd()
-        with torch.cuda.nvtx.range(f"{name}-bwd"):
-            torch.autograd.grad(out, (q, k, v), dout)
+        if not args.fwd_only:
+            with torch.cuda.nvtx.range(f"{name}-bwd"):
+                torch.autograd.grad(out, (q, k, v), dout)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One measurement round on the H200 (the device tool's machine), each step's output under
+# /tmp/ev (the evidence folders) and copied to $OUT at the end. Steps, in the order given:
+#   fa4 K       copy FA4's staged part K (.peers/K, carried) into /tmp/fa4; the last part
+#               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh)
+#   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
+#   hopper      tests/test_hopper.py alone (the Hopper kernel's cases), no evidence folder
+#   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
+#   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged)
+#   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
+#               "dim,batch,heads,seq[,causal]" (scripts/ncu_vs_cudnn.py --peer fa4)
+#   coldstart   fusedattn bench --suite coldstart
+# Usage (the device tool, from the repo root):
+#   bash scripts/h200_round.sh fa4 4 tier bench prefill ncu 64,4,32,4096
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl 2>/dev/null || true   # the lab's numpy 2.4.6 (numba-cuda)
+export PYTHONPATH=/tmp/site:$PWD/src:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
+export FUSEDATTN_GIT_COMMIT=${FUSEDATTN_GIT_COMMIT:-unknown} FUSEDATTN_GIT_DIRTY=${FUSEDATTN_GIT_DIRTY:-1}
+export PYTHONUNBUFFERED=1 COLUMNS=200
+mkdir -p /tmp/ev
+log=/tmp/ev/round-$(date -u +%H%M%S).log
+rc=0
+while [ $# -gt 0 ]; do
+  step=$1; shift
+  echo "=== $step $(date -u +%T)" | tee -a "$log"
+  case $step in
+    fa4) part=$1; shift; mkdir -p /tmp/fa4 && cp .peers/"$part"/* /tmp/fa4/
+         if [ -f /tmp/fa4/install.sh ] && [ ! -d /tmp/fa4site/flash_attn ]; then
+           bash /tmp/fa4/install.sh >>"$log" 2>&1 || rc=1
+         fi
+         python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
+    tier) python3 scripts/gpu_tier.py --out /tmp/ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    check) python3 scripts/hopper_check.py --out /tmp/ev --sweep 2>&1 | tee -a "$log" ;;
+    bench) suite=$1; shift
+           case $suite in  # the serving suites' providers are their own (all of them)
+             varlen|window|decode) providers=all ;;
+             *) providers=${PROVIDERS:-flash,flash-portable,sdpa-cudnn,sdpa-flash,fa4} ;;
+           esac
+           python3 -m fusedattn_lab bench --suite "$suite" --out /tmp/ev \
+             --providers "$providers" 2>&1 | tail -40 | tee -a "$log" ;;
+    ncu) IFS=, read -r d b h s c <<<"$1"; shift
+         name=ncu-d$d-b$b-h$h-s$s${c:+-causal}
+         mkdir -p /tmp/ev/ncu
+         ncu --profile-from-start off --clock-control none --nvtx --nvtx-include fusedattn-fwd/ \
+           --nvtx-include fa4-fwd/ --section SpeedOfLight --section LaunchStats --section Occupancy \
+           --section WarpStateStats \
+           --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active' \
+           --csv --page details python3 scripts/ncu_vs_cudnn.py --peer fa4 --dim "$d" --batch "$b" \
+           --heads "$h" --seq "$s" ${c:+--causal} > /tmp/ev/ncu/$name.csv 2>>"$log"
+         echo "ncu $name: rc=$?" | tee -a "$log" ;;
+    coldstart) python3 -m fusedattn_lab bench --suite coldstart --out /tmp/ev 2>&1 | tail -20 | tee -a "$log" ;;
+    *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
+  esac
+done
+[ -n "${OUT:-}" ] && tar czf "$OUT/ev.tgz" -C /tmp ev
+exit $rc
