@@ -21,7 +21,6 @@ from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
 BACKENDS = ("auto", "hopper", "portable")
-MAX_GRID_Y = 65535  # the Hopper kernel's grid: (query tiles, batch * heads)
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills
 # (two key tiles at S = 256), and the portable kernel ran faster on the H200:
 # scripts/hopper_check.py --sweep (docs/decisions.md#hopper-forward)
@@ -82,8 +81,8 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
         return "a KV cache or split-KV decode (portable)"
     if config is not None:
         return "an explicit portable config"
-    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
-        return f"batch * heads over {MAX_GRID_Y} (a CUDA grid's second axis)"
+    if q.shape[0] * q.shape[1] * -(-q.shape[2] // 128) >= 2**31:
+        return "over 2^31 work items of 128 query rows (the Hopper kernel's 32-bit count)"
     if not all(_tma_ready(t) for t in (q, k, v)):
         return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
     if EMULATION or q.device.type != "cuda":

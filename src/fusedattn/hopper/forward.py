@@ -1,7 +1,8 @@
 """Launch the Hopper forward (`forward_kernel.py`) on validated `[B, H, S, D]` tensors.
 
 Q, K and V reach the kernel as TMA descriptors over their own strides (4-D: batch, head,
-row, head dim), so `[B, S, H, D]` views need no copy. Tiles per head dim (`TILES`): two
+row, head dim), so `[B, S, H, D]` views need no copy. The grid is persistent: one program per
+SM walks the work items (query tiles x batch x heads). Tiles per head dim (`TILES`): two
 consumer warpgroups of BLOCK_M = 64 rows each, BLOCK_N keys per step, STAGES slots of K and
 V in shared memory, within the 227 KB an SM gives one program."""
 
@@ -35,6 +36,12 @@ def _layout(block: tuple[int, ...], dtype: torch.dtype):
         list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """The persistent grid's size: one program per SM (one fits, by its shared memory)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _descriptor(t: torch.Tensor, rows: int, dim: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -66,11 +73,12 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # the second head-dim piece's descriptors (columns d_a on); one piece repeats the first's
     descs += ([_descriptor(t, rows, d_b) for t, rows in
                ((q, block_m), (k, block_n), (v, block_n), (out, block_m))] if d_b else descs)
-    grid = (triton.cdiv(seq_q, 2 * block_m), batch * heads)
-    _flash_fwd_sm90[grid](
+    tiles_m = triton.cdiv(seq_q, 2 * block_m)
+    items = tiles_m * batch * heads
+    _flash_fwd_sm90[(min(items, _sm_count(q.device)),)](
         *descs, out, lse, cu_q, cu_k, out.stride(0), out.stride(1), out.stride(2),
-        out.stride(3), *lse_strides, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
-        D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        out.stride(3), *lse_strides, items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap,
+        left, right, D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)

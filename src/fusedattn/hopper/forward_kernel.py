@@ -1,16 +1,26 @@
 """The Hopper forward kernel (`forward.py` launches it).
 
-One program (CTA) owns 2 x BLOCK_M query rows of one (batch, head) and three partitions of
-warps that share its shared memory:
+A persistent grid: one program (CTA) per SM walks the work items t = pid, pid + programs,
+... where an item is 2 x BLOCK_M query rows of one (batch, head); three partitions of warps
+share its shared memory and walk the same items:
 
-    loader (1 warp, few registers)      Q tiles once, then K_j and V_j by TMA into a ring of
-                                        STAGES slots; K and V each have a ready and a free
-                                        mbarrier per slot
+    loader (1 warp, few registers)      each item's Q tiles (once both consumers are done
+                                        with the last item's), then its K_j and V_j by TMA
+                                        into a ring of STAGES slots that runs on across
+                                        items; K and V each have a ready and a free mbarrier
+                                        per slot
     consumer 0, consumer 1 (a warpgroup each, BLOCK_M rows each)
         S = Q K_j^T        async wgmma, Q and K from shared memory
         softmax            in registers: the online update of m, l (exp2, scale folded in)
         O = O * alpha + P V_j   async wgmma, P from registers, V from shared memory
         release            K_j once S is done, V_j once P V is: an arrive each
+        store              O (normalised) through the warpgroup's Q tile and a TMA store
+                           (varlen: a masked store), the LSE; then Q is released
+
+So the next item's K and V load under this item's last products and stores, and an item
+outside its sequence (varlen) costs a skip, not a launch. Items are ordered by head, query
+tiles of one head together (its K/V stay in L2; with heads first the H200 ran 11-15%
+slower at D128, S4096); causal reverses the tiles of each head (the longest first).
 
 The two consumer warpgroups run the same loop on their own rows; the tensor cores are
 shared, so while one warpgroup runs its softmax the other's products run (FA3's inter-
@@ -54,35 +64,86 @@ def _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A: gl.con
 
 
 @gluon.jit
+def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+          TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+          HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+    """Work item t: (live, batch row, head, kv head, first q row, first k row, the tile's
+    first row in its sequence, Sq, Sk, diagonal offset, key span lo..hi). `live` is False
+    for a tile past its sequence's end (varlen)."""
+    bh = t // n_tiles_m
+    tile_m = t % n_tiles_m
+    if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles of a head first
+        tile_m = n_tiles_m - 1 - tile_m
+    b = bh // n_heads
+    h = bh % n_heads
+    q_start = 0
+    k_start = 0
+    b_row = b
+    if VARLEN:  # one batch row, sequences along the rows
+        q_start = gl.load(p_cu_q + b)
+        seq_q = gl.load(p_cu_q + b + 1) - q_start
+        k_start = gl.load(p_cu_k + b)
+        seq_k = gl.load(p_cu_k + b + 1) - k_start
+        b_row = 0
+    m_start = tile_m * TILE_M
+    diag = 0
+    if BOTTOM_RIGHT:
+        diag = seq_k - seq_q
+    # the key tiles this item's rows see (`common._spans`' lo, hi)
+    lo = 0
+    hi = seq_k
+    if HAS_LEFT:
+        lo = gl.maximum(m_start + diag - left, 0) // BLOCK_N * BLOCK_N
+    if HAS_RIGHT:
+        hi = gl.minimum(gl.minimum(m_start + TILE_M, seq_q) - 1 + diag + right + 1, seq_k)
+    hi = gl.maximum(hi, lo)
+    return (m_start < seq_q, b_row, h, h // group, q_start, k_start, m_start, seq_q, seq_k,
+            diag, lo, hi)
+
+
+@gluon.jit
 def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
-            q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, k_free, v_free,
-            b, h, h_kv, q_row, k_row, lo, hi, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            D_A: gl.constexpr, D_B: gl.constexpr, STAGES: gl.constexpr):
-    """The producer: both consumers' Q tiles on one barrier, then each key tile's K and V
-    into slot i % STAGES, each once both consumers released its last use (K after its
-    S = Q K^T, V after its P V: K runs ahead of V)."""
+            q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
+            n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
+            D_B: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+            HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+    """The producer: per item, both consumers' Q tiles on one barrier once both released the
+    last item's, then each key tile's K and V into ring slot n % STAGES (n counts this
+    program's key tiles over all its items), each once both consumers released the slot's
+    last use (K after its S = Q K^T, V after its P V: K runs ahead of V)."""
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
     kv_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
                                                          else 0)
-    mbarrier.expect(q_bar, 2 * q_bytes)
-    for c in gl.static_range(2):
-        _load_rows(q_desc, q2_desc, b, h, q_row + c * BLOCK_M, q_bar, q_smem.index(c),
-                   q2_smem.index(c), D_A, D_B)
-    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-    for i in range(n_tiles):
-        slot = i % STAGES
-        # a fresh barrier counts as having completed the phase before its first: the first
-        # STAGES waits pass at once
-        row = k_row + lo + i * BLOCK_N
-        mbarrier.wait(k_free.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_bar.index(slot), kv_bytes)
-        _load_rows(k_desc, k2_desc, b, h_kv, row, k_bar.index(slot), k_smem.index(slot),
-                   k2_smem.index(slot), D_A, D_B)
-        mbarrier.wait(v_free.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(v_bar.index(slot), kv_bytes)
-        _load_rows(v_desc, v2_desc, b, h_kv, row, v_bar.index(slot), v_smem.index(slot),
-                   v2_smem.index(slot), D_A, D_B)
+    n = 0       # key tiles loaded so far
+    items = 0   # live items so far
+    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi = _item(
+            t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+            2 * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        if live:
+            # a fresh barrier counts as having completed the phase before its first: the
+            # first waits on the free barriers pass at once
+            mbarrier.wait(q_free, (items & 1) ^ 1)
+            mbarrier.expect(q_bar, 2 * q_bytes)
+            for c in gl.static_range(2):
+                _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M, q_bar,
+                           q_smem.index(c), q2_smem.index(c), D_A, D_B)
+            for j in range(gl.cdiv(hi - lo, BLOCK_N)):
+                slot = n % STAGES
+                phase = ((n // STAGES) & 1) ^ 1
+                row = k_start + lo + j * BLOCK_N
+                mbarrier.wait(k_free.index(slot), phase)
+                mbarrier.expect(k_bar.index(slot), kv_bytes)
+                _load_rows(k_desc, k2_desc, b_row, h_kv, row, k_bar.index(slot),
+                           k_smem.index(slot), k2_smem.index(slot), D_A, D_B)
+                mbarrier.wait(v_free.index(slot), phase)
+                mbarrier.expect(v_bar.index(slot), kv_bytes)
+                _load_rows(v_desc, v2_desc, b_row, h_kv, row, v_bar.index(slot),
+                           v_smem.index(slot), v2_smem.index(slot), D_A, D_B)
+                n += 1
+            items += 1
 
 
 @gluon.jit
@@ -136,16 +197,21 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
 
 @gluon.jit
 def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, col0, seq_q,
-                 BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, o_layout: gl.constexpr,
-                 VARLEN: gl.constexpr):
-    """Columns col0 ... col0 + WIDTH of a warpgroup's normalised O tile `out`."""
-    if VARLEN:  # rows past the sequence belong to the next one: a masked store
-        rows_o = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-        cols_o = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, o_layout))
+                 BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, VARLEN: gl.constexpr):
+    """Columns col0 ... col0 + WIDTH of a warpgroup's normalised O tile `out`, through the
+    warpgroup's Q tile (done with): a TMA store clipped at Sq, or (varlen, where rows past
+    the sequence belong to the next one) a masked store of it read back in rows of 16 bytes
+    a thread (from registers straight, its 64-bit addresses spilled)."""
+    tile.store(out)
+    if VARLEN:
+        TPC: gl.constexpr = 32 if WIDTH >= 256 else WIDTH // 8  # threads across a row
+        rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [4, 1], [1, 0])
+        vals = tile.load(rows_layout)
+        rows_o = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
+        cols_o = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, rows_layout))
         offs = gl.expand_dims(rows_o * so_s, 1) + gl.expand_dims(cols_o * so_d, 0)
-        gl.store(p_o + o_base + offs, out, mask=gl.expand_dims(rows_o < seq_q, 1))
-    else:  # through the warpgroup's Q tile (done with) and a TMA store, clipped at Sq
-        tile.store(out)
+        gl.store(p_o + o_base + offs, vals, mask=gl.expand_dims(rows_o < seq_q, 1))
+    else:
         fence_async_shared()
         tma.async_copy_shared_to_global(
             o_desc, [b_row, h, first, col0],
@@ -153,16 +219,17 @@ def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, co
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, k_free,
-              v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_s, so_d, sl_s, o_base, lse_base,
-              b_row, h, c: gl.constexpr, m_start, seq_q, seq_k, diag, qk_scale, cap, left,
-              right, lo, hi, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
-              D_B: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
+def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
+              k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_b, so_h, so_s, so_d,
+              sl_b, sl_h, sl_s, c: gl.constexpr, n_items, n_tiles_m, n_heads, group, seq_q,
+              seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
               WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warpgroup's BLOCK_M rows (m_start + c * BLOCK_M ...): the key loop and the store.
-    With a second head-dim piece (D_B > 0) each product is two wgmmas: S = Q_a K_a^T +
-    Q_b K_b^T, and O's pieces O_a = P V_a, O_b = P V_b accumulate apart."""
+    """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
+    loop and the stores. With a second head-dim piece (D_B > 0) each product is two
+    wgmmas: S = Q_a K_a^T + Q_b K_b^T, and O's pieces O_a = P V_a, O_b = P V_b apart."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -171,165 +238,156 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, k_bar, v
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    dtype: gl.constexpr = q_smem.dtype
-    PIECES: gl.constexpr = 2 if D_B > 0 else 1  # wgmmas per product
-
-    first = m_start + c * BLOCK_M
-    rows = first + gl.arange(0, BLOCK_M, layout=row_s)
-    pos = rows + diag
-    first_pos = first + diag
-    last_pos = gl.minimum(first + BLOCK_M - 1, seq_q - 1) + diag
-
-    q_tile = q_smem.index(c)
-    q2_tile = q2_smem.index(c)
-    mbarrier.wait(q_bar, 0)
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
-    acc = gl.zeros([BLOCK_M, D_A], gl.float32, layout=o_layout)
     if D_B > 0:
         o2_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_B, 16])
         p2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o2_layout,
                                                       k_width=2)
         row_o2: gl.constexpr = gl.SliceLayout(1, o2_layout)
-        acc2 = gl.zeros([BLOCK_M, D_B], gl.float32, layout=o2_layout)
+    dtype: gl.constexpr = q_smem.dtype
+    PIECES: gl.constexpr = 2 if D_B > 0 else 1  # wgmmas per product
+    q_tile = q_smem.index(c)
+    q2_tile = q2_smem.index(c)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-    if n_tiles > 0:
-        # tile 0: S_0 and its softmax; its P waits for the loop's first P V
-        mbarrier.wait(k_bar.index(0), 0)
-        s_tok = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero_s,
-                              use_acc=False, is_async=True)
-        if D_B > 0:
-            s_tok = warpgroup_mma(q2_tile, k2_smem.index(0).permute((1, 0)), s_tok,
-                                  is_async=True)
-        s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(0), q2_tile,
-                                        k2_smem.index(0)])[0]
-        mbarrier.arrive(k_free.index(0), count=1)
-        p, m_i, l_i, alpha = _softmax_tile(
-            s, m_i, l_i, lo, pos, first_pos, last_pos, seq_k, qk_scale, cap, left, right,
-            BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for i in range(1, n_tiles):
-            # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i runs while
-            # the second product does
-            slot = i % STAGES
-            prev = (i - 1) % STAGES
-            mbarrier.wait(k_bar.index(slot), (i // STAGES) & 1)
-            mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
-            k_tile = k_smem.index(slot)
-            k2_tile = k2_smem.index(slot)
-            if PINGPONG:  # this warpgroup's turn to issue (the other one's softmax runs)
-                mbarrier.wait(turn_bar.index(c), (i - 1) & 1)
-            s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s, use_acc=False,
-                                  is_async=True)
-            if D_B > 0:
-                s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok, is_async=True)
-            acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            if D_B > 0:
-                acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
-                                         v2_smem.index(prev), acc2, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn_bar.index(1 - c), count=1)
-            s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_tile, k_tile, q2_tile, k2_tile])[0]
-            mbarrier.arrive(k_free.index(slot), count=1)
-            p, m_i, l_i, alpha = _softmax_tile(
-                s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, seq_k, qk_scale, cap,
-                left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-            if D_B > 0:
-                both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op, v_smem.index(prev),
-                                                   v2_smem.index(prev)])
-                acc = both[0]
-                acc2 = both[1]
-                acc2 = acc2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
-            else:
-                acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(prev)])[0]
-            mbarrier.arrive(v_free.index(prev), count=1)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last = (n_tiles - 1) % STAGES
-        mbarrier.wait(v_bar.index(last), ((n_tiles - 1) // STAGES) & 1)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        if D_B > 0:
-            acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout), v2_smem.index(last),
-                                     acc2, is_async=True)
-            both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op, v_smem.index(last),
-                                               v2_smem.index(last)])
-            acc = both[0]
-            acc2 = both[1]
-        else:
-            acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(last)])[0]
-        mbarrier.arrive(v_free.index(last), count=1)
 
-    # rows that saw no key: l = 0, O = 0, LSE = -inf
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(dtype)
-    _store_piece(out, o_desc, q_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, seq_q,
-                 BLOCK_M, D_A, o_layout, VARLEN)
-    if D_B > 0:
-        out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(dtype)
-        _store_piece(out2, o2_desc, q2_tile, p_o, o_base, so_s, so_d, b_row, h, first, D_A,
-                     seq_q, BLOCK_M, D_B, o2_layout, VARLEN)
-    if not VARLEN:
-        tma.store_wait(0)
-    if WRITE_LSE:
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-        gl.store(p_lse + lse_base + rows.to(gl.int64) * sl_s, lse, mask=rows < seq_q)
+    n = 0       # key tiles consumed so far (the loader's ring counter)
+    items = 0   # live items so far (Q's phase)
+    turns = 0   # ping-pong hand-overs so far
+    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi = _item(
+            t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+            2 * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        if live:
+            first = m_start + c * BLOCK_M
+            rows = first + gl.arange(0, BLOCK_M, layout=row_s)
+            pos = rows + diag
+            first_pos = first + diag
+            last_pos = gl.minimum(first + BLOCK_M - 1, sq - 1) + diag
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
+            acc = gl.zeros([BLOCK_M, D_A], gl.float32, layout=o_layout)
+            if D_B > 0:
+                acc2 = gl.zeros([BLOCK_M, D_B], gl.float32, layout=o2_layout)
+            n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+            mbarrier.wait(q_bar, items & 1)
+            if n_tiles > 0:
+                # tile 0: S_0 and its softmax; its P waits for the loop's first P V
+                slot = n % STAGES
+                mbarrier.wait(k_bar.index(slot), (n // STAGES) & 1)
+                s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), zero_s,
+                                      use_acc=False, is_async=True)
+                if D_B > 0:
+                    s_tok = warpgroup_mma(q2_tile, k2_smem.index(slot).permute((1, 0)),
+                                          s_tok, is_async=True)
+                s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(slot), q2_tile,
+                                                k2_smem.index(slot)])[0]
+                mbarrier.arrive(k_free.index(slot), count=1)
+                p, m_i, l_i, alpha = _softmax_tile(
+                    s, m_i, l_i, lo, pos, first_pos, last_pos, sk, qk_scale, cap, left,
+                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                for i in range(1, n_tiles):
+                    # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
+                    # runs while the second product does
+                    slot = (n + i) % STAGES
+                    prev = (n + i - 1) % STAGES
+                    mbarrier.wait(k_bar.index(slot), ((n + i) // STAGES) & 1)
+                    mbarrier.wait(v_bar.index(prev), ((n + i - 1) // STAGES) & 1)
+                    k_tile = k_smem.index(slot)
+                    k2_tile = k2_smem.index(slot)
+                    if PINGPONG:  # this warpgroup's turn to issue (the other's softmax runs)
+                        mbarrier.wait(turn_bar.index(c), (turns + i - 1) & 1)
+                    s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s,
+                                          use_acc=False, is_async=True)
+                    if D_B > 0:
+                        s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok,
+                                              is_async=True)
+                    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    if D_B > 0:
+                        acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
+                                                 v2_smem.index(prev), acc2, is_async=True)
+                    if PINGPONG:
+                        mbarrier.arrive(turn_bar.index(1 - c), count=1)
+                    s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_tile, k_tile, q2_tile,
+                                                         k2_tile])[0]
+                    mbarrier.arrive(k_free.index(slot), count=1)
+                    p, m_i, l_i, alpha = _softmax_tile(
+                        s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
+                        qk_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
+                        SOFTCAP)
+                    if D_B > 0:
+                        both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
+                                                           v_smem.index(prev),
+                                                           v2_smem.index(prev)])
+                        acc = both[0]
+                        acc2 = both[1]
+                        acc2 = acc2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
+                    else:
+                        acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op,
+                                                          v_smem.index(prev)])[0]
+                    mbarrier.arrive(v_free.index(prev), count=1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                last = (n + n_tiles - 1) % STAGES
+                mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                if D_B > 0:
+                    acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
+                                             v2_smem.index(last), acc2, is_async=True)
+                    both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
+                                                       v_smem.index(last),
+                                                       v2_smem.index(last)])
+                    acc = both[0]
+                    acc2 = both[1]
+                else:
+                    acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(last)])[0]
+                mbarrier.arrive(v_free.index(last), count=1)
+            n += n_tiles
+            turns += gl.maximum(n_tiles - 1, 0)
+            items += 1
+
+            # rows that saw no key: l = 0, O = 0, LSE = -inf
+            o_base = (b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h
+                      + q_start.to(gl.int64) * so_s)
+            l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+            out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(dtype)
+            _store_piece(out, o_desc, q_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, sq,
+                         BLOCK_M, D_A, VARLEN)
+            if D_B > 0:
+                out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(dtype)
+                _store_piece(out2, o2_desc, q2_tile, p_o, o_base, so_s, so_d, b_row, h, first,
+                             D_A, sq, BLOCK_M, D_B, VARLEN)
+            if not VARLEN:
+                tma.store_wait(0)
+            # O went out through Q's tiles: once every thread of the warpgroup is past its
+            # reads of them (one thread arrives), the next item's Q may load
+            gl.thread_barrier()
+            mbarrier.arrive(q_free, count=1)
+            if WRITE_LSE:
+                lse_base = (b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
+                            + q_start.to(gl.int64) * sl_s)
+                lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+                gl.store(p_lse + lse_base + rows.to(gl.int64) * sl_s, lse, mask=rows < sq)
 
 
 @gluon.jit
-def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc,
-                    p_o, p_lse, p_cu_q, p_cu_k, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s,
-                    n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
+def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
+                    p_lse, p_cu_q, p_cu_k, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
+                    n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
                     D_A: gl.constexpr, D_B: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                     SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
                     PINGPONG: gl.constexpr, LOADER_REGS: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr):
-    """Grid (query tiles of 2 * BLOCK_M rows, batch * heads <= 65535). A window side `left`/`right`
-    >= 0 bounds the keys (causal: right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq.
-    VARLEN: sequence b is rows cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors.
-    The head dim is D_A + D_B, both powers of two (TMA boxes and aranges are): 96 = 64 + 32
+    """Grid (programs,): n_items = n_tiles_m (query tiles of 2 * BLOCK_M rows) x batch x
+    heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
+    right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
+    cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors, seq_q the longest. The head
+    dim is D_A + D_B, both powers of two (TMA boxes and Gluon's tensors are): 96 = 64 + 32
     and 192 = 128 + 64 are two pieces, each with its own descriptors (`*2_desc`, columns D_A
     on) and shared buffers; D_B = 0 is one piece (the `*2` arguments repeat the first's and
     are not used)."""
-    TILE_M: gl.constexpr = 2 * BLOCK_M
-    # the query tiles of one head are launched together, so its K and V stay in L2 (with
-    # batch * heads on axis 0 the H200 ran 11-15% slower at D128, S4096: each wave read
-    # 132 heads' K/V)
-    if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles first
-        tile_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        tile_m = gl.program_id(0)
-    bh = gl.program_id(1)
-    b = bh // n_heads
-    h = bh % n_heads
-    h_kv = h // group
-    q_start = 0
-    k_start = 0
-    if VARLEN:
-        q_start = gl.load(p_cu_q + b)
-        seq_q = gl.load(p_cu_q + b + 1) - q_start
-        k_start = gl.load(p_cu_k + b)
-        seq_k = gl.load(p_cu_k + b + 1) - k_start
-        if tile_m * TILE_M >= seq_q:
-            return
-    m_start = tile_m * TILE_M
-    diag = 0
-    if BOTTOM_RIGHT:
-        diag = seq_k - seq_q
-    # the key tiles this program's rows see (`common._spans`' lo, hi)
-    lo = 0
-    hi = seq_k
-    if HAS_LEFT:
-        lo = gl.maximum(m_start + diag - left, 0) // BLOCK_N * BLOCK_N
-    if HAS_RIGHT:
-        hi = gl.minimum(gl.minimum(m_start + TILE_M, seq_q) - 1 + diag + right + 1, seq_k)
-    hi = gl.maximum(hi, lo)
-    b_row = 0 if VARLEN else b  # varlen: one batch row, sequences along the rows
-
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [2, BLOCK_M, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
@@ -348,14 +406,16 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
         k2_smem = k_smem
         v2_smem = v_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    # ping-pong: warpgroup c issues its products of step i once the other issued its own
+    # ping-pong: warpgroup c issues its products of a step once the other issued its own
     # of the step before (turn c completes a phase per hand-over; warpgroup 0 starts)
     turn_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_free, count=2)  # both consumers release Q
     mbarrier.init(turn_bar.index(0), count=1)
     mbarrier.init(turn_bar.index(1), count=1)
     for s in gl.static_range(STAGES):
@@ -367,23 +427,26 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     if PINGPONG:
         mbarrier.arrive(turn_bar.index(0), count=1)
 
-    o_base = b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h + q_start.to(gl.int64) * so_s
-    lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start.to(gl.int64) * sl_s
     # the consumers' arguments are spelled out for each: constexprs passed inside a tuple
     # held in a variable reach the partition as tensors (Triton 3.6)
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar,
-                     k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_s, so_d, sl_s,
-                     o_base, lse_base, b_row, h, 0, m_start, seq_q, seq_k, diag, qk_scale, cap,
-                     left, right, lo, hi, BLOCK_M, BLOCK_N, D_A, D_B, STAGES, HAS_LEFT,
-                     HAS_RIGHT, SOFTCAP, VARLEN, WRITE_LSE, PINGPONG)),
-        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar,
-                     k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_s, so_d, sl_s,
-                     o_base, lse_base, b_row, h, 1, m_start, seq_q, seq_k, diag, qk_scale, cap,
-                     left, right, lo, hi, BLOCK_M, BLOCK_N, D_A, D_B, STAGES, HAS_LEFT,
-                     HAS_RIGHT, SOFTCAP, VARLEN, WRITE_LSE, PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
+                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_b,
+                     so_h, so_s, so_d,
+                     sl_b, sl_h, sl_s, 0, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
+                     p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
+                     STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
+                     PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
+                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_b,
+                     so_h, so_s, so_d,
+                     sl_b, sl_h, sl_s, 1, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
+                     p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
+                     STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
+                     PINGPONG)),
         (_loader, (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
-                   q2_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, k_free, v_free, b_row, h,
-                   h_kv, q_start + m_start, k_start, lo, hi, BLOCK_M, BLOCK_N, D_A, D_B,
-                   STAGES)),
+                   q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
+                   n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left,
+                   right, BLOCK_M, BLOCK_N, D_A, D_B, STAGES, HAS_LEFT, HAS_RIGHT,
+                   BOTTOM_RIGHT, VARLEN)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
