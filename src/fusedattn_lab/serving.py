@@ -121,17 +121,18 @@ def _flex(q, k, v, mask_mod, enable_gqa=False):
     return lambda: compiled(q, k, v, block_mask=block, enable_gqa=enable_gqa)
 
 
-def _fa4(call):
+def _fa4(call, after=lambda out: out):
     """FlashAttention-4's call where it imports (`peers/stage-fa4.sh`), as {"fa4": call}; {}
-    elsewhere. Its layout is `[B, S, H, D]` (varlen: `[total, H, D]`)."""
+    elsewhere. Its layout is `[B, S, H, D]` (varlen: `[total, H, D]`); `after` maps its
+    output (out of out or (out, lse)) to the layout the reference check reads."""
     try:
         import flash_attn.cute as fa4
     except ImportError:
         return {}
 
-    def first(out):  # out, or (out, lse)
+    def first(out):
         return out[0] if isinstance(out, tuple) else out
-    return {"fa4": lambda: first(call(fa4))}
+    return {"fa4": lambda: after(first(call(fa4)))}
 
 
 def _decode(p: ServingProblem, gen):
@@ -241,8 +242,8 @@ def _window(p: ServingProblem, gen):
              "sdpa-efficient": _sdpa("sdpa-efficient", q, k, v, attn_mask=mask),
              "sdpa-cudnn": _sdpa("sdpa-cudnn", q, k, v, attn_mask=mask)}
     bshd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]  # FA4's layout, made once
-    peers |= _fa4(lambda fa4: fa4.flash_attn_func(*bshd, causal=True,
-                                                  window_size=(w, 0)).transpose(1, 2))
+    peers |= _fa4(lambda fa4: fa4.flash_attn_func(*bshd, causal=True, window_size=(w, 0)),
+                  after=lambda out: out.transpose(1, 2))
 
     def reference(out):
         heads = [0, p.heads - 1]
