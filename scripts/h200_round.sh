@@ -6,6 +6,7 @@
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
 #   hopper      tests/test_hopper.py alone (the Hopper kernel's cases), no evidence folder
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
+#   sweep       scripts/hopper_check.py --sweep-only
 #   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged)
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
 #               "dim,batch,heads,seq[,causal]" (scripts/ncu_vs_cudnn.py --peer fa4)
@@ -32,7 +33,8 @@ while [ $# -gt 0 ]; do
          python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
     tier) python3 scripts/gpu_tier.py --out /tmp/ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
-    check) python3 scripts/hopper_check.py --out /tmp/ev --sweep 2>&1 | tee -a "$log" ;;
+    check) python3 scripts/hopper_check.py --out /tmp/ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
+    sweep) python3 scripts/hopper_check.py --out /tmp/ev --sweep-only 2>&1 | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
              varlen|window|decode) providers=all ;;
