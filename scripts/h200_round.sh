@@ -9,7 +9,8 @@
 #   sweep       scripts/hopper_check.py --sweep-only
 #   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged)
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
-#               "dim,batch,heads,seq[,causal]" (scripts/ncu_vs_cudnn.py --peer fa4)
+#               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
+#               varlen: the varlen suite's batch at heads and dim)
 #   coldstart   fusedattn bench --suite coldstart
 # Usage (the device tool, from the repo root):
 #   bash scripts/h200_round.sh fa4 4 tier bench prefill ncu 64,4,32,4096
@@ -43,14 +44,15 @@ while [ $# -gt 0 ]; do
            python3 -m fusedattn_lab bench --suite "$suite" --out /tmp/ev \
              --providers "$providers" 2>&1 | tail -40 | tee -a "$log" ;;
     ncu) IFS=, read -r d b h s c <<<"$1"; shift
-         name=ncu-d$d-b$b-h$h-s$s${c:+-causal}
+         name=ncu-d$d-b$b-h$h-s$s${c:+-$c}
+         case $c in causal) extra=--causal ;; varlen) extra=--varlen ;; *) extra= ;; esac
          mkdir -p /tmp/ev/ncu
          ncu --profile-from-start off --clock-control none --nvtx --nvtx-include fusedattn-fwd/ \
            --nvtx-include fa4-fwd/ --section SpeedOfLight --section LaunchStats --section Occupancy \
            --section WarpStateStats \
            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active' \
            --csv --page details python3 scripts/ncu_vs_cudnn.py --peer fa4 --dim "$d" --batch "$b" \
-           --heads "$h" --seq "$s" ${c:+--causal} > /tmp/ev/ncu/$name.csv 2>>"$log"
+           --heads "$h" --seq "$s" $extra > /tmp/ev/ncu/$name.csv 2>>"$log"
          echo "ncu $name: rc=$?" | tee -a "$log" ;;
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out /tmp/ev 2>&1 | tail -20 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;

@@ -33,7 +33,12 @@ def main() -> None:
     parser.add_argument("--peer", default="sdpa", choices=("sdpa", "fa4"),
                         help="SDPA (cuDNN; efficient for fp32) or FA4 (forward only)")
     parser.add_argument("--fwd-only", action="store_true", help="profile forwards only")
+    parser.add_argument("--varlen", action="store_true",
+                        help="the varlen suite's packed batch (24 documents, 32k tokens, "
+                             "causal) at --heads and --dim, against FA4")
     args = parser.parse_args()
+    if args.varlen:
+        return _varlen(args)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     peer, backend = (("efficient", SDPBackend.EFFICIENT_ATTENTION) if dtype == torch.float32
                      else ("cudnn", SDPBackend.CUDNN_ATTENTION))
@@ -73,16 +78,56 @@ def main() -> None:
         print(f"max |fusedattn - {peer}| = {err:.3g}", flush=True)
         assert err < 0.1 * max(1.0, float(its.float().abs().max())), \
             f"fusedattn differs from {peer} by {err}"
+    if args.fwd_only:
+        return _profiled({"fusedattn": ours, peer: theirs})
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     for name, fwd in (("fusedattn", ours), (peer, theirs)):
         with torch.cuda.nvtx.range(f"{name}-fwd"):
             out = fwd()
-        if not args.fwd_only:
-            with torch.cuda.nvtx.range(f"{name}-bwd"):
-                torch.autograd.grad(out, (q, k, v), dout)
+        with torch.cuda.nvtx.range(f"{name}-bwd"):
+            torch.autograd.grad(out, (q, k, v), dout)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
+
+
+def _profiled(calls: dict) -> None:
+    """One launch of each call between cudaProfilerStart/Stop, in an NVTX range `NAME-fwd`."""
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, fwd in calls.items():
+        with torch.cuda.nvtx.range(f"{name}-fwd"):
+            fwd()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def _varlen(args) -> None:
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from fusedattn.varlen import attention_varlen
+    from fusedattn_lab.serving import _lengths
+
+    lengths = _lengths(24, 32768, 0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), args.heads, args.dim, generator=gen,
+                           device="cuda").to(torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    n = max(lengths)
+    calls = {"fusedattn": lambda: attention_varlen(q, k, v, cu, cu, n, n, is_causal=True),
+             "fa4": lambda: flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                   max_seqlen_q=n, max_seqlen_k=n,
+                                                   causal=True)}
+    outs = {}
+    for name, fwd in calls.items():
+        for _ in range(3):
+            out = fwd()
+        outs[name] = out[0] if isinstance(out, tuple) else out
+    err = float((outs["fusedattn"].float() - outs["fa4"].float()).abs().max())
+    print(f"max |fusedattn - fa4| = {err:.3g}", flush=True)
+    assert err < 0.1, f"fusedattn differs from fa4 by {err}"
+    _profiled(calls)
 
 
 if __name__ == "__main__":

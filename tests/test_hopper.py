@@ -61,21 +61,25 @@ def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
     assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
 
 
-def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch):
+@pytest.mark.parametrize("dim, causal, least", [
+    (64, False, "HOPPER_MIN_KEYS"), (128, True, "HOPPER_MIN_KEYS"),
+    (128, False, "HOPPER_MIN_KEYS_WIDE")])
+def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, causal, least):
     from fusedattn import dispatch
 
     monkeypatch.setattr(dispatch, "hopper_refusal", lambda *a, **kw: None)  # as on an H200
-    short = _rand(1, 2, dispatch.HOPPER_MIN_KEYS - 1, 64)
-    long = _rand(1, 2, dispatch.HOPPER_MIN_KEYS, 64)
-    path, why = forward_path(short, short, short, mask=Mask())
-    assert path == "portable" and "HOPPER_MIN_KEYS" in why
-    assert forward_path(long, long, long, mask=Mask())[0] == "hopper"
+    keys = getattr(dispatch, least)
+    mask = Mask(causal=causal)
+    short, long = _rand(1, 2, keys - 1, dim), _rand(1, 2, keys, dim)
+    path, why = forward_path(short, short, short, mask=mask)
+    assert path == "portable" and f"{least} = {keys}" in why
+    assert forward_path(long, long, long, mask=mask)[0] == "hopper"
     with use_backend("hopper"):
-        assert forward_path(short, short, short, mask=Mask())[0] == "hopper"
+        assert forward_path(short, short, short, mask=mask)[0] == "hopper"
 
     class Packed:  # varlen: the longest sequence decides, not the packed total
-        max_seqlen_k = dispatch.HOPPER_MIN_KEYS - 1
-    assert forward_path(long, long, long, mask=Mask(), varlen=Packed())[0] == "portable"
+        max_seqlen_k = keys - 1
+    assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
 
 
 def _both(call, dtype):

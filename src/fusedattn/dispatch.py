@@ -21,10 +21,12 @@ from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
 BACKENDS = ("auto", "hopper", "portable")
-# Under this many keys a row the Hopper kernel's programs end before its pipeline fills
-# (two key tiles at S = 256), and the portable kernel ran faster on the H200:
-# scripts/hopper_check.py --sweep (docs/decisions.md#hopper-forward)
-HOPPER_MIN_KEYS = 512
+# Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
+# and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k
+# tokens a call: causal, and D64, up to S768); non-causal at D > 64 the Hopper kernel won
+# from S128 on (docs/decisions.md#hopper-forward)
+HOPPER_MIN_KEYS = 1024
+HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window, head dim over 64
 _BACKEND = contextvars.ContextVar("fusedattn_backend", default="auto")
 
 
@@ -95,7 +97,8 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
 def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     """("hopper" | "portable", why) for this call under the current `use_backend`. Under
     "auto", a call the Hopper kernel can serve still goes portable where its rows have
-    fewer than `HOPPER_MIN_KEYS` keys (varlen: the longest sequence's)."""
+    fewer than `HOPPER_MIN_KEYS` keys (`HOPPER_MIN_KEYS_WIDE` non-causal without a window at
+    head dims over 64; varlen: the longest sequence's)."""
     chosen = _BACKEND.get()
     if chosen == "portable":
         return "portable", "forced by use_backend('portable')"
@@ -104,9 +107,13 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
         if chosen == "hopper":
             return "hopper", "forced by use_backend('hopper')"
         keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
-        if keys < HOPPER_MIN_KEYS:
-            return "portable", (f"{keys} keys a row, under HOPPER_MIN_KEYS = "
-                                f"{HOPPER_MIN_KEYS} (the portable kernel is faster there)")
+        mask = kw["mask"]
+        wide = q.shape[-1] > 64 and not mask.causal and mask.window is None
+        least, name = ((HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE") if wide
+                       else (HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"))
+        if keys < least:
+            return "portable", (f"{keys} keys a row, under {name} = {least} (the portable "
+                                f"kernel is faster there)")
         return "hopper", "fp16/bf16 on sm90 at a covered head dim"
     if chosen == "hopper":
         raise ProblemError("backend", "hopper", f"a call the Hopper kernel serves; this one "
