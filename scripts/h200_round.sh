@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One measurement round on the H200 (the device tool's machine), each step's output under
-# /tmp/ev (the evidence folders) and copied to $OUT at the end. Steps, in the order given:
+# $OUT/ev (the evidence folders; /tmp/ev without $OUT), written as it goes, so that a run
+# cut short still brings back what it finished. Steps, in the order given:
 #   fa4 K       copy FA4's staged part K (.peers/K, carried) into /tmp/fa4; the last part
 #               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh)
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
@@ -20,8 +21,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/src:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
 export FUSEDATTN_GIT_COMMIT=${FUSEDATTN_GIT_COMMIT:-unknown} FUSEDATTN_GIT_DIRTY=${FUSEDATTN_GIT_DIRTY:-1}
 export PYTHONUNBUFFERED=1 COLUMNS=200
-mkdir -p /tmp/ev
-log=/tmp/ev/round-$(date -u +%H%M%S).log
+ev=${OUT:-/tmp}/ev
+mkdir -p "$ev"
+log=$ev/round-$(date -u +%H%M%S).log
 rc=0
 while [ $# -gt 0 ]; do
   step=$1; shift
@@ -32,31 +34,30 @@ while [ $# -gt 0 ]; do
            bash /tmp/fa4/install.sh >>"$log" 2>&1 || rc=1
          fi
          python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
-    tier) python3 scripts/gpu_tier.py --out /tmp/ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    tier) python3 scripts/gpu_tier.py --out $ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
-    check) python3 scripts/hopper_check.py --out /tmp/ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
-    sweep) python3 scripts/hopper_check.py --out /tmp/ev --sweep-only 2>&1 | tee -a "$log" ;;
+    check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
+    sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
              varlen|window|decode) providers=all ;;
              *) providers=${PROVIDERS:-flash,flash-portable,sdpa-cudnn,sdpa-flash,fa4} ;;
            esac
-           python3 -m fusedattn_lab bench --suite "$suite" --out /tmp/ev \
+           python3 -m fusedattn_lab bench --suite "$suite" --out $ev \
              --providers "$providers" 2>&1 | tail -40 | tee -a "$log" ;;
     ncu) IFS=, read -r d b h s c <<<"$1"; shift
          name=ncu-d$d-b$b-h$h-s$s${c:+-$c}
          case $c in causal) extra=--causal ;; varlen) extra=--varlen ;; *) extra= ;; esac
-         mkdir -p /tmp/ev/ncu
+         mkdir -p $ev/ncu
          ncu --profile-from-start off --clock-control none --nvtx --nvtx-include fusedattn-fwd/ \
            --nvtx-include fa4-fwd/ --section SpeedOfLight --section LaunchStats --section Occupancy \
            --section WarpStateStats \
            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active' \
            --csv --page details python3 scripts/ncu_vs_cudnn.py --peer fa4 --dim "$d" --batch "$b" \
-           --heads "$h" --seq "$s" $extra > /tmp/ev/ncu/$name.csv 2>>"$log"
+           --heads "$h" --seq "$s" $extra > $ev/ncu/$name.csv 2>>"$log"
          echo "ncu $name: rc=$?" | tee -a "$log" ;;
-    coldstart) python3 -m fusedattn_lab bench --suite coldstart --out /tmp/ev 2>&1 | tail -20 | tee -a "$log" ;;
+    coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
 done
-[ -n "${OUT:-}" ] && tar czf "$OUT/ev.tgz" -C /tmp ev
 exit $rc
