@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One measurement round on the H200 (the device tool's machine), each step's output under
-# $OUT/ev (the evidence folders; /tmp/ev without $OUT), written as it goes, so that a run
-# cut short still brings back what it finished. Steps, in the order given:
+# /tmp/ev (the evidence folders), packed into $OUT/ev.tgz after every step, so that a run
+# cut short still brings back what it finished (the device tool does not bring back
+# folders that deep one by one). Steps, in the order given:
 #   fa4 K       copy FA4's staged part K (.peers/K, carried) into /tmp/fa4; the last part
 #               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh)
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
@@ -21,7 +22,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/src:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
 export FUSEDATTN_GIT_COMMIT=${FUSEDATTN_GIT_COMMIT:-unknown} FUSEDATTN_GIT_DIRTY=${FUSEDATTN_GIT_DIRTY:-1}
 export PYTHONUNBUFFERED=1 COLUMNS=200
-ev=${OUT:-/tmp}/ev
+ev=/tmp/ev
 mkdir -p "$ev"
 log=$ev/round-$(date -u +%H%M%S).log
 rc=0
@@ -59,5 +60,6 @@ while [ $# -gt 0 ]; do
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
+  [ -n "${OUT:-}" ] && tar czf "$OUT/ev.tgz" -C /tmp ev
 done
 exit $rc
