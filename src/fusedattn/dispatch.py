@@ -23,8 +23,10 @@ from fusedattn.problem import ProblemError
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k
-# tokens a call: causal, and D64, up to S768); non-causal at D > 64 the Hopper kernel won
-# from S128 on (docs/decisions.md#hopper-forward)
+# tokens a call: D64 non-causal up to S768, tied at S1024; causal, on the persistent grid
+# that causal calls no longer use, up to S1024 at D128 and at every length swept, to S2048,
+# at D64); non-causal at D > 64 the Hopper kernel won from S128 on
+# (evidence/nvidia-h200/20261201T1400Z-hopper-sweep, docs/decisions.md#hopper-forward)
 HOPPER_MIN_KEYS = 1024
 HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window, head dim over 64
 _BACKEND = contextvars.ContextVar("fusedattn_backend", default="auto")
