@@ -6,7 +6,7 @@
 #   fa4 K       copy FA4's staged part K (.peers/K, carried) into /tmp/fa4; the last part
 #               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh)
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
-#   hopper      tests/test_hopper.py alone (the Hopper kernel's cases), no evidence folder
+#   hopper      tests/test_hopper.py and tests/test_plans.py alone, no evidence folder
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged)
@@ -14,6 +14,8 @@
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
 #   coldstart   fusedattn bench --suite coldstart
+#   hostprof    scripts/host_profile.py --sweep: host time a call by layer, SDPA's, the
+#               layers one by one, and the kernels a sweep of lengths compiles
 # Usage (the device tool, from the repo root):
 #   bash scripts/h200_round.sh fa4 4 tier bench prefill ncu 64,4,32,4096
 set -uo pipefail
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
          fi
          python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
     tier) python3 scripts/gpu_tier.py --out $ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
-    hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py tests/test_plans.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     bench) suite=$1; shift
@@ -57,6 +59,7 @@ while [ $# -gt 0 ]; do
            --csv --page details python3 scripts/ncu_vs_cudnn.py --peer fa4 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" $extra > $ev/ncu/$name.csv 2>>"$log"
          echo "ncu $name: rc=$?" | tee -a "$log" ;;
+    hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac

@@ -91,15 +91,118 @@ def profile(call, calls: int) -> dict:
     layers: dict[str, float] = {}
     for (path, _line, _fn), (_cc, _nc, tottime, _ct, _callers) in pstats.Stats(prof).stats.items():
         layers[_layer(path)] = layers.get(_layer(path), 0.0) + tottime / calls
+    top = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:25]
     return {"us_per_call": wall * 1e6,
             "layers_us": {k: round(v * 1e6, 2) for k, v in sorted(layers.items(),
-                                                                    key=lambda kv: -kv[1])}}
+                                                                    key=lambda kv: -kv[1])},
+            "top_us": [f"{tt / calls * 1e6:7.2f} {cc / calls:5.1f}x "
+                       f"{path.split('site-packages/')[-1]}:{ln} {fn}"
+                       for (path, ln, fn), (_pc, cc, tt, _ct, _c) in top]}
+
+
+def wall_us(call, calls: int) -> float:
+    """Host µs a call of `call` in a loop without synchronising (after 5 calls)."""
+    for _ in range(5):
+        call()
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    return us
+
+
+def _sdpa_problems():
+    """SDPA on the same shapes as `_problems` (cuDNN and flash where they serve)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    dt = torch.bfloat16
+    q, k, v = (torch.randn(4, 8, 256, 64, device=DEVICE, dtype=dt) for _ in range(3))
+    g = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    out = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("flash", SDPBackend.FLASH_ATTENTION)):
+        def fwd(backend=backend):
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, is_causal=True)
+
+        def fwd_bwd(backend=backend):
+            with sdpa_kernel(backend):
+                sdpa(*g, is_causal=True).sum().backward()
+
+        def fwd_bare():
+            return sdpa(q, k, v, is_causal=True)
+        out[f"sdpa {name} (inside sdpa_kernel)"] = fwd
+        out[f"sdpa {name} fwd+bwd"] = fwd_bwd
+    out["sdpa default, no context"] = fwd_bare
+    return out
+
+
+def _pieces():
+    """The layers under `attention`, called one by one on the forward's problem."""
+    from fusedattn.api import _flash_fwd_op
+    from fusedattn.dispatch import forward
+
+    dt = torch.bfloat16
+    q, k, v = (torch.randn(4, 8, 256, 64, device=DEVICE, dtype=dt) for _ in range(3))
+    q2, k2, v2 = (torch.randn(4, 8, 4096, 128, device=DEVICE, dtype=dt) for _ in range(3))
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=DEVICE, dtype=torch.float32)
+    out2 = torch.empty_like(q2)
+    lse2 = torch.empty(q2.shape[:3], device=DEVICE, dtype=torch.float32)
+
+    @torch.library.custom_op("fusedattn_probe::nothing", mutates_args=())
+    def nothing(x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(1)
+
+    opts = dict(is_causal=True, scale=0.125, precision="ieee")
+    return {
+        "torch.empty_like x2": lambda: (torch.empty_like(q),
+                                        torch.empty(q.shape[:3], device=DEVICE)),
+        "custom_op doing nothing": lambda: nothing(q),
+        "op fusedattn::flash_fwd (S256)": lambda: _flash_fwd_op(q, k, v, True, 0.125, "ieee",
+                                                                -1, 0, 0.0),
+        "dispatch.forward portable (S256)": lambda: forward(q, k, v, out=out, lse=lse, **opts),
+        "dispatch.forward hopper (S4096 D128)": lambda: forward(q2, k2, v2, out=out2,
+                                                                lse=lse2, **opts),
+    }
+
+
+def sweep_compiles(dim: int, causal: bool) -> dict:
+    """Kernels compiled by forward calls over S = 100..16384 (B1 H8, bf16), by Triton's
+    compilation listener, and the first call's time at each length."""
+    import triton
+
+    compiles = []
+    triton.knobs.compilation.listener = (
+        lambda *, src, metadata, metadata_group, times, cache_hit: compiles.append(
+            (metadata.get("name", "?"), cache_hit)))
+    firsts = {}
+    for s in (100, 128, 200, 256, 300, 512, 777, 1000, 1024, 1500, 1777, 2048, 3001, 4096,
+              5000, 8192, 10000, 16384):
+        q, k, v = (torch.randn(1, 8, s, dim, device=DEVICE, dtype=torch.bfloat16)
+                   for _ in range(3))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        attention(q, k, v, is_causal=causal)
+        torch.cuda.synchronize()
+        firsts[s] = round(time.perf_counter() - t0, 3)
+    triton.knobs.compilation.listener = None
+    return {"kernels": len(compiles), "by_name": {n: sum(1 for c in compiles if c[0] == n)
+                                                 for n in {c[0] for c in compiles}},
+            "first_call_s": firsts}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--sweep", action="store_true",
+                        help="also count the kernels forward calls over S=100..16384 compile")
     args = parser.parse_args()
     result = {"device": str(DEVICE), "emulation": EMULATION, "torch": torch.__version__}
     for name, call in _problems().items():
@@ -107,6 +210,18 @@ def main() -> None:
         layers = ", ".join(f"{k} {v:.1f}" for k, v in result[name]["layers_us"].items())
         print(f"{name}: {result[name]['us_per_call']:.1f} us a call (no profiler); "
               f"under cProfile, us a call: {layers}", flush=True)
+    if DEVICE.type == "cuda":
+        for name, call in {**_sdpa_problems(), **_pieces()}.items():
+            result[name] = {"us_per_call": wall_us(call, args.calls)}
+            print(f"{name}: {result[name]['us_per_call']:.1f} us a call", flush=True)
+        for name in ("attention", "attention fwd+bwd"):
+            print(f"-- {name}, top functions (own us a call, calls a call):")
+            print("\n".join(result[name]["top_us"]))
+        if args.sweep:
+            for dim, causal in ((128, True), (64, False)):
+                key = f"sweep D{dim}{' causal' if causal else ''}"
+                result[key] = sweep_compiles(dim, causal)
+                print(key, result[key], flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 
+from fusedattn.launch import Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -75,10 +77,11 @@ def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
                 bottom_right=bottom_right)
 
 
-@torch.library.custom_op("fusedattn::flash_fwd", mutates_args=())
-def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                  scale: float, precision: str, window_left: int, window_right: int,
-                  softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+               scale: float, precision: str, window_left: int, window_right: int,
+               softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward on validated `[B, H, S, D]` tensors: (O, LSE). The custom op's body, and
+    what eager calls directly (no dispatcher on the way: issue 31's host cost)."""
     from fusedattn.dispatch import forward
 
     batch, heads, seq_q, _ = q.shape
@@ -90,24 +93,28 @@ def _flash_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     return out, lse
 
 
-@_flash_fwd_op.register_fake
-def _(q, k, v, is_causal, scale, precision, window_left, window_right, softcap):
-    batch, heads, seq_q, _ = q.shape
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            q.new_empty((batch, heads, seq_q), dtype=torch.float32))
-
-
-@torch.library.custom_op("fusedattn::flash_bwd", mutates_args=())
-def _flash_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
-                  is_causal: bool, scale: float, precision: str, window_left: int,
-                  window_right: int,
-                  softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+               is_causal: bool, scale: float, precision: str, window_left: int,
+               window_right: int,
+               softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward's kernels: (dQ, dK, dV). The backward op's body."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
     return flash_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale,
                           precision=precision,
                           mask=_mask(is_causal, window_left, window_right, softcap))
+
+
+_flash_fwd_op = torch.library.custom_op("fusedattn::flash_fwd", _flash_fwd, mutates_args=())
+_flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, mutates_args=())
+
+
+@_flash_fwd_op.register_fake
+def _(q, k, v, is_causal, scale, precision, window_left, window_right, softcap):
+    batch, heads, seq_q, _ = q.shape
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((batch, heads, seq_q), dtype=torch.float32))
 
 
 @_flash_bwd_op.register_fake
@@ -130,7 +137,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = _flash_bwd_op(dout, q, k, v, out, lse, dlse, *ctx.options)
+    dq, dk, dv = eager_backward(_flash_bwd_op, _flash_bwd)(dout, q, k, v, out, lse, dlse,
+                                                           *ctx.options)
     return dq, dk, dv, *(None for _ in ctx.options)
 
 
@@ -145,6 +153,33 @@ def refuse_double_backward(ctx, *grads):
 
 
 _flash_bwd_op.register_autograd(refuse_double_backward)
+
+
+def eager_autograd(name: str, body, setup_context, backward) -> type:
+    """The `torch.autograd.Function` that gives a custom op's body, in eager, the op's own
+    autograd (`setup_context`, `backward`) without the op's dispatch (issue 31: the op's
+    dispatch cost more host time than SDPA's whole call)."""
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(body), "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward)})
+
+
+def call_op(op, function, body, *args, grad: bool):
+    """An entry point's call of its custom op: the op itself while torch.compile traces
+    (fake implementations, no graph break); else the body, through `function`
+    (`eager_autograd`) where autograd records the call (`grad`)."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    return function.apply(*args) if grad else body(*args)
+
+
+def eager_backward(op, body):
+    """What a backward runs: the backward op where its graph is traced or recorded
+    (create_graph: the op's autograd refuses a double backward), else its body."""
+    return op if torch.is_grad_enabled() or torch.compiler.is_compiling() else body
+
+
+_Flash = eager_autograd("_Flash", _flash_fwd, _setup_context, _backward)
 
 
 def check_options(q, k, v, is_causal, scale, precision, window, softcap):
@@ -209,27 +244,84 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, sof
     return options
 
 
+class _Call(NamedTuple):
+    """What `attention` decides from a call's metadata, kept per key (`_call_key`)."""
+
+    options: tuple  # the ops' arguments after q, k, v: is_causal, scale, precision, ...
+    grad: bool      # autograd records the call
+
+
+def _typed(x):
+    """A key part that tells 1, 1.0 and True apart (they hash alike)."""
+    return x.__class__, x
+
+
+def _call_key(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap):
+    """The metadata every check and decision of `attention` reads, or None for a call
+    that takes the full path each time (tensor subclasses, unusual option types)."""
+    if not (type(q) is type(k) is type(v) is torch.Tensor):
+        return None
+    if window is not None:
+        if type(window) not in (tuple, list) or len(window) != 2:
+            return None
+        window = tuple(map(_typed, window))
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+            v.shape, v.stride(), v.dtype, v.device, grad, _typed(is_causal), _typed(scale),
+            _typed(enable_gqa), _typed(precision), window, _typed(softcap))
+
+
+_CALLS = Plans()
+
+
+def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap) -> _Call:
+    """The full path's checks and decisions (every bad input raises `ProblemError`)."""
+    window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
+                                softcap)
+    window = clamp_window(window, q.shape[-2], k.shape[-2])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    options = (is_causal, scale, resolve(q.dtype, precision).op,
+               *kernel_options(window, softcap))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return _Call(options, grad)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
               precision: str | None = None, window: tuple[int | None, int | None] | None = None,
               softcap: float | None = None):
-    """Attention forward with the flash kernel; see the module docstring."""
-    window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
-                                softcap)
-    window = clamp_window(window, q.shape[-2], k.shape[-2])
-    lead = q.shape[:-2]
-    q4, k4, v4 = (t.reshape((-1,) + t.shape[-3:]) if t.dim() >= 3 else t[None, None]
-                  for t in (q, k, v))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    options = kernel_options(window, softcap)
-    op_precision = resolve(q.dtype, precision).op
-    if (torch.is_grad_enabled() and any(t.requires_grad for t in (q4, k4, v4))
-            and not torch.compiler.is_compiling()):
-        from fusedattn.tiles.flash_bwd import precompile_backward
+    """Attention forward with the flash kernel; see the module docstring. A call whose
+    metadata (`_call_key`) was seen skips the checks and decisions it already passed."""
+    compiling = torch.compiler.is_compiling()
+    try:
+        key = None if compiling else _call_key(q, k, v, is_causal, scale, enable_gqa,
+                                               precision, window, softcap)
+        call = _CALLS.get(key) if key is not None else None
+    except TypeError:  # an unhashable option: the full path says what is wrong with it
+        key = call = None
+    if call is None:
+        call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap)
+        if call.grad and not compiling:
+            from fusedattn.tiles.flash_bwd import precompile_backward
 
-        # the backward's kernels compile on other threads while the forward's does
-        precompile_backward(q4, k4, v4, is_causal=is_causal, scale=scale,
-                            precision=op_precision, mask=_mask(is_causal, *options))
-    out, lse = _flash_fwd_op(q4, k4, v4, is_causal, scale, op_precision, *options)
-    out = out.reshape(q.shape)
-    return (out, lse.reshape(lead + (q.shape[-2],))) if return_lse else out
+            # the backward's kernels compile on other threads while the forward's does
+            precompile_backward(*_as_4d(q, k, v), is_causal=is_causal, scale=call.options[1],
+                                precision=call.options[2], mask=_mask(*call.options[:1],
+                                                                      *call.options[3:]))
+        if key is not None:
+            _CALLS.put(key, call)
+    out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), *call.options,
+                       grad=call.grad)
+    if q.dim() != 4:
+        out = out.reshape(q.shape)
+    if not return_lse:
+        return out
+    return out, lse.reshape(q.shape[:-1]) if q.dim() != 4 else lse
+
+
+def _as_4d(*tensors):
+    """`[..., H, S, D]` as `[B, H, S, D]` (`[S, D]` as `[1, 1, S, D]`), 4-D ones as they are."""
+    if tensors[0].dim() == 4:
+        return tensors
+    return tuple(t.reshape((-1,) + t.shape[-3:]) if t.dim() >= 3 else t[None, None]
+                 for t in tensors)

@@ -2,7 +2,7 @@
 
     attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      is_causal=False, window=None, softcap=None, scale=None,
-                     return_lse=False, precision=None)
+                     return_lse=False, precision=None, check_lengths=True)
 
 `q: [total_q, H, D]`, `k, v: [total_k, H_kv, D]` (GQA when H_kv divides H): sequence b is
 rows `cu_seqlens_q[b]:cu_seqlens_q[b+1]` of q and `cu_seqlens_k[b]:cu_seqlens_k[b+1]` of k
@@ -15,7 +15,12 @@ Differentiable (the flash backward kernels with the same sequence offsets); regi
 `torch.ops.fusedattn.varlen_fwd` / `varlen_bwd`.
 
 `max_seqlen_q/k` size the grid; they are checked against `cu_seqlens` (a too-small value
-would skip rows silently), which costs one device-to-host copy of the two small tensors.
+would skip rows silently), which costs one device-to-host copy of the two small tensors
+and waits for the GPU to reach it (on the H200, most of a short call's host time).
+`check_lengths=False` skips that check (the offsets' shape, dtype and device are still
+checked): the offsets and max_seqlens are then trusted, as FlashAttention trusts them. Wrong
+ones give wrong rows or reads past the tensors, so pass it only with offsets that were
+checked once (a serving loop's own batcher, a dataloader's collate).
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ import torch
 from fusedattn.api import (
     DTYPES,
     _mask,
+    call_op,
     check_grad_dim,
     check_options,
+    eager_autograd,
+    eager_backward,
     kernel_options,
     refuse_double_backward,
 )
@@ -54,8 +62,7 @@ def _packed(t: torch.Tensor) -> torch.Tensor:
     return t.permute(1, 0, 2)[None]
 
 
-@torch.library.custom_op("fusedattn::varlen_fwd", mutates_args=())
-def _varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                    cu_k: torch.Tensor, max_q: int, max_k: int, is_causal: bool, scale: float,
                    precision: str, window_left: int, window_right: int,
                    softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +77,9 @@ def _varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
     return out, lse
 
 
+_varlen_fwd_op = torch.library.custom_op("fusedattn::varlen_fwd", _varlen_fwd, mutates_args=())
+
+
 @_varlen_fwd_op.register_fake
 def _(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, precision, window_left,
       window_right, softcap):
@@ -77,8 +87,7 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, precision, window_lef
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
-@torch.library.custom_op("fusedattn::varlen_bwd", mutates_args=())
-def _varlen_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                    cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
                    is_causal: bool, scale: float, precision: str, window_left: int,
@@ -92,6 +101,9 @@ def _varlen_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         precision=precision, mask=_mask(is_causal, window_left, window_right, softcap, True),
         varlen=_varlen(cu_q, cu_k, max_q, max_k))
     return tuple(g[0].permute(1, 0, 2) for g in (dq, dk, dv))
+
+
+_varlen_bwd_op = torch.library.custom_op("fusedattn::varlen_bwd", _varlen_bwd, mutates_args=())
 
 
 @_varlen_bwd_op.register_fake
@@ -111,25 +123,33 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    grads = _varlen_bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
+    grads = eager_backward(_varlen_bwd_op, _varlen_bwd)(dout, q, k, v, out, lse, dlse, cu_q,
+                                                        cu_k, *ctx.options)
     return *grads, None, None, *(None for _ in ctx.options)
 
 
 _varlen_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 _varlen_bwd_op.register_autograd(refuse_double_backward)
+_Varlen = eager_autograd("_Varlen", _varlen_fwd, _setup_context, _backward)
 
 
 def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
-                     max_seqlen: object) -> tuple[torch.Tensor, int]:
+                     max_seqlen: object, values: bool = True) -> tuple[torch.Tensor, int]:
     """`cu` a 1-D int32 tensor on the kernels' device: 0, non-decreasing, ending at
     `total` (and `batch + 1` long where given); `max_seqlen` an integer (Python or numpy)
     >= its longest sequence. Returns (`cu` contiguous, as the kernels read it; max_seqlen
-    as an int)."""
+    as an int). `values=False` checks all but the offsets' values (no device-to-host copy):
+    `max_seqlen` then only an integer >= 1."""
     cu = check_index_tensor(name, cu, DEVICE)
     if cu.dim() != 1 or cu.numel() < 2:
         raise ProblemError(name, tuple(cu.shape), "a 1-D tensor of B + 1 offsets (B >= 1)")
     if batch is not None and cu.numel() != batch + 1:
         raise ProblemError(name, tuple(cu.shape), f"{batch + 1} offsets, as cu_seqlens_q")
+    if not values:
+        if not is_int(max_seqlen) or max_seqlen < 1:
+            raise ProblemError(name.replace("cu_seqlens", "max_seqlen"), max_seqlen,
+                               "an int >= 1 (>= the longest sequence)")
+        return cu, int(max_seqlen)
     bounds = cu.tolist()
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     if bounds[0] != 0 or min(lengths) < 0 or bounds[-1] != total:
@@ -146,8 +166,11 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
                      window: tuple[int | None, int | None] | None = None,
                      softcap: float | None = None, scale: float | None = None,
-                     return_lse: bool = False, precision: str | None = None):
+                     return_lse: bool = False, precision: str | None = None,
+                     check_lengths: bool = True):
     """Attention over a packed batch of sequences; see the module docstring."""
+    if not isinstance(check_lengths, bool):
+        raise ProblemError("check_lengths", check_lengths, "True or False")
     check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"}, dtypes=DTYPES)
     window, softcap = check_options(q, k, v, is_causal, scale, precision, window, softcap)
     if k.shape != v.shape:
@@ -156,14 +179,16 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ProblemError("heads", (q.shape[1], k.shape[1]),
                            ">= 1 each, k/v heads dividing q heads (GQA/MQA)")
     cu_seqlens_q, max_seqlen_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0],
-                                                  None, max_seqlen_q)
+                                                  None, max_seqlen_q, check_lengths)
     cu_seqlens_k, max_seqlen_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0],
-                                                  cu_seqlens_q.numel() - 1, max_seqlen_k)
+                                                  cu_seqlens_q.numel() - 1, max_seqlen_k,
+                                                  check_lengths)
     check_grad_dim(q, k, v)
     window = clamp_window(window, max_seqlen_q, max_seqlen_k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, lse = _varlen_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max(1, max_seqlen_q),
-                              max(1, max_seqlen_k), is_causal, scale,
-                              resolve(q.dtype, precision).op,
-                              *kernel_options(window, softcap))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
+                       cu_seqlens_k, max(1, max_seqlen_q), max(1, max_seqlen_k), is_causal,
+                       scale, resolve(q.dtype, precision).op, *kernel_options(window, softcap),
+                       grad=grad)
     return (out, lse) if return_lse else out

@@ -14,6 +14,8 @@ import functools
 import torch
 import triton
 
+from fusedattn.launch import launch
+
 # head dim -> (D_A, D_B, BLOCK_M per warpgroup, BLOCK_N, STAGES): the head dim in one or two
 # power-of-two pieces (TMA boxes and Gluon's tensors are powers of two; 96 = 64 + 32 and
 # 192 = 128 + 64 take two wgmmas per product instead of padding to 128 and 256). Shared
@@ -52,10 +54,11 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
-                   lse: torch.Tensor | None, scale: float, mask, varlen=None):
+                   lse: torch.Tensor | None, scale: float, mask, varlen=None, inputs=()):
     """Write `out` (and `lse`, `[B, H, Sq]` natural-log float32) for the mask (`common.Mask`)
     and, with `varlen`, the packed batch (`[1, H, total, D]` views, lse
-    `[1, H, total_q]`). The caller checked `dispatch.hopper_refusal`."""
+    `[1, H, total_q]`). The caller checked `dispatch.hopper_refusal`. Returns the launches'
+    `launch.Replay`s over `inputs` (the call's tensors), None where not replayable."""
     from fusedattn.hopper.forward_kernel import _flash_fwd_sm90
 
     heads, dim = q.shape[1], q.shape[3]
@@ -81,11 +84,12 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # programs a fifth more work (S4096: 0.85x FA4, against 0.92x)
     dynamic = right == 0 and left < 0 and varlen is None
     programs = items if dynamic else min(items, _sm_count(q.device))
-    _flash_fwd_sm90[(programs,)](
-        *descs, out, lse, cu_q, cu_k, out.stride(0), out.stride(1), out.stride(2),
-        out.stride(3), *lse_strides, items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap,
-        left, right, D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+    _, replay = launch(
+        _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, *out.stride(), *lse_strides,
+        items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
+        D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
-        PINGPONG=PINGPONG, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
-    return out
+        PINGPONG=PINGPONG, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+        inputs=inputs)
+    return None if replay is None else [replay]

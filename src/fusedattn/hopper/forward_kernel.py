@@ -370,7 +370,16 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                 gl.store(p_lse + lse_base + rows.to(gl.int64) * sl_s, lse, mask=rows < sq)
 
 
-@gluon.jit
+# Sizes that change from call to call, left unspecialised (Triton would compile again for
+# each new pattern of "== 1" and "% 16 == 0" among them): TMA bounds the tiles' loads and
+# stores, so the lengths only enter the last tile's mask and loop bounds; the counts, a
+# division per item; the LSE's strides, one float per row (issue 31: a new length, batch or
+# head count compiles nothing)
+UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "seq_q", "seq_k",
+                 "left", "right")
+
+
+@gluon.jit(do_not_specialize=UNSPECIALISED)
 def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
                     p_lse, p_cu_q, p_cu_k, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
                     n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,

@@ -52,6 +52,7 @@ from fusedattn.configs import (
     prune_configs,
     single_key_loop,
 )
+from fusedattn.launch import launch
 from fusedattn.mode import kernel_launches
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import (
@@ -84,7 +85,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
                   lse: torch.Tensor | None, is_causal: bool, scale: float,
                   precision: str, config: triton.Config | None = None,
                   mask: Mask | None = None, varlen: Varlen | None = None,
-                  cache: KVCache | None = None, splits: int = 1, pack_gqa: bool = False):
+                  cache: KVCache | None = None, splits: int = 1, pack_gqa: bool = False,
+                  inputs: tuple = (), record: list | None = None):
     """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
     `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee",
     "tf32" or "tf32x3", used for fp32 inputs only. The config is the table's
@@ -95,7 +97,9 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     alignment; `varlen` takes packed sequences (q, k, v, out as `[1, H, total, D]` views,
     lse `[1, H, total_q]`); `cache` reads K/V from a KV cache; `splits` > 1 splits each
     sequence's keys across programs and merges their partials by LSE (flash-decoding);
-    `pack_gqa` lets one program serve every query head of a K/V head."""
+    `pack_gqa` lets one program serve every query head of a K/V head. With `record` (a
+    list), the launch's `launch.Replay` over `inputs` is appended to it, None where the call
+    cannot be replayed (split-KV's partials are made here; the autotuner's config varies)."""
     mask = mask or Mask(causal=is_causal)
     heads, dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
@@ -163,32 +167,39 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         return (triton.cdiv(rows, meta["BLOCK_M"]), per_row, splits)
 
     (sq_b, sq_h, sq_s), (sk_b, sk_h, sk_s), (sv_b, sv_h, sv_s) = map(divided, (q, k, v))
+    args = dict(
+        p_q=q, p_k=k, p_v=v, p_o=target, p_lse=target_lse,
+        p_cu_q=varlen.cu_q if packed else None, p_cu_k=varlen.cu_k if packed else None,
+        p_seqlens_k=cache.seqlens if cache is not None else None, p_table=table,
+        sq_b=sq_b, sq_h=sq_h, sq_s=sq_s, sq_d=q.stride(3),
+        sk_b=sk_b, sk_h=sk_h, sk_s=sk_s, sk_d=k.stride(3),
+        sv_b=sv_b, sv_h=sv_h, sv_s=sv_s, sv_d=v.stride(3),
+        so_b=0 if packed else target.stride(-4), so_h=target.stride(-3),
+        so_s=target.stride(-2), so_d=target.stride(-1),
+        so_split=target.stride(0) if splits > 1 else 0,
+        sl_b=lse_strides[0], sl_h=lse_strides[1], sl_split=lse_strides[2],
+        st_b=table.stride(0) if table is not None else 0,
+        n_heads=heads, group=group, seq_q=seq_q, seq_k=seq_k, head_dim=dim // align,
+        qk_scale=qk_scale, cap=cap, left=left, right=right,
+        page=k.shape[2] if table is not None else 0, split_len=split_len,
+        bucket_q=triton.next_power_of_2(seq_q), bucket_k=triton.next_power_of_2(seq_k),
+        BLOCK_D=block_d, BLOCK_D2=block_d2, PRECISION=dot_precision,
+        INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
+        BOTTOM_RIGHT=mask.bottom_right, PACK_GQA=pack_gqa, ALIGN=align,
+        ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision, has_left=left >= 0),
+        **fixed)
+    if fixed and splits == 1:  # one launch, on the caller's tensors: replayable
+        compiled, replay = launch(kernel, (triton.cdiv(rows, fixed["BLOCK_M"]), per_row, 1),
+                                  inputs=inputs, **args)
+        if record is not None:
+            record.append(replay)
+        return out, compiled
     with kernel_launches():  # (merge_splits launches inside it too)
-        compiled = kernel[grid](
-            p_q=q, p_k=k, p_v=v, p_o=target, p_lse=target_lse,
-            p_cu_q=varlen.cu_q if packed else None, p_cu_k=varlen.cu_k if packed else None,
-            p_seqlens_k=cache.seqlens if cache is not None else None, p_table=table,
-            sq_b=sq_b, sq_h=sq_h, sq_s=sq_s, sq_d=q.stride(3),
-            sk_b=sk_b, sk_h=sk_h, sk_s=sk_s, sk_d=k.stride(3),
-            sv_b=sv_b, sv_h=sv_h, sv_s=sv_s, sv_d=v.stride(3),
-            so_b=0 if packed else target.stride(-4), so_h=target.stride(-3),
-            so_s=target.stride(-2), so_d=target.stride(-1),
-            so_split=target.stride(0) if splits > 1 else 0,
-            sl_b=lse_strides[0], sl_h=lse_strides[1], sl_split=lse_strides[2],
-            st_b=table.stride(0) if table is not None else 0,
-            n_heads=heads, group=group, seq_q=seq_q, seq_k=seq_k, head_dim=dim // align,
-            qk_scale=qk_scale, cap=cap, left=left, right=right,
-            page=k.shape[2] if table is not None else 0, split_len=split_len,
-            bucket_q=triton.next_power_of_2(seq_q), bucket_k=triton.next_power_of_2(seq_k),
-            BLOCK_D=block_d, BLOCK_D2=block_d2, PRECISION=dot_precision,
-            INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
-            BOTTOM_RIGHT=mask.bottom_right, PACK_GQA=pack_gqa, ALIGN=align,
-            ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision,
-                                     has_left=left >= 0),
-            **fixed,
-        )
+        compiled = kernel[grid](**args)
         if splits > 1:
             merge_splits(target, target_lse, out, lse)
+    if record is not None:
+        record.append(None)
     return out, compiled
 
 

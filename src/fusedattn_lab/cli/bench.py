@@ -25,8 +25,8 @@ def add(sub) -> None:
     p.add_argument("--suite", default="bf16",
                     help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
                     "tiny-train|prefill|all, the serving suites decode|varlen|window|tiny-serving, "
-                    "coldstart (first calls in fresh processes), or the Hugging Face suites "
-                    "hf-generate|hf-train|tiny-hf")
+                    "coldstart (first calls in fresh processes), host (host µs a call), or the "
+                    "Hugging Face suites hf-generate|hf-train|tiny-hf")
     p.add_argument("--providers", default="all",
                     help="all, or a comma-separated list of versions with a batched form")
     p.add_argument("--match", default="",
@@ -103,6 +103,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return run_serving_suite(args, console)
     if args.suite == "coldstart":
         return run_coldstart(args, console)
+    if args.suite == "host":
+        return run_host(args, console)
     from fusedattn_lab.hf_bench import SUITES as HF_SUITES
 
     if args.suite in HF_SUITES:
@@ -182,6 +184,35 @@ def run_coldstart(args: argparse.Namespace, console: Console) -> int:
     render_coldstart(console, rows)
     console.print(f"written: {out_dir}")
     return 0 if all(r.get("verified") for r in rows) else 1
+
+
+def run_host(args: argparse.Namespace, console: Console) -> int:
+    """Host µs a call and graph GPU µs, fusedattn against SDPA (`fusedattn_lab.host`)."""
+    from fusedattn_lab.evidence import environment
+    from fusedattn_lab.host import CALLS, LOOPS, REPLAYS, TARGET, measure, problems
+
+    if mode.EMULATION:
+        raise ProblemError("suite", "host", "a GPU: in emulation the kernels run on the host")
+    env = environment()
+    out_dir = stamp_dir(args, "-bench-host", env)
+    rows = []
+    with console.status("host") as status:
+        for p in problems():
+            status.update(p.label())
+            rows += measure(p, seed=args.seed)
+            write_rows_csv(out_dir / "host.csv", rows)
+    write_environment(out_dir, env, loops=LOOPS, calls=CALLS, replays=REPLAYS, target=TARGET)
+    render_table(console, f"host cost a call — {mode.describe()}", rows, [
+        ("problem", lambda r: r["problem"]), ("provider", lambda r: r["provider"]),
+        ("status", lambda r: r["status"] + (f" ({r['reason'][:40]})" if r["reason"] else "")),
+        ("host µs", lambda r: fmt(r.get("host_us"), ".1f")),
+        ("spread", lambda r: "" if "host_us" not in r else
+         f"{r['host_us_min']:.1f}-{r['host_us_max']:.1f}"),
+        ("× SDPA", lambda r: fmt(r.get("over_sdpa"), ".2f")),
+        ("graph GPU µs", lambda r: fmt(r["graph_gpu_us"], ".1f") if r.get("graph_gpu_us")
+         is not None else r.get("graph_note", "—"))])
+    console.print(f"written: {out_dir}")
+    return 0 if all(r["status"] != "FAIL" for r in rows) else 1
 
 
 def render_coldstart(console: Console, rows: list[dict]) -> None:

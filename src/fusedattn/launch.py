@@ -1,0 +1,169 @@
+"""Every fusedattn kernel launch, and its replay: the host side of a call, paid once per plan.
+
+`launch(kernel, grid, *args, inputs=..., **kwargs)` launches `kernel[grid](*args, **kwargs)`
+as Triton does and returns what that returned with a `Replay` of it, or None where it
+cannot be replayed. A
+`Replay` holds the compiled kernel, its grid and every argument but the tensors, each
+tensor arg (and each TMA descriptor's base) recorded as an index into `inputs`, the call's
+tensors by identity. `replay(inputs)` then launches the same kernel on another call's
+tensors (same shapes, strides, dtypes and 16-byte alignment: the caller's plan key says so)
+without Triton's per-call work: its heuristics (one dict of all arguments per heuristic),
+its binder and specialisation key, its descriptor checks. On the GPU it calls the compiled
+kernel's launcher directly, as `JITFunction.run` does after its cache hit (Triton 3.6's
+`CompiledKernel.run`, launch hooks included); in emulation it calls `kernel[grid]` again
+with the arguments rebuilt, so the tests check what a replay passes.
+
+A launch is not replayed (None) where a tensor arg is not one of `inputs` (a buffer made
+inside the call), under Triton's autotuner, or where this Triton lacks the pieces used.
+Callers keep their replays in a `Plans` cache keyed by what decides the launch's
+arguments; the key is theirs to make complete (`dispatch.forward`, `flash_bwd`)."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections import OrderedDict
+
+import torch
+
+from fusedattn.mode import EMULATION, kernel_launches
+
+
+class _Descriptor:
+    """What Triton's launcher reads of a host TMA descriptor (base, shape, strides,
+    padding), without `TensorDescriptor`'s checks, which its plan's key already made."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, shape, strides, padding):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
+
+
+def _is_descriptor(value) -> bool:
+    return hasattr(value, "block_shape") and hasattr(value, "base")
+
+
+class Replay:
+    """One recorded launch; `replay(inputs)` launches it again on `inputs`."""
+
+    __slots__ = ("kernel", "compiled", "grid", "names", "args", "slots")
+
+    def __init__(self, kernel, compiled, grid, names, args, slots):
+        self.kernel, self.compiled, self.grid = kernel, compiled, grid
+        self.names, self.args, self.slots = names, args, slots
+
+    def _args(self, inputs) -> list:
+        args = list(self.args)
+        for position, index, desc in self.slots:
+            t = inputs[index]
+            args[position] = t if desc is None else _Descriptor(t, desc.shape, desc.strides,
+                                                                 desc.padding)
+        return args
+
+    def __call__(self, inputs) -> None:
+        if EMULATION:  # the interpreter compiles nothing: it takes the arguments again
+            args = self._args(inputs)  # (no TMA descriptors there: Gluon does not run)
+            with kernel_launches():
+                self.kernel[self.grid](**dict(zip(self.names, args, strict=True)))
+            return
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        compiled, grid, args = self.compiled, self.grid, self._args(inputs)
+        device = driver.active.get_current_device()
+        stream = driver.active.get_current_stream(device)
+        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function,
+                     compiled.packed_metadata, compiled.launch_metadata(grid, stream, *args),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+
+
+def _jit_and_kwargs(kernel, args, kwargs):
+    """(the JITFunction under `kernel`'s heuristics, the keyword arguments with the
+    heuristics' values added, as `Heuristics.run` adds them); None under an autotuner."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    kwargs = dict(kwargs)
+    while isinstance(kernel, Heuristics):
+        for name, rule in kernel.values.items():
+            kwargs[name] = rule({**dict(zip(kernel.arg_names, args, strict=False)), **kwargs})
+        kernel = kernel.fn
+    return (None, None) if isinstance(kernel, Autotuner) else (kernel, kwargs)
+
+
+def _capture(kernel, compiled, grid, args, kwargs, inputs) -> Replay | None:
+    jit, full = _jit_and_kwargs(kernel, args, kwargs)
+    if jit is None or not hasattr(jit, "arg_names"):
+        return None
+    names = list(jit.arg_names)
+    bound = dict(zip(names, args, strict=False))
+    bound.update((n, full[n]) for n in names[len(args):] if n in full)
+    defaults = inspect.signature(jit.fn).parameters
+    values = []
+    for name in names:
+        if name not in bound and defaults[name].default is inspect.Parameter.empty:
+            return None
+        values.append(bound[name] if name in bound else defaults[name].default)
+    if not EMULATION and (compiled is None or not hasattr(compiled, "run")):
+        return None
+    ids = {id(t): i for i, t in enumerate(inputs) if t is not None}
+    slots = []
+    for position, value in enumerate(values):
+        desc = value if _is_descriptor(value) else None
+        tensor = value.base if desc is not None else value
+        if isinstance(tensor, torch.Tensor):
+            if id(tensor) not in ids:
+                return None  # a buffer made inside the call: not replayable
+            slots.append((position, ids[id(tensor)], desc))
+            values[position] = None
+    return Replay(jit, compiled, tuple(grid) + (1,) * (3 - len(grid)), names, values,
+                  tuple(slots))
+
+
+def launch(kernel, grid, *args, inputs=(), **kwargs):
+    """`kernel[grid](*args, **kwargs)` (grid a tuple): (what it returned, the compiled
+    kernel on the GPU; its `Replay` over `inputs`, the call's tensors, which its tensor
+    args must be among, or None)."""
+    with kernel_launches():
+        compiled = kernel[grid](*args, **kwargs)
+    try:
+        return compiled, _capture(kernel, compiled, grid, args, kwargs, inputs)
+    except (AttributeError, TypeError, KeyError, IndexError):
+        return compiled, None  # a Triton whose internals differ: Triton's launches only
+
+
+def tensor_key(t):
+    """What of a tensor decides a launch, for plan keys: shape, strides, dtype, device and
+    16-byte alignment (Triton specialises pointers on it; TMA and the portable kernels'
+    ALIGN need it); None for None."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+class Plans:
+    """A bounded, thread-safe map of plan keys to what a call decided (its replays and
+    whatever else the caller keeps), least recently used first out."""
+
+    def __init__(self, size: int = 1024):
+        self._size, self._items, self._lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            plan = self._items.get(key)
+            if plan is not None:
+                self._items.move_to_end(key)
+            return plan
+
+    def put(self, key, plan) -> None:
+        with self._lock:
+            self._items[key] = plan
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)

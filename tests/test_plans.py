@@ -1,0 +1,118 @@
+"""Plans (issue 31): a call whose metadata was seen skips its checks and decisions, and its
+launches are replayed (`fusedattn.launch`) on the new call's tensors. What a replay passes
+must be exactly what a fresh call passes: these tests compare replays with the float64
+reference and, bit for bit, with the same call made with no plan; and check that what the
+keys leave out (tensor contents, varlen offsets) stays out, and what they must hold (the
+options' types, strides, alignment) is in them."""
+
+import pytest
+import torch
+
+from fusedattn import attention, attention_varlen, dispatch
+from fusedattn.api import _CALLS
+from fusedattn.problem import ProblemError
+from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref
+from fusedattn.tiles import flash_bwd
+from fusedattn_lab.verify import check
+from inputs import i32, passes, rand
+
+
+def _fresh(fn):
+    """`fn()` with every plan forgotten first: the full path's result."""
+    dispatch._PLANS.clear()
+    flash_bwd._PLANS.clear()
+    _CALLS.clear()
+    return fn()
+
+
+CASES = [  # (dtype, B, H, H_kv, S, D, options)
+    (torch.float32, 2, 2, 2, 37, 16, dict(is_causal=True)),
+    (torch.float16, 1, 4, 2, 29, 32, dict(enable_gqa=True, window=(5, 3), softcap=20.0)),
+    (torch.float32, 1, 2, 1, 18, 24, dict(enable_gqa=True, scale=0.3)),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_replayed_call_matches_the_reference_and_the_fresh_call(case):
+    dtype, b, h, hkv, s, d, options = case
+    for seed in range(3):  # the first call makes the plan, the others replay it
+        q, k, v = (rand(b, n, s, d, dtype=dtype, seed=seed * 3 + i)
+                   for i, n in enumerate((h, hkv, hkv)))
+        plans = len(dispatch._PLANS)
+        out, lse = attention(q, k, v, return_lse=True, **options)
+        if seed:
+            assert len(dispatch._PLANS) == plans, "a replayable call made a new plan"
+        ref, ref_lse = attention_ref(q, k, v, causal=options.get("is_causal", False),
+                                     scale=options.get("scale"), window=options.get("window"),
+                                     softcap=options.get("softcap"), return_lse=True)
+        # fp16: the bound of an fp16 peer's error on these inputs (as test_flash's)
+        result = check(out, ref, peer_error=1e-3 if dtype == torch.float16 else None)
+        assert result.ok, result.reasons
+        assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+        fresh, fresh_lse = _fresh(lambda q=q, k=k, v=v: attention(q, k, v, return_lse=True,
+                                                                  **options))
+        replayed, replayed_lse = attention(q, k, v, return_lse=True, **options)
+        assert torch.equal(fresh, replayed) and torch.equal(fresh_lse, replayed_lse)
+
+
+def test_strides_and_alignment_are_in_the_key():
+    """A transposed layout and a view one element off its alignment are other plans, each
+    right; the first layout's plan is not replayed on them."""
+    q, k, v = (rand(1, 2, 24, 16, seed=i) for i in range(3))
+    passes(attention(q, k, v), attention_ref(q, k, v))
+    t = [rand(1, 24, 2, 16, seed=i).transpose(1, 2) for i in range(3)]
+    passes(attention(*t), attention_ref(*t))
+    flat = [rand(1 + 2 * 24 * 16, seed=i) for i in range(3)]
+    off = [f[1:].view(1, 2, 24, 16) for f in flat]  # 4 bytes past the allocation's start
+    passes(attention(*off), attention_ref(*off))
+
+
+def test_the_call_cache_keeps_refusing_what_it_refused():
+    """A cached key must not let in an option that hashes like an allowed one."""
+    q, k, v = (rand(1, 1, 8, 16, seed=i) for i in range(3))
+    attention(q, k, v, scale=1.0, is_causal=True, window=(1, 0))
+    with pytest.raises(ProblemError, match="scale"):
+        attention(q, k, v, scale=True, is_causal=True, window=(1, 0))
+    with pytest.raises(ProblemError, match="is_causal"):
+        attention(q, k, v, scale=1.0, is_causal=1, window=(1, 0))
+    with pytest.raises(ProblemError, match="window"):
+        attention(q, k, v, scale=1.0, is_causal=True, window=(True, 0))
+    with pytest.raises(ProblemError, match="window"):
+        attention(q, k, v, scale=1.0, is_causal=True, window=[1, [0]])
+
+
+def test_a_replayed_backward_matches_the_reference():
+    for seed in range(3):
+        q, k, v = (rand(1, 2, 21, 16, seed=seed * 3 + i, grad=True) for i in range(3))
+        dout = rand(1, 2, 21, 16, seed=99 + seed)
+        plans = len(flash_bwd._PLANS)
+        got = torch.autograd.grad(attention(q, k, v, is_causal=True), (q, k, v), dout)
+        if seed:
+            assert len(flash_bwd._PLANS) == plans
+        want = attention_ref_grads(q, k, v, dout, causal=True)
+        for g, w in zip(got, want, strict=True):
+            passes(g, w)
+
+
+def test_varlen_offsets_are_read_per_call_not_kept_in_the_plan():
+    """Two packed batches with the same totals and max lengths but other offsets: one
+    plan, each call its own sequences."""
+    q, k, v = (rand(30, 2, 16, seed=i) for i in range(3))
+    for bounds in ([0, 10, 30], [0, 20, 30], [0, 5, 30]):
+        cu = i32(bounds)
+        out = attention_varlen(q, k, v, cu, cu, 25, 25, is_causal=True)
+        passes(out, varlen_ref(q, k, v, cu, cu, causal=True))
+        unchecked = attention_varlen(q, k, v, cu, cu, 25, 25, is_causal=True,
+                                     check_lengths=False)
+        assert torch.equal(out, unchecked)
+
+
+def test_varlen_check_lengths_false_still_checks_what_needs_no_copy():
+    q, k, v = (rand(30, 2, 16, seed=i) for i in range(3))
+    cu = i32([0, 10, 30])
+    with pytest.raises(ProblemError, match="max_seqlen_q"):
+        attention_varlen(q, k, v, cu, cu, 0, 25, check_lengths=False)
+    with pytest.raises(ProblemError, match="cu_seqlens_k"):
+        attention_varlen(q, k, v, cu, i32([0, 30]), 25, 25, check_lengths=False)
+    with pytest.raises(ProblemError, match="check_lengths"):
+        attention_varlen(q, k, v, cu, cu, 25, 25, check_lengths=1)
