@@ -48,7 +48,7 @@ def test_a_replayed_call_matches_the_reference_and_the_fresh_call(case):
         # fp16: the bound of an fp16 peer's error on these inputs (as test_flash's)
         result = check(out, ref, peer_error=1e-3 if dtype == torch.float16 else None)
         assert result.ok, result.reasons
-        assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+        assert torch.allclose(lse.double().cpu(), ref_lse, atol=1e-3, rtol=1e-3)
         fresh, fresh_lse = _fresh(lambda q=q, k=k, v=v: attention(q, k, v, return_lse=True,
                                                                   **options))
         replayed, replayed_lse = attention(q, k, v, return_lse=True, **options)
@@ -116,3 +116,38 @@ def test_varlen_check_lengths_false_still_checks_what_needs_no_copy():
         attention_varlen(q, k, v, cu, i32([0, 30]), 25, 25, check_lengths=False)
     with pytest.raises(ProblemError, match="check_lengths"):
         attention_varlen(q, k, v, cu, cu, 25, 25, check_lengths=1)
+
+
+def test_split_kv_decode_replays_with_its_partials_made_anew():
+    """Split-KV decode's plan: the partials are scratch, made per call; two calls with other
+    caches and lengths (same shapes) each read their own."""
+    from fusedattn import attention_with_kvcache
+
+    for seed, lengths in ((0, [40, 7]), (1, [13, 50]), (2, [50, 1])):
+        q = rand(2, 4, 1, 16, seed=seed)
+        kc, vc = (rand(2, 2, 50, 16, seed=10 + seed + i) for i in range(2))
+        plans = len(dispatch._PLANS)
+        out = attention_with_kvcache(q, kc, vc, cache_seqlens=i32(lengths), splits=3)
+        if seed:
+            assert len(dispatch._PLANS) == plans
+        for b, n in enumerate(lengths):
+            passes(out[b], attention_ref(q[b], kc[b, :, :n], vc[b, :, :n]))
+
+
+def test_decode_checks_kept_per_key_still_refuse_what_they_refused():
+    """`check_lengths=False` calls keep their checks per key; the key holds the caches'
+    addresses, so one cache passed as both K and V is checked (and refused) again."""
+    from fusedattn import attention_with_kvcache
+
+    q = rand(2, 4, 1, 16)
+    kc, vc = (rand(2, 2, 50, 16, seed=1 + i) for i in range(2))
+    lens = i32([50, 3])
+    out = attention_with_kvcache(q, kc, vc, cache_seqlens=lens, check_lengths=False)
+    again = attention_with_kvcache(q, kc, vc, cache_seqlens=lens, check_lengths=False)
+    assert torch.equal(out, again)
+    with pytest.raises(ProblemError, match="k_cache/v_cache"):
+        attention_with_kvcache(q, kc, kc, cache_seqlens=lens, k_new=rand(2, 2, 1, 16),
+                               v_new=rand(2, 2, 1, 16), check_lengths=False)
+    with pytest.raises(ProblemError, match="softcap"):
+        attention_with_kvcache(q, kc, vc, cache_seqlens=lens, softcap=True,
+                               check_lengths=False)

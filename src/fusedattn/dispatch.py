@@ -19,7 +19,7 @@ import torch
 
 from fusedattn import configs
 from fusedattn.hopper import forward as hopper_knobs
-from fusedattn.launch import Plans, tensor_key
+from fusedattn.launch import Plans, Recording, tensor_key
 from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
@@ -137,7 +137,7 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
             cache=None, splits=1, pack_gqa=False, config=None):
     """The forward behind every entry point: the path `forward_path` picks, launched on
     validated `[B, H, S, D]` tensors (`tiles.flash.flash_forward`'s arguments). A call
-    whose key was seen replays that call's launches (`launch.Replay`)."""
+    whose key was seen replays that call's plan (`launch.Plan`)."""
     from fusedattn.tiles.common import Mask
 
     mask = mask or Mask(causal=is_causal)
@@ -151,25 +151,25 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
         if plan is not None:
-            for replay in plan:
-                replay(inputs)
+            plan(inputs)
             return out, None
     path, _ = forward_path(q, k, v, varlen=varlen, mask=mask, cache=cache, splits=splits,
                            pack_gqa=pack_gqa, config=config)
+    recording = Recording(inputs)
+    compiled = None
     if path == "hopper":
         from fusedattn.hopper.forward import hopper_forward
 
-        replays = hopper_forward(q, k, v, out=out, lse=lse, scale=scale, mask=mask,
-                                 varlen=varlen, inputs=inputs)
-        compiled = None
+        hopper_forward(q, k, v, out=out, lse=lse, scale=scale, mask=mask, varlen=varlen,
+                       recording=recording)
     else:
         from fusedattn.tiles.flash import flash_forward
 
-        replays = []
         _, compiled = flash_forward(
             q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale, precision=precision,
             config=config, mask=mask, varlen=varlen, cache=cache, splits=splits,
-            pack_gqa=pack_gqa, inputs=inputs, record=replays)
-    if key is not None and replays and None not in replays:
-        _PLANS.put(key, replays)
+            pack_gqa=pack_gqa, recording=recording)
+    plan = recording.plan()
+    if key is not None and plan is not None:
+        _PLANS.put(key, plan)
     return out, compiled

@@ -57,7 +57,8 @@ import math
 import torch
 import triton
 
-from fusedattn.api import DTYPES, check_options
+from fusedattn.api import DTYPES, check_options, typed
+from fusedattn.launch import Plans, tensor_key
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -196,6 +197,32 @@ def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: i
                            "the blocks in use (shared blocks may be read, not appended to)")
 
 
+_DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call gave
+
+
+def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, options):
+    """The metadata every check and decision of a `check_lengths=False` call reads (the
+    caches' addresses too: the overlap checks read them), or None: a call checked in full
+    (`check_lengths=True` reads the lengths' values each time; tensor subclasses; options
+    of unusual types)."""
+    tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table)
+    if options[-1] is not False or any(t is not None and type(t) is not torch.Tensor
+                                       for t in tensors):
+        return None
+    window = options[1]
+    if window is not None:
+        if type(window) not in (tuple, list) or len(window) != 2:
+            return None
+        window = tuple(map(typed, window))
+    try:
+        key = (*map(tensor_key, tensors), k_cache.data_ptr(), v_cache.data_ptr(),
+               *map(typed, options[:1] + options[2:]), window)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                            cache_seqlens: torch.Tensor, k_new: torch.Tensor | None = None,
                            v_new: torch.Tensor | None = None,
@@ -210,27 +237,38 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
 
-    capacity, s_new, cache_seqlens, block_table = _validate(
-        q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)
-    window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision, window,
-                                    softcap)
-    window = clamp_window(window, q.shape[2], capacity)
-    if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):
-        raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
-    tuned_table()  # a malformed tuned table is refused here, before the cache is written
+    key = _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
+                      (is_causal, window, softcap, scale, return_lse, precision, splits,
+                       check_lengths))
+    decided = _DECIDED.get(key) if key is not None else None
+    if decided is None:
+        capacity, s_new, cache_seqlens, block_table = _validate(
+            q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)
+        window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision,
+                                        window, softcap)
+        window = clamp_window(window, q.shape[2], capacity)
+        if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):
+            raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
+        tuned_table()  # a malformed tuned table is refused here, before the cache is written
+        if splits is None:
+            rows = q.shape[2] * (q.shape[1] // k_cache.shape[1])
+            splits = decode_splits(programs=q.shape[0] * k_cache.shape[1]
+                                   * triton.cdiv(rows, 64), seq_k=capacity)
+        decided = (capacity, s_new, window, softcap, splits)
+        if key is not None:
+            _DECIDED.put(key, decided)
+    else:  # checked before, on the same metadata (and no values to check)
+        capacity, s_new, window, softcap, splits = decided
+        cache_seqlens = cache_seqlens.contiguous()
+        block_table = block_table.contiguous() if block_table is not None else None
     if s_new:
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
     batch, heads, seq_q, dim = q.shape
-    group = heads // k_cache.shape[1]
-    seqlens = cache_seqlens + s_new
+    seqlens = cache_seqlens + s_new if s_new else cache_seqlens
     if not check_lengths:  # the reads stay inside each sequence's capacity and the cache
-        seqlens = seqlens.clamp_(0, capacity)
+        seqlens = seqlens.clamp(0, capacity)
         if block_table is not None:
             block_table = block_table.clamp(0, k_cache.shape[0] - 1)
-    if splits is None:
-        rows = seq_q * group
-        splits = decode_splits(programs=batch * k_cache.shape[1] * triton.cdiv(rows, 64),
-                               seq_k=capacity)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None

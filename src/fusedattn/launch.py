@@ -131,6 +131,51 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
         return compiled, None  # a Triton whose internals differ: Triton's launches only
 
 
+class Plan:
+    """A call's launches (`Replay`s) and the scratch tensors they share (made per call,
+    empty: buffers one launch writes and a later one reads)."""
+
+    __slots__ = ("replays", "scratch")
+
+    def __init__(self, replays, scratch):
+        self.replays, self.scratch = tuple(replays), tuple(scratch)
+
+    def __call__(self, inputs) -> None:
+        if self.scratch:
+            inputs = tuple(inputs) + tuple(torch.empty(shape, dtype=dtype, device=device)
+                                           for shape, dtype, device in self.scratch)
+        for replay in self.replays:
+            replay(inputs)
+
+
+class Recording:
+    """What a call launches, as it launches it (`launch`): the `Plan` of the call, or None
+    where a launch could not be replayed. `inputs`: the call's tensors (the plan's
+    replays take the next call's, in the same order); `scratch(*tensors)` declares the
+    buffers the call makes itself, which a replay makes anew."""
+
+    def __init__(self, inputs=()):
+        self.inputs, self.replays, self._scratch = tuple(inputs), [], []
+
+    def scratch(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            if not t.is_contiguous():
+                self.replays.append(None)  # a replay makes contiguous buffers only
+            self._scratch.append((t.shape, t.dtype, t.device))
+        self.inputs += tensors
+
+    def launch(self, kernel, grid, *args, **kwargs):
+        """`launch` over this call's inputs and scratch; returns what Triton returned."""
+        compiled, replay = launch(kernel, grid, *args, inputs=self.inputs, **kwargs)
+        self.replays.append(replay)
+        return compiled
+
+    def plan(self) -> Plan | None:
+        if not self.replays or None in self.replays:
+            return None
+        return Plan(self.replays, self._scratch)
+
+
 def tensor_key(t):
     """What of a tensor decides a launch, for plan keys: shape, strides, dtype, device and
     16-byte alignment (Triton specialises pointers on it; TMA and the portable kernels'

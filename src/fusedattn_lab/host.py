@@ -154,14 +154,17 @@ def _graph_us(call) -> float | str:
 
 
 def _check(out, inputs):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from fusedattn.reference import attention_ref
     from fusedattn_lab.verify import check
 
     q, k, v, causal = inputs
     qs, ks, vs = (t[0, :1].detach() for t in (q, k, v))  # query head 0 reads K/V head 0
     ref = attention_ref(qs, ks, vs, causal=causal, device="cuda")
-    peer = torch.nn.functional.scaled_dot_product_attention(
-        *(t[None].float() for t in (qs, ks, vs)), is_causal=causal)[0].to(q.dtype)
+    with sdpa_kernel(SDPBackend.MATH):  # the peer in the inputs' precision (any backend)
+        peer = torch.nn.functional.scaled_dot_product_attention(
+            *(t[None] for t in (qs, ks, vs)), is_causal=causal)[0]
     return check(out[0, :1], ref, peer_error=float((peer.double() - ref).abs().max()))
 
 

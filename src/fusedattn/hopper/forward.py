@@ -14,7 +14,7 @@ import functools
 import torch
 import triton
 
-from fusedattn.launch import launch
+from fusedattn.launch import Recording
 
 # head dim -> (D_A, D_B, BLOCK_M per warpgroup, BLOCK_N, STAGES): the head dim in one or two
 # power-of-two pieces (TMA boxes and Gluon's tensors are powers of two; 96 = 64 + 32 and
@@ -54,11 +54,12 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
-                   lse: torch.Tensor | None, scale: float, mask, varlen=None, inputs=()):
+                   lse: torch.Tensor | None, scale: float, mask, varlen=None,
+                   recording: Recording | None = None):
     """Write `out` (and `lse`, `[B, H, Sq]` natural-log float32) for the mask (`common.Mask`)
     and, with `varlen`, the packed batch (`[1, H, total, D]` views, lse
-    `[1, H, total_q]`). The caller checked `dispatch.hopper_refusal`. Returns the launches'
-    `launch.Replay`s over `inputs` (the call's tensors), None where not replayable."""
+    `[1, H, total_q]`). The caller checked `dispatch.hopper_refusal`. `recording`
+    (`launch.Recording`) records the launch for the caller's plan."""
     from fusedattn.hopper.forward_kernel import _flash_fwd_sm90
 
     heads, dim = q.shape[1], q.shape[3]
@@ -84,12 +85,11 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # programs a fifth more work (S4096: 0.85x FA4, against 0.92x)
     dynamic = right == 0 and left < 0 and varlen is None
     programs = items if dynamic else min(items, _sm_count(q.device))
-    _, replay = launch(
+    (recording or Recording()).launch(
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, *out.stride(), *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
         D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
-        PINGPONG=PINGPONG, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
-        inputs=inputs)
-    return None if replay is None else [replay]
+        PINGPONG=PINGPONG, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+    return out

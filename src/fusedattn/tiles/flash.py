@@ -52,7 +52,7 @@ from fusedattn.configs import (
     prune_configs,
     single_key_loop,
 )
-from fusedattn.launch import launch
+from fusedattn.launch import Recording
 from fusedattn.mode import kernel_launches
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import (
@@ -86,7 +86,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
                   precision: str, config: triton.Config | None = None,
                   mask: Mask | None = None, varlen: Varlen | None = None,
                   cache: KVCache | None = None, splits: int = 1, pack_gqa: bool = False,
-                  inputs: tuple = (), record: list | None = None):
+                  recording: Recording | None = None):
     """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
     `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee",
     "tf32" or "tf32x3", used for fp32 inputs only. The config is the table's
@@ -97,9 +97,9 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     alignment; `varlen` takes packed sequences (q, k, v, out as `[1, H, total, D]` views,
     lse `[1, H, total_q]`); `cache` reads K/V from a KV cache; `splits` > 1 splits each
     sequence's keys across programs and merges their partials by LSE (flash-decoding);
-    `pack_gqa` lets one program serve every query head of a K/V head. With `record` (a
-    list), the launch's `launch.Replay` over `inputs` is appended to it, None where the call
-    cannot be replayed (split-KV's partials are made here; the autotuner's config varies)."""
+    `pack_gqa` lets one program serve every query head of a K/V head. `recording`
+    (`launch.Recording`) records the launches for the caller's plan (split-KV's partials as
+    its scratch); under the autotuner the call is not replayable (its config varies)."""
     mask = mask or Mask(causal=is_causal)
     heads, dim = q.shape[1], q.shape[3]
     heads_kv = k.shape[1]
@@ -148,11 +148,13 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         splits, split_len = 1, 0
 
     # where the kernel writes: `out`/`lse`, or each split's fp32 partials, merged below
+    recording = recording if recording is not None else Recording()
     target, target_lse = out, lse
     if splits > 1:
         target = torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
         target_lse = torch.empty((splits, *out.shape[:3]), dtype=torch.float32,
                                  device=out.device)
+        recording.scratch(target, target_lse)
     qk_scale, cap, left, right = mask.kernel_args(scale)
     # varlen: no batch strides, sequences start at cu_q[b] / cu_k[b]
     packed = varlen is not None
@@ -188,18 +190,15 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         BOTTOM_RIGHT=mask.bottom_right, PACK_GQA=pack_gqa, ALIGN=align,
         ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision, has_left=left >= 0),
         **fixed)
-    if fixed and splits == 1:  # one launch, on the caller's tensors: replayable
-        compiled, replay = launch(kernel, (triton.cdiv(rows, fixed["BLOCK_M"]), per_row, 1),
-                                  inputs=inputs, **args)
-        if record is not None:
-            record.append(replay)
-        return out, compiled
-    with kernel_launches():  # (merge_splits launches inside it too)
-        compiled = kernel[grid](**args)
-        if splits > 1:
-            merge_splits(target, target_lse, out, lse)
-    if record is not None:
-        record.append(None)
+    if fixed:
+        compiled = recording.launch(kernel, (triton.cdiv(rows, fixed["BLOCK_M"]), per_row,
+                                             splits), **args)
+    else:  # the autotuner's: its grid is a function of the config it picks
+        recording.replays.append(None)
+        with kernel_launches():
+            compiled = kernel[grid](**args)
+    if splits > 1:
+        merge_splits(target, target_lse, out, lse, launcher=recording.launch)
     return out, compiled
 
 

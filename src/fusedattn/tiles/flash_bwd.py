@@ -40,7 +40,7 @@ import triton
 
 from fusedattn import configs as tuning
 from fusedattn.configs import backward_configs, backward_single_loop
-from fusedattn.launch import Plans, launch, tensor_key
+from fusedattn.launch import Plans, Recording, tensor_key
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import Mask, Varlen, emulation_operands, index_dtype
@@ -181,15 +181,16 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
         if plan is not None:
-            for replay in plan:
-                replay(inputs)
+            plan(inputs)
             return dq, dk, dv
-    replays = [launch(kernel, grid, *args, inputs=inputs, **kwargs)[1]
-               for kernel, grid, args, kwargs in _launches(
-                   dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
-                   configs=configs, mask=mask, varlen=varlen, scale=scale)]
-    if key is not None and None not in replays:
-        _PLANS.put(key, replays)
+    recording = Recording(inputs)
+    for kernel, grid, args, kwargs in _launches(
+            dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
+            configs=configs, mask=mask, varlen=varlen, scale=scale):
+        recording.launch(kernel, grid, *args, **kwargs)
+    plan = recording.plan()
+    if key is not None and plan is not None:
+        _PLANS.put(key, plan)
     return dq, dk, dv
 
 

@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fusedattn.launch import Recording
+
 
 @triton.jit
 def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
@@ -42,14 +44,17 @@ def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
 
 
 def merge_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor | None) -> None:
+                 lse: torch.Tensor | None, launcher=None) -> None:
     """Combine `part [splits, B, H, Sq, D] fp32` and `part_lse [splits, B, H, Sq]` into
-    `out [B, H, Sq, D]` (rows contiguous) and `lse [B, H, Sq]` (or None)."""
+    `out [B, H, Sq, D]` (rows contiguous) and `lse [B, H, Sq]` (or None). `launcher`:
+    how to launch (`launch.Recording.launch`, the caller's plan), else Triton's own."""
+    launcher = launcher or Recording().launch
     splits, dim = part.shape[0], part.shape[-1]
     rows = part_lse[0].numel()
     block_r = 16
-    _merge_splits[(triton.cdiv(rows, block_r),)](
-        part, part_lse, out, lse if lse is not None else part_lse, splits, rows, dim,
+    launcher(
+        _merge_splits, (triton.cdiv(rows, block_r),), part, part_lse, out,
+        lse if lse is not None else part_lse, splits, rows, dim,
         out.stride(-2), out.stride(-1), BLOCK_R=block_r,
         BLOCK_D=max(16, triton.next_power_of_2(dim)),
         SPLITS=max(2, triton.next_power_of_2(splits)), WRITE_LSE=lse is not None)
