@@ -16,6 +16,11 @@ def test_a_fresh_process_first_call_is_verified_and_timed():
     # the compile profile: the forward's kernel, compiled in this call, with its stages
     assert 0 < row["compile_sum_s"] < row["first_call_s"], row
     assert "_flash_fwd" in row["compiles"] and "cubin" in row["compiles"], row
+    # after `fusedattn.warmup` for the problem's kind, nothing compiles: neither the first
+    # call nor the second shape
+    warm = run_fresh(BenchProblem(1, 2, 100, 64, "bf16", True), "after warmup")
+    assert "error" not in warm, warm
+    assert warm["verified"] and warm["compiles"] == "" and warm["second_shape_compiles"] == 0
 
 
 def test_the_compile_listener_keeps_each_compiles_stages_and_skips_cache_hits():

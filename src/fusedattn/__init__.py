@@ -4,6 +4,7 @@
     fusedattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ...)
     fusedattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., ...)
     fusedattn.distributed.ring_attention(q, k, v, group=..., is_causal=...)
+    fusedattn.warmup(head_dims=..., heads=..., training=...)  # compile ahead of time
 
 Depends on torch and triton only. Importing it reads where the kernels run (the GPU, or
 Triton's interpreter where the user set TRITON_INTERPRET=1; see `mode`) and sets nothing.
@@ -15,7 +16,7 @@ __version__ = "0.1.0"
 
 
 _PUBLIC = {"attention": "fusedattn.api", "attention_varlen": "fusedattn.varlen",
-           "attention_with_kvcache": "fusedattn.kvcache"}
+           "attention_with_kvcache": "fusedattn.kvcache", "warmup": "fusedattn.ahead_of_time"}
 
 
 def __getattr__(name: str):

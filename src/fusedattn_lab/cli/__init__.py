@@ -14,7 +14,8 @@ import sys
 
 NAMES = {"list": "list_", "run": "run", "run-all": "run_all", "profile": "profile",
          "check-races": "check_races", "walkthrough": "walkthrough", "masks": "masks",
-         "sweep": "sweep", "bench": "bench", "tune": "tune", "plot": "plot"}
+         "sweep": "sweep", "bench": "bench", "tune": "tune", "plot": "plot",
+         "warmup": "warmup"}
 """Command name -> its module in `fusedattn_lab.cli`, in the order `--help` lists them."""
 
 

@@ -167,7 +167,7 @@ def run_serving_suite(args: argparse.Namespace, console: Console) -> int:
 
 def run_coldstart(args: argparse.Namespace, console: Console) -> int:
     """Each first-call case in a fresh process with an empty Triton cache."""
-    from fusedattn_lab.coldstart import problems, run_fresh
+    from fusedattn_lab.coldstart import MODES, problems, run_fresh
     from fusedattn_lab.evidence import environment
 
     if mode.EMULATION:
@@ -177,9 +177,10 @@ def run_coldstart(args: argparse.Namespace, console: Console) -> int:
     rows = []
     with console.status("coldstart") as status:
         for p in problems():
-            status.update(p.label())
-            rows.append(run_fresh(p))
-            write_rows_csv(out_dir / "coldstart.csv", rows)
+            for start in MODES:
+                status.update(f"{p.label()} ({start})")
+                rows.append(run_fresh(p, start))
+                write_rows_csv(out_dir / "coldstart.csv", rows)
     write_environment(out_dir, env)
     render_coldstart(console, rows)
     console.print(f"written: {out_dir}")
@@ -224,6 +225,8 @@ def render_coldstart(console: Console, rows: list[dict]) -> None:
         ("compiles s (summed)", lambda r: fmt(r.get("compile_sum_s"), ".2f")),
         ("second call ms", lambda r: fmt(r.get("second_call_s") and
                                          r["second_call_s"] * 1e3, ".2f")),
+        ("new shape s", lambda r: fmt(r.get("second_shape_s"), ".3f")),
+        ("its compiles", lambda r: str(r.get("second_shape_compiles", "—"))),
         ("SDPA first s", lambda r: fmt(r.get("sdpa_first_call_s"), ".3f")),
         ("process s", lambda r: fmt(r.get("process_s"), ".1f")),
         ("verified", lambda r: str(r.get("verified", r.get("error", "")))[:60])])

@@ -1,0 +1,153 @@
+"""`fusedattn.warmup` (defined here, in `fusedattn.ahead_of_time`): compile ahead of time
+the kernels a model's calls will use (issue 31).
+
+    fusedattn.warmup(head_dims=(128,), heads=(32,), heads_kv=(8,), dtypes=("bf16",),
+                     causal=(True,), training=True, varlen=False)
+
+makes one small call of each kind that compiles something different: per dtype, head dim,
+heads (with their K/V heads), mask and path, a length in each power-of-two bucket of the
+config table (16 .. `max_len`), one that is a multiple of 16 and one that is not (Triton
+specialises lengths on it in the portable kernels), at one batch that leaves the SMs idle
+and one that fills them (the table's two columns). Batch and length within a bucket then
+compile nothing new: the Hopper kernel does not specialise on sizes at all, so its one
+compile per dtype, head dim and mask covers every length from `dispatch.HOPPER_MIN_KEYS`.
+
+Compiled kernels land in Triton's cache, `$TRITON_CACHE_DIR` (default
+`~/.triton/cache`): a process started later on the same machine (or on an image that
+ships that folder, with the same GPU, driver, torch and triton) loads them instead of
+compiling. Returns what it did: the calls made, the kernels compiled, the seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fusedattn.problem import ProblemError, is_int
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+MIN_LEN, MAX_LEN = 16, 16384
+
+
+def _lengths(max_len: int) -> list[int]:
+    """Two lengths per power-of-two bucket up to `max_len`: 2^k (a multiple of 16 from 16
+    on) and 2^k - 1 (not one), and 1."""
+    out, b = [1], MIN_LEN
+    while b <= max_len:
+        out += [b - 1, b]
+        b *= 2
+    return out
+
+
+def _batches(heads: int, seq: int) -> list[int]:
+    """1, and the least batch whose programs fill the SMs (`configs.fills_sms`)."""
+    from fusedattn.configs import SMS, fills_sms
+
+    tiles = heads * -(-seq // 64)
+    return [1] if fills_sms(heads, seq) else [1, -(-SMS // tiles)]
+
+
+def _check(name: str, values, allowed) -> tuple:
+    values = tuple(values) if isinstance(values, list | tuple) else (values,)
+    if not values or any(not allowed(v) for v in values):
+        raise ProblemError(name, values, "a non-empty tuple of " + allowed.__doc__)
+    return values
+
+
+def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
+           training: bool = False, varlen: bool = False, window=None, softcap=None,
+           max_len: int = 4096) -> dict:
+    """Compile what these calls need (see the module docstring); returns
+    {"calls": n, "compiled": n, "seconds": s}. Needs the GPU (in emulation nothing is
+    compiled, and the calls are made all the same, slowly: for tests)."""
+    from fusedattn import attention, attention_varlen
+
+    def dim_ok(d):
+        """head dims 1..256"""
+        return is_int(d) and 1 <= d <= 256
+
+    def count_ok(h):
+        """integers >= 1"""
+        return is_int(h) and h >= 1
+
+    def dtype_ok(d):
+        """'bf16', 'fp16', 'fp32'"""
+        return d in DTYPES
+
+    def bool_ok(c):
+        """True/False"""
+        return isinstance(c, bool)
+
+    head_dims = _check("head_dims", head_dims, dim_ok)
+    heads = _check("heads", heads, count_ok)
+    heads_kv = heads if heads_kv is None else _check("heads_kv", heads_kv, count_ok)
+    if len(heads_kv) != len(heads) or any(h % g for h, g in zip(heads, heads_kv, strict=True)):
+        raise ProblemError("heads_kv", heads_kv, "one per entry of heads, each dividing it")
+    dtypes = _check("dtypes", dtypes, dtype_ok)
+    causal = _check("causal", causal, bool_ok)
+    if not isinstance(training, bool) or not isinstance(varlen, bool):
+        raise ProblemError("training/varlen", (training, varlen), "True or False each")
+    if not is_int(max_len) or not MIN_LEN <= max_len <= MAX_LEN:
+        raise ProblemError("max_len", max_len, f"an int in {MIN_LEN}..{MAX_LEN}")
+
+    from fusedattn.mode import DEVICE
+
+    compiled = []
+    listener = _listen(compiled)
+    start, calls = time.perf_counter(), 0
+    try:
+        for dtype in dtypes:
+            for dim in head_dims:
+                for h, hkv in zip(heads, heads_kv, strict=True):
+                    for is_causal in causal:
+                        for seq in _lengths(max_len):
+                            for batch in _batches(h, seq):
+                                q, k, v = (torch.randn(batch, n, seq, dim, device=DEVICE)
+                                           .to(DTYPES[dtype]).requires_grad_(training)
+                                           for n in (h, hkv, hkv))
+                                out = attention(q, k, v, is_causal=is_causal,
+                                                enable_gqa=h != hkv, window=window,
+                                                softcap=softcap)
+                                if training:
+                                    out.backward(torch.ones_like(out))
+                                calls += 1
+                            if varlen:
+                                q, k, v = (torch.randn(2 * seq, n, dim, device=DEVICE)
+                                           .to(DTYPES[dtype]) for n in (h, hkv, hkv))
+                                cu = torch.tensor([0, seq, 2 * seq], dtype=torch.int32,
+                                                  device=DEVICE)
+                                attention_varlen(q, k, v, cu, cu, seq, seq,
+                                                 is_causal=is_causal, window=window,
+                                                 softcap=softcap)
+                                calls += 1
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        listener()
+    return {"calls": calls, "compiled": len(compiled),
+            "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _listen(records: list):
+    """Count Triton's compiles (not its cache hits) into `records` while warming up;
+    returns the function that restores the listener before it."""
+    import triton
+
+    compilation = getattr(getattr(triton, "knobs", None), "compilation", None)
+    if not hasattr(compilation, "listener"):  # a Triton before 3.4: no count
+        return lambda: None
+    before = compilation.listener
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        if not cache_hit:
+            records.append(metadata.get("name", "?"))
+        if before is not None:
+            before(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
+                   cache_hit=cache_hit)
+
+    compilation.listener = listener
+
+    def restore():
+        compilation.listener = before
+    return restore
