@@ -54,7 +54,7 @@ def test_the_coldstart_table_renders_verified_and_failed_rows():
 
     from fusedattn_lab.cli.bench import render_coldstart
 
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=260)
     render_coldstart(console, [
         {"problem": "bf16 B2 H8 S1000 D128", "primer_s": 4.9, "first_call_s": 1.58,
          "second_call_s": 5e-4, "sdpa_first_call_s": 0.08, "verified": True,

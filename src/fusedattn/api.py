@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedattn.launch import Plans
+from fusedattn.launch import Plans, tensor_key
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -251,7 +251,7 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, sof
 
 
 class _Call(NamedTuple):
-    """What `attention` decides from a call's metadata, kept per key (`_call_key`)."""
+    """What `attention` decides from a call's metadata, kept per key (`call_key`)."""
 
     options: tuple  # the ops' arguments after q, k, v: is_causal, scale, precision, ...
     grad: bool      # autograd records the call
@@ -262,19 +262,26 @@ def typed(x):
     return x.__class__, x
 
 
-def _call_key(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap):
-    """The metadata every check and decision of `attention` reads, or None for a call
-    that takes the full path each time (tensor subclasses, unusual option types)."""
-    if not (type(q) is type(k) is type(v) is torch.Tensor):
+def call_key(tensors, options, window, *extra):
+    """The metadata an entry point's checks and decisions read, for its call cache: each
+    tensor's `launch.tensor_key`, whether autograd records the call, the options with
+    their types (`typed`), the window's sides, and `extra` as it is. None for a call that
+    takes the full path each time: tensor subclasses, a window that is not a pair,
+    unhashable options (the full path says what is wrong with them)."""
+    if any(t is not None and type(t) is not torch.Tensor for t in tensors):
         return None
     if window is not None:
         if type(window) not in (tuple, list) or len(window) != 2:
             return None
         window = tuple(map(typed, window))
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-            v.shape, v.stride(), v.dtype, v.device, grad, typed(is_causal), typed(scale),
-            typed(enable_gqa), typed(precision), window, typed(softcap))
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in tensors[:3])
+    key = (*map(tensor_key, tensors), grad, *map(typed, options), window, *extra)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 _CALLS = Plans()
@@ -297,14 +304,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
               precision: str | None = None, window: tuple[int | None, int | None] | None = None,
               softcap: float | None = None):
     """Attention forward with the flash kernel; see the module docstring. A call whose
-    metadata (`_call_key`) was seen skips the checks and decisions it already passed."""
+    metadata (`call_key`) was seen skips the checks and decisions it already passed."""
     compiling = torch.compiler.is_compiling()
-    try:
-        key = None if compiling else _call_key(q, k, v, is_causal, scale, enable_gqa,
-                                               precision, window, softcap)
-        call = _CALLS.get(key) if key is not None else None
-    except TypeError:  # an unhashable option: the full path says what is wrong with it
-        key = call = None
+    key = None if compiling else call_key(
+        (q, k, v), (is_causal, scale, enable_gqa, precision, softcap), window)
+    call = _CALLS.get(key) if key is not None else None
     if call is None:
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap)
         if call.grad and not compiling:

@@ -57,8 +57,8 @@ import math
 import torch
 import triton
 
-from fusedattn.api import DTYPES, check_options, typed
-from fusedattn.launch import Plans, tensor_key
+from fusedattn.api import DTYPES, call_key, check_options
+from fusedattn.launch import Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -201,26 +201,14 @@ _DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call g
 
 
 def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, options):
-    """The metadata every check and decision of a `check_lengths=False` call reads (the
-    caches' addresses too: the overlap checks read them), or None: a call checked in full
-    (`check_lengths=True` reads the lengths' values each time; tensor subclasses; options
-    of unusual types)."""
-    tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table)
-    if options[-1] is not False or any(t is not None and type(t) is not torch.Tensor
-                                       for t in tensors):
+    """The metadata every check and decision of a `check_lengths=False` call reads
+    (`api.call_key`; the caches' addresses too: the overlap checks read them), or None:
+    `check_lengths=True` reads the lengths' values each call."""
+    if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
         return None
-    window = options[1]
-    if window is not None:
-        if type(window) not in (tuple, list) or len(window) != 2:
-            return None
-        window = tuple(map(typed, window))
-    try:
-        key = (*map(tensor_key, tensors), k_cache.data_ptr(), v_cache.data_ptr(),
-               *map(typed, options[:1] + options[2:]), window)
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return call_key((q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table),
+                    options[:1] + options[2:], options[1], k_cache.data_ptr(),
+                    v_cache.data_ptr())
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,

@@ -32,6 +32,7 @@ import torch
 from fusedattn.api import (
     DTYPES,
     _mask,
+    call_key,
     call_op,
     check_grad_dim,
     check_options,
@@ -39,7 +40,9 @@ from fusedattn.api import (
     eager_backward,
     kernel_options,
     refuse_double_backward,
+    typed,
 )
+from fusedattn.launch import Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -161,6 +164,32 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
     return cu, int(max_seqlen)
 
 
+def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scale, precision,
+             check_lengths):
+    """`attention_varlen`'s checks and decisions: (max_seqlen_q, max_seqlen_k, scale,
+    window, softcap) as the op takes them."""
+    check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"}, dtypes=DTYPES)
+    window, softcap = check_options(q, k, v, is_causal, scale, precision, window, softcap)
+    if k.shape != v.shape:
+        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
+    if q.shape[1] % k.shape[1] or 0 in q.shape[1:] or 0 in k.shape[1:]:
+        raise ProblemError("heads", (q.shape[1], k.shape[1]),
+                           ">= 1 each, k/v heads dividing q heads (GQA/MQA)")
+    cu_q, max_q = check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], None, max_q,
+                                   check_lengths)
+    cu_k, max_k = check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], cu_q.numel() - 1, max_k,
+                                   check_lengths)
+    check_grad_dim(q, k, v)
+    window = clamp_window(window, max_q, max_k)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return max(1, max_q), max(1, max_k), scale, window, softcap
+
+
+# `call_key` -> what `_checked` gave, for check_lengths=False calls (True reads the
+# offsets' values each call)
+_DECIDED = Plans()
+
+
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                      max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
@@ -171,24 +200,20 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Attention over a packed batch of sequences; see the module docstring."""
     if not isinstance(check_lengths, bool):
         raise ProblemError("check_lengths", check_lengths, "True or False")
-    check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"}, dtypes=DTYPES)
-    window, softcap = check_options(q, k, v, is_causal, scale, precision, window, softcap)
-    if k.shape != v.shape:
-        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
-    if q.shape[1] % k.shape[1] or 0 in q.shape[1:] or 0 in k.shape[1:]:
-        raise ProblemError("heads", (q.shape[1], k.shape[1]),
-                           ">= 1 each, k/v heads dividing q heads (GQA/MQA)")
-    cu_seqlens_q, max_seqlen_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0],
-                                                  None, max_seqlen_q, check_lengths)
-    cu_seqlens_k, max_seqlen_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0],
-                                                  cu_seqlens_q.numel() - 1, max_seqlen_k,
-                                                  check_lengths)
-    check_grad_dim(q, k, v)
-    window = clamp_window(window, max_seqlen_q, max_seqlen_k)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    key = None if check_lengths or torch.compiler.is_compiling() else call_key(
+        (q, k, v, cu_seqlens_q, cu_seqlens_k), (is_causal, softcap, scale, precision), window,
+        typed(max_seqlen_q), typed(max_seqlen_k))
+    decided = _DECIDED.get(key) if key is not None else None
+    if decided is None:
+        decided = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           is_causal, window, softcap, scale, precision, check_lengths)
+        if key is not None:
+            _DECIDED.put(key, decided)
+    max_seqlen_q, max_seqlen_k, scale, window, softcap = decided
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
-                       cu_seqlens_k, max(1, max_seqlen_q), max(1, max_seqlen_k), is_causal,
-                       scale, resolve(q.dtype, precision).op, *kernel_options(window, softcap),
+                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                       resolve(q.dtype, precision).op, *kernel_options(window, softcap),
                        grad=grad)
     return (out, lse) if return_lse else out
