@@ -48,7 +48,10 @@ def test_after_warmup_a_new_length_or_batch_compiles_nothing():
         for batch, seq in ((3, 1500), (2, 700), (5, 77), (1, 2000)):
             q, k, v = (torch.randn(batch, 4, seq, 64, device=DEVICE, dtype=torch.bfloat16)
                        .requires_grad_() for _ in range(3))
-            fusedattn.attention(q, k, v, is_causal=True).sum().backward()
+            out = fusedattn.attention(q, k, v, is_causal=True)
+            # a contiguous upstream gradient, as warmup's (a loss's .sum() hands on a
+            # stride-0 one, which specialises the backward anew)
+            out.backward(torch.randn_like(out))
         torch.cuda.synchronize()
     finally:
         restore()

@@ -11,6 +11,8 @@ specialises lengths on it in the portable kernels), at one batch that leaves the
 and one that fills them (the table's two columns). Batch and length within a bucket then
 compile nothing new: the Hopper kernel does not specialise on sizes at all, so its one
 compile per dtype, head dim and mask covers every length from `dispatch.HOPPER_MIN_KEYS`.
+The backward is warmed with contiguous upstream gradients (as a next layer's matmul hands
+on); other strides (a loss's `.sum()` hands on a stride-0 one) specialise it anew.
 
 Compiled kernels land in Triton's cache, `$TRITON_CACHE_DIR` (default
 `~/.triton/cache`): a process started later on the same machine (or on an image that

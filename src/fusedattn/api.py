@@ -137,8 +137,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = eager_backward(_flash_bwd_op, _flash_bwd)(dout, q, k, v, out, lse, dlse,
-                                                           *ctx.options)
+    dq, dk, dv = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)(
+        dout, q, k, v, out, lse, dlse, *ctx.options)
     return dq, dk, dv, *(None for _ in ctx.options)
 
 
@@ -179,10 +179,14 @@ def call_op(op, function, body, *args, grad: bool):
     return function.apply(*args) if grad else body(*args)
 
 
-def eager_backward(op, body):
-    """What a backward runs: the backward op where its graph is traced or recorded
-    (create_graph: the op's autograd refuses a double backward), else its body."""
-    return op if torch.is_grad_enabled() or torch.compiler.is_compiling() else body
+def eager_backward(op, body, *tensors):
+    """What a backward runs: its body on plain tensors in eager; the backward op where
+    its graph is recorded (create_graph: the op's autograd refuses a double backward) or
+    traced (torch.compile's AOT autograd traces the backward with fake tensors, outside
+    dynamo: `is_compiling` alone does not tell)."""
+    plain = all(type(t) is torch.Tensor for t in tensors if t is not None)
+    eager = plain and not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+    return body if eager else op
 
 
 _Flash = eager_autograd("_Flash", _flash_fwd, _setup_context, _backward)

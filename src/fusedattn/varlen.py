@@ -126,8 +126,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    grads = eager_backward(_varlen_bwd_op, _varlen_bwd)(dout, q, k, v, out, lse, dlse, cu_q,
-                                                        cu_k, *ctx.options)
+    grads = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)(
+        dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
     return *grads, None, None, *(None for _ in ctx.options)
 
 
