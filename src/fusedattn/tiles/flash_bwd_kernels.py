@@ -96,8 +96,15 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
     return dk, dv
 
 
+# The LSE's strides (one float per query row) left unspecialised: B * H * Sq and Sq are
+# multiples of 16 in patterns the lengths alone do not tell (Sq = 1500, H = 4), and each
+# new pattern compiled both kernels again after `fusedattn.warmup` (issue 31). The
+# lengths and the head dim stay specialised (common.SHAPE_INTS says why).
+LSE_STRIDES = ("sl_b", "sl_h")
+
+
 @triton.heuristics(MASK_FLAGS)
-@triton.jit
+@triton.jit(do_not_specialize=LSE_STRIDES)
 def _flash_bwd_dkdv(
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
@@ -215,7 +222,7 @@ def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, 
 
 
 @triton.heuristics(MASK_FLAGS)
-@triton.jit
+@triton.jit(do_not_specialize=LSE_STRIDES)
 def _flash_bwd_dq(
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
