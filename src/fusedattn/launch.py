@@ -56,8 +56,7 @@ class Replay:
         args = list(self.args)
         for position, index, desc in self.slots:
             t = inputs[index]
-            args[position] = t if desc is None else _Descriptor(t, desc.shape, desc.strides,
-                                                                 desc.padding)
+            args[position] = t if desc is None else _Descriptor(t, *desc)
         return args
 
     def __call__(self, inputs) -> None:
@@ -113,7 +112,10 @@ def _capture(kernel, compiled, grid, args, kwargs, inputs) -> Replay | None:
         if isinstance(tensor, torch.Tensor):
             if id(tensor) not in ids:
                 return None  # a buffer made inside the call: not replayable
-            slots.append((position, ids[id(tensor)], desc))
+            # a descriptor's shape, strides and padding only: the replay keeps no tensor
+            # of the call it was recorded from alive
+            slots.append((position, ids[id(tensor)], None if desc is None else (
+                list(desc.shape), list(desc.strides), desc.padding)))
             values[position] = None
     return Replay(jit, compiled, tuple(grid) + (1,) * (3 - len(grid)), names, values,
                   tuple(slots))
