@@ -73,14 +73,7 @@ def _layer(path: str) -> str:
 
 
 def profile(call, calls: int) -> dict:
-    for _ in range(5):  # compiles and caches first
-        call()
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    wall = (time.perf_counter() - t0) / calls
+    wall = wall_us(call, calls) / 1e6
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
@@ -101,7 +94,8 @@ def profile(call, calls: int) -> dict:
 
 
 def wall_us(call, calls: int) -> float:
-    """Host µs a call of `call` in a loop without synchronising (after 5 calls)."""
+    """Host µs a call of `call` in a loop without synchronising (after 5 calls, which
+    compile and fill the caches)."""
     for _ in range(5):
         call()
     if DEVICE.type == "cuda":

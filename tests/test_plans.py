@@ -151,3 +151,19 @@ def test_decode_checks_kept_per_key_still_refuse_what_they_refused():
     with pytest.raises(ProblemError, match="softcap"):
         attention_with_kvcache(q, kc, vc, cache_seqlens=lens, softcap=True,
                                check_lengths=False)
+
+
+def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
+    """`attention(x, x, x)` records q, k and v at one position; a later call with three
+    tensors of the same shapes must not replay it (the key holds which are one object)."""
+    x = rand(1, 2, 19, 16, seed=7)
+    passes(attention(x, x, x), attention_ref(x, x, x))
+    q, k, v = (rand(1, 2, 19, 16, seed=i) for i in range(3))
+    passes(attention(q, k, v), attention_ref(q, k, v))
+    g = [rand(1, 2, 19, 16, seed=9, grad=True)] * 3  # one leaf as q, k and v
+    dout = rand(1, 2, 19, 16, seed=10)
+    torch.autograd.grad(attention(*g[:1] * 3), g[:1], dout)
+    q, k, v = (rand(1, 2, 19, 16, seed=20 + i, grad=True) for i in range(3))
+    got = torch.autograd.grad(attention(q, k, v), (q, k, v), dout)
+    for a, b in zip(got, attention_ref_grads(q, k, v, dout), strict=True):
+        passes(a, b)

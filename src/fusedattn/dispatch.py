@@ -19,7 +19,7 @@ import torch
 
 from fusedattn import configs
 from fusedattn.hopper import forward as hopper_knobs
-from fusedattn.launch import Plans, Recording, tensor_key
+from fusedattn.launch import Plans, Recording, inputs_key
 from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
@@ -147,7 +147,7 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
     key = None
     if config is None:
         key = (_BACKEND.get(), configs.OVERRIDES, hopper_knobs.PINGPONG, is_causal, scale,
-               precision, mask, splits, pack_gqa, *map(tensor_key, inputs),
+               precision, mask, splits, pack_gqa, inputs_key(inputs),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
         if plan is not None:

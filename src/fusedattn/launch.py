@@ -25,6 +25,8 @@ import threading
 from collections import OrderedDict
 
 import torch
+from triton import knobs
+from triton.runtime.driver import driver
 
 from fusedattn.mode import EMULATION, kernel_launches
 
@@ -65,9 +67,6 @@ class Replay:
             with kernel_launches():
                 self.kernel[self.grid](**dict(zip(self.names, args, strict=True)))
             return
-        from triton import knobs
-        from triton.runtime.driver import driver
-
         compiled, grid, args = self.compiled, self.grid, self._args(inputs)
         device = driver.active.get_current_device()
         stream = driver.active.get_current_stream(device)
@@ -162,9 +161,13 @@ class Recording:
     def scratch(self, *tensors: torch.Tensor) -> None:
         for t in tensors:
             if not t.is_contiguous():
-                self.replays.append(None)  # a replay makes contiguous buffers only
+                self.unreplayable()  # a replay makes contiguous buffers only
             self._scratch.append((t.shape, t.dtype, t.device))
         self.inputs += tensors
+
+    def unreplayable(self) -> None:
+        """A launch made outside `launch` (the autotuner's): the call gets no plan."""
+        self.replays.append(None)
 
     def launch(self, kernel, grid, *args, **kwargs):
         """`launch` over this call's inputs and scratch; returns what Triton returned."""
@@ -185,6 +188,16 @@ def tensor_key(t):
     if t is None:
         return None
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def inputs_key(inputs) -> tuple:
+    """A plan key's part for the call's tensors: each one's `tensor_key`, and which of them
+    are one object. A replay finds its tensors by position, recorded by identity: a plan
+    recorded on `attention(x, x, x)` maps q, k and v to one position, and must not serve
+    a call with three tensors."""
+    first: dict[int, int] = {}
+    return (*map(tensor_key, inputs),
+            tuple(first.setdefault(id(t), i) for i, t in enumerate(inputs) if t is not None))
 
 
 class Plans:

@@ -40,7 +40,7 @@ import triton
 
 from fusedattn import configs as tuning
 from fusedattn.configs import backward_configs, backward_single_loop
-from fusedattn.launch import Plans, Recording, tensor_key
+from fusedattn.launch import Plans, Recording, inputs_key
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import Mask, Varlen, emulation_operands, index_dtype
@@ -177,7 +177,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
               *((varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)))
     key = None
     if configs is None:  # a plan: what `_launches` decides, from this key alone
-        key = (tuning.OVERRIDES, precision, mask, scale, *map(tensor_key, inputs),
+        key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
         if plan is not None:
