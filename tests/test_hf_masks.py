@@ -19,6 +19,7 @@ from fusedattn.mode import DEVICE, EMULATION  # noqa: E402
 from fusedattn.problem import ProblemError  # noqa: E402
 from fusedattn.reference import attention_ref  # noqa: E402
 from fusedattn_lab.verify import check  # noqa: E402
+from inputs import gpt_oss, spread_sinks  # noqa: E402
 
 SIZES = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2)
@@ -98,25 +99,31 @@ def test_masks_of_another_kind_have_no_plan():
 # --- tiny models -------------------------------------------------------------------------
 
 def _config(kind):
+    """(config, `from_config` keywords)."""
+    if kind == "gpt_oss":  # attention sinks through the mask plan's varlen calls
+        return gpt_oss(transformers, SIZES, WINDOW, vocab_size=96, max_position_embeddings=512)
     common = dict(vocab_size=96, max_position_embeddings=512, **SIZES)
     if kind == "mistral":
-        return transformers.MistralConfig(sliding_window=WINDOW, **common)
+        return transformers.MistralConfig(sliding_window=WINDOW, **common), {}
     if kind == "qwen2":
-        return transformers.Qwen2Config(**common)
+        return transformers.Qwen2Config(**common), {}
     if kind == "gemma2":
         return transformers.Gemma2Config(sliding_window=WINDOW, attn_logit_softcapping=5.0,
-                                         final_logit_softcapping=None, head_dim=16, **common)
-    return transformers.LlamaConfig(**common)
+                                         final_logit_softcapping=None, head_dim=16,
+                                         **common), {}
+    return transformers.LlamaConfig(**common), {}
 
 
 def _models(kind, dtype=DTYPE, peer_only=False):
     """(ours, the peer) with the same random weights, in eval mode (the peer alone)."""
     out = []
-    peer = "eager" if kind == "gemma2" else "sdpa"
+    peer = "eager" if kind in ("gemma2", "gpt_oss") else "sdpa"
+    config, extra = _config(kind)
     for attn in (peer,) if peer_only else ("fusedattn", peer):
         torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config(kind)),
-                                                              attn_implementation=attn)
+        model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                              attn_implementation=attn, **extra)
+        spread_sinks(model)
         out.append(model.to(DEVICE, dtype).eval())
     return out
 
@@ -190,7 +197,7 @@ def _grads(model):
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
 def test_a_right_padded_training_step_matches_the_peer(kind):
     ours, peer = _models(kind, dtype=torch.float32)
     g = torch.Generator().manual_seed(2)

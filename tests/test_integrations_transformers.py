@@ -14,6 +14,7 @@ transformers = pytest.importorskip(
 import fusedattn.integrations.transformers  # noqa: E402,F401  (registers "fusedattn")
 from fusedattn.mode import DEVICE, EMULATION  # noqa: E402
 from fusedattn_lab.verify import check  # noqa: E402
+from inputs import gpt_oss, spread_sinks  # noqa: E402
 
 # emulation: tiny (the interpreter runs every program); GPU: a model with real tiles
 SIZES = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -28,25 +29,32 @@ WINDOW = 6 if EMULATION else 100  # shorter than the sequence: the band matters
 
 
 def _config(kind: str = "llama"):
+    """(config, `from_config` keywords)."""
     sizes = {k: v for k, v in SIZES.items() if k not in ("seq", "batch")}
+    if kind == "gpt_oss":  # attention sinks (s_aux), trained through
+        return gpt_oss(transformers, sizes, WINDOW, vocab_size=128,
+                       max_position_embeddings=1024)
     common = dict(vocab_size=128, max_position_embeddings=1024, **sizes)
     if kind == "mistral":  # a sliding window on every layer
-        return transformers.MistralConfig(sliding_window=WINDOW, **common)
+        return transformers.MistralConfig(sliding_window=WINDOW, **common), {}
     if kind == "gemma2":  # sliding and full layers in turn, logit softcap 5 (50 in Gemma 2)
         return transformers.Gemma2Config(sliding_window=WINDOW, attn_logit_softcapping=5.0,
                                          final_logit_softcapping=None,
                                          head_dim=sizes["hidden_size"]
-                                         // sizes["num_attention_heads"], **common)
-    return transformers.LlamaConfig(**common)
+                                         // sizes["num_attention_heads"], **common), {}
+    return transformers.LlamaConfig(**common), {}
 
 
 def _model(attn: str, state=None, dtype=DTYPE, kind: str = "llama"):
     torch.manual_seed(0)
     # a config per model: from_config records the implementation on the config it is given
-    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(_config(kind)),
-                                                          attn_implementation=attn)
+    config, extra = _config(kind)
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config),
+                                                          attn_implementation=attn, **extra)
     if state is not None:
         model.load_state_dict(state)
+    else:
+        spread_sinks(model)
     return model.to(DEVICE, dtype)
 
 
@@ -58,10 +66,11 @@ def _step(model, ids):
     return out.logits.detach(), grads
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
 def test_logits_and_training_gradients_match_sdpa(kind):
     # mistral: sliding windows; gemma2: sliding and full layers, softcap (window and softcap
-    # reach the kernels as `window=` and `softcap=`)
+    # reach the kernels as `window=` and `softcap=`); gpt_oss: attention sinks, whose
+    # gradients are among the parameters
     ours = _model("fusedattn", kind=kind)
     assert ours.config._attn_implementation == "fusedattn"
     state = ours.state_dict()
@@ -70,8 +79,9 @@ def test_logits_and_training_gradients_match_sdpa(kind):
     # the float64 reference: the same weights, eager attention, on the CPU
     ref_logits, ref_grads = _step(_model("eager", state, torch.float64, kind).cpu(),
                                   ids.cpu())
-    # the peer: "sdpa" in the same dtype (Gemma 2 has no SDPA path: softcap; eager there)
-    peer = "eager" if kind == "gemma2" else "sdpa"
+    # the peer: "sdpa" in the same dtype (Gemma 2 and gpt-oss have no SDPA path: softcap,
+    # sinks; eager there)
+    peer = "eager" if kind in ("gemma2", "gpt_oss") else "sdpa"
     peer_logits, peer_grads = _step(_model(peer, state, kind=kind), ids)
     got_logits, got_grads = _step(ours, ids)
     for name, got, peer, ref in (("logits", got_logits, peer_logits, ref_logits),

@@ -2,7 +2,7 @@
 SDPA-like API, as a PyTorch custom op.
 
     attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, return_lse=False,
-              precision=None, window=None, softcap=None)
+              precision=None, window=None, softcap=None, sinks=None)
 
 `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (up to 8 dims, any strides; `[S, D]` and
 `[H, S, D]` work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
@@ -19,8 +19,14 @@ Masks are aligned top-left, as SDPA's `is_causal`: query i sits at position i. `
 more being exactly None) lets it see keys i - left .. i + right (with `is_causal`, right
 is 0); key tiles outside every row's window are skipped, not masked.
 `softcap=c` maps each scaled score s to c * tanh(s / c) before the mask (Gemma 2's logit
-softcap). A row that sees no key gives O = 0 and LSE = -inf. (`attention_varlen` and
-`attention_with_kvcache` align bottom-right, as FlashAttention does.)
+softcap). A row that sees no key gives O = 0 and LSE = -inf.
+`sinks: [H]` (float32, bf16 or fp16; gpt-oss's attention sinks) adds one logit per query
+head to every row's softmax denominator, carrying no value:
+O_i = sum_j exp(s_ij) V_j / (exp(sink_h) + sum_j exp(s_ij)); the LSE then includes it (a
+row that sees no key gives O = 0 and LSE = sink_h), and the sinks are differentiable:
+d sink_h = -sum_i exp(sink_h - LSE_i) (rowsum(dO_i * O_i) - dLSE_i). -inf is no sink.
+(`attention_varlen` and `attention_with_kvcache` align bottom-right, as FlashAttention
+does.)
 
 Differentiable: `.backward()` runs the FlashAttention-2-style backward kernels
 (`tiles/flash_bwd.py`: deterministic, no S x S array) for every combination the forward
@@ -52,6 +58,7 @@ from fusedattn.problem import (
     MAX_FP32_GRAD_DIM,
     ProblemError,
     check_qkv,
+    check_sinks,
     check_softcap,
     check_window,
     clamp_window,
@@ -77,9 +84,9 @@ def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
                 bottom_right=bottom_right)
 
 
-def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-               scale: float, precision: str, window_left: int, window_right: int,
-               softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None,
+               is_causal: bool, scale: float, precision: str, window_left: int,
+               window_right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward on validated `[B, H, S, D]` tensors: (O, LSE). The custom op's body, and
     what eager calls directly (no dispatcher on the way: issue 31's host cost)."""
     from fusedattn.dispatch import forward
@@ -89,21 +96,28 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: boo
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=precision,
-            mask=_mask(is_causal, window_left, window_right, softcap))
+            mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks)
     return out, lse
 
 
 def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
-               is_causal: bool, scale: float, precision: str, window_left: int,
-               window_right: int,
-               softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward's kernels: (dQ, dK, dV). The backward op's body."""
+               sinks: torch.Tensor | None, is_causal: bool, scale: float, precision: str,
+               window_left: int, window_right: int, softcap: float
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward's kernels: (dQ, dK, dV, dsinks), dsinks empty without sinks (an op
+    returns tensors only). The backward op's body."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
-    return flash_backward(dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale,
-                          precision=precision,
-                          mask=_mask(is_causal, window_left, window_right, softcap))
+    return sink_grads(flash_backward(
+        dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale, precision=precision,
+        mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks), lse)
+
+
+def sink_grads(grads: tuple, like: torch.Tensor) -> tuple:
+    """The backward ops' four outputs: `flash_backward`'s (dq, dk, dv[, dsinks]), an empty
+    dsinks where there are no sinks."""
+    return grads if len(grads) == 4 else (*grads, like.new_empty(0))
 
 
 _flash_fwd_op = torch.library.custom_op("fusedattn::flash_fwd", _flash_fwd, mutates_args=())
@@ -111,35 +125,36 @@ _flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, muta
 
 
 @_flash_fwd_op.register_fake
-def _(q, k, v, is_causal, scale, precision, window_left, window_right, softcap):
+def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap):
     batch, heads, seq_q, _ = q.shape
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((batch, heads, seq_q), dtype=torch.float32))
 
 
 @_flash_bwd_op.register_fake
-def _(dout, q, k, v, out, lse, dlse, is_causal, scale, precision, window_left, window_right,
-      softcap):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(dout, q, k, v, out, lse, dlse, sinks, is_causal, scale, precision, window_left,
+      window_right, softcap):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            lse.new_empty(0 if sinks is None else sinks.shape[0]))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *options = inputs
+    q, k, v, sinks, *options = inputs
     out, lse = output
     # an output the loss does not use gets None, not a tensor of zeros: the backward then
     # skips dLSE (HAS_DLSE=False, as `precompile_backward` compiled it) instead of reading 0s
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, sinks, out, lse)
     ctx.options = options
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, sinks, out, lse = ctx.saved_tensors
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)(
-        dout, q, k, v, out, lse, dlse, *ctx.options)
-    return dq, dk, dv, *(None for _ in ctx.options)
+    dq, dk, dv, dsinks = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)(
+        dout, q, k, v, out, lse, dlse, sinks, *ctx.options)
+    return dq, dk, dv, dsinks if sinks is not None else None, *(None for _ in ctx.options)
 
 
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -216,10 +231,11 @@ def check_options(q, k, v, is_causal, scale, precision, window, softcap):
     return check_window(window), check_softcap(softcap)
 
 
-def check_grad_dim(q, k, v) -> None:
-    """fp32 inputs that require grad: head dims up to the backward's fp32 limit."""
+def check_grad_dim(q, k, v, sinks=None) -> None:
+    """fp32 inputs that require grad (q, k, v or the sinks): head dims up to the
+    backward's fp32 limit."""
     d = q.shape[-1]
-    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    wants_grad = wants_grads((q, k, v, sinks))
     if wants_grad and q.dtype == torch.float32 and d > MAX_FP32_GRAD_DIM:
         raise ProblemError("head_dim", d, f"1..{MAX_FP32_GRAD_DIM} for float32 inputs that "
                            "require grad (the backward's fp32 limit; fp16/bf16 go to "
@@ -233,7 +249,13 @@ def kernel_options(window, softcap) -> tuple[int, int, float]:
     return (-1 if left is None else left, -1 if right is None else right, softcap or 0.0)
 
 
-def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, softcap=None):
+def wants_grads(tensors) -> bool:
+    """Autograd records a call on these tensors (None for an absent one)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, softcap=None,
+              sinks=None):
     check_qkv(q, k, v, device=DEVICE, ranks=LAYOUTS, dtypes=DTYPES)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() == 0:
@@ -251,7 +273,8 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, sof
                                "with k/v heads dividing q heads")
         if hq % hkv:
             raise ProblemError("heads", (hq, hkv), "k/v heads dividing q heads (GQA/MQA)")
-    check_grad_dim(q, k, v)
+    check_sinks(sinks, q.shape[-3] if q.dim() >= 3 else 1, q.device)
+    check_grad_dim(q, k, v, sinks)
     return options
 
 
@@ -279,8 +302,7 @@ def call_key(tensors, options, window, *extra):
         if type(window) not in (tuple, list) or len(window) != 2:
             return None
         window = tuple(map(typed, window))
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in tensors[:3])
+    grad = wants_grads(tensors)
     key = (*map(tensor_key, tensors), grad, *map(typed, options), window, *extra)
     try:
         hash(key)
@@ -292,30 +314,31 @@ def call_key(tensors, options, window, *extra):
 _CALLS = Plans()
 
 
-def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap) -> _Call:
+def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
+             sinks) -> _Call:
     """The full path's checks and decisions (every bad input raises `ProblemError`)."""
     window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
-                                softcap)
+                                softcap, sinks)
     window = clamp_window(window, q.shape[-2], k.shape[-2])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     options = (is_causal, scale, resolve(q.dtype, precision).op,
                *kernel_options(window, softcap))
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return _Call(options, grad)
+    return _Call(options, wants_grads((q, k, v, sinks)))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
               precision: str | None = None, window: tuple[int | None, int | None] | None = None,
-              softcap: float | None = None):
+              softcap: float | None = None, sinks: torch.Tensor | None = None):
     """Attention forward with the flash kernel; see the module docstring. A call whose
     metadata (`call_key`) was seen skips the checks and decisions it already passed."""
     compiling = torch.compiler.is_compiling()
     key = None if compiling else call_key(
-        (q, k, v), (is_causal, scale, enable_gqa, precision, softcap), window)
+        (q, k, v, sinks), (is_causal, scale, enable_gqa, precision, softcap), window)
     call = _CALLS.get(key) if key is not None else None
     if call is None:
-        call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap)
+        call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
+                        sinks)
         if call.grad and not compiling:
             from fusedattn.tiles.flash_bwd import precompile_backward
 
@@ -325,13 +348,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                                       *call.options[3:]))
         if key is not None:
             _CALLS.put(key, call)
-    out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), *call.options,
-                       grad=call.grad)
+    out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), as_sinks(sinks),
+                       *call.options, grad=call.grad)
     if q.dim() != 4:
         out = out.reshape(q.shape)
     if not return_lse:
         return out
     return out, lse.reshape(q.shape[:-1]) if q.dim() != 4 else lse
+
+
+def as_sinks(sinks: torch.Tensor | None) -> torch.Tensor | None:
+    """Checked sinks as the kernels read them: float32, contiguous (a no-op for such; a
+    cast autograd sees through for a bf16 or fp16 parameter)."""
+    return None if sinks is None else sinks.to(torch.float32).contiguous()
 
 
 def _as_4d(*tensors):

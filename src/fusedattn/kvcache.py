@@ -3,7 +3,8 @@ chunked prefill), with the new keys appended in place.
 
     attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k_new=None, v_new=None,
                            block_table=None, is_causal=True, window=None, softcap=None,
-                           scale=None, return_lse=False, precision=None, splits=None)
+                           scale=None, return_lse=False, precision=None, splits=None,
+                           check_lengths=True, sinks=None)
 
 - `q: [B, H, Sq, D]`: the new queries.
 - The cache is `[B, H_kv, S_max, D]`, or paged: `[num_blocks, H_kv, block_size, D]` with
@@ -16,7 +17,8 @@ chunked prefill), with the new keys appended in place.
   advances it (as with FlashAttention's `flash_attn_with_kvcache`).
 - Queries are aligned bottom-right: query i of sequence b sits at position
   `cache_seqlens[b] + S_new - Sq + i`, so `is_causal=True` lets it see the cache and the new
-  keys up to itself. `window=(left, right)` and `softcap` as in `attention`.
+  keys up to itself. `window=(left, right)`, `softcap` and `sinks` as in `attention` (with
+  split-KV, the merge adds the sinks).
 - Split-KV (flash-decoding): the keys of each sequence are split across `splits` programs
   (default: enough to give the SMs four programs each, `configs.decode_splits`), each
   writes a normalised partial O and its LSE, and a merge kernel combines them by LSE. One
@@ -57,7 +59,7 @@ import math
 import torch
 import triton
 
-from fusedattn.api import DTYPES, call_key, check_options
+from fusedattn.api import DTYPES, as_sinks, call_key, check_options
 from fusedattn.launch import Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
@@ -65,6 +67,7 @@ from fusedattn.problem import (
     ProblemError,
     check_index_tensor,
     check_qkv,
+    check_sinks,
     clamp_window,
     is_int,
 )
@@ -200,13 +203,14 @@ def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: i
 _DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call gave
 
 
-def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, options):
+def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
+                options):
     """The metadata every check and decision of a `check_lengths=False` call reads
     (`api.call_key`; the caches' addresses too: the overlap checks read them), or None:
     `check_lengths=True` reads the lengths' values each call."""
     if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
         return None
-    return call_key((q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table),
+    return call_key((q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks),
                     options[:1] + options[2:], options[1], k_cache.data_ptr(),
                     v_cache.data_ptr())
 
@@ -218,14 +222,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            window: tuple[int | None, int | None] | None = None,
                            softcap: float | None = None, scale: float | None = None,
                            return_lse: bool = False, precision: str | None = None,
-                           splits: int | None = None, check_lengths: bool = True):
+                           splits: int | None = None, check_lengths: bool = True,
+                           sinks: torch.Tensor | None = None):
     """Attention of new queries over a KV cache; see the module docstring."""
     from fusedattn.configs import decode_splits, tuned_table
     from fusedattn.dispatch import forward
     from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
 
-    key = _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
+    key = _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
                       (is_causal, window, softcap, scale, return_lse, precision, splits,
                        check_lengths))
     decided = _DECIDED.get(key) if key is not None else None
@@ -235,6 +240,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision,
                                         window, softcap)
         window = clamp_window(window, q.shape[2], capacity)
+        check_sinks(sinks, q.shape[1], q.device)
         if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):
             raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
         tuned_table()  # a malformed tuned table is refused here, before the cache is written
@@ -265,5 +271,6 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             precision=resolve(q.dtype, precision).op,
             mask=Mask(causal=is_causal, window=window, softcap=softcap,
                       bottom_right=True),
-            cache=KVCache(seqlens, block_table), splits=splits, pack_gqa=True)
+            cache=KVCache(seqlens, block_table), splits=splits, pack_gqa=True,
+            sinks=as_sinks(sinks))
     return (out, lse) if return_lse else out

@@ -216,6 +216,27 @@ def check_softcap(softcap: object) -> float | None:
     return float(softcap)
 
 
+SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_sinks(sinks: object, heads: int, device: torch.device) -> None:
+    """None, or attention sinks: a `[H]` floating tensor, one logit per query head (natural-
+    log units, as the scaled scores), on the inputs' device. The kernels read them as
+    float32 (`api.as_sinks`); values are not read here (that would wait for the GPU): -inf
+    is no sink, NaN or +inf give NaN rows."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise ProblemError("sinks", type(sinks).__name__, "None or a torch.Tensor [H]")
+    if sinks.dim() != 1 or sinks.shape[0] != heads:
+        raise ProblemError("sinks.shape", tuple(sinks.shape),
+                           f"[{heads}]: one logit per query head")
+    if sinks.dtype not in SINK_DTYPES:
+        raise ProblemError("sinks.dtype", str(sinks.dtype), "float32, bfloat16 or float16")
+    if sinks.device != device:
+        raise ProblemError("sinks.device", str(sinks.device), f"{device}, as q")
+
+
 def check_tensors(q: object, k: object, v: object, device: torch.device) -> Problem:
     """Validate Q, K, V for the row versions and return the problem they describe.
 

@@ -69,9 +69,16 @@ def _gqa(v, heads):
     return v.repeat_interleave(heads // v.shape[-3], -3) if v.dim() >= 3 else v
 
 
-def _forward(q, k, v, scores):
-    """Softmax rows (a row that sees no key gives 0, not NaN) times V; and the LSE."""
-    lse = torch.logsumexp(scores, dim=-1)
+def _forward(q, k, v, scores, sinks=None):
+    """Softmax rows (a row that sees no key gives 0, not NaN) times V; and the LSE. `sinks`
+    (`[H]`, one logit per query head): each joins its head's rows' denominators and the LSE,
+    carrying no value (gpt-oss's attention sinks)."""
+    if sinks is not None:
+        heads = q.shape[-3] if q.dim() >= 3 else 1
+        column = sinks.to(scores).reshape(heads, 1, 1).expand(*scores.shape[:-1], 1)
+        lse = torch.logsumexp(torch.cat([scores, column], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(scores, dim=-1)
     p = torch.exp(scores - lse[..., None].masked_fill(torch.isinf(lse)[..., None], 0.0))
     return p @ _gqa(v, q.shape[-3] if q.dim() >= 3 else 1), lse
 
@@ -80,7 +87,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
                   causal: bool = False, device: torch.device | str = "cpu",
                   return_lse: bool = False, align: str = "top-left",
                   window: tuple[int | None, int | None] | None = None,
-                  softcap: float | None = None):
+                  softcap: float | None = None, sinks: torch.Tensor | None = None):
     """`O = softmax(mask(softcap(Q K^T * scale))) V` in float64.
 
     `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (GQA/MQA: query head h reads K/V head
@@ -89,10 +96,13 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     `return_lse` also the natural-log LSE of the scaled scores, `[..., Sq] float64`. scale
     defaults to 1/sqrt(D). Causal, `align` and `window` as `visible` says (default: causal
     top-left, key j > i gets -inf before the softmax); `softcap` c maps each scaled score s
-    to c * tanh(s / c) before the mask.
+    to c * tanh(s / c) before the mask. `sinks` (`[H]`): attention sinks, a logit per query
+    head in every row's denominator (and LSE) that carries no value:
+    O_i = sum_j exp(s_ij) V_j / (exp(sink_h) + sum_j exp(s_ij)).
     """
     q, k, v = (t.detach().to(device, torch.float64) for t in (q, k, v))
-    out, lse = _forward(q, k, v, _scores(q, k, scale, causal, align, window, softcap))
+    sinks = None if sinks is None else sinks.detach().to(device, torch.float64)
+    out, lse = _forward(q, k, v, _scores(q, k, scale, causal, align, window, softcap), sinks)
     return (out, lse) if return_lse else out
 
 
@@ -101,18 +111,23 @@ def attention_ref_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout:
                         dlse: torch.Tensor | None = None, device: torch.device | str = "cpu",
                         align: str = "top-left",
                         window: tuple[int | None, int | None] | None = None,
-                        softcap: float | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        softcap: float | None = None, sinks: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, ...]:
     """float64 `(dq, dk, dv)` of `attention_ref` (same options) by autograd, for the
     upstream gradient `dout` (shaped like O) and optionally `dlse` (shaped like the LSE);
-    dk and dv summed over the query heads of each GQA group, shaped like k and v."""
+    dk and dv summed over the query heads of each GQA group, shaped like k and v. With
+    `sinks`, `(dq, dk, dv, dsinks)`."""
     q, k, v = (t.detach().to(device, torch.float64).requires_grad_() for t in (q, k, v))
-    out, lse = _forward(q, k, v, _scores(q, k, scale, causal, align, window, softcap))
+    leaves = (q, k, v)
+    if sinks is not None:
+        sinks = sinks.detach().to(device, torch.float64).requires_grad_()
+        leaves += (sinks,)
+    out, lse = _forward(q, k, v, _scores(q, k, scale, causal, align, window, softcap), sinks)
     outputs, grads = [out], [dout.detach().to(device, torch.float64)]
     if dlse is not None:
         outputs.append(lse)
         grads.append(dlse.detach().to(device, torch.float64))
-    return torch.autograd.grad(outputs, (q, k, v), grads)
+    return torch.autograd.grad(outputs, leaves, grads)
 
 
 def varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -136,8 +151,9 @@ def varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
 def varlen_ref_grads(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False,
                      **options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float64 `(dq, dk, dv)` of `varlen_ref` for the upstream gradient `dout`
-    `[total_q, H, D]`: each sequence's `attention_ref_grads`, bottom-right aligned."""
-    grads = ([], [], [])
+    `[total_q, H, D]`: each sequence's `attention_ref_grads`, bottom-right aligned. With
+    `sinks` in the options, also dsinks (summed over the sequences)."""
+    grads = ([], [], [], [])
     bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(bounds_q) - 1):
         (q0, q1), (k0, k1) = bounds_q[b:b + 2], bounds_k[b:b + 2]
@@ -145,9 +161,11 @@ def varlen_ref_grads(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, *, causal: bool 
                  ((q, q0, q1), (k, k0, k1), (v, k0, k1), (dout, q0, q1))]
         for acc, g in zip(grads, attention_ref_grads(*parts, causal=causal,
                                                      align="bottom-right", **options),
-                          strict=True):
-            acc.append(g.transpose(0, 1))
-    return tuple(torch.cat(g, dim=0) for g in grads)
+                          strict=False):
+            acc.append(g.transpose(0, 1) if g.dim() == 3 else g)
+    dq, dk, dv, dsinks = grads
+    out = tuple(torch.cat(g, dim=0) for g in (dq, dk, dv))
+    return out + (torch.stack(dsinks).sum(0),) if dsinks else out
 
 
 def paged_to_dense(cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor

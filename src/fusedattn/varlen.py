@@ -2,7 +2,7 @@
 
     attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      is_causal=False, window=None, softcap=None, scale=None,
-                     return_lse=False, precision=None, check_lengths=True)
+                     return_lse=False, precision=None, check_lengths=True, sinks=None)
 
 `q: [total_q, H, D]`, `k, v: [total_k, H_kv, D]` (GQA when H_kv divides H): sequence b is
 rows `cu_seqlens_q[b]:cu_seqlens_q[b+1]` of q and `cu_seqlens_k[b]:cu_seqlens_k[b+1]` of k
@@ -11,6 +11,7 @@ computed: programs past a sequence's end return at once, and each sequence sees 
 own keys. Causal and windows are aligned bottom-right within each sequence, as in
 FlashAttention: query i of a sequence with Sq queries and Sk keys sits at position
 i + Sk - Sq. Returns O `[total_q, H, D]` (and the LSE `[H, total_q] float32`).
+`sinks: [H]` as in `attention` (one logit per query head, shared by the sequences).
 Differentiable (the flash backward kernels with the same sequence offsets); registered as
 `torch.ops.fusedattn.varlen_fwd` / `varlen_bwd`.
 
@@ -32,6 +33,7 @@ import torch
 from fusedattn.api import (
     DTYPES,
     _mask,
+    as_sinks,
     call_key,
     call_op,
     check_grad_dim,
@@ -40,7 +42,9 @@ from fusedattn.api import (
     eager_backward,
     kernel_options,
     refuse_double_backward,
+    sink_grads,
     typed,
+    wants_grads,
 )
 from fusedattn.launch import Plans
 from fusedattn.mode import DEVICE
@@ -49,6 +53,7 @@ from fusedattn.problem import (
     ProblemError,
     check_index_tensor,
     check_qkv,
+    check_sinks,
     clamp_window,
     is_int,
 )
@@ -66,7 +71,8 @@ def _packed(t: torch.Tensor) -> torch.Tensor:
 
 
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                   cu_k: torch.Tensor, max_q: int, max_k: int, is_causal: bool, scale: float,
+                   cu_k: torch.Tensor, sinks: torch.Tensor | None, max_q: int, max_k: int,
+                   is_causal: bool, scale: float,
                    precision: str, window_left: int, window_right: int,
                    softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     from fusedattn.dispatch import forward
@@ -76,7 +82,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
     forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
             is_causal=is_causal, scale=scale, precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap, True),
-            varlen=_varlen(cu_q, cu_k, max_q, max_k))
+            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks)
     return out, lse
 
 
@@ -84,7 +90,7 @@ _varlen_fwd_op = torch.library.custom_op("fusedattn::varlen_fwd", _varlen_fwd, m
 
 
 @_varlen_fwd_op.register_fake
-def _(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, precision, window_left,
+def _(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision, window_left,
       window_right, softcap):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
@@ -92,43 +98,45 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, precision, window_lef
 
 def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
-                   cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
-                   is_causal: bool, scale: float, precision: str, window_left: int,
-                   window_right: int,
-                   softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   cu_q: torch.Tensor, cu_k: torch.Tensor, sinks: torch.Tensor | None,
+                   max_q: int, max_k: int, is_causal: bool, scale: float, precision: str,
+                   window_left: int, window_right: int, softcap: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from fusedattn.tiles.flash_bwd import flash_backward
 
-    dq, dk, dv = flash_backward(
+    dq, dk, dv, *dsinks = flash_backward(
         _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out), lse[None],
         dlse[None] if dlse is not None else None, is_causal=is_causal, scale=scale,
         precision=precision, mask=_mask(is_causal, window_left, window_right, softcap, True),
-        varlen=_varlen(cu_q, cu_k, max_q, max_k))
-    return tuple(g[0].permute(1, 0, 2) for g in (dq, dk, dv))
+        varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks)
+    return sink_grads((*(g[0].permute(1, 0, 2) for g in (dq, dk, dv)), *dsinks), lse)
 
 
 _varlen_bwd_op = torch.library.custom_op("fusedattn::varlen_bwd", _varlen_bwd, mutates_args=())
 
 
 @_varlen_bwd_op.register_fake
-def _(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, is_causal, scale, precision,
-      window_left, window_right, softcap):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale,
+      precision, window_left, window_right, softcap):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            lse.new_empty(0 if sinks is None else sinks.shape[0]))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *options = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+    q, k, v, cu_q, cu_k, sinks, *options = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, sinks)
     ctx.set_materialize_grads(False)  # an unused LSE: dLSE None, not zeros (as in api)
     ctx.options = options
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    grads = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)(
-        dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.options)
-    return *grads, None, None, *(None for _ in ctx.options)
+    dq, dk, dv, dsinks = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)(
+        dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options)
+    return (dq, dk, dv, None, None, dsinks if sinks is not None else None,
+            *(None for _ in ctx.options))
 
 
 _varlen_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -165,7 +173,7 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
 
 
 def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scale, precision,
-             check_lengths):
+             check_lengths, sinks):
     """`attention_varlen`'s checks and decisions: (max_seqlen_q, max_seqlen_k, scale,
     window, softcap) as the op takes them."""
     check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"}, dtypes=DTYPES)
@@ -179,7 +187,8 @@ def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scal
                                    check_lengths)
     cu_k, max_k = check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], cu_q.numel() - 1, max_k,
                                    check_lengths)
-    check_grad_dim(q, k, v)
+    check_sinks(sinks, q.shape[1], q.device)
+    check_grad_dim(q, k, v, sinks)
     window = clamp_window(window, max_q, max_k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return max(1, max_q), max(1, max_k), scale, window, softcap
@@ -196,24 +205,25 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      window: tuple[int | None, int | None] | None = None,
                      softcap: float | None = None, scale: float | None = None,
                      return_lse: bool = False, precision: str | None = None,
-                     check_lengths: bool = True):
+                     check_lengths: bool = True, sinks: torch.Tensor | None = None):
     """Attention over a packed batch of sequences; see the module docstring."""
     if not isinstance(check_lengths, bool):
         raise ProblemError("check_lengths", check_lengths, "True or False")
     key = None if check_lengths or torch.compiler.is_compiling() else call_key(
-        (q, k, v, cu_seqlens_q, cu_seqlens_k), (is_causal, softcap, scale, precision), window,
-        typed(max_seqlen_q), typed(max_seqlen_k))
+        (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks), (is_causal, softcap, scale, precision),
+        window, typed(max_seqlen_q), typed(max_seqlen_k))
     decided = _DECIDED.get(key) if key is not None else None
     if decided is None:
         decided = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           is_causal, window, softcap, scale, precision, check_lengths)
+                           is_causal, window, softcap, scale, precision, check_lengths, sinks)
         if key is not None:
             _DECIDED.put(key, decided)
     max_seqlen_q, max_seqlen_k, scale, window, softcap = decided
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    grad = wants_grads((q, k, v, sinks))
     out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
-                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                       cu_seqlens_k, as_sinks(sinks), max_seqlen_q, max_seqlen_k, is_causal,
+                       scale,
                        resolve(q.dtype, precision).op, *kernel_options(window, softcap),
                        grad=grad)
     return (out, lse) if return_lse else out

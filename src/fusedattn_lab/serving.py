@@ -11,6 +11,9 @@ peers, in one process, on the same inputs.
   own causal triangle).
 - window: `attention(window=...)` against FlexAttention with a sliding-window block mask and
   SDPA with the window as a boolean mask. Useful TFLOP/s: 4 * D * (visible pairs).
+- sinks: `attention(sinks=...)` (gpt-oss's attention sinks, causal, with or without its
+  128-key window) against FlashAttention-4's `learnable_sink` where FA4 is staged; SDPA and
+  FlexAttention have no sinks.
 
 Every provider's output is verified against the float64 reference on one sequence / two
 heads before it is timed (`lab/verify.check`, peers' errors for the low-precision bound),
@@ -31,7 +34,7 @@ from fusedattn_lab.suites import DTYPES, BenchRow
 
 @dataclass(frozen=True)
 class ServingProblem:
-    kind: str             # decode | varlen | window
+    kind: str             # decode | varlen | window | sinks
     batch: int
     heads: int
     heads_kv: int
@@ -40,7 +43,7 @@ class ServingProblem:
     dim: int
     dtype: str = "bf16"
     page: int | None = None       # decode: paged cache with this block size
-    window: int | None = None     # window: left size (causal)
+    window: int | None = None     # window (and sinks, where given): left size (causal)
     lengths: tuple[int, ...] = ()  # varlen: each sequence's length
 
     def label(self) -> str:
@@ -50,6 +53,9 @@ class ServingProblem:
                     + (f" paged{self.page}" if self.page else ""))
         if self.kind == "varlen":
             return f"{base} total{sum(self.lengths)} max{self.seq_q} D{self.dim} causal"
+        if self.kind == "sinks":
+            return (f"{base} S{self.seq_k} D{self.dim} causal sinks"
+                    + (f" window{self.window}" if self.window is not None else ""))
         return f"{base} S{self.seq_k} D{self.dim} causal window{self.window}"
 
     def useful_flops(self) -> float:
@@ -59,7 +65,7 @@ class ServingProblem:
         elif self.kind == "varlen":
             pairs = sum(n * (n + 1) // 2 for n in self.lengths)
         else:
-            s, w = self.seq_k, self.window
+            s, w = self.seq_k, self.seq_k if self.window is None else self.window
             pairs = self.batch * sum(min(i, w) + 1 for i in range(s))
         return 4.0 * self.dim * self.heads * pairs
 
@@ -86,11 +92,15 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
         "varlen": [ServingProblem("varlen", len(lengths), 16, 16, max(lengths), max(lengths),
                                   128, lengths=lengths)],
         "window": [ServingProblem("window", 1, 32, 32, 8192, 8192, 128, window=1024)],
+        # gpt-oss-120b's attention: 64 query heads over 8, D64, full and 128-key layers
+        "sinks": [ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64),
+                  ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64, window=128)],
         "tiny-serving": [ServingProblem("decode", 2, 4, 2, 1, 40, 16, "fp32"),
                          ServingProblem("decode", 2, 4, 2, 2, 48, 16, "fp32", page=16),
                          ServingProblem("varlen", 3, 2, 2, 9, 9, 16, "fp32",
                                         lengths=(9, 1, 5)),
-                         ServingProblem("window", 1, 2, 2, 40, 40, 16, "fp32", window=7)],
+                         ServingProblem("window", 1, 2, 2, 40, 40, 16, "fp32", window=7),
+                         ServingProblem("sinks", 1, 4, 2, 40, 40, 16, "fp32", window=7)],
     }
 
 
@@ -252,7 +262,34 @@ def _window(p: ServingProblem, gen):
     return {**ours, **peers}, reference
 
 
-BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window}
+def _sinks(p: ServingProblem, gen):
+    from fusedattn.api import attention
+    from fusedattn.reference import attention_ref
+
+    dt = DTYPES[p.dtype]
+    q = _rand((p.batch, p.heads, p.seq_k, p.dim), dt, gen)
+    k, v = (_rand((p.batch, p.heads_kv, p.seq_k, p.dim), dt, gen) for _ in range(2))
+    sinks = _rand((p.heads,), torch.float32, gen) * 2
+    window = None if p.window is None else (p.window, None)
+    ours = {"fusedattn": lambda: attention(q, k, v, is_causal=True, enable_gqa=True,
+                                           window=window, sinks=sinks)}
+    bshd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]  # FA4's layout, made once
+    fa4_window = (None, None) if p.window is None else (p.window, 0)
+    peers = _fa4(lambda fa4: fa4.flash_attn_func(*bshd, causal=True, window_size=fa4_window,
+                                                 learnable_sink=sinks),
+                 after=lambda out: out.transpose(1, 2))
+
+    def reference(out):
+        heads = [0, p.heads - 1]
+        kv = [h // (p.heads // p.heads_kv) for h in heads]
+        return (out[0, heads], attention_ref(q[0, heads], k[0, kv], v[0, kv], causal=True,
+                                             window=window, sinks=sinks[heads],
+                                             device=q.device))
+    return {**ours, **peers}, reference
+
+
+BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
+                                 "sinks": _sinks}
 PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 

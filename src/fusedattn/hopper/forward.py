@@ -55,10 +55,11 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
                    lse: torch.Tensor | None, scale: float, mask, varlen=None,
-                   recording: Recording | None = None):
+                   recording: Recording | None = None, sinks: torch.Tensor | None = None):
     """Write `out` (and `lse`, `[B, H, Sq]` natural-log float32) for the mask (`common.Mask`)
     and, with `varlen`, the packed batch (`[1, H, total, D]` views, lse
-    `[1, H, total_q]`). The caller checked `dispatch.hopper_refusal`. `recording`
+    `[1, H, total_q]`); `sinks` (`[H]` float32) as `flash.flash_forward` takes them. The
+    caller checked `dispatch.hopper_refusal`. `recording`
     (`launch.Recording`) records the launch for the caller's plan."""
     from fusedattn.hopper.forward_kernel import _flash_fwd_sm90
 
@@ -86,10 +87,12 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     dynamic = right == 0 and left < 0 and varlen is None
     programs = items if dynamic else min(items, _sm_count(q.device))
     (recording or Recording()).launch(
-        _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, *out.stride(), *lse_strides,
+        _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, *out.stride(),
+        *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
         D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
-        PINGPONG=PINGPONG, LOADER_REGS=LOADER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+        PINGPONG=PINGPONG, SINKS=sinks is not None, LOADER_REGS=LOADER_REGS,
+        CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
     return out

@@ -220,13 +220,13 @@ def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, co
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
-              k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_b, so_h, so_s, so_d,
-              sl_b, sl_h, sl_s, c: gl.constexpr, n_items, n_tiles_m, n_heads, group, seq_q,
-              seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr,
+              k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks, so_b, so_h,
+              so_s, so_d, sl_b, sl_h, sl_s, c: gl.constexpr, n_items, n_tiles_m, n_heads,
+              group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr,
               STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
               BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
-              WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+              WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr, SINKS: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T, and O's pieces O_a = P V_a, O_b = P V_b apart."""
@@ -350,6 +350,14 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
             o_base = (b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h
                       + q_start.to(gl.int64) * so_s)
             l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+            if SINKS:  # the head's sink joins each row's sum (`flash_kernels._add_sinks`)
+                sink = gl.load(p_sinks + h) * 1.4426950408889634  # log2(e)
+                m_new = gl.maximum(m_i, sink)
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                sink_alpha = gl.exp2(m_i - m_use)
+                l_i = l_i * sink_alpha + gl.exp2(sink - m_use)
+                m_i = m_new
+                l_safe = gl.where(l_i == 0.0, 1.0, l_i) / sink_alpha
             out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(dtype)
             _store_piece(out, o_desc, q_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, sq,
                          BLOCK_M, D_A, VARLEN)
@@ -381,18 +389,19 @@ UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "se
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
 def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
-                    p_lse, p_cu_q, p_cu_k, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
-                    n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
+                    p_lse, p_cu_q, p_cu_k, p_sinks, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s,
+                    n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
                     D_A: gl.constexpr, D_B: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                     SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
-                    PINGPONG: gl.constexpr, LOADER_REGS: gl.constexpr,
+                    PINGPONG: gl.constexpr, SINKS: gl.constexpr, LOADER_REGS: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of 2 * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
     right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
-    cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors, seq_q the longest. The head
+    cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors, seq_q the longest. SINKS:
+    `p_sinks[h]` (float32, natural-log units) joins each row's denominator and LSE. The head
     dim is D_A + D_B, both powers of two (TMA boxes and Gluon's tensors are): 96 = 64 + 32
     and 192 = 128 + 64 are two pieces, each with its own descriptors (`*2_desc`, columns D_A
     on) and shared buffers; D_B = 0 is one piece (the `*2` arguments repeat the first's and
@@ -440,19 +449,19 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     # held in a variable reach the partition as tensors (Triton 3.6)
     gl.warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
-                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_b,
-                     so_h, so_s, so_d,
+                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks,
+                     so_b, so_h, so_s, so_d,
                      sl_b, sl_h, sl_s, 0, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
                      STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                     PINGPONG)),
+                     PINGPONG, SINKS)),
         (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
-                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, so_b,
-                     so_h, so_s, so_d,
+                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks,
+                     so_b, so_h, so_s, so_d,
                      sl_b, sl_h, sl_s, 1, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
                      STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                     PINGPONG)),
+                     PINGPONG, SINKS)),
         (_loader, (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
                    q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
                    n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left,

@@ -42,9 +42,10 @@ class MaskPlan:
     max_k: int
     left: int | None
 
-    def attend(self, q, k, v, *, scale=None, softcap=None) -> torch.Tensor:
+    def attend(self, q, k, v, *, scale=None, softcap=None, sinks=None) -> torch.Tensor:
         """`q: [B, H, Sq, D]`, `k, v: [B, H_kv, Sk, D]` -> `[B, Sq, H, D]` (transformers'
-        layout), zeros at the query rows that see no key (padding). Differentiable."""
+        layout), zeros at the query rows that see no key (padding); `sinks` as
+        `attention_varlen` takes them. Differentiable."""
         from fusedattn.varlen import attention_varlen
 
         def packed(t, index):  # [B, H, S, D] -> [total, H, D], the plan's rows
@@ -53,7 +54,8 @@ class MaskPlan:
         out = attention_varlen(packed(q, self.q_index), packed(k, self.k_index),
                                packed(v, self.k_index), self.cu_q, self.cu_k, self.max_q,
                                self.max_k, is_causal=True, scale=scale, softcap=softcap,
-                               window=None if self.left is None else (self.left, None))
+                               window=None if self.left is None else (self.left, None),
+                               sinks=sinks)
         full = out.new_zeros(self.batch * self.seq_q, *out.shape[1:])
         full = full.index_copy(0, self.q_index, out)
         return full.reshape(self.batch, self.seq_q, *out.shape[1:])

@@ -23,8 +23,8 @@ runs once per model call (not per layer): it builds transformers' own SDPA mask,
 - anything else (an arbitrary 4D mask) stays a tensor, and the layer raises `ProblemError`
   naming what is supported, or, after `allow_mask_fallback(True)`, computes it with the
   plain formula (PyTorch's SDPA with that mask), saying so once.
-Gemma 2's `softcap` and windows reach the kernels in every case; dropout and
-`output_attentions` are refused.
+Gemma 2's `softcap`, windows and gpt-oss's attention sinks (`s_aux`, trained through) reach
+the kernels in every case; dropout and `output_attentions` are refused.
 
 Context parallel (`sequence_parallel(group)`): inside it, every "fusedattn" layer runs
 `fusedattn.distributed.ring_attention` over the ranks of `group`, each holding a shard of
@@ -39,7 +39,7 @@ shifted on the whole sequence before sharding (the model's own loss shifts withi
 which is wrong at the shard's seams): compute the loss from the logits, sum it over the
 ranks and all-reduce the parameters' gradients (`tests/test_distributed_hf.py` does a
 training step this way and matches one process on the whole sequence). Windows and softcap
-are refused there (the ring has neither).
+and sinks are refused there (the ring has none of them).
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
     if kwargs.get("output_attentions"):
         raise ProblemError("output_attentions", True, "False: fusedattn never forms P")
     ring = _RING.get()
+    sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, a logit per head
     if attention_mask is not None and not ring:
         # planned once per model call by the mask hook (None: not runnable); else here
         plan = getattr(attention_mask, "fusedattn_plan", False)
@@ -103,10 +104,10 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
                 and attention_mask.dtype == torch.bool:
             plan = plan_from_mask(attention_mask)
         if isinstance(plan, MaskPlan) and plan.seq_k == key.shape[2]:
-            return plan.attend(query, key, value, scale=scaling,
-                               softcap=kwargs.get("softcap")), None
+            return plan.attend(query, key, value, scale=scaling, softcap=kwargs.get("softcap"),
+                               sinks=sinks), None
     if attention_mask is not None:
-        return _other_mask(query, key, value, attention_mask, scaling, ring), None
+        return _other_mask(query, key, value, attention_mask, scaling, ring, sinks), None
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     causal = bool(causal) and query.shape[2] > 1
     sliding = kwargs.get("sliding_window")
@@ -115,21 +116,21 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
         window = (int(sliding) - 1, None)  # sees every cached key, so no window applies
     packed = _packed_plan(kwargs.get("position_ids"), query, key, causal, window, ring)
     if packed is not None:
-        return packed.attend(query, key, value, scale=scaling,
-                             softcap=kwargs.get("softcap")), None
+        return packed.attend(query, key, value, scale=scaling, softcap=kwargs.get("softcap"),
+                             sinks=sinks), None
     if ring:
         from fusedattn.distributed import ring_attention
 
-        for name in ("sliding_window", "softcap"):
+        for name in ("sliding_window", "softcap", "s_aux"):
             if kwargs.get(name) is not None:
                 raise ProblemError(name, kwargs[name], "None under sequence_parallel (ring "
-                                   "attention has no windows or softcap)")
+                                   "attention has no windows, softcap or sinks)")
         out = ring_attention(query, key, value, group=ring[-1], is_causal=causal,
                              scale=scaling)
         return out.transpose(1, 2).contiguous(), None
     out = attention(query, key, value, is_causal=causal, scale=scaling,
                     enable_gqa=key.shape[1] != query.shape[1], window=window,
-                    softcap=kwargs.get("softcap"))
+                    softcap=kwargs.get("softcap"), sinks=sinks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -153,9 +154,12 @@ def _packed_plan(position_ids, query, key, causal, window, ring) -> MaskPlan | N
     return plans[left]
 
 
-def _other_mask(query, key, value, mask, scaling, ring) -> torch.Tensor:
+def _other_mask(query, key, value, mask, scaling, ring, sinks) -> torch.Tensor:
     """A mask fusedattn does not run: the plain formula if allowed, else the error."""
     what = f"a {tuple(mask.shape)} mask of {mask.dtype}"
+    if sinks is not None:  # the fallback (SDPA) has no sinks: it would drop them
+        raise ProblemError("attention_mask", what, SUPPORTED.split("; for another")[0]
+                           + " (with attention sinks, s_aux, there is no fallback)")
     if ring:
         raise ProblemError("attention_mask", what, "None under sequence_parallel (the ring "
                            "runs causal or full attention)")

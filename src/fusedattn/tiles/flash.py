@@ -86,7 +86,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
                   precision: str, config: triton.Config | None = None,
                   mask: Mask | None = None, varlen: Varlen | None = None,
                   cache: KVCache | None = None, splits: int = 1, pack_gqa: bool = False,
-                  recording: Recording | None = None):
+                  recording: Recording | None = None, sinks: torch.Tensor | None = None):
     """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
     `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee",
     "tf32" or "tf32x3", used for fp32 inputs only. The config is the table's
@@ -97,7 +97,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     alignment; `varlen` takes packed sequences (q, k, v, out as `[1, H, total, D]` views,
     lse `[1, H, total_q]`); `cache` reads K/V from a KV cache; `splits` > 1 splits each
     sequence's keys across programs and merges their partials by LSE (flash-decoding);
-    `pack_gqa` lets one program serve every query head of a K/V head. `recording`
+    `pack_gqa` lets one program serve every query head of a K/V head; `sinks` (`[H]`
+    float32, contiguous) adds attention sinks to every row's denominator. `recording`
     (`launch.Recording`) records the launches for the caller's plan (split-KV's partials as
     its scratch); under the autotuner the call is not replayable (its config varies)."""
     mask = mask or Mask(causal=is_causal)
@@ -173,7 +174,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         p_q=q, p_k=k, p_v=v, p_o=target, p_lse=target_lse,
         p_cu_q=varlen.cu_q if packed else None, p_cu_k=varlen.cu_k if packed else None,
         p_seqlens_k=cache.seqlens if cache is not None else None, p_table=table,
-        sq_b=sq_b, sq_h=sq_h, sq_s=sq_s, sq_d=q.stride(3),
+        p_sinks=sinks, sq_b=sq_b, sq_h=sq_h, sq_s=sq_s, sq_d=q.stride(3),
         sk_b=sk_b, sk_h=sk_h, sk_s=sk_s, sk_d=k.stride(3),
         sv_b=sv_b, sv_h=sv_h, sv_s=sv_s, sv_d=v.stride(3),
         so_b=0 if packed else target.stride(-4), so_h=target.stride(-3),
@@ -198,7 +199,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         with kernel_launches():
             compiled = kernel[grid](**args)
     if splits > 1:
-        merge_splits(target, target_lse, out, lse, launcher=recording.launch)
+        merge_splits(target, target_lse, out, lse, launcher=recording.launch, sinks=sinks)
     return out, compiled
 
 

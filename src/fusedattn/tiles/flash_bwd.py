@@ -33,6 +33,7 @@ ragged last tile) run with masks, those wholly past it without.
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -155,8 +156,8 @@ def _wait_for_precompiles() -> None:
 def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, *,
                    is_causal: bool, scale: float, precision: str, configs=None,
-                   mask: Mask | None = None, varlen: Varlen | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   mask: Mask | None = None, varlen: Varlen | None = None,
+                   sinks: torch.Tensor | None = None):
     """Gradients of `attention` on validated `[B, H, S, D]` tensors (any strides).
 
     `lse: [B, H, Sq] float32` is the forward's natural-log LSE; `dlse` its gradient or None.
@@ -164,7 +165,13 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     contiguous), in the inputs' dtype (dK, dV summed over the query heads that share each
     K/V head). `configs`: ((BLOCK_M, BLOCK_N, warps, stages) for dK/dV, the same for dQ), to
     time other tiles; default `configs.backward_configs`. `mask` and `varlen` as in
-    `flash.flash_forward` (packed sequences come as `[1, H, total, D]` views)."""
+    `flash.flash_forward` (packed sequences come as `[1, H, total, D]` views).
+
+    `sinks` (`[H]` float32, the forward's attention sinks): the forward's LSE includes
+    them, so P = exp(s - LSE) and every formula above hold as they are, and the sinks'
+    own gradient is d sink_h = -sum_i exp(sink_h - LSE_i) delta_i over the head's rows
+    (delta with dLSE subtracted, as the kernels take it). Returns `(dq, dk, dv, dsinks)`
+    then, dsinks `[H]` float32."""
     mask = mask or Mask(causal=is_causal)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, dout = emulation_operands(q, k, v, dout)
@@ -175,23 +182,28 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     _wait_for_precompiles()
     inputs = (dout, q, k, v, out, lse, dlse, delta, dq, dk, dv,
               *((varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)))
-    key = None
+    key = plan = None
     if configs is None:  # a plan: what `_launches` decides, from this key alone
         key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
-        if plan is not None:
-            plan(inputs)
-            return dq, dk, dv
-    recording = Recording(inputs)
-    for kernel, grid, args, kwargs in _launches(
-            dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
-            configs=configs, mask=mask, varlen=varlen, scale=scale):
-        recording.launch(kernel, grid, *args, **kwargs)
-    plan = recording.plan()
-    if key is not None and plan is not None:
-        _PLANS.put(key, plan)
-    return dq, dk, dv
+    if plan is None:
+        recording = Recording(inputs)
+        for kernel, grid, args, kwargs in _launches(
+                dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
+                configs=configs, mask=mask, varlen=varlen, scale=scale):
+            recording.launch(kernel, grid, *args, **kwargs)
+        plan = recording.plan()
+        if key is not None and plan is not None:
+            _PLANS.put(key, plan)
+    else:
+        plan(inputs)
+    if sinks is None:
+        return dq, dk, dv
+    # exp(sink - LSE): the sink's share of each row (LSE >= sink: -inf only in a row of no
+    # key with a sink of -inf, whose share is 0)
+    share = torch.exp(sinks[None, :, None] - lse.masked_fill(lse == float("-inf"), math.inf))
+    return dq, dk, dv, -(share * delta).sum((0, 2))
 
 
 _PLANS = Plans()  # the backward's plans (`launch.Plans`), as the forward's in `dispatch`

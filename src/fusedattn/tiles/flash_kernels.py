@@ -91,19 +91,32 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
     return acc, acc2, l_i, m_i
 
 
+@triton.jit
+def _add_sinks(p_sinks, heads, m_i, l_i):
+    """Each row's sink (the logit of its query head, natural-log units) into its online
+    state, in the kernels' base 2: (m, l, the factor O's accumulator takes), m the larger of
+    the scores' max and the sink, so no exponent can overflow."""
+    sink = tl.load(p_sinks + heads) * 1.4426950408889634  # log2(e)
+    m_new = tl.maximum(m_i, sink)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no sink, no key: l stays 0
+    alpha = tl.exp2(m_i - m_use)
+    return m_new, l_i * alpha + tl.exp2(sink - m_use), alpha
+
+
 @triton.heuristics(MASK_FLAGS | {
     "VARLEN": lambda a: a["p_cu_q"] is not None,
     "SEQLENS_K": lambda a: a["p_seqlens_k"] is not None,
     "PAGED": lambda a: a["p_table"] is not None,
     "WRITE_LSE": lambda a: a["p_lse"] is not None,
     "SPLIT": lambda a: a["split_len"] > 0,
+    "SINKS": lambda a: a["p_sinks"] is not None,
     "PAD_D": lambda a: a["BLOCK_D"] > a["head_dim"] * a["ALIGN"],
     "OVERLAP": lambda a: a["BLOCK_D"] + a["BLOCK_D2"] - a["head_dim"] * a["ALIGN"]
     if a["BLOCK_D2"] else 0,
 })
 @shape_jit
 def _flash_fwd(
-    p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table,
+    p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table, p_sinks,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split, st_b,
     n_heads, group, seq_q, seq_k, head_dim, qk_scale, cap, left, right, page, split_len,
@@ -115,7 +128,7 @@ def _flash_fwd(
     # derived from the arguments (the heuristics above), never passed:
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     VARLEN: tl.constexpr, SEQLENS_K: tl.constexpr, PAGED: tl.constexpr,
-    WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, PAD_D: tl.constexpr,
+    WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, SINKS: tl.constexpr, PAD_D: tl.constexpr,
     OVERLAP: tl.constexpr,
 ):
     """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
@@ -126,7 +139,9 @@ def _flash_fwd(
     cu[b]..cu[b+1] of packed tensors; `p_seqlens_k` (SEQLENS_K): key lengths per batch (a
     KV cache); `p_table` (PAGED): keys through a block table; `split_len` > 0 (SPLIT):
     program_id(2) takes keys [split * split_len, +split_len) and writes its normalised
-    partial O and LSE for the merge (flash-decoding). ALIGN > 1: Q's, K's and V's strides
+    partial O and LSE for the merge (flash-decoding); `p_sinks` (SINKS): a logit per query
+    head that joins each row's denominator and LSE and carries no value (with SPLIT the
+    merge adds it). ALIGN > 1: Q's, K's and V's strides
     (but the last) and the head dim came divided by ALIGN; multiplied back, Triton knows
     that every row starts on 16 bytes and the head-dim mask is constant over 16 bytes (the
     host checked, `common.row_alignment`), so its loads of a row are 16-byte accesses, and
@@ -228,7 +243,11 @@ def _flash_fwd(
 
     # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
     # split) has l = 0: its output is 0 and its LSE -inf
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if SINKS and not SPLIT:  # O = acc * alpha / l (alpha = 0, acc = 0: a row of no key)
+        m_i, l_i, alpha = _add_sinks(p_sinks, heads, m_i, l_i)
+        l_safe = (tl.where(l_i == 0.0, 1.0, l_i) / alpha)[:, None]
+    else:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     split = tl.program_id(2).to(INDEX) if SPLIT else 0
     p_o_rows = (p_o + split * so_split + b * so_b + heads[:, None].to(INDEX) * so_h
                 + row_q[:, None] * so_s)

@@ -10,14 +10,15 @@ import triton.language as tl
 from fusedattn.launch import Recording
 
 
-@triton.jit
-def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
-                  so_row, so_d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                  SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr):
+@triton.jit(do_not_specialize=["n_heads", "seq_q"])  # read only to find a row's sink
+def _merge_splits(p_part, p_lse_part, p_o, p_lse, p_sinks, n_splits, rows, head_dim,
+                  n_heads, seq_q, so_row, so_d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                  SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr, SINKS: tl.constexpr):
     """Flash-decoding's merge of BLOCK_R rows: LSE = log sum_s exp(LSE_s) and
     O = sum_s exp(LSE_s - LSE) O_s, from the splits' normalised partials (fp32, rows
-    contiguous: `[splits, rows, head_dim]` and `[splits, rows]`). A row no split saw keeps
-    O = 0, LSE = -inf."""
+    contiguous: `[splits, rows, head_dim]` and `[splits, rows]`, rows in (batch, head, query)
+    order). SINKS: each row's head's sink joins the sum as one more term that carries no
+    value. A row no split saw (and no sink) keeps O = 0, LSE = -inf."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
@@ -27,9 +28,14 @@ def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
     lse_s = tl.load(p_lse_part + offs_s[:, None].to(tl.int64) * rows + r[None, :],
                     mask=mask_s[:, None] & mask_r[None, :], other=float("-inf"))
     m = tl.max(lse_s, axis=0)
+    if SINKS:
+        sink = tl.load(p_sinks + (r // seq_q) % n_heads, mask=mask_r, other=0.0)
+        m = tl.maximum(m, sink)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_safe[None, :])                                   # [SPLITS, BLOCK_R]
     total = tl.sum(w, axis=0)
+    if SINKS:
+        total += tl.exp(sink - m_safe)
     acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
     for s in range(0, n_splits):
         part = tl.load(p_part + (s * rows + r[:, None]).to(tl.int64) * head_dim
@@ -44,17 +50,21 @@ def _merge_splits(p_part, p_lse_part, p_o, p_lse, n_splits, rows, head_dim,
 
 
 def merge_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor | None, launcher=None) -> None:
+                 lse: torch.Tensor | None, launcher=None,
+                 sinks: torch.Tensor | None = None) -> None:
     """Combine `part [splits, B, H, Sq, D] fp32` and `part_lse [splits, B, H, Sq]` into
-    `out [B, H, Sq, D]` (rows contiguous) and `lse [B, H, Sq]` (or None). `launcher`:
-    how to launch (`launch.Recording.launch`, the caller's plan), else Triton's own."""
+    `out [B, H, Sq, D]` (rows contiguous) and `lse [B, H, Sq]` (or None), with `sinks`
+    (`[H]` float32) where given. `launcher`: how to launch (`launch.Recording.launch`, the
+    caller's plan), else Triton's own."""
     launcher = launcher or Recording().launch
     splits, dim = part.shape[0], part.shape[-1]
     rows = part_lse[0].numel()
     block_r = 16
     launcher(
         _merge_splits, (triton.cdiv(rows, block_r),), part, part_lse, out,
-        lse if lse is not None else part_lse, splits, rows, dim,
+        lse if lse is not None else part_lse, sinks if sinks is not None else part_lse,
+        splits, rows, dim, part_lse.shape[-2], part_lse.shape[-1],
         out.stride(-2), out.stride(-1), BLOCK_R=block_r,
         BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        SPLITS=max(2, triton.next_power_of_2(splits)), WRITE_LSE=lse is not None)
+        SPLITS=max(2, triton.next_power_of_2(splits)), WRITE_LSE=lse is not None,
+        SINKS=sinks is not None)
