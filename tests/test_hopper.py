@@ -33,7 +33,8 @@ def test_use_backend_takes_only_known_names():
 
 @pytest.mark.parametrize("change, reason", [
     (dict(dtype=torch.float32), "float32"),
-    (dict(dim=80), "head dim 80"),
+    (dict(dim=80), "head dims 80 (q, k)"),
+    (dict(dim_v=96), "and 96 (v)"),
     (dict(cache=object()), "KV cache"),
     (dict(strided=True), "TMA-aligned"),
 ])
@@ -42,7 +43,8 @@ def test_the_hopper_path_says_why_it_refuses(change, reason):
     q = _rand(1, 2, 16, dim, dtype=change.get("dtype", torch.bfloat16))
     if change.get("strided"):  # a head dim that is every other element: last stride 2
         q = _rand(1, 2, 16, 2 * dim)[..., ::2]
-    why = hopper_refusal(q, q, q, mask=Mask(), cache=change.get("cache"))
+    v = _rand(1, 2, 16, change["dim_v"]) if "dim_v" in change else q  # no 128/96 tiles
+    why = hopper_refusal(q, q, v, mask=Mask(), cache=change.get("cache"))
     assert why is not None and reason in why
 
 

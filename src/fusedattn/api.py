@@ -92,7 +92,7 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     from fusedattn.dispatch import forward
 
     batch, heads, seq_q, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = q.new_empty((batch, heads, seq_q, v.shape[3]))  # O has V's head dim
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=precision,
@@ -127,7 +127,7 @@ _flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, muta
 @_flash_fwd_op.register_fake
 def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap):
     batch, heads, seq_q, _ = q.shape
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+    return (q.new_empty((batch, heads, seq_q, v.shape[3])),
             q.new_empty((batch, heads, seq_q), dtype=torch.float32))
 
 
@@ -210,14 +210,16 @@ _Flash = eager_autograd("_Flash", _flash_fwd, _setup_context, _backward)
 
 def check_options(q, k, v, is_causal, scale, precision, window, softcap):
     """The options every entry point shares (attention, varlen, KV cache): is_causal,
-    scale, precision for q's dtype, window, softcap; the same head dim for q, k, v and
-    within the limit. Returns (window, softcap) normalised."""
+    scale, precision for q's dtype, window, softcap; one head dim for q and k, and v's
+    (which may differ: DeepSeek's MLA, 192 and 128), each within the limit. Returns
+    (window, softcap) normalised."""
     d = q.shape[-1]
-    if k.shape[-1] != d or v.shape[-1] != d:
+    if k.shape[-1] != d:
         raise ProblemError("head_dim", (d, k.shape[-1], v.shape[-1]),
-                           "the same head dim for q, k and v")
-    if d > MAX_FLASH_DIM:
-        raise ProblemError("head_dim", d, f"1..{MAX_FLASH_DIM}")
+                           "one head dim for q and k (v's may differ)")
+    if d > MAX_FLASH_DIM or v.shape[-1] > MAX_FLASH_DIM:
+        raise ProblemError("head_dim", (d, v.shape[-1]),
+                           f"1..{MAX_FLASH_DIM} for q/k and for v")
     if not isinstance(is_causal, bool):
         raise ProblemError("is_causal", is_causal, "True or False")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
@@ -234,7 +236,7 @@ def check_options(q, k, v, is_causal, scale, precision, window, softcap):
 def check_grad_dim(q, k, v, sinks=None) -> None:
     """fp32 inputs that require grad (q, k, v or the sinks): head dims up to the
     backward's fp32 limit."""
-    d = q.shape[-1]
+    d = max(q.shape[-1], v.shape[-1])
     wants_grad = wants_grads((q, k, v, sinks))
     if wants_grad and q.dtype == torch.float32 and d > MAX_FP32_GRAD_DIM:
         raise ProblemError("head_dim", d, f"1..{MAX_FP32_GRAD_DIM} for float32 inputs that "
@@ -261,8 +263,9 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, sof
         if t.numel() == 0:
             raise ProblemError(f"{name}.shape", tuple(t.shape), "no zero-sized dimension")
     options = check_options(q, k, v, is_causal, scale, precision, window, softcap)
-    if k.shape != v.shape:
-        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)),
+                           "k and v alike but for the head dim")
     if q.shape[:-3] != k.shape[:-3]:
         raise ProblemError("batch", (tuple(q.shape[:-3]), tuple(k.shape[:-3])),
                            "the same batch dims for q and k/v")
@@ -351,7 +354,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), as_sinks(sinks),
                        *call.options, grad=call.grad)
     if q.dim() != 4:
-        out = out.reshape(q.shape)
+        out = out.reshape(*q.shape[:-1], v.shape[-1])
     if not return_lse:
         return out
     return out, lse.reshape(q.shape[:-1]) if q.dim() != 4 else lse

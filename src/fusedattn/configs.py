@@ -341,7 +341,8 @@ def candidates(configs, head_dim: int, bucket_q: int, precision) -> list:
 
 def prune_configs(configs, named_args, **kwargs):
     """The autotuner's early prune: `candidates` for the launch's arguments (the head dim
-    comes divided by ALIGN: `_flash_fwd`)."""
+    comes divided by ALIGN: `_flash_fwd`; the wider of Q's and V's decides)."""
     args = {**named_args, **kwargs}
-    return candidates(configs, args["head_dim"] * args.get("ALIGN", 1), args["bucket_q"],
+    dim = max(args["head_dim"], args.get("head_dim_v", 0))
+    return candidates(configs, dim * args.get("ALIGN", 1), args["bucket_q"],
                       args["PRECISION"])

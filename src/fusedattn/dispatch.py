@@ -1,7 +1,7 @@
 """Which kernel path serves a forward call, and why: the one dispatch rule.
 
     hopper    Gluon, warp-specialised, TMA + wgmma (`fusedattn.hopper`): fp16/bf16 on an
-              sm90 GPU, head dims in `hopper.forward.TILES`, causal or not (both
+              sm90 GPU, head dims (q/k, v) in `hopper.forward.TILES`, causal or not (both
               alignments), windows, softcap, GQA, varlen, LSE
     portable  Triton `tl.*` (`fusedattn.tiles`): everything, on every GPU and in emulation
 
@@ -82,8 +82,9 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
 
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"{q.dtype} (the Hopper kernel takes float16/bfloat16)"
-    if q.shape[-1] not in TILES:
-        return f"head dim {q.shape[-1]} (the Hopper kernel takes {sorted(TILES)})"
+    if (q.shape[-1], v.shape[-1]) not in TILES:
+        return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper kernel "
+                f"takes {', '.join(f'{a}/{b}' for a, b in TILES)})")
     if cache is not None or splits > 1 or pack_gqa:
         return "a KV cache or split-KV decode (portable)"
     if config is not None:

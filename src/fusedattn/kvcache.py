@@ -119,9 +119,10 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
     returns (capacity per sequence, S_new, cache_seqlens, block_table), the index tensors
     contiguous."""
     check_qkv(q, k_cache, v_cache, device=DEVICE, ranks={4: "[B, H, S, D]"}, dtypes=DTYPES)
-    if k_cache.shape != v_cache.shape:
+    if k_cache.shape[:-1] != v_cache.shape[:-1]:
         raise ProblemError("k_cache/v_cache shapes",
-                           (tuple(k_cache.shape), tuple(v_cache.shape)), "k and v alike")
+                           (tuple(k_cache.shape), tuple(v_cache.shape)),
+                           "k and v alike but for the head dim")
     batch, heads, seq_q, dim = q.shape
     heads_kv = k_cache.shape[1]
     if 0 in q.shape or 0 in k_cache.shape:
@@ -145,18 +146,18 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
     if (k_new is None) != (v_new is None):
         raise ProblemError("k_new/v_new", (k_new is None, v_new is None), "both or neither")
     if k_new is not None:
-        want = (batch, heads_kv, k_new.shape[2] if isinstance(k_new, torch.Tensor)
-                and k_new.dim() == 4 else -1, dim)
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
+        rows = k_new.shape[2] if isinstance(k_new, torch.Tensor) and k_new.dim() == 4 else -1
+        for name, t, d in (("k_new", k_new, dim), ("v_new", v_new, v_cache.shape[3])):
+            want = (batch, heads_kv, rows, d)
             if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != want \
-                    or want[2] < 1:
+                    or rows < 1:
                 raise ProblemError(f"{name}.shape", tuple(getattr(t, "shape", ())),
-                                   f"[B={batch}, H_kv={heads_kv}, S_new >= 1, D={dim}], "
-                                   "both alike")
+                                   f"[B={batch}, H_kv={heads_kv}, S_new >= 1, D={d}] (the "
+                                   "cache's head dim), k_new and v_new of one S_new")
             if t.dtype != q.dtype or t.device != q.device:
                 raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
                                    f"{q.dtype} on {q.device}, as q")
-        s_new = want[2]
+        s_new = rows
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if _self_overlaps(t):
                 raise ProblemError(f"{name}.stride", t.stride(), "a cache whose elements "
@@ -263,7 +264,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         seqlens = seqlens.clamp(0, capacity)
         if block_table is not None:
             block_table = block_table.clamp(0, k_cache.shape[0] - 1)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = q.new_empty((*q.shape[:3], v_cache.shape[3]))  # O has V's head dim
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)

@@ -77,7 +77,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
                    softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     from fusedattn.dispatch import forward
 
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = q.new_empty((*q.shape[:2], v.shape[2]))  # O has V's head dim
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
             is_causal=is_causal, scale=scale, precision=precision,
@@ -92,7 +92,7 @@ _varlen_fwd_op = torch.library.custom_op("fusedattn::varlen_fwd", _varlen_fwd, m
 @_varlen_fwd_op.register_fake
 def _(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision, window_left,
       window_right, softcap):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+    return (q.new_empty((*q.shape[:2], v.shape[2])),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
@@ -178,8 +178,9 @@ def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scal
     window, softcap) as the op takes them."""
     check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"}, dtypes=DTYPES)
     window, softcap = check_options(q, k, v, is_causal, scale, precision, window, softcap)
-    if k.shape != v.shape:
-        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)), "k and v alike")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)),
+                           "k and v alike but for the head dim")
     if q.shape[1] % k.shape[1] or 0 in q.shape[1:] or 0 in k.shape[1:]:
         raise ProblemError("heads", (q.shape[1], k.shape[1]),
                            ">= 1 each, k/v heads dividing q heads (GQA/MQA)")

@@ -3,7 +3,7 @@
 Q, K and V reach the kernel as TMA descriptors over their own strides (4-D: batch, head,
 row, head dim), so `[B, S, H, D]` views need no copy. The grid is persistent (one program per
 SM walks the work items: query tiles x batch x heads), except under a plain causal mask,
-where each item is a program of its own. Tiles per head dim (`TILES`): two
+where each item is a program of its own. Tiles per pair of head dims (`TILES`): two
 consumer warpgroups of BLOCK_M = 64 rows each, BLOCK_N keys per step, STAGES slots of K and
 V in shared memory, within the 227 KB an SM gives one program."""
 
@@ -16,16 +16,21 @@ import triton
 
 from fusedattn.launch import Recording
 
-# head dim -> (D_A, D_B, BLOCK_M per warpgroup, BLOCK_N, STAGES): the head dim in one or two
-# power-of-two pieces (TMA boxes and Gluon's tensors are powers of two; 96 = 64 + 32 and
-# 192 = 128 + 64 take two wgmmas per product instead of padding to 128 and 256). Shared
-# memory is 2 * BLOCK_M * D * 2 bytes of Q plus STAGES * 2 * BLOCK_N * D * 2 of K and V
+# (Q/K head dim, V head dim) -> (D_A, D_B, DV_A, DV_B, BLOCK_M per warpgroup, BLOCK_N,
+# STAGES): each head dim in one or two power-of-two pieces (TMA boxes and Gluon's tensors
+# are powers of two; 96 = 64 + 32 and 192 = 128 + 64 take two wgmmas per product instead of
+# padding to 128 and 256). Shared memory is 2 * BLOCK_M * D * 2 bytes of Q plus STAGES *
+# BLOCK_N * (D + Dv) * 2 of K and V. V's head dim may be less than Q's (DeepSeek's MLA:
+# 192 and 128; 128 and 64), each of its pieces no wider than Q's: O goes out through Q's
+# shared tiles
 TILES = {
-    64: (64, 0, 64, 128, 4),
-    96: (64, 32, 64, 128, 3),
-    128: (128, 0, 64, 128, 3),
-    192: (128, 64, 64, 64, 3),
-    256: (256, 0, 64, 64, 2),
+    (64, 64): (64, 0, 64, 0, 64, 128, 4),
+    (96, 96): (64, 32, 64, 32, 64, 128, 3),
+    (128, 128): (128, 0, 128, 0, 64, 128, 3),
+    (192, 192): (128, 64, 128, 64, 64, 64, 3),
+    (256, 256): (256, 0, 256, 0, 64, 64, 2),
+    (192, 128): (128, 64, 128, 0, 64, 64, 3),
+    (128, 64): (128, 0, 64, 0, 64, 128, 3),
 }
 LOADER_REGS, CONSUMER_REGS = 24, 240
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
@@ -65,7 +70,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
 
     heads, dim = q.shape[1], q.shape[3]
     group = heads // k.shape[1]
-    d_a, d_b, block_m, block_n, stages = TILES[dim]
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = TILES[dim, v.shape[3]]
     if varlen is not None:
         batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
         cu_q, cu_k = varlen.cu_q, varlen.cu_k
@@ -74,11 +79,12 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
-    descs = [_descriptor(t, rows, d_a) for t, rows in
-             ((q, block_m), (k, block_n), (v, block_n), (out, block_m))]
-    # the second head-dim piece's descriptors (columns d_a on); one piece repeats the first's
-    descs += ([_descriptor(t, rows, d_b) for t, rows in
-               ((q, block_m), (k, block_n), (v, block_n), (out, block_m))] if d_b else descs)
+    firsts = [(q, block_m, d_a), (k, block_n, d_a), (v, block_n, dv_a), (out, block_m, dv_a)]
+    # the second head-dim pieces' descriptors (columns d_a / dv_a on); a head dim in one
+    # piece repeats its first's
+    seconds = [(t, rows, second) if second else first for first, (t, rows, _), second in
+               zip(firsts, firsts, (d_b, d_b, dv_b, dv_b), strict=True)]
+    descs = [_descriptor(*d) for d in firsts + seconds]
     tiles_m = triton.cdiv(seq_q, 2 * block_m)
     items = tiles_m * batch * heads
     # causal (dense): one program per item, which the hardware hands out as SMs free up; a
@@ -90,7 +96,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, *out.stride(),
         *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
-        D_A=d_a, D_B=d_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, LOADER_REGS=LOADER_REGS,

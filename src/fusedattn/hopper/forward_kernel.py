@@ -106,16 +106,19 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
             q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
             n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
-            D_B: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
-            HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+            D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+            VARLEN: gl.constexpr):
     """The producer: per item, both consumers' Q tiles on one barrier once both released the
     last item's, then each key tile's K and V into ring slot n % STAGES (n counts this
     program's key tiles over all its items), each once both consumers released the slot's
     last use (K after its S = Q K^T, V after its P V: K runs ahead of V)."""
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
-                                                         else 0)
+    k_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
+                                                        else 0)
+    v_bytes: gl.constexpr = v_desc.block_type.nbytes + (v2_desc.block_type.nbytes if DV_B > 0
+                                                        else 0)
     n = 0       # key tiles loaded so far
     items = 0   # live items so far
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
@@ -135,13 +138,13 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
                 phase = ((n // STAGES) & 1) ^ 1
                 row = k_start + lo + j * BLOCK_N
                 mbarrier.wait(k_free.index(slot), phase)
-                mbarrier.expect(k_bar.index(slot), kv_bytes)
+                mbarrier.expect(k_bar.index(slot), k_bytes)
                 _load_rows(k_desc, k2_desc, b_row, h_kv, row, k_bar.index(slot),
                            k_smem.index(slot), k2_smem.index(slot), D_A, D_B)
                 mbarrier.wait(v_free.index(slot), phase)
-                mbarrier.expect(v_bar.index(slot), kv_bytes)
+                mbarrier.expect(v_bar.index(slot), v_bytes)
                 _load_rows(v_desc, v2_desc, b_row, h_kv, row, v_bar.index(slot),
-                           v_smem.index(slot), v2_smem.index(slot), D_A, D_B)
+                           v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B)
                 n += 1
             items += 1
 
@@ -224,30 +227,44 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
               so_s, so_d, sl_b, sl_h, sl_s, c: gl.constexpr, n_items, n_tiles_m, n_heads,
               group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
-              WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr, SINKS: gl.constexpr):
+              DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+              SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
+              PINGPONG: gl.constexpr, SINKS: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
-    wgmmas: S = Q_a K_a^T + Q_b K_b^T, and O's pieces O_a = P V_a, O_b = P V_b apart."""
+    wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
+    O_a = P V_a, O_b = P V_b apart, O stored through Q's tiles (DV_A <= D_A, DV_B <= D_B:
+    `forward.TILES`)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_A, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_A, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    if D_B > 0:
+    if DV_B > 0:
         o2_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_B, 16])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_B, 16])
         p2_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o2_layout,
                                                       k_width=2)
         row_o2: gl.constexpr = gl.SliceLayout(1, o2_layout)
     dtype: gl.constexpr = q_smem.dtype
-    PIECES: gl.constexpr = 2 if D_B > 0 else 1  # wgmmas per product
+    PIECES: gl.constexpr = 2 if DV_B > 0 else 1  # wgmmas of P V
     q_tile = q_smem.index(c)
     q2_tile = q2_smem.index(c)
+    # O's pieces go out through Q's tiles (their first bytes, where V's head dim is less)
+    o_tile = q_tile
+    if DV_A != D_A:
+        o_tile = q_tile._reinterpret(dtype, [BLOCK_M, DV_A],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_A],
+                                                                          dtype))
+    o2_tile = q2_tile
+    if DV_B > 0 and DV_B != D_B:
+        o2_tile = q2_tile._reinterpret(dtype, [BLOCK_M, DV_B],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_B],
+                                                                            dtype))
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
     n = 0       # key tiles consumed so far (the loader's ring counter)
@@ -265,9 +282,9 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
             last_pos = gl.minimum(first + BLOCK_M - 1, sq - 1) + diag
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
-            acc = gl.zeros([BLOCK_M, D_A], gl.float32, layout=o_layout)
-            if D_B > 0:
-                acc2 = gl.zeros([BLOCK_M, D_B], gl.float32, layout=o2_layout)
+            acc = gl.zeros([BLOCK_M, DV_A], gl.float32, layout=o_layout)
+            if DV_B > 0:
+                acc2 = gl.zeros([BLOCK_M, DV_B], gl.float32, layout=o2_layout)
             n_tiles = gl.cdiv(hi - lo, BLOCK_N)
             mbarrier.wait(q_bar, items & 1)
             if n_tiles > 0:
@@ -303,7 +320,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                         s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok,
                                               is_async=True)
                     acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                    if D_B > 0:
+                    if DV_B > 0:
                         acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
                                                  v2_smem.index(prev), acc2, is_async=True)
                     if PINGPONG:
@@ -315,7 +332,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         qk_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
                         SOFTCAP)
-                    if D_B > 0:
+                    if DV_B > 0:
                         both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
                                                            v_smem.index(prev),
                                                            v2_smem.index(prev)])
@@ -331,7 +348,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                 last = (n + n_tiles - 1) % STAGES
                 mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
                 acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-                if D_B > 0:
+                if DV_B > 0:
                     acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
                                              v2_smem.index(last), acc2, is_async=True)
                     both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
@@ -359,12 +376,12 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                 m_i = m_new
                 l_safe = gl.where(l_i == 0.0, 1.0, l_i) / sink_alpha
             out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(dtype)
-            _store_piece(out, o_desc, q_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, sq,
-                         BLOCK_M, D_A, VARLEN)
-            if D_B > 0:
+            _store_piece(out, o_desc, o_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, sq,
+                         BLOCK_M, DV_A, VARLEN)
+            if DV_B > 0:
                 out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(dtype)
-                _store_piece(out2, o2_desc, q2_tile, p_o, o_base, so_s, so_d, b_row, h, first,
-                             D_A, sq, BLOCK_M, D_B, VARLEN)
+                _store_piece(out2, o2_desc, o2_tile, p_o, o_base, so_s, so_d, b_row, h, first,
+                             DV_A, sq, BLOCK_M, DV_B, VARLEN)
             if not VARLEN:
                 tma.store_wait(0)
             # O went out through Q's tiles: once every thread of the warpgroup is past its
@@ -391,7 +408,8 @@ UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "se
 def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
                     p_lse, p_cu_q, p_cu_k, p_sinks, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
-                    D_A: gl.constexpr, D_B: gl.constexpr, BLOCK_M: gl.constexpr,
+                    D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
+                    DV_B: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                     SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
@@ -405,24 +423,32 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     dim is D_A + D_B, both powers of two (TMA boxes and Gluon's tensors are): 96 = 64 + 32
     and 192 = 128 + 64 are two pieces, each with its own descriptors (`*2_desc`, columns D_A
     on) and shared buffers; D_B = 0 is one piece (the `*2` arguments repeat the first's and
-    are not used)."""
+    are not used). V's and O's head dim is DV_A + DV_B, D_A + D_B unless it differs (MLA's
+    192 and 128)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [2, BLOCK_M, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
-    kv_a: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_A], dtype)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_A], kv_a)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_A], kv_a)
+    k_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_A],
+                                                                            dtype))
+    v_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, DV_A], gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_A],
+                                                                             dtype))
+    # one piece: the second piece's names stand for the first's, never read
+    q2_smem = q_smem
+    k2_smem = k_smem
+    v2_smem = v_smem
     if D_B > 0:
         q2_smem = gl.allocate_shared_memory(
             dtype, [2, BLOCK_M, D_B],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_B], dtype))
-        kv_b: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_B], dtype)
-        k2_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_B], kv_b)
-        v2_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_B], kv_b)
-    else:  # one piece: the second piece's names stand for the first's, never read
-        q2_smem = q_smem
-        k2_smem = k_smem
-        v2_smem = v_smem
+        k2_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, BLOCK_N, D_B],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_B], dtype))
+    if DV_B > 0:
+        v2_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, BLOCK_N, DV_B],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_B], dtype))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -453,18 +479,18 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                      so_b, so_h, so_s, so_d,
                      sl_b, sl_h, sl_s, 0, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
-                     STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                     PINGPONG, SINKS)),
+                     DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
+                     WRITE_LSE, PINGPONG, SINKS)),
         (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
                      v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks,
                      so_b, so_h, so_s, so_d,
                      sl_b, sl_h, sl_s, 1, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
-                     STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                     PINGPONG, SINKS)),
+                     DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
+                     WRITE_LSE, PINGPONG, SINKS)),
         (_loader, (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
                    q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
                    n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left,
-                   right, BLOCK_M, BLOCK_N, D_A, D_B, STAGES, HAS_LEFT, HAS_RIGHT,
-                   BOTTOM_RIGHT, VARLEN)),
+                   right, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B, STAGES, HAS_LEFT,
+                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -1,6 +1,7 @@
-"""The KV-cache append: `k_new`, `v_new` `[B, H_kv, S_new, D]` written at rows
-`seqlens[b] ..` of each sequence of `k_cache`, `v_cache` (in place), contiguous caches
-`[B, H_kv, S_max, D]` or paged ones `[num_blocks, H_kv, page, D]` through a block table.
+"""The KV-cache append: `k_new`, `v_new` `[B, H_kv, S_new, D]` (V's D may be its own)
+written at rows `seqlens[b] ..` of each sequence of `k_cache`, `v_cache` (in place),
+contiguous caches `[B, H_kv, S_max, D]` or paged ones `[num_blocks, H_kv, page, D]`
+through a block table.
 
 One launch writes K and V together, and a sequence is appended whole or not at all: its
 programs first check that rows `seqlens[b] .. seqlens[b] + S_new - 1` lie inside the
@@ -29,8 +30,9 @@ BLOCK_S = 16  # new rows per program
 def _append_rows(p_kn, p_vn, p_kc, p_vc, p_lens, p_table,
                  skn_b, skn_h, skn_s, skn_d, svn_b, svn_h, svn_s, svn_d,
                  skc_b, skc_h, skc_s, skc_d, svc_b, svc_h, svc_s, svc_d, st_b,
-                 n_heads_kv, s_new, capacity, n_blocks, page, head_dim,
-                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr):
+                 n_heads_kv, s_new, capacity, n_blocks, page, head_dim, head_dim_v,
+                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 PAGED: tl.constexpr):
     bh = tl.program_id(0)
     b = (bh // n_heads_kv).to(tl.int64)
     h = (bh % n_heads_kv).to(tl.int64)
@@ -45,8 +47,10 @@ def _append_rows(p_kn, p_vn, p_kc, p_vc, p_lens, p_table,
             fits = fits * ((blk >= 0) & (blk < n_blocks)).to(tl.int32)
     offs_s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)  # V's head dim may differ from K's
     mask_s = offs_s < s_new * fits  # none where it does not fit
     mask = mask_s[:, None] & (offs_d < head_dim)[None, :]
+    mask_v = mask_s[:, None] & (offs_dv < head_dim_v)[None, :]
     rows = (start + offs_s).to(tl.int64)
     if PAGED:
         blk = tl.load(p_table + b * st_b + rows // page, mask=mask_s, other=0).to(tl.int64)
@@ -59,9 +63,9 @@ def _append_rows(p_kn, p_vn, p_kc, p_vc, p_lens, p_table,
     k = tl.load(p_kn + b * skn_b + h * skn_h + offs_new[:, None] * skn_s
                 + offs_d[None, :] * skn_d, mask=mask)
     v = tl.load(p_vn + b * svn_b + h * svn_h + offs_new[:, None] * svn_s
-                + offs_d[None, :] * svn_d, mask=mask)
+                + offs_dv[None, :] * svn_d, mask=mask_v)
     tl.store(p_kc + h * skc_h + k_rows[:, None] + offs_d[None, :] * skc_d, k, mask=mask)
-    tl.store(p_vc + h * svc_h + v_rows[:, None] + offs_d[None, :] * svc_d, v, mask=mask)
+    tl.store(p_vc + h * svc_h + v_rows[:, None] + offs_dv[None, :] * svc_d, v, mask=mask_v)
 
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
@@ -78,5 +82,5 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
             *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(),
             block_table.stride(0) if block_table is not None else 0,
             heads_kv, s_new, capacity, k_cache.shape[0], k_cache.shape[2], dim,
-            BLOCK_S=BLOCK_S, BLOCK_D=triton.next_power_of_2(dim),
-            PAGED=block_table is not None)
+            v_new.shape[3], BLOCK_S=BLOCK_S, BLOCK_D=triton.next_power_of_2(dim),
+            BLOCK_DV=triton.next_power_of_2(v_new.shape[3]), PAGED=block_table is not None)

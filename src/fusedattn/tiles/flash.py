@@ -76,7 +76,8 @@ _CACHE = ({"cache_results": True}
 # `right` tells causal (0) from full (-1), the head dim tells padded from not.
 _flash_fwd_autotuned = triton.autotune(
     configs=CONFIGS,
-    key=["bucket_q", "bucket_k", "BLOCK_D", "BLOCK_D2", "right", "PRECISION", "head_dim"],
+    key=["bucket_q", "bucket_k", "BLOCK_D", "BLOCK_D2", "BLOCK_DV", "right", "PRECISION",
+         "head_dim", "head_dim_v"],
     prune_configs_by={"early_config_prune": prune_configs}, **_CACHE,
 )(_flash_fwd)
 
@@ -102,7 +103,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     (`launch.Recording`) records the launches for the caller's plan (split-KV's partials as
     its scratch); under the autotuner the call is not replayable (its config varies)."""
     mask = mask or Mask(causal=is_causal)
-    heads, dim = q.shape[1], q.shape[3]
+    heads, dim, dim_v = q.shape[1], q.shape[3], v.shape[3]
     heads_kv = k.shape[1]
     group = heads // heads_kv
     if varlen is not None:
@@ -119,10 +120,13 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     # and the kernel is told so (ALIGN) unless Triton sees it already (strides and head dim
     # multiples of 16, which it specialises on)
     align = row_alignment(q, k, v)
-    align = align if dim % align == 0 else 1
+    align = align if dim % align == 0 and dim_v % align == 0 else 1
     block_d, block_d2 = head_dim_pieces(dim, precision=dot_precision, aligned=align > 1)
-    if all(x % 16 == 0 for t in (q, k, v) for x in t.stride()[:-1]) and dim % 16 == 0:
+    block_dv, block_dv2 = head_dim_pieces(dim_v, precision=dot_precision, aligned=align > 1)
+    if all(x % 16 == 0 for t in (q, k, v) for x in t.stride()[:-1]) and dim % 16 == 0 \
+            and dim_v % 16 == 0:
         align = 1
+    widest = max(dim, dim_v)  # the tiles' sizes follow the wider of the two head dims
     rows = seq_q * group if pack_gqa else seq_q
     per_row = batch * (heads_kv if pack_gqa else heads)
 
@@ -132,11 +136,11 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         kernel = _flash_fwd_autotuned
     else:
         if config is None and (pack_gqa or splits > 1):
-            bm, bn, warps, stages = decode_config(dim=dim, rows=rows, seq_k=seq_k,
+            bm, bn, warps, stages = decode_config(dim=widest, rows=rows, seq_k=seq_k,
                                                   programs=per_row, precision=dot_precision)
         elif config is None:
             bm, bn, warps, stages = forward_config(
-                dim=dim, seq_q=rows, programs_per_tile_row=per_row,
+                dim=widest, seq_q=rows, programs_per_tile_row=per_row,
                 causal=mask.causal or mask.window is not None, precision=dot_precision)
         else:
             bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
@@ -183,11 +187,13 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         sl_b=lse_strides[0], sl_h=lse_strides[1], sl_split=lse_strides[2],
         st_b=table.stride(0) if table is not None else 0,
         n_heads=heads, group=group, seq_q=seq_q, seq_k=seq_k, head_dim=dim // align,
+        head_dim_v=dim_v // align,
         qk_scale=qk_scale, cap=cap, left=left, right=right,
         page=k.shape[2] if table is not None else 0, split_len=split_len,
         bucket_q=triton.next_power_of_2(seq_q), bucket_k=triton.next_power_of_2(seq_k),
-        BLOCK_D=block_d, BLOCK_D2=block_d2, PRECISION=dot_precision,
-        INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim, 1)),
+        BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2,
+        PRECISION=dot_precision,
+        INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim_v, 1)),
         BOTTOM_RIGHT=mask.bottom_right, PACK_GQA=pack_gqa, ALIGN=align,
         ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision, has_left=left >= 0),
         **fixed)

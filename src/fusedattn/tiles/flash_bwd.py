@@ -54,7 +54,7 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     preprocess (delta), the dK/dV pass, the dQ pass. `flash_backward` runs them;
     `precompile_backward` compiles them ahead (Triton's `warmup`) from stand-ins."""
     rows_b, heads, rows_q, dim = q.shape  # rows_q: all query rows (packed: total_q)
-    heads_kv = k.shape[1]
+    heads_kv, dim_v = k.shape[1], v.shape[3]
     if varlen is not None:
         batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
         seq_args = (varlen.cu_q, varlen.cu_k)
@@ -62,17 +62,19 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
         batch, seq_q, seq_k = rows_b, rows_q, k.shape[2]
         seq_args = (q, q)  # unused pointers
     block_d = max(16, triton.next_power_of_2(dim))
+    block_dv = max(16, triton.next_power_of_2(dim_v))
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
     pre_m = 64 if not EMULATION else 16
     launches = [(_bwd_preprocess, (triton.cdiv(rows_q, pre_m), rows_b * heads),
                  (out, dout, dlse if dlse is not None else delta, delta, *out.stride(),
-                  *dout.stride(), heads, rows_q, dim),
-                 dict(BLOCK_M=pre_m, BLOCK_D=block_d, HAS_DLSE=dlse is not None))]
+                  *dout.stride(), heads, rows_q, dim_v),
+                 dict(BLOCK_M=pre_m, BLOCK_D=block_dv, HAS_DLSE=dlse is not None))]
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
-        dim=dim, itemsize=q.element_size(), precision=dot_precision,
+        dim=max(dim, dim_v), itemsize=q.element_size(), precision=dot_precision,
         causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
     qk_scale, cap, left, right = mask.kernel_args(scale)
     common = dict(BLOCK_D=block_d, PRECISION=dot_precision, PAD_D=block_d != dim,
+                  BLOCK_DV=block_dv, PAD_DV=block_dv != dim_v,
                   INDEX=index_dtype(q, k, v, dout, out, rows=rows_b * heads * rows_q),
                   VARLEN=varlen is not None, BOTTOM_RIGHT=mask.bottom_right)
     # one loop or three: dK/dV loops over the queries, dQ over the keys
@@ -88,13 +90,14 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     launches.append((_flash_bwd_dkdv, (triton.cdiv(seq_k, kn), batch * heads_kv),
                      (q, k, v, dout, lse, delta, dk, dv, *seq_args,
                       *strides(q, k, v, dout, dk, dv), *lse_bh, heads, heads_kv,
-                      heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale, cap, left, right),
+                      heads // heads_kv, seq_q, seq_k, dim, dim_v, scale, qk_scale, cap, left,
+                      right),
                      dict(BLOCK_M=km, BLOCK_N=kn, num_warps=kw, num_stages=ks,
                           ONE_LOOP=one_dkdv, **common)))
     launches.append((_flash_bwd_dq, (triton.cdiv(seq_q, qm), batch * heads),
                      (q, k, v, dout, lse, delta, dq, *seq_args, *strides(q, k, v, dout, dq),
-                      *lse_bh, heads, heads // heads_kv, seq_q, seq_k, dim, scale, qk_scale,
-                      cap, left, right),
+                      *lse_bh, heads, heads // heads_kv, seq_q, seq_k, dim, dim_v, scale,
+                      qk_scale, cap, left, right),
                      dict(BLOCK_M=qm, BLOCK_N=qn, num_warps=qw, num_stages=qs,
                           ONE_LOOP=one_dq, **common)))
     return launches
@@ -119,15 +122,16 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     its own kernels as usual. Nothing in emulation (the interpreter compiles nothing)."""
     global _POOL
     mask = mask or Mask(causal=is_causal)
-    key = (q.dtype, q.shape, k.shape, q.stride(), k.stride(), v.stride(), mask, precision,
-           q.device)
+    key = (q.dtype, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), mask,
+           precision, q.device)
     if EMULATION or key in _SUBMITTED:
         return
     _SUBMITTED.add(key)
     # stand-ins: a compile reads dtypes, strides and pointer alignment, never the data, so
     # q, k and v stand for dQ, dK, dV (`empty_like`: the same strides where dense) and q for
     # O and dO where it is contiguous as they are; only the LSE-sized buffer is new
-    out = q if q.is_contiguous() else torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = q if q.is_contiguous() and v.shape[3] == q.shape[3] else torch.empty(
+        (*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)  # O's and dO's shape
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     launches = _launches(out, q, k, v, out, lse, None, lse, q, k, v, precision=precision,
                          configs=None, mask=mask, varlen=None, scale=scale)

@@ -47,12 +47,12 @@ def _grad_scores(s2, p, dp, delta, cap, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
-                sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, seq_q, seq_k, diag,
-                qk_scale, cap, left, right, lo, hi,
+                sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d, mask_d, offs_dv, mask_dv,
+                seq_q, seq_k, diag, qk_scale, cap, left, right, lo, hi,
                 BLOCK_M: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
                 HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAD_D: tl.constexpr,
-                PRECISION: tl.constexpr, INDEX: tl.constexpr, ulo=0, uhi=0,
-                MIXED: tl.constexpr = False):
+                PAD_DV: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr, ulo=0,
+                uhi=0, MIXED: tl.constexpr = False):
     """Query tiles [lo, hi) against one key tile: accumulate dK (unscaled) and dV. MASKED
     for the tiles on a mask's edge and the ragged last query tile; rows past Sq load zeros
     (dO = 0 and delta = 0 give them dS = 0 and no dV). MIXED: all of [lo, hi) in one loop,
@@ -62,11 +62,11 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
         rows = start_m + offs_m
         first = tl.cast(start_m, INDEX)
         p_qt = p_q_base + first * sq_s + offs_m[None, :] * sq_s + offs_d[:, None] * sq_d
-        p_do = p_do_base + first * sdo_s + offs_m[:, None] * sdo_s + offs_d[None, :] * sdo_d
+        p_do = p_do_base + first * sdo_s + offs_m[:, None] * sdo_s + offs_dv[None, :] * sdo_d
         if MASKED or MIXED:
             mask_m = rows < seq_q
             b_qt = tl.load(p_qt, mask=mask_m[None, :] & mask_d[:, None], other=0.0)
-            b_do = tl.load(p_do, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+            b_do = tl.load(p_do, mask=mask_m[:, None] & mask_dv[None, :], other=0.0)
             lse = tl.load(p_lse_base + rows, mask=mask_m, other=0.0)
             delta = tl.load(p_delta_base + rows, mask=mask_m, other=0.0)
             # a row that saw no key (LSE = -inf) has P = 0: take LSE = +inf
@@ -74,9 +74,11 @@ def _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
         else:
             if PAD_D:
                 b_qt = tl.load(p_qt, mask=mask_d[:, None], other=0.0)
-                b_do = tl.load(p_do, mask=mask_d[None, :], other=0.0)
             else:
                 b_qt = tl.load(p_qt)
+            if PAD_DV:
+                b_do = tl.load(p_do, mask=mask_dv[None, :], other=0.0)
+            else:
                 b_do = tl.load(p_do)
             lse = tl.load(p_lse_base + rows)
             delta = tl.load(p_delta_base + rows)
@@ -109,10 +111,11 @@ def _flash_bwd_dkdv(
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dk, p_dv, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     sdo_b, sdo_h, sdo_s, sdo_d, sdk_b, sdk_h, sdk_s, sdk_d, sdv_b, sdv_h, sdv_s, sdv_d,
-    sl_b, sl_h, n_heads, n_heads_kv, group, seq_q, seq_k, head_dim, scale, qk_scale, cap,
-    left, right,
+    sl_b, sl_h, n_heads, n_heads_kv, group, seq_q, seq_k, head_dim, head_dim_v, scale,
+    qk_scale, cap, left, right,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, PAD_D: tl.constexpr, INDEX: tl.constexpr,
+    BLOCK_DV: tl.constexpr, PAD_DV: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     ONE_LOOP: tl.constexpr = False,
     # derived from `left`, `right` and `cap` (`common.MASK_FLAGS`), never passed:
@@ -120,7 +123,8 @@ def _flash_bwd_dkdv(
     SOFTCAP: tl.constexpr = False,
 ):
     """dK and dV of BLOCK_N keys of one (batch, K/V head), summed over its query heads.
-    ONE_LOOP: the query tiles in one loop (edge tiles masked by a branch per tile), not three."""
+    ONE_LOOP: the query tiles in one loop (edge tiles masked by a branch per tile), not three.
+    V, dO and dV have `head_dim_v` columns (BLOCK_DV), Q, K and dK `head_dim` (BLOCK_D)."""
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1).to(INDEX)
     b = bhk // n_heads_kv
@@ -134,15 +138,18 @@ def _flash_bwd_dkdv(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     keys = start_n + offs_n
+    offs_dv = tl.arange(0, BLOCK_DV)
     mask_d = offs_d < head_dim
+    mask_dv = offs_dv < head_dim_v
     mask_kd = (keys < seq_k)[:, None] & mask_d[None, :]
+    mask_vd = (keys < seq_k)[:, None] & mask_dv[None, :]
     first_n = k_start + start_n
     b_k = tl.load(p_k + b * sk_b + h_kv * sk_h + first_n * sk_s + offs_n[:, None] * sk_s
                   + offs_d[None, :] * sk_d, mask=mask_kd, other=0.0)
     b_v = tl.load(p_v + b * sv_b + h_kv * sv_h + first_n * sv_s + offs_n[:, None] * sv_s
-                  + offs_d[None, :] * sv_d, mask=mask_kd, other=0.0)
+                  + offs_dv[None, :] * sv_d, mask=mask_vd, other=0.0)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
 
     # query i (position i + diag) sees key j when j - diag - right <= i <= j - diag + left
     lo, ulo, uhi, hi = _spans(start_n, tl.minimum(start_n + BLOCK_N, seq_k) - 1, seq_q,
@@ -156,56 +163,59 @@ def _flash_bwd_dkdv(
         if ONE_LOOP:
             dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
                                  p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
-                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, lo,
-                                 hi, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
-                                 PRECISION, INDEX, ulo, uhi, True)
+                                 mask_d, offs_dv, mask_dv, seq_q, seq_k, diag, qk_scale, cap,
+                                 left, right, lo, hi, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
+                                 SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX, ulo, uhi, True)
         else:
             dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
                                  p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
-                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, lo,
-                                 ulo, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
-                                 PRECISION, INDEX)
+                                 mask_d, offs_dv, mask_dv, seq_q, seq_k, diag, qk_scale, cap,
+                                 left, right, lo, ulo, BLOCK_M, True, HAS_LEFT, HAS_RIGHT,
+                                 SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX)
             dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
                                  p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
-                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, ulo,
-                                 uhi, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
-                                 PRECISION, INDEX)
+                                 mask_d, offs_dv, mask_dv, seq_q, seq_k, diag, qk_scale, cap,
+                                 left, right, ulo, uhi, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
+                                 SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX)
             dk, dv = _dkdv_tiles(dk, dv, b_k, b_v, p_q_base, p_do_base, p_lse_base,
                                  p_delta_base, sq_s, sq_d, sdo_s, sdo_d, keys, offs_m, offs_d,
-                                 mask_d, seq_q, seq_k, diag, qk_scale, cap, left, right, uhi,
-                                 hi, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
-                                 PRECISION, INDEX)
+                                 mask_d, offs_dv, mask_dv, seq_q, seq_k, diag, qk_scale, cap,
+                                 left, right, uhi, hi, BLOCK_M, True, HAS_LEFT, HAS_RIGHT,
+                                 SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX)
     dk *= scale
     tl.store(p_dk + b * sdk_b + h_kv * sdk_h + first_n * sdk_s + offs_n[:, None] * sdk_s
              + offs_d[None, :] * sdk_d, dk.to(p_dk.dtype.element_ty), mask=mask_kd)
     tl.store(p_dv + b * sdv_b + h_kv * sdv_h + first_n * sdv_s + offs_n[:, None] * sdv_s
-             + offs_d[None, :] * sdv_d, dv.to(p_dv.dtype.element_ty), mask=mask_kd)
+             + offs_dv[None, :] * sdv_d, dv.to(p_dv.dtype.element_ty), mask=mask_vd)
 
 
 @triton.jit
 def _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s, sv_d,
-              pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right, lo, hi,
-              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-              HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAD_D: tl.constexpr,
-              PRECISION: tl.constexpr, INDEX: tl.constexpr, ulo=0, uhi=0,
-              MIXED: tl.constexpr = False):
+              pos, offs_n, offs_d, mask_d, offs_dv, mask_dv, seq_k, qk_scale, cap, left,
+              right, lo, hi, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+              PAD_D: tl.constexpr, PAD_DV: tl.constexpr, PRECISION: tl.constexpr,
+              INDEX: tl.constexpr, ulo=0, uhi=0, MIXED: tl.constexpr = False):
     """Key tiles [lo, hi) against one query tile: accumulate dQ (unscaled). MASKED for the
     tiles on a mask's edge and the ragged last key tile; MIXED as in `_dkdv_tiles`."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         first = tl.cast(start_n, INDEX)
         p_kt = p_k_base + first * sk_s + offs_n[None, :] * sk_s + offs_d[:, None] * sk_d
-        p_vt = p_v_base + first * sv_s + offs_n[None, :] * sv_s + offs_d[:, None] * sv_d
+        p_vt = p_v_base + first * sv_s + offs_n[None, :] * sv_s + offs_dv[:, None] * sv_d
         if MASKED or MIXED:
             mask_n = keys < seq_k
             b_kt = tl.load(p_kt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-            b_vt = tl.load(p_vt, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        elif PAD_D:
-            b_kt = tl.load(p_kt, mask=mask_d[:, None], other=0.0)
-            b_vt = tl.load(p_vt, mask=mask_d[:, None], other=0.0)
+            b_vt = tl.load(p_vt, mask=mask_n[None, :] & mask_dv[:, None], other=0.0)
         else:
-            b_kt = tl.load(p_kt)
-            b_vt = tl.load(p_vt)
+            if PAD_D:
+                b_kt = tl.load(p_kt, mask=mask_d[:, None], other=0.0)
+            else:
+                b_kt = tl.load(p_kt)
+            if PAD_DV:
+                b_vt = tl.load(p_vt, mask=mask_dv[:, None], other=0.0)
+            else:
+                b_vt = tl.load(p_vt)
         s = _scores(tl.dot(b_q, b_kt, input_precision=PRECISION), qk_scale, cap, SOFTCAP)
         p = tl.exp2(s - lse2[:, None])
         edge = MASKED  # MIXED: a tile outside the whole ones [ulo, uhi)
@@ -227,9 +237,11 @@ def _flash_bwd_dq(
     p_q, p_k, p_v, p_do, p_lse, p_delta, p_dq, p_cu_q, p_cu_k,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     sdo_b, sdo_h, sdo_s, sdo_d, sdq_b, sdq_h, sdq_s, sdq_d,
-    sl_b, sl_h, n_heads, group, seq_q, seq_k, head_dim, scale, qk_scale, cap, left, right,
+    sl_b, sl_h, n_heads, group, seq_q, seq_k, head_dim, head_dim_v, scale, qk_scale, cap,
+    left, right,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, PAD_D: tl.constexpr, INDEX: tl.constexpr,
+    BLOCK_DV: tl.constexpr, PAD_DV: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr = False, VARLEN: tl.constexpr = False,
     ONE_LOOP: tl.constexpr = False,
     # derived from `left`, `right` and `cap` (`common.MASK_FLAGS`), never passed:
@@ -250,15 +262,18 @@ def _flash_bwd_dq(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     rows = start_m + offs_m
     mask_m = rows < seq_q
     mask_d = offs_d < head_dim
+    mask_dv = offs_dv < head_dim_v
     mask_md = mask_m[:, None] & mask_d[None, :]
     first_m = q_start + start_m
     b_q = tl.load(p_q + b * sq_b + h * sq_h + first_m * sq_s + offs_m[:, None] * sq_s
                   + offs_d[None, :] * sq_d, mask=mask_md, other=0.0)
     b_do = tl.load(p_do + b * sdo_b + h * sdo_h + first_m * sdo_s + offs_m[:, None] * sdo_s
-                   + offs_d[None, :] * sdo_d, mask=mask_md, other=0.0)
+                   + offs_dv[None, :] * sdo_d, mask=mask_m[:, None] & mask_dv[None, :],
+                   other=0.0)
     lse = tl.load(p_lse + b * sl_b + h * sl_h + q_start + rows, mask=mask_m, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
     delta = tl.load(p_delta + b * sl_b + h * sl_h + q_start + rows, mask=mask_m, other=0.0)
@@ -271,22 +286,22 @@ def _flash_bwd_dq(
     pos = rows + diag
     if ONE_LOOP:
         dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
-                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
-                       lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION,
-                       INDEX, ulo, uhi, True)
+                       sv_d, pos, offs_n, offs_d, mask_d, offs_dv, mask_dv, seq_k, qk_scale,
+                       cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
+                       SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX, ulo, uhi, True)
     else:
         dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
-                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
-                       lo, ulo, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION,
-                       INDEX)
+                       sv_d, pos, offs_n, offs_d, mask_d, offs_dv, mask_dv, seq_k, qk_scale,
+                       cap, left, right, lo, ulo, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+                       SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX)
         dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
-                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
-                       ulo, uhi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D,
-                       PRECISION, INDEX)
+                       sv_d, pos, offs_n, offs_d, mask_d, offs_dv, mask_dv, seq_k, qk_scale,
+                       cap, left, right, ulo, uhi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
+                       SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX)
         dq = _dq_tiles(dq, b_q, b_do, lse2, delta, p_k_base, p_v_base, sk_s, sk_d, sv_s,
-                       sv_d, pos, offs_n, offs_d, mask_d, seq_k, qk_scale, cap, left, right,
-                       uhi, hi, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAD_D, PRECISION,
-                       INDEX)
+                       sv_d, pos, offs_n, offs_d, mask_d, offs_dv, mask_dv, seq_k, qk_scale,
+                       cap, left, right, uhi, hi, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+                       SOFTCAP, PAD_D, PAD_DV, PRECISION, INDEX)
     dq *= scale
     tl.store(p_dq + b * sdq_b + h * sdq_h + first_m * sdq_s + offs_m[:, None] * sdq_s
              + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)

@@ -26,10 +26,12 @@ def _tile(ptrs, rows_ok, cols_ok, MASKED: tl.constexpr, MIXED: tl.constexpr,
 @triton.jit
 def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
                sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2,
+               offs_dv, mask_dv, offs_dv2,
                seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAD_D: tl.constexpr,
-               BLOCK_D2: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr,
+               BLOCK_D2: tl.constexpr, PAD_DV: tl.constexpr, BLOCK_DV2: tl.constexpr,
+               PRECISION: tl.constexpr, INDEX: tl.constexpr,
                ulo=0, uhi=0, MIXED: tl.constexpr = False):
     """Key tiles [lo, hi) of one query tile: the online-softmax update. MASKED=False for
     tiles wholly inside the keys and wholly visible to every row of the tile (no compare, no
@@ -38,7 +40,9 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
     to BLOCK_D (masked columns). BLOCK_D2 > 0: the head dim is split in two pieces, columns
     [0, BLOCK_D) (`b_q`, `acc`) and BLOCK_D2 columns `offs_d2` (`b_q2`, `acc2`), neither
     padded or masked (the second may overlap the first: `_flash_fwd`), each product one
-    dot per piece (`configs.head_dim_pieces`). PAGED: key j lives in page
+    dot per piece (`configs.head_dim_pieces`). V's head dim has its own (`offs_dv`,
+    `mask_dv`, PAD_DV, BLOCK_DV2 > 0: `offs_dv2` and `acc2`): Q's and K's where they are
+    alike. PAGED: key j lives in page
     `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page.
     MIXED=True: all of [lo, hi) in one loop, tiles outside [ulo, uhi) masked (a branch per
     tile), the loads always bounded."""
@@ -79,11 +83,11 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        b_v = _tile(p_v_base + v_rows[:, None] + offs_d[None, :] * sv_d,  # [BLOCK_N, BLOCK_D]
-                    mask_n[:, None], mask_d[None, :], MASKED, MIXED, PAD_D)
+        b_v = _tile(p_v_base + v_rows[:, None] + offs_dv[None, :] * sv_d,  # [BLOCK_N, BLOCK_DV]
+                    mask_n[:, None], mask_dv[None, :], MASKED, MIXED, PAD_DV)
         acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
-        if BLOCK_D2 > 0:
-            b_v2 = _tile(p_v_base + v_rows[:, None] + offs_d2[None, :] * sv_d,
+        if BLOCK_DV2 > 0:
+            b_v2 = _tile(p_v_base + v_rows[:, None] + offs_dv2[None, :] * sv_d,
                          mask_n[:, None], mask_n[:, None], MASKED, MIXED, False)
             acc2 = acc2 * alpha[:, None] + tl.dot(p.to(b_v2.dtype), b_v2,
                                                   input_precision=PRECISION)
@@ -113,23 +117,28 @@ def _add_sinks(p_sinks, heads, m_i, l_i):
     "PAD_D": lambda a: a["BLOCK_D"] > a["head_dim"] * a["ALIGN"],
     "OVERLAP": lambda a: a["BLOCK_D"] + a["BLOCK_D2"] - a["head_dim"] * a["ALIGN"]
     if a["BLOCK_D2"] else 0,
+    "PAD_DV": lambda a: a["BLOCK_DV"] > a["head_dim_v"] * a["ALIGN"],
+    "OVERLAP_V": lambda a: a["BLOCK_DV"] + a["BLOCK_DV2"] - a["head_dim_v"] * a["ALIGN"]
+    if a["BLOCK_DV2"] else 0,
 })
 @shape_jit
 def _flash_fwd(
     p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table, p_sinks,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split, st_b,
-    n_heads, group, seq_q, seq_k, head_dim, qk_scale, cap, left, right, page, split_len,
+    n_heads, group, seq_q, seq_k, head_dim, head_dim_v, qk_scale, cap, left, right, page,
+    split_len,
     bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_D2: tl.constexpr, PRECISION: tl.constexpr, INDEX: tl.constexpr,
+    BLOCK_D2: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr,
+    PRECISION: tl.constexpr, INDEX: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, PACK_GQA: tl.constexpr, ONE_LOOP: tl.constexpr,
     ALIGN: tl.constexpr,
     # derived from the arguments (the heuristics above), never passed:
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     VARLEN: tl.constexpr, SEQLENS_K: tl.constexpr, PAGED: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, SINKS: tl.constexpr, PAD_D: tl.constexpr,
-    OVERLAP: tl.constexpr,
+    OVERLAP: tl.constexpr, PAD_DV: tl.constexpr, OVERLAP_V: tl.constexpr,
 ):
     """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
     head) that are (query r // group, head r % group), so one K/V tile serves the whole
@@ -145,9 +154,12 @@ def _flash_fwd(
     (but the last) and the head dim came divided by ALIGN; multiplied back, Triton knows
     that every row starts on 16 bytes and the head-dim mask is constant over 16 bytes (the
     host checked, `common.row_alignment`), so its loads of a row are 16-byte accesses, and
-    the head-dim pieces are right (`configs.head_dim_pieces`)."""
+    the head-dim pieces are right (`configs.head_dim_pieces`). `head_dim_v` (V's and O's,
+    in BLOCK_DV and BLOCK_DV2 pieces) may differ from Q's and K's (DeepSeek's MLA: 192 and
+    128)."""
     if ALIGN > 1:
         head_dim = head_dim * ALIGN
+        head_dim_v = head_dim_v * ALIGN
         sq_b, sq_h, sq_s = sq_b * ALIGN, sq_h * ALIGN, sq_s * ALIGN
         sk_b, sk_h, sk_s = sk_b * ALIGN, sk_h * ALIGN, sk_s * ALIGN
         sv_b, sv_h, sv_s = sv_b * ALIGN, sv_h * ALIGN, sv_s * ALIGN
@@ -183,8 +195,10 @@ def _flash_fwd(
         offs_m = offs_r
         heads = offs_r * 0 + h
         first_pos = start_m * BLOCK_M
+    offs_dv = tl.arange(0, BLOCK_DV)
     mask_m = offs_r < rows_total
     mask_d = offs_d < head_dim
+    mask_dv = offs_dv < head_dim_v
     pos = offs_m + diag
     last_pos = tl.minimum((start_m * BLOCK_M + BLOCK_M - 1) // (group if PACK_GQA else 1),
                           seq_q - 1) + diag
@@ -193,17 +207,20 @@ def _flash_fwd(
     p_q_rows = p_q + b * sq_b + heads[:, None].to(INDEX) * sq_h + row_q[:, None] * sq_s
     b_q = tl.load(p_q_rows + offs_d[None, :] * sq_d, mask=mask_m[:, None] & mask_d[None, :],
                   other=0.0)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     # the head dim's second piece: columns BLOCK_D .. + BLOCK_D2, OVERLAP columns earlier
     # where it is wider than what is left (its loads stay inside the row, unmasked); Q's
     # overlapped columns are zeros there, so they count once. Without one, the first
-    # piece's tensors stand in, never read
-    offs_d2, b_q2, acc2 = offs_d, b_q, acc
+    # piece's tensors stand in, never read. V's and O's pieces likewise (OVERLAP_V: O's
+    # overlapped columns are stored from the first piece)
+    offs_d2, b_q2, offs_dv2, acc2 = offs_d, b_q, offs_dv, acc
     if BLOCK_D2 > 0:
         offs_d2 = BLOCK_D - OVERLAP + tl.arange(0, BLOCK_D2)
         b_q2 = tl.load(p_q_rows + offs_d2[None, :] * sq_d,
                        mask=mask_m[:, None] & (offs_d2 >= BLOCK_D)[None, :], other=0.0)
-        acc2 = tl.zeros((BLOCK_M, BLOCK_D2), tl.float32)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV - OVERLAP_V + tl.arange(0, BLOCK_DV2)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_DV2), tl.float32)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -228,18 +245,20 @@ def _flash_fwd(
     if ONE_LOOP:  # one instantiation: edge tiles masked by a branch per tile
         acc, acc2, l_i, m_i = _key_tiles(
             acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
-            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, seq_k, qk_scale,
-            cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED,
-            PAD_D, BLOCK_D2, PRECISION, INDEX, ulo, uhi, True)
+            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_dv, mask_dv,
+            offs_dv2, seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT,
+            HAS_RIGHT, SOFTCAP, PAGED, PAD_D, BLOCK_D2, PAD_DV, BLOCK_DV2, PRECISION, INDEX,
+            ulo, uhi, True)
     else:  # masked [lo, ulo) (a window's left edge), whole [ulo, uhi), masked [uhi, hi)
         for part in tl.static_range(3):  # unrolled: three instantiations of the loop
             start = lo if part == 0 else (ulo if part == 1 else uhi)
             stop = ulo if part == 0 else (uhi if part == 1 else hi)
             acc, acc2, l_i, m_i = _key_tiles(
                 acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, seq_k,
-                qk_scale, cap, left, right, start, stop, BLOCK_N, part != 1, HAS_LEFT,
-                HAS_RIGHT, SOFTCAP, PAGED, PAD_D, BLOCK_D2, PRECISION, INDEX)
+                sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_dv,
+                mask_dv, offs_dv2, seq_k, qk_scale, cap, left, right, start, stop, BLOCK_N,
+                part != 1, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, BLOCK_D2, PAD_DV,
+                BLOCK_DV2, PRECISION, INDEX)
 
     # a row that sees no key (a window past the keys, bottom-right with Sq > Sk, an empty
     # split) has l = 0: its output is 0 and its LSE -inf
@@ -251,11 +270,12 @@ def _flash_fwd(
     split = tl.program_id(2).to(INDEX) if SPLIT else 0
     p_o_rows = (p_o + split * so_split + b * so_b + heads[:, None].to(INDEX) * so_h
                 + row_q[:, None] * so_s)
-    tl.store(p_o_rows + offs_d[None, :] * so_d, (acc / l_safe).to(p_o.dtype.element_ty),
-             mask=mask_m[:, None] & mask_d[None, :])
-    if BLOCK_D2 > 0:  # the overlapped columns come from the piece before
-        tl.store(p_o_rows + offs_d2[None, :] * so_d, (acc2 / l_safe).to(p_o.dtype.element_ty),
-                 mask=mask_m[:, None] & (offs_d2 >= BLOCK_D)[None, :])
+    tl.store(p_o_rows + offs_dv[None, :] * so_d, (acc / l_safe).to(p_o.dtype.element_ty),
+             mask=mask_m[:, None] & mask_dv[None, :])
+    if BLOCK_DV2 > 0:  # the overlapped columns come from the piece before
+        tl.store(p_o_rows + offs_dv2[None, :] * so_d,
+                 (acc2 / l_safe).to(p_o.dtype.element_ty),
+                 mask=mask_m[:, None] & (offs_dv2 >= BLOCK_DV)[None, :])
     if WRITE_LSE:
         # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
         tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
