@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
-             varlen|window|decode|sinks) providers=all ;;
+             varlen|window|decode|sinks|mla) providers=all ;;
              *) providers=${PROVIDERS:-flash,flash-portable,sdpa-cudnn,sdpa-flash,fa4} ;;
            esac
            python3 -m fusedattn_lab bench --suite "$suite" --out $ev \

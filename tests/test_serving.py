@@ -290,6 +290,7 @@ def test_serving_bench_verifies_every_kind(tmp_path):
     assert main(["bench", "--suite", "tiny-serving", "--out", str(tmp_path)]) == 0
     (csv_path,) = tmp_path.rglob("bench.csv")
     rows = list(csv.DictReader(csv_path.open()))
-    assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window", "sinks"}
+    assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window", "sinks",
+                                                        "mla"}
     assert all(r["status"] == "ok" and float(r["max_abs_error"]) <= float(r["tolerance"])
                for r in rows)

@@ -14,6 +14,8 @@ peers, in one process, on the same inputs.
 - sinks: `attention(sinks=...)` (gpt-oss's attention sinks, causal, with or without its
   128-key window) against FlashAttention-4's `learnable_sink` where FA4 is staged; SDPA and
   FlexAttention have no sinks.
+- mla: prefill with a V head dim unlike Q's (DeepSeek's MLA: 192 and 128) against SDPA's
+  cuDNN and flash backends and FA4. TFLOP/s: 2 * (D_qk + D_v) per (query, key) pair seen.
 
 Every provider's output is verified against the float64 reference on one sequence / two
 heads before it is timed (`lab/verify.check`, peers' errors for the low-precision bound),
@@ -34,7 +36,7 @@ from fusedattn_lab.suites import DTYPES, BenchRow
 
 @dataclass(frozen=True)
 class ServingProblem:
-    kind: str             # decode | varlen | window | sinks
+    kind: str             # decode | varlen | window | sinks | mla
     batch: int
     heads: int
     heads_kv: int
@@ -45,6 +47,8 @@ class ServingProblem:
     page: int | None = None       # decode: paged cache with this block size
     window: int | None = None     # window (and sinks, where given): left size (causal)
     lengths: tuple[int, ...] = ()  # varlen: each sequence's length
+    dim_v: int | None = None      # mla: V's head dim (else `dim`)
+    causal: bool = True           # mla: causal or not (the others are causal)
 
     def label(self) -> str:
         base = f"{self.kind} {self.dtype} B{self.batch} H{self.heads}/{self.heads_kv}"
@@ -53,21 +57,27 @@ class ServingProblem:
                     + (f" paged{self.page}" if self.page else ""))
         if self.kind == "varlen":
             return f"{base} total{sum(self.lengths)} max{self.seq_q} D{self.dim} causal"
+        if self.kind == "mla":
+            return (f"{base} S{self.seq_k} D{self.dim}/{self.dim_v}"
+                    + (" causal" if self.causal else ""))
         if self.kind == "sinks":
             return (f"{base} S{self.seq_k} D{self.dim} causal sinks"
                     + (f" window{self.window}" if self.window is not None else ""))
         return f"{base} S{self.seq_k} D{self.dim} causal window{self.window}"
 
     def useful_flops(self) -> float:
-        """4 * D * (query, key) pairs seen, per head."""
-        if self.kind == "decode":
+        """2 * (D + D_v) (4 * D where they are alike) * (query, key) pairs seen, per head."""
+        dims = self.dim + (self.dim_v or self.dim)
+        if self.kind == "mla" and not self.causal:
+            pairs = self.batch * self.seq_k * self.seq_k
+        elif self.kind == "decode":
             pairs = self.batch * self.seq_q * self.seq_k
         elif self.kind == "varlen":
             pairs = sum(n * (n + 1) // 2 for n in self.lengths)
         else:
             s, w = self.seq_k, self.seq_k if self.window is None else self.window
             pairs = self.batch * sum(min(i, w) + 1 for i in range(s))
-        return 4.0 * self.dim * self.heads * pairs
+        return 2.0 * dims * self.heads * pairs
 
     def kv_bytes(self) -> int:
         return 2 * self.batch * self.heads_kv * self.seq_k * self.dim * \
@@ -93,6 +103,10 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
                                   128, lengths=lengths)],
         "window": [ServingProblem("window", 1, 32, 32, 8192, 8192, 128, window=1024)],
         # gpt-oss-120b's attention: 64 query heads over 8, D64, full and 128-key layers
+        # DeepSeek's MLA prefill (heads decompressed: no GQA), beside the prefill suite's
+        # D192 row (B4 H32 S4096)
+        "mla": [ServingProblem("mla", 4, 32, 32, 4096, 4096, 192, dim_v=128, causal=c)
+                for c in (False, True)],
         "sinks": [ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64),
                   ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64, window=128)],
         "tiny-serving": [ServingProblem("decode", 2, 4, 2, 1, 40, 16, "fp32"),
@@ -100,7 +114,8 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
                          ServingProblem("varlen", 3, 2, 2, 9, 9, 16, "fp32",
                                         lengths=(9, 1, 5)),
                          ServingProblem("window", 1, 2, 2, 40, 40, 16, "fp32", window=7),
-                         ServingProblem("sinks", 1, 4, 2, 40, 40, 16, "fp32", window=7)],
+                         ServingProblem("sinks", 1, 4, 2, 40, 40, 16, "fp32", window=7),
+                         ServingProblem("mla", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16)],
     }
 
 
@@ -288,8 +303,29 @@ def _sinks(p: ServingProblem, gen):
     return {**ours, **peers}, reference
 
 
+def _mla(p: ServingProblem, gen):
+    from fusedattn.api import attention
+    from fusedattn.reference import attention_ref
+
+    dt = DTYPES[p.dtype]
+    q, k = (_rand((p.batch, p.heads, p.seq_k, p.dim), dt, gen) for _ in range(2))
+    v = _rand((p.batch, p.heads, p.seq_k, p.dim_v), dt, gen)
+    ours = {"fusedattn": lambda: attention(q, k, v, is_causal=p.causal)}
+    peers = {name: _sdpa(name, q, k, v, is_causal=p.causal)
+             for name in ("sdpa-cudnn", "sdpa-flash")}
+    bshd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]  # FA4's layout, made once
+    peers |= _fa4(lambda fa4: fa4.flash_attn_func(*bshd, causal=p.causal),
+                  after=lambda out: out.transpose(1, 2))
+
+    def reference(out):
+        heads = [0, p.heads - 1]
+        return (out[0, heads], attention_ref(q[0, heads], k[0, heads], v[0, heads],
+                                             causal=p.causal, device=q.device))
+    return {**ours, **peers}, reference
+
+
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
-                                 "sinks": _sinks}
+                                 "sinks": _sinks, "mla": _mla}
 PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
@@ -312,7 +348,7 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
     def row_of(name: str, **fields) -> dict:
         """A bench.csv row of provider `name`: `BenchRow`'s columns, then `gbps`."""
         base = vars(BenchRow(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
-                             seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=True,
+                             seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=p.causal,
                              precision="", mode="fwd", status="", reason="", **unmeasured))
         return {**base, "gbps": None, **fields}
 

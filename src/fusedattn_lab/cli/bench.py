@@ -24,7 +24,7 @@ def add(sub) -> None:
     p = sub.add_parser("bench", help="the flash kernel against PyTorch's attention backends")
     p.add_argument("--suite", default="bf16",
                     help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
-                    "tiny-train|prefill|all, the serving suites decode|varlen|window|sinks|"
+                    "tiny-train|prefill|all, the serving suites decode|varlen|window|sinks|mla|"
                     "tiny-serving, "
                     "coldstart (first calls in fresh processes), host (host µs a call), or the "
                     "Hugging Face suites hf-generate|hf-train|tiny-hf")
@@ -141,7 +141,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_serving_suite(args: argparse.Namespace, console: Console) -> int:
-    """decode / varlen / window / sinks: the serving entry points against their peers."""
+    """decode / varlen / window / sinks / mla: the serving entry points against their
+    peers."""
     from fusedattn_lab.evidence import sha256_file
     from fusedattn_lab.serving import BUILDERS, PROVIDERS, run_serving, serving_suites
 
