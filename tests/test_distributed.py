@@ -51,6 +51,14 @@ def _ring_body(rank: int, world: int, device, results: str) -> list[str]:
         lines.append("odd not-refused")
     except ProblemError as err:
         lines.append(f"odd refused {err.field}")
+    # a V head dim of its own on one rank only: refused on every rank
+    q, k = (t.contiguous().to(device) for t in full[:2])
+    v = full[2][..., : d // 2 if rank == 0 else d].contiguous().to(device)
+    try:
+        ring_attention(q, k, v)
+        lines.append("dv not-refused")
+    except ProblemError as err:
+        lines.append(f"dv refused {err.field}")
     return lines
 
 
@@ -59,9 +67,11 @@ def test_ring_matches_the_reference_forward_and_gradients(world, tmp_path):
     need_gpus(world)
     for rank, lines in enumerate(spawn(_ring_body, world, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
-        checks = [line.split() for line in lines if not line.startswith(("unequal", "odd"))]
+        checks = [line.split() for line in lines
+                  if not line.startswith(("unequal", "odd", "dv"))]
         assert len(checks) == 8 and all(c[2] == "True" for c in checks), (rank, lines)
         assert "unequal refused shards" in lines and "odd refused seq" in lines, lines
+        assert ("dv refused v.shape" if rank == 0 else "dv refused shards") in lines, lines
 
 
 def test_a_group_of_one_is_plain_attention(tmp_path):

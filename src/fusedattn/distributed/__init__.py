@@ -1,5 +1,6 @@
-"""Past one GPU: context-parallel attention on torch.distributed (`ring_attention`), with
-the helpers that shard a full sequence and put it back together."""
+"""Past one GPU: context-parallel attention on torch.distributed: the ring
+(`ring_attention`), Ulysses' all-to-alls (`ulysses_attention`) and both composed (USP,
+`usp_attention`), with the helpers that shard a full sequence and put it back together."""
 
 from fusedattn.distributed.ring import (
     contiguous_shard,
@@ -7,5 +8,7 @@ from fusedattn.distributed.ring import (
     zigzag_shard,
     zigzag_unshard,
 )
+from fusedattn.distributed.ulysses import ulysses_attention, usp_attention, usp_shard
 
-__all__ = ["contiguous_shard", "ring_attention", "zigzag_shard", "zigzag_unshard"]
+__all__ = ["contiguous_shard", "ring_attention", "ulysses_attention", "usp_attention",
+           "usp_shard", "zigzag_shard", "zigzag_unshard"]

@@ -160,8 +160,8 @@ class _RingAttention(torch.autograd.Function):
             src = (rank - step) % world
             for qs, ks, c in _blocks(rank, src, seq, causal):
                 part, part_lse = torch.ops.fusedattn.flash_fwd(
-                    q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :], c, scale, precision,
-                    *_NO_WINDOW)
+                    q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :], None, c, scale,
+                    precision, *_NO_WINDOW)  # None: no sinks
                 _merge(out, lse, part, part_lse, qs)
             if step < world - 1:
                 _wait(reqs)
@@ -187,10 +187,10 @@ class _RingAttention(torch.autograd.Function):
                 kv_reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
             src = (rank - step) % world
             for qs, ks, c in _blocks(rank, src, seq, causal):
-                dq_i, dk_i, dv_i = torch.ops.fusedattn.flash_bwd(
+                dq_i, dk_i, dv_i, _ = torch.ops.fusedattn.flash_bwd(
                     dout[..., qs, :], q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :],
-                    out[..., qs, :], lse[..., qs].contiguous(), None, c, scale, precision,
-                    *_NO_WINDOW)
+                    out[..., qs, :], lse[..., qs].contiguous(), None, None, c, scale,
+                    precision, *_NO_WINDOW)  # no dLSE, no sinks
                 dq[..., qs, :] += dq_i
                 dk_cur[..., ks, :] += dk_i
                 dv_cur[..., ks, :] += dv_i
@@ -231,6 +231,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
         _validate(q, k, v, is_causal, scale, True, precision)
         if q.dim() != 4:
             raise ProblemError("q.shape", tuple(q.shape), "[B, H, S/P, D] shards")
+        if v.shape[-1] != q.shape[-1]:
+            raise ProblemError("v.shape", tuple(v.shape), "v's head dim equal to q's in the "
+                               "ring (a head dim of its own runs in attention, "
+                               "attention_varlen and attention_with_kvcache)")
     except ProblemError as err:
         error = err
     if world == 1:

@@ -1,0 +1,196 @@
+"""Ulysses (DeepSpeed-Ulysses) and USP (Ulysses x ring, yunchang's unified sequence
+parallelism) on fusedattn's kernels, forward and backward.
+
+Ulysses: each of P ranks holds a contiguous shard of the sequence, `[B, H, S/P, D]`. One
+all-to-all trades it for every token of H/P heads, `[B, H/P, S, D]`; `fusedattn.attention`
+runs there on the whole sequence (so every mask, window, softcap and sink it takes is
+exact), and a second all-to-all trades the output back to the rank's sequence shard. The
+all-to-alls are differentiable (their backward is the reverse all-to-all), so the
+gradients are `attention`'s own. GQA: K/V heads split over the ranks with their query
+heads; where P does not divide the K/V heads but they divide P, each K/V head is
+replicated P / H_kv times first (its gradient is the replicas' sum).
+
+USP: a 2-D arrangement of P = U x R ranks, the Ulysses groups (U ranks) inside the ring
+groups' positions. Within a Ulysses group the all-to-all gathers the group's shards into
+the ring shard of its ring position, for H/U heads; `ring_attention` runs over the ring
+group on those; the reverse all-to-all returns each rank's own shard. `usp_shard` cuts a
+full sequence so (zigzag over the ring, as the causal ring wants, then contiguous over the
+Ulysses group). The caller gives both groups (or a 2-D DeviceMesh); nothing is chosen here.
+
+Cost per call (forward): two all-to-alls of q, k, v and O, each moving (P - 1) / P of the
+tensor; Ulysses' attention has no P2P steps. The degree is bounded by the heads: H and the
+K/V heads (after replication) divide by P.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fusedattn.distributed.ring import _check_shards, contiguous_shard, zigzag_shard
+from fusedattn.problem import ProblemError
+
+
+class _AllToAll(torch.autograd.Function):
+    """`dist.all_to_all_single` along dim 0 (equal splits), differentiable: the gradient
+    goes back by the same exchange."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _exchange(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad, ctx.group), None
+
+
+def _exchange(x: torch.Tensor, group) -> torch.Tensor:
+    """Chunk i of `x` (dim 0) to rank i; chunk j of the result from rank j. Both buffers
+    contiguous: the collective reads and writes them as flat memory (`empty_like` of a
+    permuted view would keep its strides)."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dist.all_to_all_single(out, x.contiguous(), group=group)
+    return out
+
+
+def _seq_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """`[B, H, s, D]` sequence shards -> `[B, H/P, P*s, D]`: this rank's heads, every rank's
+    tokens in rank order."""
+    b, h, s, d = x.shape
+    parts = x.reshape(b, world, h // world, s, d).transpose(0, 1)  # [P, B, H/P, s, D]
+    got = _AllToAll.apply(parts, group)                             # dim 0: the token shard
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+
+
+def _heads_to_seq(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """The inverse of `_seq_to_heads`: `[B, H/P, P*s, D]` -> `[B, H, s, D]`."""
+    b, hp, seq, d = x.shape
+    parts = x.reshape(b, hp, world, seq // world, d).permute(2, 0, 1, 3, 4)  # [P, B, H/P, s, D]
+    got = _AllToAll.apply(parts, group)                                       # dim 0: heads
+    return got.transpose(0, 1).reshape(b, world * hp, seq // world, d)
+
+
+def _group_size(group, name: str) -> int:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ProblemError(name, group, "a process group of an initialised torch.distributed "
+                           "(torch.distributed.init_process_group first)")
+    return dist.get_world_size(group)
+
+
+def _checked(q, k, v, group, world: int, is_causal, scale, precision, **options) -> int:
+    """Every rank's inputs valid and alike (`ring._check_shards`: one all_gather, so every
+    rank raises the same error instead of waiting in an all-to-all), then `_heads`."""
+    from fusedattn.api import _validate
+
+    error = None
+    try:
+        _validate(q, k, v, is_causal, scale, True, precision, **options)
+        replicas = _heads(q, k, world)
+    except ProblemError as err:
+        error = err
+    _check_shards(q, k, group, is_causal, scale, precision, world, error)
+    return replicas
+
+
+def _heads(q, k, world: int) -> int:
+    """Heads for a Ulysses degree `world`: q's divide by it; K/V heads too, or divide it
+    (then replicated). Returns the replication of each K/V head (1: none)."""
+    if q.dim() != 4:
+        raise ProblemError("q.shape", tuple(q.shape), "[B, H, S/P, D] shards")
+    heads, heads_kv = q.shape[1], k.shape[1]
+    if heads % world:
+        raise ProblemError("heads", heads, f"a multiple of the Ulysses degree {world} (each "
+                           "rank takes H / P query heads)")
+    if heads_kv % world == 0:
+        return 1
+    if world % heads_kv == 0:
+        return world // heads_kv
+    raise ProblemError("heads_kv", heads_kv, "a multiple or a divisor of the Ulysses degree "
+                       f"{world} (divisors are replicated)")
+
+
+def _scatter_heads(q, k, v, group, world: int, replicas: int):
+    """q, k, v from sequence shards to head shards (K/V heads replicated first)."""
+    if replicas > 1:
+        k, v = (t.repeat_interleave(replicas, dim=1) for t in (k, v))
+    return tuple(_seq_to_heads(t, group, world) for t in (q, k, v))
+
+
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
+                      is_causal: bool = False, scale: float | None = None,
+                      precision: str | None = None,
+                      window: tuple[int | None, int | None] | None = None,
+                      softcap: float | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention over a sequence sharded contiguously across the ranks of `group` (default:
+    the world), by Ulysses' all-to-alls (the module docstring).
+
+    `q: [B, H, S/P, D]`, `k, v: [B, H_kv, S/P, D(v)]`, the same shapes on every rank, rank
+    r holding tokens r*S/P .. (r+1)*S/P - 1 (`contiguous_shard`); H divides by P, and H_kv
+    divides by P or divides P. Returns this rank's `[B, H, S/P, Dv]`, differentiable. The
+    options are `fusedattn.attention`'s (top-left causal on the whole sequence, windows,
+    softcap, `sinks: [H]` for all heads). Bad inputs raise `ProblemError` on the rank that
+    has them; give every rank the same shapes (an all-to-all of unequal ones fails in
+    torch.distributed)."""
+    from fusedattn.api import attention
+
+    world = _group_size(group, "group")
+    if world == 1:
+        return attention(q, k, v, is_causal=is_causal, scale=scale, precision=precision,
+                         enable_gqa=k.shape[1] != q.shape[1], window=window, softcap=softcap,
+                         sinks=sinks)
+    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, window=window,
+                        softcap=softcap, sinks=sinks)
+    if sinks is not None:
+        sinks = sinks.chunk(world)[dist.get_rank(group)]  # this rank's heads
+    qh, kh, vh = _scatter_heads(q, k, v, group, world, replicas)
+    out = attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
+                    enable_gqa=kh.shape[1] != qh.shape[1], window=window, softcap=softcap,
+                    sinks=sinks)
+    return _heads_to_seq(out, group, world)
+
+
+def usp_shard(x: torch.Tensor, ulysses_rank: int, ulysses: int, ring_rank: int, ring: int,
+              dim: int = -2) -> torch.Tensor:
+    """A rank's part of the full sequence `x` for `usp_attention`: its ring position's
+    zigzag shard (`zigzag_shard` over the ring degree), cut contiguously over the Ulysses
+    group (its Ulysses rank's piece). The length along `dim` must divide by 2 * ring *
+    ulysses."""
+    if x.shape[dim] % (2 * ring * ulysses):
+        raise ProblemError("seq", x.shape[dim], f"a multiple of 2 * ring * ulysses = "
+                           f"{2 * ring * ulysses} for USP shards")
+    return contiguous_shard(zigzag_shard(x, ring_rank, ring, dim), ulysses_rank, ulysses, dim)
+
+
+def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_group=None,
+                  ring_group=None, mesh=None, is_causal: bool = False,
+                  scale: float | None = None, precision: str | None = None) -> torch.Tensor:
+    """USP: Ulysses over `ulysses_group` inside a ring over `ring_group` (the module
+    docstring), or over a 2-D `DeviceMesh` `mesh` whose dim 0 is Ulysses and dim 1 the ring.
+
+    `q: [B, H, S/P, D]`, `k, v: [B, H_kv, S/P, D]` shards cut by `usp_shard` (P = U x R);
+    H divides by U, and H_kv divides by U or divides it. Returns this rank's
+    `[B, H, S/P, D]`, differentiable. Causal masks run on the ring's zigzag shards; windows
+    and softcap are not taken (the ring has neither)."""
+    from fusedattn.distributed.ring import ring_attention
+
+    if mesh is not None:
+        if ulysses_group is not None or ring_group is not None:
+            raise ProblemError("mesh", mesh, "a mesh or the two groups, not both")
+        if getattr(mesh, "ndim", None) != 2:
+            raise ProblemError("mesh", mesh, "a 2-D DeviceMesh: dim 0 Ulysses, dim 1 the ring")
+        ulysses_group, ring_group = mesh.get_group(0), mesh.get_group(1)
+    elif ulysses_group is None or ring_group is None:
+        raise ProblemError("ulysses_group/ring_group", (ulysses_group, ring_group),
+                           "both groups (or mesh=): USP chooses no split of its own")
+    world = _group_size(ulysses_group, "ulysses_group")
+    _group_size(ring_group, "ring_group")
+    if world == 1:
+        return ring_attention(q, k, v, group=ring_group, is_causal=is_causal, scale=scale,
+                              precision=precision)
+    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision)
+    qh, kh, vh = _scatter_heads(q, k, v, ulysses_group, world, replicas)
+    out = ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
+                         precision=precision)
+    return _heads_to_seq(out, ulysses_group, world)

@@ -1,0 +1,133 @@
+"""`fusedattn.distributed.ulysses_attention` on 2 processes and `usp_attention` on 4 (2
+Ulysses x 2 ring; gloo on CPUs in emulation, NCCL with a GPU per rank where there are
+enough) against the float64 reference on the whole sequence: outputs and gradients, causal
+and not, GQA and MQA (K/V heads replicated), windows and sinks through Ulysses, and the
+refusals every rank agrees on."""
+
+import pytest
+import torch
+
+import fusedattn  # noqa: F401  (fix the mode before the workers are spawned)
+from ranks import need_gpus, spawn
+
+
+def _verdicts(name, got, want) -> list[str]:
+    from fusedattn_lab.verify import check
+
+    lines = []
+    for part, g, w in zip(("out", "dq", "dk", "dv", "dsinks"), got, want, strict=False):
+        result = check(g.detach(), w)
+        lines.append(f"{name} {part} {result.ok} {result.max_abs:.2e} "
+                     f"{'; '.join(result.reasons)}")
+    return lines
+
+
+def _full(b, h, hk, s, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, n, s, d, generator=g) for n in (h, hk, hk, h)]
+
+
+def _ulysses_body(rank: int, world: int, device, results: str) -> list[str]:
+    from fusedattn.distributed import contiguous_shard, ulysses_attention
+    from fusedattn.problem import ProblemError
+    from fusedattn.reference import attention_ref, attention_ref_grads
+
+    lines = []
+    cases = [("gqa", 4, 2, dict(is_causal=False)), ("causal", 4, 2, dict(is_causal=True)),
+             ("mqa-window-sinks", 4, 1, dict(is_causal=True, window=(5, None)))]
+    for name, h, hk, opts in cases:
+        full = _full(1, h, hk, 16, 16)
+        sinks = torch.randn(h, generator=torch.Generator().manual_seed(7)) * 2 \
+            if "sinks" in name else None
+        q, k, v, dout = (contiguous_shard(t, rank, world).contiguous().to(device)
+                         .requires_grad_() for t in full)
+        leaves = (q, k, v)
+        if sinks is not None:
+            sinks_in = sinks.to(device).requires_grad_()
+            leaves += (sinks_in,)
+        out = ulysses_attention(q, k, v, sinks=sinks_in if sinks is not None else None,
+                                **opts)
+        grads = torch.autograd.grad(out, leaves, dout.detach())
+        ref_opts = dict(causal=opts["is_causal"], window=opts.get("window"), sinks=sinks)
+        ref = attention_ref(*full[:3], **ref_opts)
+        refs = attention_ref_grads(*full[:3], full[3], **ref_opts)
+        want = [contiguous_shard(r, rank, world) for r in (ref, *refs[:3])] + list(refs[3:])
+        if sinks is not None:  # each rank has dsinks of its own heads: summed, all of them
+            got_sinks = grads[3].detach().clone()
+            torch.distributed.all_reduce(got_sinks)
+            grads = (*grads[:3], got_sinks)
+        lines += _verdicts(name, (out, *grads), want)
+    q = torch.zeros(1, 3, 8, 16, device=device)  # 3 heads: not divisible by 2
+    try:
+        ulysses_attention(q, q, q)
+        lines.append("heads not-refused")
+    except ProblemError as err:
+        lines.append(f"heads refused {err.field}")
+    return lines
+
+
+def _usp_body(rank: int, world: int, device, results: str) -> list[str]:
+    import torch.distributed as dist
+
+    from fusedattn.distributed import usp_attention, usp_shard
+    from fusedattn.reference import attention_ref, attention_ref_grads
+
+    ulysses, ring = 2, 2
+    # Ulysses groups {0, 1}, {2, 3}; ring groups {0, 2}, {1, 3} (every rank makes every group)
+    u_groups = [dist.new_group([r * ulysses + u for u in range(ulysses)]) for r in range(ring)]
+    r_groups = [dist.new_group([r * ulysses + u for r in range(ring)]) for u in range(ulysses)]
+    u_rank, r_rank = rank % ulysses, rank // ulysses
+    lines = []
+    for name, causal in (("full", False), ("causal", True)):
+        full = _full(1, 4, 2, 24, 16, seed=1)
+        q, k, v, dout = (usp_shard(t, u_rank, ulysses, r_rank, ring).contiguous().to(device)
+                         .requires_grad_() for t in full)
+        out = usp_attention(q, k, v, ulysses_group=u_groups[r_rank],
+                            ring_group=r_groups[u_rank], is_causal=causal)
+        grads = torch.autograd.grad(out, (q, k, v), dout.detach())
+        ref = attention_ref(*full[:3], causal=causal)
+        refs = attention_ref_grads(*full[:3], full[3], causal=causal)
+        want = [usp_shard(r, u_rank, ulysses, r_rank, ring) for r in (ref, *refs)]
+        lines += _verdicts(name, (out, *grads), want)
+    # the same over a 2-D DeviceMesh: dim 0 Ulysses ({0, 2}, {1, 3}), dim 1 the ring
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (ulysses, ring))
+    u_rank, r_rank = rank // ring, rank % ring
+    full = _full(1, 4, 2, 24, 16, seed=2)
+    q, k, v = (usp_shard(t, u_rank, ulysses, r_rank, ring).contiguous().to(device)
+               for t in full[:3])
+    want = usp_shard(attention_ref(*full[:3], causal=True), u_rank, ulysses, r_rank, ring)
+    lines += _verdicts("mesh", (usp_attention(q, k, v, mesh=mesh, is_causal=True),), (want,))
+    return lines
+
+
+def test_ulysses_matches_the_reference_forward_and_gradients(tmp_path):
+    need_gpus(2)
+    for rank, lines in enumerate(spawn(_ulysses_body, 2, tmp_path)):
+        assert not any(line.startswith("ERROR") for line in lines), lines
+        checks = [line.split() for line in lines if not line.startswith("heads")]
+        assert len(checks) == 4 + 4 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert "heads refused heads" in lines or "heads refused shards" in lines, lines
+
+
+def test_usp_on_two_by_two_matches_the_reference(tmp_path):
+    need_gpus(4)
+    for rank, lines in enumerate(spawn(_usp_body, 4, tmp_path)):
+        assert not any(line.startswith("ERROR") for line in lines), lines
+        checks = [line.split() for line in lines]
+        assert len(checks) == 9 and all(c[2] == "True" for c in checks), (rank, lines)
+
+
+def test_usp_shards_and_its_refusals():
+    from fusedattn.distributed import usp_attention, usp_shard, zigzag_shard
+    from fusedattn.problem import ProblemError
+
+    x = torch.arange(16.0).reshape(1, 1, 16, 1)
+    # ring position 1 of 2 holds zigzag chunks 1 and 2 of 4; its Ulysses halves split them
+    assert torch.equal(torch.cat([usp_shard(x, u, 2, 1, 2) for u in range(2)], -2),
+                       zigzag_shard(x, 1, 2))
+    with pytest.raises(ProblemError, match="seq"):
+        usp_shard(x[..., :12, :], 0, 2, 0, 2)  # 12 does not divide by 2 * 2 * 2
+    with pytest.raises(ProblemError, match="both groups"):
+        usp_attention(x, x, x, ulysses_group=None, ring_group=None)
