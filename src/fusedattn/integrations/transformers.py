@@ -39,7 +39,10 @@ shifted on the whole sequence before sharding (the model's own loss shifts withi
 which is wrong at the shard's seams): compute the loss from the logits, sum it over the
 ranks and all-reduce the parameters' gradients (`tests/test_distributed_hf.py` does a
 training step this way and matches one process on the whole sequence). Windows and softcap
-and sinks are refused there (the ring has none of them).
+and sinks are refused there (the ring has none of them). `sequence_parallel(group,
+kind="ulysses")` runs `ulysses_attention` instead, on contiguous shards
+(`contiguous_shard`), with windows, softcap and sinks; `sequence_parallel(mesh=mesh)` runs
+USP over a 2-D DeviceMesh (Ulysses x ring) on `usp_shard` shards.
 """
 
 from __future__ import annotations
@@ -62,12 +65,23 @@ NAME = "fusedattn"
 _RING: ContextVar[tuple] = ContextVar("fusedattn_sequence_parallel", default=())
 
 
+SEQUENCE_PARALLEL = ("ring", "ulysses")
+
+
 @contextmanager
-def sequence_parallel(group=None):
-    """Inside: "fusedattn" layers run ring attention over `group` (default: the world) on
-    sequence shards; see the module docstring. It holds for the thread (or asyncio task)
-    that enters it, not for others."""
-    token = _RING.set((*_RING.get(), group))
+def sequence_parallel(group=None, *, kind: str = "ring", mesh=None):
+    """Inside: "fusedattn" layers run context-parallel attention on sequence shards; see the
+    module docstring. `kind="ring"`: `ring_attention` over `group` (default: the world;
+    zigzag shards when causal); `kind="ulysses"`: `ulysses_attention` over `group`
+    (contiguous shards; windows, softcap and sinks run too); `mesh=` (a 2-D DeviceMesh,
+    Ulysses x ring): `usp_attention` (`usp_shard` shards). It holds for the thread (or
+    asyncio task) that enters it, not for others."""
+    if kind not in SEQUENCE_PARALLEL:
+        raise ProblemError("kind", kind, " or ".join(map(repr, SEQUENCE_PARALLEL)))
+    if mesh is not None and (group is not None or kind != "ring"):
+        raise ProblemError("mesh", mesh, "a mesh alone (USP: its dim 0 Ulysses, dim 1 the "
+                           "ring), not with a group or kind")
+    token = _RING.set((*_RING.get(), (group, "usp" if mesh is not None else kind, mesh)))
     try:
         yield
     finally:
@@ -119,19 +133,35 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
         return packed.attend(query, key, value, scale=scaling, softcap=kwargs.get("softcap"),
                              sinks=sinks), None
     if ring:
-        from fusedattn.distributed import ring_attention
-
-        for name in ("sliding_window", "softcap", "s_aux"):
-            if kwargs.get(name) is not None:
-                raise ProblemError(name, kwargs[name], "None under sequence_parallel (ring "
-                                   "attention has no windows, softcap or sinks)")
-        out = ring_attention(query, key, value, group=ring[-1], is_causal=causal,
-                             scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
+        return _context_parallel(query, key, value, ring[-1], causal, scaling, window,
+                                 sinks, kwargs), None
     out = attention(query, key, value, is_causal=causal, scale=scaling,
                     enable_gqa=key.shape[1] != query.shape[1], window=window,
                     softcap=kwargs.get("softcap"), sinks=sinks)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _context_parallel(query, key, value, spec, causal, scaling, window, sinks, kwargs):
+    """A layer under `sequence_parallel`: the ring, Ulysses or USP (`spec`: group, kind,
+    mesh) on this rank's shard; `[B, S/P, H, D]` back."""
+    from fusedattn.distributed import ring_attention, ulysses_attention, usp_attention
+
+    group, kind, mesh = spec
+    if kind == "ulysses":
+        out = ulysses_attention(query, key, value, group=group, is_causal=causal,
+                                scale=scaling, window=window, softcap=kwargs.get("softcap"),
+                                sinks=sinks)
+        return out.transpose(1, 2).contiguous()
+    for name in ("sliding_window", "softcap", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise ProblemError(name, kwargs[name], f"None under sequence_parallel(kind="
+                               f"{kind!r}) (the ring has no windows, softcap or sinks; "
+                               "kind='ulysses' has them)")
+    if kind == "usp":
+        out = usp_attention(query, key, value, mesh=mesh, is_causal=causal, scale=scaling)
+    else:
+        out = ring_attention(query, key, value, group=group, is_causal=causal, scale=scaling)
+    return out.transpose(1, 2).contiguous()
 
 
 def _packed_plan(position_ids, query, key, causal, window, ring) -> MaskPlan | None:
