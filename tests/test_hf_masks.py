@@ -136,7 +136,7 @@ def _left_padded(batch=3):
     return (ids * mask).to(DEVICE), mask.to(DEVICE)
 
 
-KINDS = ["llama", "mistral", "qwen2", "gemma2"]
+KINDS = ["llama", "mistral", "qwen2", "gemma2", "gpt_oss"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
