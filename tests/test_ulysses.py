@@ -1,8 +1,8 @@
-"""`fusedattn.distributed.ulysses_attention` on 2 processes and `usp_attention` on 4 (2
-Ulysses x 2 ring; gloo on CPUs in emulation, NCCL with a GPU per rank where there are
-enough) against the float64 reference on the whole sequence: outputs and gradients, causal
-and not, GQA and MQA (K/V heads replicated), windows and sinks through Ulysses, and the
-refusals every rank agrees on."""
+"""`fusedattn.distributed.ulysses_attention` (and its varlen form) on 2 processes and
+`usp_attention` on 4 (2 Ulysses x 2 ring; gloo on CPUs in emulation, NCCL with a GPU per
+rank where there are enough) against the float64 reference on the whole sequence: outputs
+and gradients, causal and not, GQA and MQA (K/V heads replicated), windows and sinks
+through Ulysses, packed documents, and the refusals every rank agrees on."""
 
 import pytest
 import torch
@@ -57,6 +57,23 @@ def _ulysses_body(rank: int, world: int, device, results: str) -> list[str]:
             torch.distributed.all_reduce(got_sinks)
             grads = (*grads[:3], got_sinks)
         lines += _verdicts(name, (out, *grads), want)
+    # packed documents (an empty one too), causal per document, rows split over the ranks
+    from fusedattn.distributed import ulysses_attention_varlen
+    from fusedattn.reference import varlen_ref, varlen_ref_grads
+
+    lengths = [5, 17, 0, 1, 9]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    g = torch.Generator().manual_seed(3)
+    full = [torch.randn(sum(lengths), n, 16, generator=g) for n in (4, 2, 2, 4)]
+    q, k, v, dout = (contiguous_shard(t, rank, world, dim=0).contiguous().to(device)
+                     .requires_grad_() for t in full)
+    out = ulysses_attention_varlen(q, k, v, cu.to(device), cu.to(device), max(lengths),
+                                   max(lengths), is_causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout.detach())
+    refs = (varlen_ref(*full[:3], cu, cu, causal=True),
+            *varlen_ref_grads(*full[:3], full[3], cu, cu, causal=True))
+    lines += _verdicts("varlen", (out, *grads),
+                       [contiguous_shard(r, rank, world, dim=0) for r in refs])
     q = torch.zeros(1, 3, 8, 16, device=device)  # 3 heads: not divisible by 2
     try:
         ulysses_attention(q, q, q)
@@ -107,7 +124,8 @@ def test_ulysses_matches_the_reference_forward_and_gradients(tmp_path):
     for rank, lines in enumerate(spawn(_ulysses_body, 2, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
         checks = [line.split() for line in lines if not line.startswith("heads")]
-        assert len(checks) == 4 + 4 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert len(checks) == 4 + 4 + 5 + 4 and all(c[2] == "True" for c in checks), \
+            (rank, lines)
         assert "heads refused heads" in lines or "heads refused shards" in lines, lines
 
 

@@ -8,7 +8,13 @@ from fusedattn.distributed.ring import (
     zigzag_shard,
     zigzag_unshard,
 )
-from fusedattn.distributed.ulysses import ulysses_attention, usp_attention, usp_shard
+from fusedattn.distributed.ulysses import (
+    ulysses_attention,
+    ulysses_attention_varlen,
+    usp_attention,
+    usp_shard,
+)
 
-__all__ = ["contiguous_shard", "ring_attention", "ulysses_attention", "usp_attention",
-           "usp_shard", "zigzag_shard", "zigzag_unshard"]
+__all__ = ["contiguous_shard", "ring_attention", "ulysses_attention",
+           "ulysses_attention_varlen", "usp_attention", "usp_shard", "zigzag_shard",
+           "zigzag_unshard"]

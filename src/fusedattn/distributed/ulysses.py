@@ -151,6 +151,45 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     return _heads_to_seq(out, group, world)
 
 
+def ulysses_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                             max_seqlen_q: int, max_seqlen_k: int, *, group=None,
+                             is_causal: bool = False, scale: float | None = None,
+                             precision: str | None = None,
+                             window: tuple[int | None, int | None] | None = None,
+                             softcap: float | None = None,
+                             sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed documents under Ulysses: `q: [total_q/P, H, D]`, `k, v: [total_k/P, H_kv, D]`,
+    rank r holding rows r*total/P .. of the packed batch (`contiguous_shard(x, r, P,
+    dim=0)`; pad the batch to a multiple of P, as a document of its own), and the whole
+    batch's `cu_seqlens_q/k` and max lengths, the same on every rank. One all-to-all gives
+    each rank every row of H/P heads, `attention_varlen` runs there (documents whole:
+    causal per document, bottom-right; every rank the same work), and the output's rows go
+    back. Returns this rank's `[total_q/P, H, Dv]`, differentiable."""
+    from fusedattn.varlen import attention_varlen
+
+    options = dict(is_causal=is_causal, scale=scale, precision=precision, window=window,
+                   softcap=softcap)
+    world = _group_size(group, "group")
+    if world == 1:
+        return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, sinks=sinks, **options)
+
+    def as_bhsd(t):  # [rows, H, D] -> [1, H, rows, D] (a view)
+        return t.permute(1, 0, 2)[None] if isinstance(t, torch.Tensor) and t.dim() == 3 \
+            else t
+
+    replicas = _checked(*map(as_bhsd, (q, k, v)), group, world, is_causal, scale, precision,
+                        window=window, softcap=softcap, sinks=sinks)
+    if sinks is not None:
+        sinks = sinks.chunk(world)[dist.get_rank(group)]
+    qh, kh, vh = (t[0].permute(1, 0, 2) for t in _scatter_heads(
+        *map(as_bhsd, (q, k, v)), group, world, replicas))
+    out = attention_varlen(qh, kh, vh, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                           max_seqlen_k, sinks=sinks, **options)
+    return _heads_to_seq(as_bhsd(out), group, world)[0].permute(1, 0, 2)
+
+
 def usp_shard(x: torch.Tensor, ulysses_rank: int, ulysses: int, ring_rank: int, ring: int,
               dim: int = -2) -> torch.Tensor:
     """A rank's part of the full sequence `x` for `usp_attention`: its ring position's
