@@ -9,6 +9,8 @@
 #   hopper      tests/test_hopper.py and tests/test_plans.py alone, no evidence folder
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
+#   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
+#               path, with SHARED_KV, cuDNN, FA4)
 #   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged)
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py tests/test_plans.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
+    rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
              varlen|window|decode|sinks|mla) providers=all ;;

@@ -2,12 +2,13 @@
 GPU tier's, `tests/test_hopper.py`; the bench rows of record are `fusedattn bench`'s):
 
 - the issue's rows, each provider verified against the first's output and timed: the
-  Hopper path, the same without ping-pong (`forward.PINGPONG`), the portable kernel, SDPA
-  cuDNN and flash, FA4 where it imports;
+  Hopper path, the same without ping-pong (`forward.PINGPONG`) and with K and V on one
+  barrier a slot (`forward.SHARED_KV`), the portable kernel, SDPA cuDNN and flash, FA4
+  where it imports (`--only` keeps some);
 - `--sweep`: the Hopper path against the portable kernel over short sequences (16k tokens a
   call), the measurement behind `dispatch.HOPPER_MIN_KEYS`.
 
-    python3 scripts/hopper_check.py [--out DIR] [--sweep | --sweep-only]
+    python3 scripts/hopper_check.py [--out DIR] [--sweep | --sweep-only] [--only A,B]
 
 Prints one line per row; writes `hopper_check.json` under --out."""
 
@@ -42,15 +43,19 @@ def providers(q, k, v, causal):
             with use_backend(backend):
                 return attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         calls[backend] = call
-    def no_pingpong():  # the A/B of the consumers' explicit turns
-        from fusedattn.hopper import forward
+    def knob(name, value):  # the Hopper path with one of `hopper.forward`'s A/B switches
+        def call():
+            from fusedattn.hopper import forward
 
-        forward.PINGPONG = False
-        try:
-            return calls["hopper"]()
-        finally:
-            forward.PINGPONG = True
-    calls["hopper-nopp"] = no_pingpong
+            before = getattr(forward, name)
+            setattr(forward, name, value)
+            try:
+                return calls["hopper"]()
+            finally:
+                setattr(forward, name, before)
+        return call
+    calls["hopper-nopp"] = knob("PINGPONG", False)         # the consumers' explicit turns
+    calls["hopper-sharedkv"] = knob("SHARED_KV", True)     # K and V on one mbarrier a slot
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):
@@ -106,10 +111,12 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--sweep", action="store_true", help="also the short-sequence sweep")
     ap.add_argument("--sweep-only", action="store_true", help="the sweep alone")
+    ap.add_argument("--only", default="", help="the rows' providers, comma-separated")
     args = ap.parse_args()
     args.sweep |= args.sweep_only
     t0 = time.time()
-    results = [] if args.sweep_only else bench(ROWS)
+    results = [] if args.sweep_only else bench(ROWS, only=tuple(filter(None,
+                                                                       args.only.split(","))))
     sweep = bench(SWEEP, only=("hopper", "portable", "cudnn")) if args.sweep else []
     with open(f"{args.out}/hopper_check.json", "w") as f:
         json.dump(dict(bench=results, sweep=sweep, gpu=torch.cuda.get_device_name(),

@@ -34,6 +34,7 @@ TILES = {
 }
 LOADER_REGS, CONSUMER_REGS = 24, 240
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
+SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 
 
 @functools.cache
@@ -99,6 +100,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
-        PINGPONG=PINGPONG, SINKS=sinks is not None, LOADER_REGS=LOADER_REGS,
+        PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
     return out

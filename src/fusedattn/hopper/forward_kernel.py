@@ -108,7 +108,7 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
             D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            VARLEN: gl.constexpr):
+            VARLEN: gl.constexpr, SHARED_KV: gl.constexpr):
     """The producer: per item, both consumers' Q tiles on one barrier once both released the
     last item's, then each key tile's K and V into ring slot n % STAGES (n counts this
     program's key tiles over all its items), each once both consumers released the slot's
@@ -138,13 +138,20 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
                 phase = ((n // STAGES) & 1) ^ 1
                 row = k_start + lo + j * BLOCK_N
                 mbarrier.wait(k_free.index(slot), phase)
-                mbarrier.expect(k_bar.index(slot), k_bytes)
+                if SHARED_KV:  # K and V of the slot on one barrier, freed together
+                    mbarrier.expect(k_bar.index(slot), k_bytes + v_bytes)
+                else:
+                    mbarrier.expect(k_bar.index(slot), k_bytes)
                 _load_rows(k_desc, k2_desc, b_row, h_kv, row, k_bar.index(slot),
                            k_smem.index(slot), k2_smem.index(slot), D_A, D_B)
-                mbarrier.wait(v_free.index(slot), phase)
-                mbarrier.expect(v_bar.index(slot), v_bytes)
-                _load_rows(v_desc, v2_desc, b_row, h_kv, row, v_bar.index(slot),
-                           v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B)
+                if SHARED_KV:
+                    _load_rows(v_desc, v2_desc, b_row, h_kv, row, k_bar.index(slot),
+                               v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B)
+                else:
+                    mbarrier.wait(v_free.index(slot), phase)
+                    mbarrier.expect(v_bar.index(slot), v_bytes)
+                    _load_rows(v_desc, v2_desc, b_row, h_kv, row, v_bar.index(slot),
+                               v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B)
                 n += 1
             items += 1
 
@@ -230,7 +237,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
               DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
               SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
-              PINGPONG: gl.constexpr, SINKS: gl.constexpr):
+              PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -298,7 +305,8 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                                           s_tok, is_async=True)
                 s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(slot), q2_tile,
                                                 k2_smem.index(slot)])[0]
-                mbarrier.arrive(k_free.index(slot), count=1)
+                if not SHARED_KV:  # else the slot is freed with its V, after P V
+                    mbarrier.arrive(k_free.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, qk_scale, cap, left,
                     right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
@@ -309,7 +317,8 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                     slot = (n + i) % STAGES
                     prev = (n + i - 1) % STAGES
                     mbarrier.wait(k_bar.index(slot), ((n + i) // STAGES) & 1)
-                    mbarrier.wait(v_bar.index(prev), ((n + i - 1) // STAGES) & 1)
+                    if not SHARED_KV:  # else V_{i-1} came with K_{i-1}
+                        mbarrier.wait(v_bar.index(prev), ((n + i - 1) // STAGES) & 1)
                     k_tile = k_smem.index(slot)
                     k2_tile = k2_smem.index(slot)
                     if PINGPONG:  # this warpgroup's turn to issue (the other's softmax runs)
@@ -327,7 +336,8 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                         mbarrier.arrive(turn_bar.index(1 - c), count=1)
                     s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_tile, k_tile, q2_tile,
                                                          k2_tile])[0]
-                    mbarrier.arrive(k_free.index(slot), count=1)
+                    if not SHARED_KV:
+                        mbarrier.arrive(k_free.index(slot), count=1)
                     p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         qk_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
@@ -342,11 +352,15 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                     else:
                         acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op,
                                                           v_smem.index(prev)])[0]
-                    mbarrier.arrive(v_free.index(prev), count=1)
+                    if SHARED_KV:
+                        mbarrier.arrive(k_free.index(prev), count=1)
+                    else:
+                        mbarrier.arrive(v_free.index(prev), count=1)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
                 last = (n + n_tiles - 1) % STAGES
-                mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
+                if not SHARED_KV:
+                    mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
                 acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
                 if DV_B > 0:
                     acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
@@ -358,7 +372,10 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                     acc2 = both[1]
                 else:
                     acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(last)])[0]
-                mbarrier.arrive(v_free.index(last), count=1)
+                if SHARED_KV:
+                    mbarrier.arrive(k_free.index(last), count=1)
+                else:
+                    mbarrier.arrive(v_free.index(last), count=1)
             n += n_tiles
             turns += gl.maximum(n_tiles - 1, 0)
             items += 1
@@ -413,8 +430,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                     SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
-                    PINGPONG: gl.constexpr, SINKS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr):
+                    PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
+                    LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of 2 * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
     right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
@@ -480,17 +497,17 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                      sl_b, sl_h, sl_s, 0, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
                      DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
-                     WRITE_LSE, PINGPONG, SINKS)),
+                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV)),
         (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
                      v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks,
                      so_b, so_h, so_s, so_d,
                      sl_b, sl_h, sl_s, 1, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
                      DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
-                     WRITE_LSE, PINGPONG, SINKS)),
+                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV)),
         (_loader, (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
                    q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
                    n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left,
                    right, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B, STAGES, HAS_LEFT,
-                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN)),
+                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
