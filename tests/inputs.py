@@ -1,10 +1,14 @@
-"""Small helpers the reliability tests share: seeded inputs on the mode's device, int32
-index tensors, and the one check against the float64 reference."""
+"""Small helpers the tests share: seeded inputs on the mode's device, int32 index
+tensors, the one check against the float64 reference, the two forward paths side by side,
+and tiny Hugging Face configs."""
 
 import torch
 
-from fusedattn.mode import DEVICE
+from fusedattn.mode import DEVICE, EMULATION
 from fusedattn_lab.verify import check
+
+ON_HOPPER = (not EMULATION and torch.cuda.is_available()
+             and torch.cuda.get_device_capability() == (9, 0))
 
 
 def rand(*shape, dtype=torch.float32, seed=0, grad=False):
@@ -17,9 +21,32 @@ def i32(values):
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
-def passes(got, ref):
-    result = check(got, ref)
-    assert result.ok, result.reasons
+def passes(got, ref, name="", peer=None):
+    """`got` within the dtype's bound of the float64 `ref` (low precision: twice `peer`'s
+    error, the same formula by torch in the same dtype, plus a floor)."""
+    peer_error = None if peer is None else float((peer.detach().double().cpu() - ref).abs()
+                                                 .max())
+    result = check(got, ref, peer_error=peer_error)
+    assert result.ok, (name, result.reasons, peer_error)
+
+
+def both_paths(call) -> list:
+    """The same call on the Hopper path, then on the portable one (`use_backend`)."""
+    from fusedattn.dispatch import use_backend
+
+    outs = []
+    for backend in ("hopper", "portable"):
+        with use_backend(backend):
+            outs.append(call())
+    return outs
+
+
+def within_portable(out, out_portable, ref) -> None:
+    """The Hopper path's error against the float64 `ref` at most twice the portable
+    kernel's on the same inputs, plus a floor; and finite."""
+    assert torch.isfinite(out).all()
+    err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_portable))
+    assert err <= 2 * err_p + 1e-3, (err, err_p)
 
 
 def gpt_oss(transformers, sizes: dict, window: int, **common):

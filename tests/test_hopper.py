@@ -11,13 +11,11 @@ import torch
 
 from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import forward_path, hopper_refusal, use_backend
-from fusedattn.mode import DEVICE, EMULATION
+from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, varlen_ref
 from fusedattn.tiles.common import Mask
-
-ON_HOPPER = (not EMULATION and torch.cuda.is_available()
-             and torch.cuda.get_device_capability() == (9, 0))
+from inputs import ON_HOPPER, both_paths, within_portable
 
 
 def _rand(*shape, dtype=torch.bfloat16, seed=0):
@@ -84,15 +82,6 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, 
     assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
 
 
-def _both(call, dtype):
-    """(hopper output, portable output): the same call on each path."""
-    outs = []
-    for backend in ("hopper", "portable"):
-        with use_backend(backend):
-            outs.append(call())
-    return outs
-
-
 CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (2, 4, 4, 1, 1, 128, False, None, None), (1, 3, 3, 127, 127, 64, True, None, None),
     (1, 2, 2, 129, 300, 128, True, None, None), (1, 2, 2, 300, 129, 128, True, None, None),
@@ -123,12 +112,10 @@ def test_hopper_forward_matches_the_reference(case, dtype):
         forward_path(q, k, v, mask=Mask(causal=causal, softcap=softcap))
     ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, softcap=softcap,
                                  return_lse=True, device=DEVICE)
-    (out, lse), (out_p, _) = _both(lambda: attention(
+    (out, lse), (out_p, _) = both_paths(lambda: attention(
         q, k, v, is_causal=causal, enable_gqa=hk != h, window=window, softcap=softcap,
-        return_lse=True), dtype)
-    assert torch.isfinite(out).all()
-    err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_p))
-    assert err <= 2 * err_p + 1e-3, (err, err_p)
+        return_lse=True))
+    within_portable(out, out_p, ref)
     seen = torch.isfinite(ref_lse)  # rows that see no key: LSE -inf on both
     assert torch.equal(torch.isfinite(lse), seen)
     assert (lse.double() - ref_lse)[seen].abs().max().item() < 1e-3
@@ -146,12 +133,8 @@ def test_hopper_varlen_with_empty_and_one_token_sequences(causal, dim):
     q = _rand(sum(lens_q), 4, dim, seed=1)
     k, v = _rand(sum(lens_k), 2, dim, seed=2), _rand(sum(lens_k), 2, dim, seed=3)
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=causal, device=DEVICE)
-    out, out_p = _both(lambda: attention_varlen(q, k, v, cu_q, cu_k, max(lens_q),
-                                                max(lens_k), is_causal=causal),
-                       torch.bfloat16)
-    assert torch.isfinite(out).all()
-    err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_p))
-    assert err <= 2 * err_p + 1e-3, (err, err_p)
+    within_portable(*both_paths(lambda: attention_varlen(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal)), ref)
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")

@@ -10,7 +10,7 @@ import torch
 
 from fusedattn import attention, attention_varlen, attention_with_kvcache
 from fusedattn.dispatch import forward_path, use_backend
-from fusedattn.mode import DEVICE, EMULATION
+from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import (
     attention_ref,
@@ -20,11 +20,8 @@ from fusedattn.reference import (
     varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
-from fusedattn_lab.verify import check
-from inputs import i32, rand
-
-ON_HOPPER = (not EMULATION and torch.cuda.is_available()
-             and torch.cuda.get_device_capability() == (9, 0))
+from inputs import ON_HOPPER, both_paths, i32, rand, within_portable
+from inputs import passes as _passes
 
 
 def _sinks(heads, seed=9, grad=False):
@@ -32,11 +29,6 @@ def _sinks(heads, seed=9, grad=False):
     g = torch.Generator().manual_seed(seed)
     t = (torch.randn(heads, generator=g) * 3).to(DEVICE)
     return t.requires_grad_() if grad else t
-
-
-def _passes(got, ref, name=""):
-    result = check(got, ref)
-    assert result.ok, (name, result.reasons)
 
 
 CASES = [  # (B, H, H_kv, Sq, Sk, D, causal, window, softcap)
@@ -200,14 +192,10 @@ def test_hopper_sinks_match_the_reference(case):
         forward_path(q, k, v, mask=Mask(causal=causal, window=window))
     ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, sinks=sinks,
                                  return_lse=True, device=DEVICE)
-    outs = []
-    for backend in ("hopper", "portable"):
-        with use_backend(backend):
-            outs.append(attention(q, k, v, is_causal=causal, enable_gqa=hk != h,
-                                  window=window, sinks=sinks, return_lse=True))
-    (out, lse), (out_p, _) = outs
-    err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_p))
-    assert err <= 2 * err_p + 1e-3, (err, err_p)
+    (out, lse), (out_p, _) = both_paths(lambda: attention(
+        q, k, v, is_causal=causal, enable_gqa=hk != h, window=window, sinks=sinks,
+        return_lse=True))
+    within_portable(out, out_p, ref)
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
 
 
@@ -221,10 +209,5 @@ def test_hopper_varlen_sinks_with_empty_sequences():
     k, v = (rand(sum(lens_k), 2, 128, dtype=torch.bfloat16, seed=s) for s in (1, 2))
     sinks = _sinks(4)
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=True, sinks=sinks, device=DEVICE)
-    outs = []
-    for backend in ("hopper", "portable"):
-        with use_backend(backend):
-            outs.append(attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                         is_causal=True, sinks=sinks))
-    err, err_p = ((o.double() - ref).abs().max().item() for o in outs)
-    assert err <= 2 * err_p + 1e-3, (err, err_p)
+    within_portable(*both_paths(lambda: attention_varlen(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=True, sinks=sinks)), ref)

@@ -9,7 +9,7 @@ import torch
 
 from fusedattn import attention, attention_varlen, attention_with_kvcache
 from fusedattn.dispatch import forward_path, hopper_refusal, use_backend
-from fusedattn.mode import DEVICE, EMULATION
+from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import (
     attention_ref,
@@ -18,19 +18,8 @@ from fusedattn.reference import (
     varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
-from fusedattn_lab.verify import check
-from inputs import i32, rand
-
-ON_HOPPER = (not EMULATION and torch.cuda.is_available()
-             and torch.cuda.get_device_capability() == (9, 0))
-
-
-def _passes(got, ref, name="", peer=None):
-    """Within the dtype's bound (fp16: twice `peer`'s error, SDPA's in the same dtype)."""
-    peer_error = None if peer is None else float((peer.detach().double().cpu() - ref).abs().max())
-    result = check(got, ref, peer_error=peer_error)
-    assert result.ok, (name, result.reasons, peer_error)
-
+from inputs import ON_HOPPER, both_paths, i32, rand, within_portable
+from inputs import passes as _passes
 
 CASES = [  # (B, H, H_kv, Sq, Sk, D_qk, D_v, causal, dtype)
     (1, 4, 2, 33, 45, 24, 40, True, torch.float32),    # V wider, both padded, GQA
@@ -142,14 +131,9 @@ def test_hopper_takes_mlas_head_dims(case):
         forward_path(q, k, v, mask=Mask(causal=causal, window=window))
     ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, return_lse=True,
                                  device=DEVICE)
-    outs = []
-    for backend in ("hopper", "portable"):
-        with use_backend(backend):
-            outs.append(attention(q, k, v, is_causal=causal, enable_gqa=hk != h,
-                                  window=window, return_lse=True))
-    (out, lse), (out_p, _) = outs
-    err, err_p = ((o.double() - ref).abs().max().item() for o in (out, out_p))
-    assert err <= 2 * err_p + 1e-3, (err, err_p)
+    (out, lse), (out_p, _) = both_paths(lambda: attention(
+        q, k, v, is_causal=causal, enable_gqa=hk != h, window=window, return_lse=True))
+    within_portable(out, out_p, ref)
     seen = torch.isfinite(ref_lse)
     assert (lse.double() - ref_lse)[seen].abs().max().item() < 1e-3
 
@@ -164,10 +148,5 @@ def test_hopper_varlen_takes_mlas_head_dims():
     k = rand(sum(lens_k), 2, 192, dtype=torch.bfloat16, seed=1)
     v = rand(sum(lens_k), 2, 128, dtype=torch.bfloat16, seed=2)
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=True, device=DEVICE)
-    outs = []
-    for backend in ("hopper", "portable"):
-        with use_backend(backend):
-            outs.append(attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                         is_causal=True))
-    err, err_p = ((o.double() - ref).abs().max().item() for o in outs)
-    assert err <= 2 * err_p + 1e-3, (err, err_p)
+    within_portable(*both_paths(lambda: attention_varlen(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=True)), ref)
