@@ -16,6 +16,8 @@
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
 #   coldstart   fusedattn bench --suite coldstart
+#   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
+#               after warmup (nothing compiles; where its time goes)
 #   hostprof    scripts/host_profile.py --sweep: host time a call by layer, SDPA's, the
 #               layers one by one, and the kernels a sweep of lengths compiles
 # Usage (the device tool, from the repo root):
@@ -64,6 +66,7 @@ while [ $# -gt 0 ]; do
          echo "ncu $name: rc=$?" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
+    firstcall) python3 scripts/first_call_profile.py --out $ev/first-call 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
   [ -n "${OUT:-}" ] && tar czf "$OUT/ev.tgz" -C /tmp ev

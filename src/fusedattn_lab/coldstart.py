@@ -144,7 +144,15 @@ def measure(problem: dict, primer: bool) -> dict:
     listens = hasattr(compilation, "listener")  # Triton 3.4 and later
     if listens:
         compilation.listener = _compile_listener(compiles)
-    out, first = _timed(call(q, k, v))
+    profile_to = os.environ.get("FUSEDATTN_FIRST_CALL_PROFILE")  # `first_call_profile`
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        out, first = profiler.runcall(_timed, call(q, k, v))
+        profiler.dump_stats(profile_to)
+    else:
+        out, first = _timed(call(q, k, v))
     first_compiles = list(compiles)
     _, second_shape_s = _timed(call(q2, k2, v2))
     if listens:
@@ -166,11 +174,13 @@ def measure(problem: dict, primer: bool) -> dict:
         "compiles": compile_profile(first_compiles)}
 
 
-def run_fresh(problem, mode: str = MODES[0]) -> dict:
-    """One problem in a fresh process, started as `mode` says (`MODES`)."""
+def run_fresh(problem, mode: str = MODES[0], profile: str | None = None) -> dict:
+    """One problem in a fresh process, started as `mode` says (`MODES`); `profile`: a path
+    where that process writes cProfile's stats of its first call."""
     label = f"{problem.label()} ({mode})"
     with tempfile.TemporaryDirectory(prefix="fusedattn-coldstart-") as cache:
-        env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONUNBUFFERED="1",
+                   **({"FUSEDATTN_FIRST_CALL_PROFILE": profile} if profile else {}))
         warm_s = None
         if mode == "after warmup":
             start = time.perf_counter()
