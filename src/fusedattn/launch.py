@@ -201,6 +201,36 @@ def inputs_key(inputs) -> tuple:
             tuple(first.setdefault(id(t), i) for i, t in enumerate(inputs) if t is not None))
 
 
+def prime_triton() -> None:
+    """Start, on a thread of its own, the work Triton does once per process before its first
+    launch can find a cached kernel: `triton_key()`, its hash of Triton's own sources and of
+    libtriton (0.35 of the 0.52-0.57 s a first call took after `fusedattn.warmup`, nothing
+    compiling: evidence/nvidia-h200/20261201T1725Z-first-call), and the Gluon imports the
+    dispatch reads (0.09-0.11 s). hashlib releases the GIL, so it runs while the caller
+    makes its tensors or loads its model. On the GPU only, once per process; errors are
+    left for the call that needs the same work to raise."""
+    global _PRIMED
+    if EMULATION or _PRIMED:
+        return
+    _PRIMED = True
+
+    def work():
+        try:
+            from triton.runtime.cache import triton_key
+
+            triton_key()  # functools.lru_cache'd: the launch finds it done
+            from fusedattn.dispatch import _gluon_hopper
+
+            _gluon_hopper()
+        except Exception:  # noqa: BLE001  (the main thread meets it again, and raises)
+            pass
+
+    threading.Thread(target=work, name="fusedattn-prime-triton").start()
+
+
+_PRIMED = False
+
+
 class Plans:
     """A bounded, thread-safe map of plan keys to what a call decided (its replays and
     whatever else the caller keeps), least recently used first out."""
