@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedattn.launch import Plans, prime_triton, tensor_key
+from fusedattn.launch import Plans, tensor_key
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -63,8 +63,6 @@ from fusedattn.problem import (
     check_window,
     clamp_window,
 )
-
-prime_triton()  # Triton's once-a-process key, hashed while the caller gets ready
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_RANK = 8  # leading batch dims past B: [..., H, S, D] up to 8 dims in all

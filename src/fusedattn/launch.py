@@ -125,7 +125,6 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
     """`kernel[grid](*args, **kwargs)` (grid a tuple): (what it returned, the compiled
     kernel on the GPU; its `Replay` over `inputs`, the call's tensors, which its tensor
     args must be among, or None)."""
-    await_priming()
     with kernel_launches():
         compiled = kernel[grid](*args, **kwargs)
     try:
@@ -200,51 +199,6 @@ def inputs_key(inputs) -> tuple:
     first: dict[int, int] = {}
     return (*map(tensor_key, inputs),
             tuple(first.setdefault(id(t), i) for i, t in enumerate(inputs) if t is not None))
-
-
-def prime_triton() -> None:
-    """Start, on a thread of its own, the work Triton does once per process before its first
-    launch can find a cached kernel: `triton_key()`, its hash of Triton's own sources and of
-    libtriton (0.35 of the 0.52-0.57 s a first call took after `fusedattn.warmup`, nothing
-    compiling: evidence/nvidia-h200/20261201T1725Z-first-call), and the Gluon imports the
-    dispatch reads (0.09-0.11 s). hashlib releases the GIL, so it runs while the caller
-    makes its tensors or loads its model; the first launch waits for it (`await_priming`)
-    rather than hash again beside it (the cache does not stop two threads computing it at
-    once: measured, that cost 0.05-0.1 s more, 20261201T1728Z-first-call). On the GPU
-    only, once per process; errors are left for the call that needs the same work to
-    raise."""
-    global _PRIMED, _PRIMING
-    if EMULATION or _PRIMED:
-        return
-    _PRIMED = True
-
-    def work():
-        try:
-            from triton.runtime.cache import triton_key
-
-            triton_key()  # functools.lru_cache'd: the launch finds it done
-            from fusedattn.dispatch import _gluon_hopper
-
-            _gluon_hopper()
-        except Exception:  # noqa: BLE001  (the main thread meets it again, and raises)
-            pass
-
-    _PRIMING = threading.Thread(target=work, name="fusedattn-prime-triton")
-    _PRIMING.start()
-
-
-def await_priming() -> None:
-    """Before a launch that may look a kernel up in Triton's cache: let `prime_triton`'s
-    thread finish (at once after the first)."""
-    global _PRIMING
-    thread = _PRIMING
-    if thread is not None:
-        thread.join()
-        _PRIMING = None
-
-
-_PRIMED = False
-_PRIMING: threading.Thread | None = None
 
 
 class Plans:
