@@ -1,6 +1,6 @@
 """`fusedattn.distributed.ring_attention` in 2 and 3 processes (gloo on CPUs in emulation;
 NCCL, one GPU per rank, on a machine with enough GPUs) against the float64 reference,
-forward and gradients, causal (zigzag shards) and not, with GQA."""
+forward and gradients, causal (zigzag shards) and not, with GQA, and with sinks."""
 
 import pytest
 import torch
@@ -37,6 +37,22 @@ def _ring_body(rank: int, world: int, device, results: str) -> list[str]:
             result = check(got.detach(), want)
             lines.append(f"{causal} {name} {result.ok} {result.max_abs:.3e} "
                          f"{'; '.join(result.reasons)}")
+    # attention sinks, causal: added after the ring's merge; d sinks summed over the ranks
+    sinks = torch.randn(h, generator=torch.Generator().manual_seed(4)) * 2
+    q, k, v, dout = (zigzag_shard(t, rank, world).contiguous().to(device) for t in full)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    sinks_in = sinks.to(device).requires_grad_()
+    out = ring_attention(q, k, v, is_causal=True, sinks=sinks_in)
+    grads = list(torch.autograd.grad(out, (q, k, v, sinks_in), dout))
+    torch.distributed.all_reduce(grads[3])
+    ref = zigzag_shard(attention_ref(*full[:3], causal=True, sinks=sinks), rank, world)
+    refs = attention_ref_grads(*full[:3], full[3], causal=True, sinks=sinks)
+    refs = [zigzag_shard(r, rank, world) for r in refs[:3]] + [refs[3]]
+    for name, got, want in zip(("out", "dq", "dk", "dv", "dsinks"), (out, *grads),
+                               (ref, *refs), strict=True):
+        result = check(got.detach(), want)
+        lines.append(f"sinks {name} {result.ok} {result.max_abs:.3e} "
+                     f"{'; '.join(result.reasons)}")
     # bad input: shards of unequal length across ranks, refused on every rank
     q, k, v = (t[..., : 4 + 2 * rank, :].contiguous().to(device) for t in full[:3])
     try:
@@ -69,7 +85,7 @@ def test_ring_matches_the_reference_forward_and_gradients(world, tmp_path):
         assert not any(line.startswith("ERROR") for line in lines), lines
         checks = [line.split() for line in lines
                   if not line.startswith(("unequal", "odd", "dv"))]
-        assert len(checks) == 8 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert len(checks) == 8 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
         assert "unequal refused shards" in lines and "odd refused seq" in lines, lines
         assert ("dv refused v.shape" if rank == 0 else "dv refused shards") in lines, lines
 

@@ -116,6 +116,12 @@ def _usp_body(rank: int, world: int, device, results: str) -> list[str]:
                for t in full[:3])
     want = usp_shard(attention_ref(*full[:3], causal=True), u_rank, ulysses, r_rank, ring)
     lines += _verdicts("mesh", (usp_attention(q, k, v, mesh=mesh, is_causal=True),), (want,))
+    # sinks through USP (each ring takes its Ulysses heads' sinks)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(6)) * 2
+    want = usp_shard(attention_ref(*full[:3], causal=True, sinks=sinks), u_rank, ulysses,
+                     r_rank, ring)
+    got = usp_attention(q, k, v, mesh=mesh, is_causal=True, sinks=sinks.to(device))
+    lines += _verdicts("mesh-sinks", (got,), (want,))
     return lines
 
 
@@ -134,7 +140,7 @@ def test_usp_on_two_by_two_matches_the_reference(tmp_path):
     for rank, lines in enumerate(spawn(_usp_body, 4, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
         checks = [line.split() for line in lines]
-        assert len(checks) == 9 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert len(checks) == 10 and all(c[2] == "True" for c in checks), (rank, lines)
 
 
 def test_usp_shards_and_its_refusals():

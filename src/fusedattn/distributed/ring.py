@@ -30,7 +30,7 @@ import struct
 import torch
 import torch.distributed as dist
 
-from fusedattn.api import kernel_options
+from fusedattn.api import as_sinks, kernel_options
 from fusedattn.precision import resolve
 from fusedattn.problem import ProblemError
 
@@ -148,7 +148,7 @@ def _merge(out, lse, part_out, part_lse, qs):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal: bool, scale: float, precision: str):
+    def forward(ctx, q, k, v, sinks, group, causal: bool, scale: float, precision: str):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         seq = q.shape[-2]
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -166,14 +166,18 @@ class _RingAttention(torch.autograd.Function):
             if step < world - 1:
                 _wait(reqs)
                 k_cur, v_cur = k_next, v_next
+        if sinks is not None:  # one more term of every row's sum, carrying no value
+            with_sink = torch.logaddexp(lse, sinks[None, :, None])
+            out *= torch.exp(lse - with_sink)[..., None]
+            lse = with_sink
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, sinks, out, lse)
         ctx.options = (group, causal, scale, precision)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, sinks, out, lse = ctx.saved_tensors
         group, causal, scale, precision = ctx.options
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         seq = q.shape[-2]
@@ -202,13 +206,18 @@ class _RingAttention(torch.autograd.Function):
                 k_cur, v_cur = k_next, v_next
             _wait(d_reqs)
             dk_cur, dv_cur = dk_next, dv_next
-        return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype),
+        dsinks = None
+        if sinks is not None:  # this rank's rows' part (`flash_bwd.flash_backward`'s formula)
+            delta = (dout.float() * out.float()).sum(-1)
+            dsinks = -(torch.exp(sinks[None, :, None] - lse) * delta).sum((0, 2))
+        return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), dsinks,
                 None, None, None, None)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
                    is_causal: bool = False, scale: float | None = None,
-                   precision: str | None = None) -> torch.Tensor:
+                   precision: str | None = None,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over a sequence sharded across the ranks of `group` (default: the world).
 
     `q: [B, H, S/P, D]`, `k, v: [B, H_kv, S/P, D]` (GQA when H_kv divides H), the same
@@ -218,7 +227,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     The shapes, dtype, scale, precision and is_causal are compared across the ranks (one
     small all_gather per call): disagreeing ranks, or a rank whose own inputs are refused,
     give every rank a ProblemError, not a hang or a wrong result. Without an initialised
-    process group: a ProblemError.
+    process group: a ProblemError. `sinks: [H]` as in `attention` (added to each row's
+    merged sum after the ring; their gradient is this rank's rows' part, summed over the
+    ranks as any replicated parameter's is).
     """
     from fusedattn.api import _validate
 
@@ -228,7 +239,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     world = dist.get_world_size(group)
     error = None
     try:  # a rank that refuses its inputs tells the others before it raises
-        _validate(q, k, v, is_causal, scale, True, precision)
+        _validate(q, k, v, is_causal, scale, True, precision, sinks=sinks)
         if q.dim() != 4:
             raise ProblemError("q.shape", tuple(q.shape), "[B, H, S/P, D] shards")
         if v.shape[-1] != q.shape[-1]:
@@ -243,8 +254,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
         from fusedattn.api import attention
 
         return attention(q, k, v, is_causal=is_causal, scale=scale, precision=precision,
-                         enable_gqa=k.shape[-3] != q.shape[-3])
+                         enable_gqa=k.shape[-3] != q.shape[-3], sinks=sinks)
     _check_shards(q, k, group, is_causal, scale, precision, world, error)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _RingAttention.apply(q, k, v, group, is_causal, scale,
+    return _RingAttention.apply(q, k, v, as_sinks(sinks), group, is_causal, scale,
                                 resolve(q.dtype, precision).op)

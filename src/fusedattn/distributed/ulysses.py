@@ -204,14 +204,16 @@ def usp_shard(x: torch.Tensor, ulysses_rank: int, ulysses: int, ring_rank: int, 
 
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_group=None,
                   ring_group=None, mesh=None, is_causal: bool = False,
-                  scale: float | None = None, precision: str | None = None) -> torch.Tensor:
+                  scale: float | None = None, precision: str | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
     """USP: Ulysses over `ulysses_group` inside a ring over `ring_group` (the module
     docstring), or over a 2-D `DeviceMesh` `mesh` whose dim 0 is Ulysses and dim 1 the ring.
 
     `q: [B, H, S/P, D]`, `k, v: [B, H_kv, S/P, D]` shards cut by `usp_shard` (P = U x R);
     H divides by U, and H_kv divides by U or divides it. Returns this rank's
     `[B, H, S/P, D]`, differentiable. Causal masks run on the ring's zigzag shards; windows
-    and softcap are not taken (the ring has neither)."""
+    and softcap are not taken (the ring has neither); `sinks: [H]` are (each rank's ring
+    takes its heads' sinks)."""
     from fusedattn.distributed.ring import ring_attention
 
     if mesh is not None:
@@ -227,9 +229,12 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
     _group_size(ring_group, "ring_group")
     if world == 1:
         return ring_attention(q, k, v, group=ring_group, is_causal=is_causal, scale=scale,
-                              precision=precision)
-    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision)
+                              precision=precision, sinks=sinks)
+    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision,
+                        sinks=sinks)
+    if sinks is not None:
+        sinks = sinks.chunk(world)[dist.get_rank(ulysses_group)]
     qh, kh, vh = _scatter_heads(q, k, v, ulysses_group, world, replicas)
     out = ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
-                         precision=precision)
+                         precision=precision, sinks=sinks)
     return _heads_to_seq(out, ulysses_group, world)

@@ -39,7 +39,7 @@ shifted on the whole sequence before sharding (the model's own loss shifts withi
 which is wrong at the shard's seams): compute the loss from the logits, sum it over the
 ranks and all-reduce the parameters' gradients (`tests/test_distributed_hf.py` does a
 training step this way and matches one process on the whole sequence). Windows and softcap
-and sinks are refused there (the ring has none of them). `sequence_parallel(group,
+are refused there (the ring has neither); sinks run. `sequence_parallel(group,
 kind="ulysses")` runs `ulysses_attention` instead, on contiguous shards
 (`contiguous_shard`), with windows, softcap and sinks; `sequence_parallel(mesh=mesh)` runs
 USP over a 2-D DeviceMesh (Ulysses x ring) on `usp_shard` shards.
@@ -152,15 +152,17 @@ def _context_parallel(query, key, value, spec, causal, scaling, window, sinks, k
                                 scale=scaling, window=window, softcap=kwargs.get("softcap"),
                                 sinks=sinks)
         return out.transpose(1, 2).contiguous()
-    for name in ("sliding_window", "softcap", "s_aux"):
+    for name in ("sliding_window", "softcap"):
         if kwargs.get(name) is not None:
             raise ProblemError(name, kwargs[name], f"None under sequence_parallel(kind="
-                               f"{kind!r}) (the ring has no windows, softcap or sinks; "
+                               f"{kind!r}) (the ring has no windows or softcap; "
                                "kind='ulysses' has them)")
     if kind == "usp":
-        out = usp_attention(query, key, value, mesh=mesh, is_causal=causal, scale=scaling)
+        out = usp_attention(query, key, value, mesh=mesh, is_causal=causal, scale=scaling,
+                            sinks=sinks)
     else:
-        out = ring_attention(query, key, value, group=group, is_causal=causal, scale=scaling)
+        out = ring_attention(query, key, value, group=group, is_causal=causal, scale=scaling,
+                             sinks=sinks)
     return out.transpose(1, 2).contiguous()
 
 
