@@ -55,6 +55,21 @@ def test_forward_and_gradients_with_their_own_v_head_dim(case):
         _passes(g, r, name, p)
 
 
+def test_its_own_v_head_dim_traces_inside_torch_compile():
+    # the ops' fake implementations give O (and dV) V's head dim
+    q, k = (rand(1, 2, 12, 24, seed=s, grad=True) for s in range(2))
+    v = rand(1, 2, 12, 40, seed=2, grad=True)
+
+    def step(q, k, v):
+        return attention(q, k, v, is_causal=True).sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")  # fails on a break
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = attention_ref_grads(q, k, v, torch.ones(1, 2, 12, 40), causal=True)
+    for name, g, r in zip(("dq", "dk", "dv"), got, want, strict=True):
+        _passes(g, r, name)
+
+
 def test_varlen_with_its_own_v_head_dim():
     lens_q, lens_k = [0, 5, 17, 1], [3, 5, 20, 0]
     cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in (lens_q, lens_k))

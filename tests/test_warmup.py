@@ -29,7 +29,17 @@ def test_warmup_makes_its_calls_and_returns_what_it_did(monkeypatch):
     assert done["compiled"] >= 0 and done["seconds"] > 0
 
 
+def test_warmup_takes_head_dim_pairs_and_sinks(monkeypatch):
+    from fusedattn import configs
+
+    monkeypatch.setattr(configs, "SMS", 4)
+    done = fusedattn.warmup(head_dims=((24, 16),), heads=(2,), dtypes=("fp32",),
+                            causal=(True,), sinks=True, varlen=True, max_len=16)
+    assert done["calls"] == 3 * 2 + 3
+
+
 @pytest.mark.parametrize("bad", [dict(head_dims=(0,)), dict(head_dims=()),
+                                 dict(head_dims=((24, 300),)), dict(sinks=1),
                                  dict(heads_kv=(3,)), dict(dtypes=("int8",)),
                                  dict(causal=(1,)), dict(max_len=8), dict(training="yes")])
 def test_warmup_refuses_a_bad_spec(bad):
@@ -56,3 +66,9 @@ def test_after_warmup_a_new_length_or_batch_compiles_nothing():
     finally:
         restore()
     assert compiled == [], compiled
+
+
+def test_the_cli_reads_head_dim_pairs():
+    from fusedattn_lab.cli.warmup import _dims
+
+    assert _dims("128") == (128,) and _dims("64,192/128") == (64, (192, 128))

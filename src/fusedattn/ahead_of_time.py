@@ -59,14 +59,18 @@ def _check(name: str, values, allowed) -> tuple:
 
 def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
            training: bool = False, varlen: bool = False, window=None, softcap=None,
-           max_len: int = 4096) -> dict:
+           sinks: bool = False, max_len: int = 4096) -> dict:
     """Compile what these calls need (see the module docstring); returns
-    {"calls": n, "compiled": n, "seconds": s}. Needs the GPU (in emulation nothing is
+    {"calls": n, "compiled": n, "seconds": s}. A head dim is an int, or a pair (Q/K's,
+    V's) for a V head dim of its own; `sinks=True` warms the calls with attention sinks
+    (their kernels are variants of their own). Needs the GPU (in emulation nothing is
     compiled, and the calls are made all the same, slowly: for tests)."""
     from fusedattn import attention, attention_varlen
 
     def dim_ok(d):
-        """head dims 1..256"""
+        """head dims 1..256, or (Q/K's, V's) pairs of them"""
+        if isinstance(d, tuple | list):
+            return len(d) == 2 and all(is_int(x) and 1 <= x <= 256 for x in d)
         return is_int(d) and 1 <= d <= 256
 
     def count_ok(h):
@@ -88,8 +92,9 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
         raise ProblemError("heads_kv", heads_kv, "one per entry of heads, each dividing it")
     dtypes = _check("dtypes", dtypes, dtype_ok)
     causal = _check("causal", causal, bool_ok)
-    if not isinstance(training, bool) or not isinstance(varlen, bool):
-        raise ProblemError("training/varlen", (training, varlen), "True or False each")
+    if not all(isinstance(x, bool) for x in (training, varlen, sinks)):
+        raise ProblemError("training/varlen/sinks", (training, varlen, sinks),
+                           "True or False each")
     if not is_int(max_len) or not MIN_LEN <= max_len <= MAX_LEN:
         raise ProblemError("max_len", max_len, f"an int in {MIN_LEN}..{MAX_LEN}")
 
@@ -100,28 +105,31 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
     start, calls = time.perf_counter(), 0
     try:
         for dtype in dtypes:
-            for dim in head_dims:
+            for dims in head_dims:
+                dim, dim_v = dims if isinstance(dims, tuple | list) else (dims, dims)
                 for h, hkv in zip(heads, heads_kv, strict=True):
+                    sink = torch.zeros(h, device=DEVICE) if sinks else None
                     for is_causal in causal:
                         for seq in _lengths(max_len):
                             for batch in _batches(h, seq):
-                                q, k, v = (torch.randn(batch, n, seq, dim, device=DEVICE)
+                                q, k, v = (torch.randn(batch, n, seq, d, device=DEVICE)
                                            .to(DTYPES[dtype]).requires_grad_(training)
-                                           for n in (h, hkv, hkv))
+                                           for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
                                 out = attention(q, k, v, is_causal=is_causal,
                                                 enable_gqa=h != hkv, window=window,
-                                                softcap=softcap)
+                                                softcap=softcap, sinks=sink)
                                 if training:
                                     out.backward(torch.ones_like(out))
                                 calls += 1
                             if varlen:
-                                q, k, v = (torch.randn(2 * seq, n, dim, device=DEVICE)
-                                           .to(DTYPES[dtype]) for n in (h, hkv, hkv))
+                                q, k, v = (torch.randn(2 * seq, n, d, device=DEVICE)
+                                           .to(DTYPES[dtype])
+                                           for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
                                 cu = torch.tensor([0, seq, 2 * seq], dtype=torch.int32,
                                                   device=DEVICE)
                                 attention_varlen(q, k, v, cu, cu, seq, seq,
                                                  is_causal=is_causal, window=window,
-                                                 softcap=softcap)
+                                                 softcap=softcap, sinks=sink)
                                 calls += 1
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
