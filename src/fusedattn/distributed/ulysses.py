@@ -130,9 +130,9 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     r holding tokens r*S/P .. (r+1)*S/P - 1 (`contiguous_shard`); H divides by P, and H_kv
     divides by P or divides P. Returns this rank's `[B, H, S/P, Dv]`, differentiable. The
     options are `fusedattn.attention`'s (top-left causal on the whole sequence, windows,
-    softcap, `sinks: [H]` for all heads). Bad inputs raise `ProblemError` on the rank that
-    has them; give every rank the same shapes (an all-to-all of unequal ones fails in
-    torch.distributed)."""
+    softcap, `sinks: [H]` for all heads). A rank's bad inputs, or shapes that differ across
+    the ranks, raise `ProblemError` on every rank (one all_gather compares them first, as
+    `ring_attention` does)."""
     from fusedattn.api import attention
 
     world = _group_size(group, "group")
