@@ -207,9 +207,10 @@ class _RingAttention(torch.autograd.Function):
             _wait(d_reqs)
             dk_cur, dv_cur = dk_next, dv_next
         dsinks = None
-        if sinks is not None:  # this rank's rows' part (`flash_bwd.flash_backward`'s formula)
-            delta = (dout.float() * out.float()).sum(-1)
-            dsinks = -(torch.exp(sinks[None, :, None] - lse) * delta).sum((0, 2))
+        if sinks is not None:  # this rank's rows' part
+            from fusedattn.tiles.flash_bwd import sink_gradient
+
+            dsinks = sink_gradient(sinks, lse, (dout.float() * out.float()).sum(-1))
         return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), dsinks,
                 None, None, None, None)
 

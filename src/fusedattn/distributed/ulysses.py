@@ -110,11 +110,14 @@ def _heads(q, k, world: int) -> int:
                        f"{world} (divisors are replicated)")
 
 
-def _scatter_heads(q, k, v, group, world: int, replicas: int):
-    """q, k, v from sequence shards to head shards (K/V heads replicated first)."""
+def _scatter_heads(q, k, v, sinks, group, world: int, replicas: int):
+    """q, k, v from sequence shards to head shards (K/V heads replicated first), and the
+    sinks of this rank's heads (None stays None)."""
     if replicas > 1:
         k, v = (t.repeat_interleave(replicas, dim=1) for t in (k, v))
-    return tuple(_seq_to_heads(t, group, world) for t in (q, k, v))
+    if sinks is not None:
+        sinks = sinks.chunk(world)[dist.get_rank(group)]
+    return (*(_seq_to_heads(t, group, world) for t in (q, k, v)), sinks)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
@@ -142,9 +145,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
                          sinks=sinks)
     replicas = _checked(q, k, v, group, world, is_causal, scale, precision, window=window,
                         softcap=softcap, sinks=sinks)
-    if sinks is not None:
-        sinks = sinks.chunk(world)[dist.get_rank(group)]  # this rank's heads
-    qh, kh, vh = _scatter_heads(q, k, v, group, world, replicas)
+    qh, kh, vh, sinks = _scatter_heads(q, k, v, sinks, group, world, replicas)
     out = attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
                     enable_gqa=kh.shape[1] != qh.shape[1], window=window, softcap=softcap,
                     sinks=sinks)
@@ -179,12 +180,11 @@ def ulysses_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return t.permute(1, 0, 2)[None] if isinstance(t, torch.Tensor) and t.dim() == 3 \
             else t
 
-    replicas = _checked(*map(as_bhsd, (q, k, v)), group, world, is_causal, scale, precision,
-                        window=window, softcap=softcap, sinks=sinks)
-    if sinks is not None:
-        sinks = sinks.chunk(world)[dist.get_rank(group)]
-    qh, kh, vh = (t[0].permute(1, 0, 2) for t in _scatter_heads(
-        *map(as_bhsd, (q, k, v)), group, world, replicas))
+    q, k, v = map(as_bhsd, (q, k, v))
+    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, window=window,
+                        softcap=softcap, sinks=sinks)
+    *heads, sinks = _scatter_heads(q, k, v, sinks, group, world, replicas)
+    qh, kh, vh = (t[0].permute(1, 0, 2) for t in heads)
     out = attention_varlen(qh, kh, vh, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                            max_seqlen_k, sinks=sinks, **options)
     return _heads_to_seq(as_bhsd(out), group, world)[0].permute(1, 0, 2)
@@ -232,9 +232,7 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
                               precision=precision, sinks=sinks)
     replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision,
                         sinks=sinks)
-    if sinks is not None:
-        sinks = sinks.chunk(world)[dist.get_rank(ulysses_group)]
-    qh, kh, vh = _scatter_heads(q, k, v, ulysses_group, world, replicas)
+    qh, kh, vh, sinks = _scatter_heads(q, k, v, sinks, ulysses_group, world, replicas)
     out = ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
                          precision=precision, sinks=sinks)
     return _heads_to_seq(out, ulysses_group, world)

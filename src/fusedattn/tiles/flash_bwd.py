@@ -204,10 +204,16 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         plan(inputs)
     if sinks is None:
         return dq, dk, dv
-    # exp(sink - LSE): the sink's share of each row (LSE >= sink: -inf only in a row of no
-    # key with a sink of -inf, whose share is 0)
+    return dq, dk, dv, sink_gradient(sinks, lse, delta)
+
+
+def sink_gradient(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """d sink_h = -sum_i exp(sink_h - LSE_i) delta_i over the head's rows: `lse`, `delta`
+    `[B, H, S]` fp32 (the sink-inclusive LSE; delta = rowsum(dO * O) - dLSE), `sinks` `[H]`.
+    exp(sink - LSE) is the sink's share of a row (LSE >= sink: -inf only in a row of no key
+    with a sink of -inf, whose share is 0)."""
     share = torch.exp(sinks[None, :, None] - lse.masked_fill(lse == float("-inf"), math.inf))
-    return dq, dk, dv, -(share * delta).sum((0, 2))
+    return -(share * delta).sum((0, 2))
 
 
 _PLANS = Plans()  # the backward's plans (`launch.Plans`), as the forward's in `dispatch`
