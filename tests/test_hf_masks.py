@@ -260,6 +260,11 @@ def test_refusals_name_what_is_supported():
                     peer(ids, attention_mask=custom).logits
         assert sum("falls back" in str(w.message) for w in said) == 1
         assert float((got - want).abs().max()) < (1e-4 if EMULATION else 0.1)
+        # sinks (gpt-oss's s_aux) have no fallback: SDPA would drop them
+        q = torch.zeros(1, 4, SEQ, 16, device=DEVICE)
+        with pytest.raises(ProblemError, match="no fallback"):
+            hf.fusedattn_attention_forward(ours.model.layers[0].self_attn, q, q, q,
+                                           custom[:1], s_aux=torch.zeros(4, device=DEVICE))
     finally:
         hf.allow_mask_fallback(False)
     layer = type("Layer", (), {"training": True, "is_causal": True})()

@@ -88,10 +88,11 @@ def sequence_parallel(group=None, *, kind: str = "ring", mesh=None):
         _RING.reset(token)
 
 
-SUPPORTED = ("None (causal or full attention), a causal or sliding-window causal mask with "
-             "padding (left or right, in training, prefill and decode), chunked prefill, a "
-             "static cache, or packed documents; for another mask call fusedattn.integrations"
-             ".transformers.allow_mask_fallback(True) or use attn_implementation='sdpa'")
+RUNNABLE = ("None (causal or full attention), a causal or sliding-window causal mask with "
+            "padding (left or right, in training, prefill and decode), chunked prefill, a "
+            "static cache, or packed documents")
+SUPPORTED = (RUNNABLE + "; for another mask call fusedattn.integrations.transformers"
+             ".allow_mask_fallback(True) or use attn_implementation='sdpa'")
 _FALLBACK = {"allowed": False, "said": False}
 
 
@@ -190,8 +191,8 @@ def _other_mask(query, key, value, mask, scaling, ring, sinks) -> torch.Tensor:
     """A mask fusedattn does not run: the plain formula if allowed, else the error."""
     what = f"a {tuple(mask.shape)} mask of {mask.dtype}"
     if sinks is not None:  # the fallback (SDPA) has no sinks: it would drop them
-        raise ProblemError("attention_mask", what, SUPPORTED.split("; for another")[0]
-                           + " (with attention sinks, s_aux, there is no fallback)")
+        raise ProblemError("attention_mask", what,
+                           RUNNABLE + " (with attention sinks, s_aux, there is no fallback)")
     if ring:
         raise ProblemError("attention_mask", what, "None under sequence_parallel (the ring "
                            "runs causal or full attention)")
