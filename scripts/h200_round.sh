@@ -7,6 +7,9 @@
 #               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh)
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
 #   hopper      tests/test_hopper.py and tests/test_plans.py alone, no evidence folder
+#   hopperbwd   tests/test_hopper_backward.py alone (-x), no evidence folder
+#   bwd         scripts/hopper_bwd_check.py: the backward's rows, providers $ONLY (default
+#               all: the Hopper backward, its racing variant, portable, cuDNN, FA4)
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
@@ -43,6 +46,8 @@ while [ $# -gt 0 ]; do
          python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
     tier) python3 scripts/gpu_tier.py --out $ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py tests/test_plans.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    hopperbwd) python3 -m pytest -q -x -p no:cacheprovider -o addopts= tests/test_hopper_backward.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    bwd) python3 scripts/hopper_bwd_check.py --out $ev --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;

@@ -103,15 +103,17 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
 def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                sinks: torch.Tensor | None, is_causal: bool, scale: float, precision: str,
-               window_left: int, window_right: int, softcap: float
+               window_left: int, window_right: int, softcap: float, backend: str = "auto"
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward's kernels: (dQ, dK, dV, dsinks), dsinks empty without sinks (an op
-    returns tensors only). The backward op's body."""
+    returns tensors only). The backward op's body; `backend` is the `use_backend` choice
+    the forward ran under."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
     return sink_grads(flash_backward(
         dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale, precision=precision,
-        mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks), lse)
+        mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
+        backend=backend), lse)
 
 
 def sink_grads(grads: tuple, like: torch.Tensor) -> tuple:
@@ -133,7 +135,7 @@ def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, so
 
 @_flash_bwd_op.register_fake
 def _(dout, q, k, v, out, lse, dlse, sinks, is_causal, scale, precision, window_left,
-      window_right, softcap):
+      window_right, softcap, backend="auto"):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             lse.new_empty(0 if sinks is None else sinks.shape[0]))
 
@@ -146,6 +148,10 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, sinks, out, lse)
     ctx.options = options
+    from fusedattn.dispatch import current_backend
+
+    # the path's choice now: autograd may run the backward on a thread of its own
+    ctx.backend = current_backend()
 
 
 def _backward(ctx, dout, dlse):
@@ -153,7 +159,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
     dq, dk, dv, dsinks = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)(
-        dout, q, k, v, out, lse, dlse, sinks, *ctx.options)
+        dout, q, k, v, out, lse, dlse, sinks, *ctx.options, ctx.backend)
     return dq, dk, dv, dsinks if sinks is not None else None, *(None for _ in ctx.options)
 
 

@@ -127,6 +127,52 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     return "portable", refusal
 
 
+def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str | None:
+    """None when the Hopper backward (`hopper.backward`) can serve this call's gradients,
+    else the reason it cannot."""
+    from fusedattn.hopper.backward import TILES
+
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"{q.dtype} (the Hopper backward takes float16/bfloat16)"
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in TILES:
+        return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper backward "
+                f"takes {', '.join(f'{d}/{d}' for d in TILES)})")
+    if varlen is not None:
+        return "packed sequences (varlen: the portable backward)"
+    if configs is not None:
+        return "explicit portable configs"
+    if not all(_tma_ready(t) for t in (q, k, v)):
+        return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
+    if EMULATION or q.device.type != "cuda":
+        return "not on a CUDA GPU (emulation runs the portable kernels)"
+    if not _is_sm90(q.device.index if q.device.index is not None else 0):
+        return "not an sm90 (Hopper) GPU"
+    return _gluon_hopper()
+
+
+def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, str]:
+    """("hopper" | "portable", why) for a backward, as `forward_path` for the forward,
+    except that a backward the Hopper kernel cannot serve goes portable even under
+    `use_backend("hopper")` (which forces the forwards). `backend`: the `use_backend` choice the forward ran under (autograd may run the
+    backward on a thread of its own, where the context is not set); default the current."""
+    chosen = backend or _BACKEND.get()
+    if chosen == "portable":
+        return "portable", "forced by use_backend('portable')"
+    refusal = hopper_backward_refusal(q, k, v, **kw)
+    if refusal is None:
+        if chosen == "hopper":
+            return "hopper", "forced by use_backend('hopper')"
+        return "hopper", "fp16/bf16 on sm90 at a covered head dim"
+    # forced, a forward the Hopper forward serves may still need the portable backward
+    # (D96, D192, varlen): that backward is the portable one, and says why
+    return "portable", refusal
+
+
+def current_backend() -> str:
+    """The `use_backend` choice in force here ("auto" outside any)."""
+    return _BACKEND.get()
+
+
 # The forward's plans: per call key, the launches it made (`launch.Replay`), replayed on the
 # next call with the same key instead of deciding them again (issue 31: a call's Python
 # and Triton's binder cost 6-8x SDPA's host time). The key holds everything the path, the

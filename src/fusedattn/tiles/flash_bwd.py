@@ -49,10 +49,13 @@ from fusedattn.tiles.flash_bwd_kernels import _bwd_preprocess, _flash_bwd_dkdv, 
 
 
 def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: str, configs,
-              mask: Mask, varlen: Varlen | None, scale: float) -> list[tuple]:
-    """The backward's three launches as (kernel, grid, args, keyword args): the
-    preprocess (delta), the dK/dV pass, the dQ pass. `flash_backward` runs them;
-    `precompile_backward` compiles them ahead (Triton's `warmup`) from stand-ins."""
+              mask: Mask, varlen: Varlen | None, scale: float,
+              hopper: tuple | None = None) -> list[tuple]:
+    """The backward's launches as (kernel, grid, args, keyword args): the preprocess
+    (delta), then the dK/dV pass and the dQ pass, or with `hopper` (dQ's fp32 accumulator
+    and the counters, `hopper.backward`) the Hopper kernel that does both. `flash_backward`
+    runs them; `precompile_backward` compiles them ahead (Triton's `warmup`) from
+    stand-ins."""
     rows_b, heads, rows_q, dim = q.shape  # rows_q: all query rows (packed: total_q)
     heads_kv, dim_v = k.shape[1], v.shape[3]
     if varlen is not None:
@@ -69,6 +72,11 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
                  (out, dout, dlse if dlse is not None else delta, delta, *out.stride(),
                   *dout.stride(), heads, rows_q, dim_v),
                  dict(BLOCK_M=pre_m, BLOCK_D=block_dv, HAS_DLSE=dlse is not None))]
+    if hopper is not None:
+        from fusedattn.hopper.backward import hopper_backward_launch
+
+        return [*launches, hopper_backward_launch(dout, q, k, v, lse, delta, *hopper, dk, dv,
+                                                  scale=scale, mask=mask)]
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
         dim=max(dim, dim_v), itemsize=q.element_size(), precision=dot_precision,
         causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
@@ -161,7 +169,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, *,
                    is_causal: bool, scale: float, precision: str, configs=None,
                    mask: Mask | None = None, varlen: Varlen | None = None,
-                   sinks: torch.Tensor | None = None):
+                   sinks: torch.Tensor | None = None, backend: str | None = None):
     """Gradients of `attention` on validated `[B, H, S, D]` tensors (any strides).
 
     `lse: [B, H, Sq] float32` is the forward's natural-log LSE; `dlse` its gradient or None.
@@ -175,7 +183,15 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     them, so P = exp(s - LSE) and every formula above hold as they are, and the sinks'
     own gradient is d sink_h = -sum_i exp(sink_h - LSE_i) delta_i over the head's rows
     (delta with dLSE subtracted, as the kernels take it). Returns `(dq, dk, dv, dsinks)`
-    then, dsinks `[H]` float32."""
+    then, dsinks `[H]` float32.
+
+    `backend`: the `dispatch.use_backend` choice the forward ran under (default the
+    current one); `dispatch.backward_path` picks the path: the Hopper kernel
+    (`hopper.backward`: one launch after the preprocess, dQ summed in fp32 and cast here)
+    or the portable kernels above."""
+    from fusedattn import dispatch
+    from fusedattn.hopper import backward as hopper_knobs
+
     mask = mask or Mask(causal=is_causal)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, dout = emulation_operands(q, k, v, dout)
@@ -183,25 +199,39 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
+    path, _ = dispatch.backward_path(q, k, v, backend=backend, mask=mask, varlen=varlen,
+                                     configs=configs)
+    hopper = None
+    if path == "hopper":
+        if not dispatch._tma_ready(dout):
+            dout = dout.contiguous()
+        batch, heads, seq_q, dim = q.shape
+        hopper = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
+                  torch.zeros(hopper_knobs.counters(batch, heads, seq_q, dim),
+                              dtype=torch.int32, device=q.device))
     _wait_for_precompiles()
     inputs = (dout, q, k, v, out, lse, dlse, delta, dq, dk, dv,
-              *((varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)))
+              *((varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)),
+              *(hopper or (None, None)))
     key = plan = None
     if configs is None:  # a plan: what `_launches` decides, from this key alone
-        key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs),
+        key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs), path,
+               hopper_knobs.DETERMINISTIC,
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
     if plan is None:
         recording = Recording(inputs)
         for kernel, grid, args, kwargs in _launches(
                 dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
-                configs=configs, mask=mask, varlen=varlen, scale=scale):
+                configs=configs, mask=mask, varlen=varlen, scale=scale, hopper=hopper):
             recording.launch(kernel, grid, *args, **kwargs)
         plan = recording.plan()
         if key is not None and plan is not None:
             _PLANS.put(key, plan)
     else:
         plan(inputs)
+    if hopper is not None:
+        dq.copy_(hopper[0])  # the fp32 sums (scaled in the kernel) in the inputs' dtype
     if sinks is None:
         return dq, dk, dv
     return dq, dk, dv, sink_gradient(sinks, lse, delta)

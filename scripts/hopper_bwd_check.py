@@ -1,0 +1,142 @@
+"""The Hopper backward's design measurements on the GPU, in one call (its correctness is the
+GPU tier's, `tests/test_hopper_backward.py`; the bench rows of record are `fusedattn bench
+--suite train-bf16`'s): issue 33's rows, the backward alone (one forward, its graph kept,
+then `autograd.grad` timed), each provider's gradients checked against the first's:
+
+    hopper        the Hopper backward, deterministic (the default)
+    hopper-race   the same with the dQ adds racing (`hopper.backward.DETERMINISTIC`)
+    portable      the portable kernels (two passes)
+    cudnn, fa4    SDPA's cuDNN backend; FlashAttention-4 where it imports
+
+    python3 scripts/hopper_bwd_check.py [--out DIR] [--only A,B] [--rows all|quick]
+
+TFLOP/s by FlashAttention's convention (2.5x the forward's FLOPs, halved under causal).
+Prints one line per row; writes `hopper_bwd_check.json` under --out."""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import triton
+
+from fusedattn import attention
+from fusedattn.dispatch import use_backend
+from fusedattn.hopper import backward as knobs
+from fusedattn_lab.timing import time_gpu
+
+ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
+        (1, 32, 32, 16384, 128, True), (2, 32, 32, 8192, 64, True),
+        (1, 32, 8, 8192, 128, True), (4, 32, 32, 4096, 64, False)]
+
+
+def _ours(backend, deterministic=True):
+    def make(q, k, v, dout, causal):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        with use_backend(backend):
+            out = attention(*leaves, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+        def call():
+            before, knobs.DETERMINISTIC = knobs.DETERMINISTIC, deterministic
+            try:
+                return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            finally:
+                knobs.DETERMINISTIC = before
+        return call
+    return make
+
+
+def _cudnn(q, k, v, dout, causal):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if q.shape[1] != k.shape[1]:  # cuDNN's SDPA takes GQA as repeated heads here
+        return None
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+
+def _fa4(q, k, v, dout, causal):
+    from flash_attn.cute import flash_attn_func
+
+    leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_func(*leaves, causal=causal)
+    out = out[0] if isinstance(out, tuple) else out
+    d = dout.transpose(1, 2).contiguous()
+
+    def call():
+        return [g.transpose(1, 2) for g in torch.autograd.grad(out, leaves, d,
+                                                                retain_graph=True)]
+    return call
+
+
+PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", False),
+             "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
+
+
+def bench(rows, only=()):
+    results = []
+    for b, h, hk, s, d, causal in rows:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(b, h, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hk, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
+                for _ in range(2))
+        dout = torch.randn(b, h, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
+        flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+        ref = None
+        line = {}
+        for name, make in PROVIDERS.items():
+            if only and name not in only:
+                continue
+            try:
+                call = make(q, k, v, dout, causal)
+                if call is None:
+                    continue
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                grads = call()
+                torch.cuda.synchronize()
+                extra = (torch.cuda.max_memory_allocated() - base) / 2**20
+            except Exception as e:  # a peer that refuses the row
+                line[name] = f"refused: {type(e).__name__}: {str(e)[:120]}"
+                continue
+            if ref is None:
+                ref = [x.float() for x in grads]
+            err = max((x.float() - r).abs().max().item() for x, r in zip(grads, ref))
+            ms = time_gpu(call, warmup=5, repeat=30)
+            err2 = max((x.float() - r).abs().max().item() for x, r in zip(call(), ref))
+            line[name] = dict(ms=ms.median_ms, spread=[ms.min_ms, ms.max_ms],
+                              tflops=flops / ms.median_ms / 1e9, err=max(err, err2),
+                              peak_mib=extra)
+            del call, grads
+        results.append(dict(row=[b, h, hk, s, d, causal], **line))
+        cells = " ".join(f"{n}={v['tflops']:.0f}" if isinstance(v, dict) else f"{n}=-"
+                         for n, v in line.items())
+        print(f"B{b} H{h}/{hk} S{s} D{d} causal={causal}: {cells}", flush=True)
+        for n, v in line.items():
+            if not isinstance(v, dict):
+                print(f"  {n}: {v}")
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--only", default="", help="providers, comma-separated")
+    ap.add_argument("--rows", default="all", choices=("all", "quick"))
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = ROWS if args.rows == "all" else ROWS[:2]
+    results = bench(rows, only=tuple(filter(None, args.only.split(","))))
+    with open(f"{args.out}/hopper_bwd_check.json", "w") as f:
+        json.dump(dict(bench=results, gpu=torch.cuda.get_device_name(),
+                       torch=torch.__version__, triton=triton.__version__,
+                       seconds=time.time() - t0), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Launch the Hopper backward (`backward_kernel.py`) on validated `[B, H, S, D]` tensors.
+
+`tiles.flash_bwd.flash_backward` runs it where `dispatch.backward_path` says so, after the
+portable preprocess (delta = rowsum(dO * O) - dLSE): one launch for dK, dV and dQ, dQ
+summed in an fp32 accumulator that `flash_backward` then casts into dQ. Tiles per head dim
+(`TILES`): BLOCK_M query rows a step, BLOCK_N keys a program, STAGES slots of Q and dO.
+Shared memory: STAGES * 2 * BLOCK_M * D * 2 bytes of Q and dO, 2 * BLOCK_N * D * 2 of K and
+V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS (D128: 160 KB)."""
+
+from __future__ import annotations
+
+import triton
+
+from fusedattn.hopper.forward import _descriptor
+
+# head dim (q, k and v alike) -> (BLOCK_M, BLOCK_N, STAGES)
+TILES = {
+    64: (64, 128, 2),
+    128: (64, 128, 2),
+}
+LOADER_REGS = 24
+# the dQ adds in key-tile order (`backward_kernel`): the same bits every run. False races
+# them (fp32 atomics in any order), for A/Bs
+DETERMINISTIC = True
+
+
+def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
+    """How many int32 counters (zeros) the deterministic adds take: one per (batch, head,
+    query tile)."""
+    return batch * heads * triton.cdiv(seq_q, TILES[dim][0])
+
+
+def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, scale, mask):
+    """The Gluon kernel's launch as (kernel, grid, args, keyword args), for
+    `flash_backward` to run (and record): `dq_acc` the fp32 zeros `[B, H, Sq, D]`
+    (contiguous) it adds dQ into, scaled; `sem` `counters(...)` int32 zeros. dO, like q, k
+    and v, must be TMA-ready (`dispatch._tma_ready`)."""
+    from fusedattn.hopper.backward_kernel import _flash_bwd_sm90
+
+    batch, heads, seq_q, dim = q.shape
+    heads_kv, seq_k = k.shape[1], k.shape[2]
+    block_m, block_n, stages = TILES[dim]
+    qk_scale, cap, left, right = mask.kernel_args(scale)
+    descs = [_descriptor(t, rows, dim) for t, rows in
+             ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
+              (dv, block_n))]
+    tiles_n = triton.cdiv(seq_k, block_n)
+    tiles_m = triton.cdiv(seq_q, block_m)
+    grid = (tiles_n * batch * heads_kv,)
+    args = (*descs, lse, delta, dq_acc, sem, lse.stride(0), lse.stride(1), tiles_n, tiles_m,
+            heads_kv, heads // heads_kv, seq_q, seq_k, scale, qk_scale, cap, left, right)
+    kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+                  HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
+                  SOFTCAP=cap > 0, DETERMINISTIC=DETERMINISTIC, LOADER_REGS=LOADER_REGS,
+                  num_warps=8)
+    return _flash_bwd_sm90, grid, args, kwargs

@@ -1,0 +1,282 @@
+"""The Hopper backward kernel (`backward.py` launches it): dK, dV and dQ in one pass.
+
+One program (CTA) per key tile of BLOCK_N keys of one (batch, K/V head); two partitions of
+warps share its shared memory:
+
+    loader (1 warp, few registers)   the tile's K and V once, then each query tile's Q and
+                                     dO by TMA into a ring of STAGES slots (one ready and
+                                     one free mbarrier per slot), every query head of the
+                                     GQA group in turn
+    compute (8 warps: 2 warpgroups)  per query tile of BLOCK_M rows:
+        S  = Q K^T, dP = dO V^T       async wgmmas, S and dP split by keys over the two
+                                     warpgroups (each its 64 keys)
+        P  = exp2(S * scale - LSE)    the forward's LSE (base 2), masked on the mask's edges
+        dV += P^T dO                  P through shared memory (wgmma's A operand, transposed)
+        dS = P (dP - delta)           times the softcap's derivative where there is one
+        dK += dS^T Q                  dS through shared memory
+        dQ_i += dS K                  each warpgroup half of dQ's columns, added to an fp32
+                                     accumulator in global memory (atomics)
+    and at the end dK (scaled) and dV go out through K's and V's shared tiles by TMA.
+
+So P and dP are computed once (5 GEMMs a step, the FLOP convention's count), where the
+portable backward's two passes compute them twice (7).
+
+Determinism (DETERMINISTIC): the adds into a query tile's dQ accumulator are made in the
+order of the key tiles (CUTLASS's semaphore): a counter per (batch, head, query tile); the
+program of key tile n waits until the counter shows that the n - first key tiles before it
+(`first`, the lowest key tile that reaches the query tile) have added, adds, and counts
+itself (a release after a barrier of the 8 warps). The same inputs give the same bits on
+every run. Without it the adds race (fp32 sums in any order: bits may differ by run).
+
+Programs are ordered key tile first within each (batch, head): under a causal mask the
+longest (key tile 0 sees every query tile) starts first, and a key tile's program never
+waits on a later one's (no deadlock whatever the residency)."""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fusedattn.hopper.forward_kernel import _load_rows, _softcap
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left, right, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+              BOTTOM_RIGHT: gl.constexpr):
+    """This program's (key tile n, batch, kv head, first key, diagonal offset, query rows
+    m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M)."""
+    pid = gl.program_id(0)
+    n = pid % n_tiles_n
+    bh = pid // n_tiles_n
+    b = bh // n_heads_kv
+    h_kv = bh % n_heads_kv
+    k0 = n * BLOCK_N
+    diag = 0
+    if BOTTOM_RIGHT:
+        diag = seq_k - seq_q
+    # query i sees key j when j <= i + diag + right and j >= i + diag - left
+    m_lo = 0
+    m_hi = seq_q
+    if HAS_RIGHT:
+        m_lo = gl.maximum(k0 - diag - right, 0) // BLOCK_M * BLOCK_M
+    if HAS_LEFT:
+        m_hi = gl.minimum(k0 + BLOCK_N + left - diag, seq_q)
+    m_hi = gl.maximum(m_hi, m_lo)
+    return n, b, h_kv, k0, diag, m_lo, m_hi
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
+            free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr):
+    """The producer: K and V once, then Q and dO of each step into slot step % STAGES, once
+    the compute partition released the slot's last use."""
+    n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
+                                                 right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                                 BOTTOM_RIGHT)
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _load_rows(k_desc, k_desc, b, h_kv, k0, kv_bar, k_smem, k_smem, D, 0)
+    _load_rows(v_desc, v_desc, b, h_kv, k0, kv_bar, v_smem, v_smem, D, 0)
+    step_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+    step = 0
+    for hh in range(group):
+        h = h_kv * group + hh
+        for m0 in range(m_lo, m_hi, BLOCK_M):
+            slot = step % STAGES
+            # a fresh barrier counts as having completed the phase before its first
+            mbarrier.wait(free.index(slot), ((step // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), step_bytes)
+            _load_rows(q_desc, q_desc, b, h, m0, ready.index(slot), q_smem.index(slot),
+                       q_smem.index(slot), D, 0)
+            _load_rows(do_desc, do_desc, b, h, m0, ready.index(slot), do_smem.index(slot),
+                       do_smem.index(slot), D, 0)
+            step += 1
+
+
+@gluon.jit
+def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, free, dk_desc,
+             dv_desc, p_lse, p_delta, p_dq, p_sem, sl_b, sl_h, n_tiles_n, n_tiles_m,
+             n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DETERMINISTIC: gl.constexpr):
+    """The 8 warps' steps (the module docstring), then dK and dV's stores."""
+    # S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+    # dK, dV: [BLOCK_N keys, D], each warpgroup BLOCK_N / 2 keys
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
+    # a step's dQ: [BLOCK_M, D], each warpgroup D / 2 columns
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_q: gl.constexpr = gl.SliceLayout(1, dq_layout)
+    col_q: gl.constexpr = gl.SliceLayout(0, dq_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
+                                                 right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                                 BOTTOM_RIGHT)
+    n_heads = n_heads_kv * group
+    cols = k0 + gl.arange(0, BLOCK_N, layout=col_s)
+    dq_cols = gl.arange(0, D, layout=col_q)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    zero_dq = gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout)
+    dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
+    k_t = k_smem.permute((1, 0))
+    mbarrier.wait(kv_bar, 0)
+    step = 0
+    for hh in range(group):
+        h = h_kv * group + hh
+        bh = b.to(gl.int64) * n_heads + h
+        lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
+        dq_base = bh * seq_q * D
+        for m0 in range(m_lo, m_hi, BLOCK_M):
+            slot = step % STAGES
+            rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
+            # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
+            lse = gl.load(p_lse + lse_base + rows, mask=rows < seq_q, other=float("inf"))
+            lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+            delta = gl.load(p_delta + lse_base + rows, mask=rows < seq_q, other=0.0)
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            q_t = q_smem.index(slot)
+            do_t = do_smem.index(slot)
+            s_tok = warpgroup_mma(q_t, k_t, zero_s, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
+            s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
+            if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
+                s = _softcap(s * qk_scale) * cap
+            else:
+                s = s * qk_scale
+            p = gl.exp2(s - gl.expand_dims(lse, 1))
+            pos = m0 + diag  # the tile's first query's position among the keys
+            edge = k0 + BLOCK_N > seq_k
+            if HAS_RIGHT:
+                edge = edge | (k0 + BLOCK_N - 1 > pos + right)
+            if HAS_LEFT:
+                edge = edge | (k0 < pos + BLOCK_M - 1 - left)
+            if edge:
+                qpos = gl.expand_dims(rows + diag, 1)
+                valid = gl.expand_dims(cols < seq_k, 0)
+                if HAS_RIGHT:
+                    valid = valid & (gl.expand_dims(cols, 0) <= qpos + right)
+                if HAS_LEFT:
+                    valid = valid & (gl.expand_dims(cols, 0) >= qpos - left)
+                p = gl.where(valid, p, 0.0)
+            p_smem.store(p.to(dtype))
+            fence_async_shared()
+            dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
+            dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
+            ds = p * (dp - gl.expand_dims(delta, 1))
+            if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
+                t = s / cap
+                ds = ds * (1.0 - t * t)
+            ds_smem.store(ds.to(dtype))
+            fence_async_shared()
+            dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
+            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+            done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
+                                               do_t, k_smem])
+            dv = done[0]
+            dk = done[1]
+            dq = done[2] * scale
+            dq_rows = m0 + gl.arange(0, BLOCK_M, layout=row_q)
+            offs = gl.expand_dims(dq_rows * D, 1) + gl.expand_dims(dq_cols, 0)
+            if DETERMINISTIC:  # wait for the key tiles before this one (module docstring)
+                first = 0
+                if HAS_LEFT:
+                    first = gl.maximum(pos - left, 0) // BLOCK_N
+                counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
+                seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+                while seen != n - first:
+                    seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            gl.atomic_add(p_dq + dq_base + offs, dq, mask=gl.expand_dims(dq_rows < seq_q, 1),
+                          sem="relaxed", scope="gpu")
+            # every warp is past its products' reads of the slot, P and dS (and its adds)
+            gl.thread_barrier()
+            if DETERMINISTIC:
+                gl.atomic_add(counter, 1, sem="release", scope="gpu")
+            mbarrier.arrive(free.index(slot), count=1)
+            step += 1
+
+    # dK and dV out through K's and V's tiles (every warp is done reading them)
+    gl.thread_barrier()
+    k_smem.store((dk * scale).to(dtype))
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(
+        dk_desc, [b, h_kv, k0, 0],
+        k_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dk_desc.layout))
+    tma.async_copy_shared_to_global(
+        dv_desc, [b, h_kv, k0, 0],
+        v_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dv_desc.layout))
+    tma.store_wait(0)
+
+
+# sizes that change with the call, unspecialised (the forward's `UNSPECIALISED`: a new
+# length, batch or head count compiles nothing)
+UNSPECIALISED = ("sl_b", "sl_h", "n_tiles_n", "n_tiles_m", "n_heads_kv", "group", "seq_q",
+                 "seq_k", "left", "right")
+
+
+@gluon.jit(do_not_specialize=UNSPECIALISED)
+def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_delta, p_dq,
+                    p_sem, sl_b, sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k,
+                    scale, qk_scale, cap, left, right, D: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                    BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+                    DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
+    `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
+    `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
+    `[B, H, Sq, D]` (contiguous, zeros, scaled in here); `p_sem` int32 zeros
+    `[B, H, n_tiles_m]` (DETERMINISTIC). The mask as the forward's (`left`/`right` >= 0
+    bound the keys; qk_scale and cap from `common.Mask.kernel_args`); `scale` is the
+    softmax scale dK and dQ take."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
+    do_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
+    k_smem = gl.allocate_shared_memory(
+        dtype, [BLOCK_N, D], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype))
+    v_smem = gl.allocate_shared_memory(
+        dtype, [BLOCK_N, D], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype))
+    p_smem = gl.allocate_shared_memory(
+        dtype, [BLOCK_M, BLOCK_N],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+    ds_smem = gl.allocate_shared_memory(
+        dtype, [BLOCK_M, BLOCK_N],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(free.index(s), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, free,
+                    dk_desc, dv_desc, p_lse, p_delta, p_dq, p_sem, sl_b, sl_h, n_tiles_n,
+                    n_tiles_m, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
+                    right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                    SOFTCAP, DETERMINISTIC)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
+                   ready, free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
+                   BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)),
+    ], [1], [LOADER_REGS])

@@ -1,0 +1,180 @@
+"""The Hopper backward (`fusedattn.hopper.backward`) and its dispatch (`backward_path`).
+
+The dispatch runs everywhere (CI too). The Gluon kernel has no interpreter, so its cases are
+`gpu_only` (the GPU tier on the H200): gradients on awkward shapes against the float64
+reference's autograd, each bounded by twice the portable backward's error on the same inputs
+plus a floor, with the Hopper kernel's launch seen (a silent fallback fails them); the same
+bits on every run; the racing (non-deterministic) variant within the same bound."""
+
+import pytest
+import torch
+
+from fusedattn import attention
+from fusedattn.dispatch import backward_path, hopper_backward_refusal, use_backend
+from fusedattn.hopper import backward as hopper_knobs
+from fusedattn.mode import DEVICE
+from fusedattn.reference import attention_ref_grads
+from fusedattn.tiles.common import Mask
+from inputs import ON_HOPPER, rand
+
+KERNEL = "_flash_bwd_sm90"
+
+
+class Launches:
+    """The names of the kernels launched inside (Triton's launch hook, which plans'
+    replays call too)."""
+
+    def __enter__(self):
+        from triton import knobs
+
+        self.names = []
+        self._hook = lambda meta: self.names.append(meta.get()["name"])
+        knobs.runtime.launch_enter_hook.add(self._hook)  # a HookChain (Triton 3.6)
+        return self
+
+    def __exit__(self, *exc):
+        from triton import knobs
+
+        knobs.runtime.launch_enter_hook.remove(self._hook)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(dtype=torch.float32), "float32"),
+    (dict(dim=96), "head dims 96"),
+    (dict(dim_v=64), "and 64 (v)"),
+    (dict(varlen=True), "packed sequences"),
+    (dict(strided=True), "TMA-aligned"),
+])
+def test_the_hopper_backward_says_why_it_refuses(change, reason):
+    dim = change.get("dim", 128)
+    q = rand(1, 2, 16, dim, dtype=change.get("dtype", torch.bfloat16))
+    if change.get("strided"):
+        q = rand(1, 2, 16, 2 * dim, dtype=torch.bfloat16)[..., ::2]
+    v = rand(1, 2, 16, change["dim_v"], dtype=q.dtype) if "dim_v" in change else q
+    why = hopper_backward_refusal(q, q, v, mask=Mask(),
+                                  varlen=object() if change.get("varlen") else None)
+    assert why is not None and reason in why
+
+
+def test_a_refused_backward_goes_portable_even_when_hopper_is_forced():
+    q = rand(1, 2, 16, 96, dtype=torch.bfloat16)
+    with use_backend("hopper"):
+        path, why = backward_path(q, q, q, mask=Mask())
+    assert path == "portable" and "head dims 96" in why
+    assert backward_path(q, q, q, backend="portable", mask=Mask())[0] == "portable"
+
+
+@pytest.mark.emulation_only("the CPU's answer: the portable backward, and why")
+def test_emulation_runs_the_portable_backward():
+    q = rand(1, 2, 16, 128, dtype=torch.bfloat16)
+    path, why = backward_path(q, q, q, mask=Mask(causal=True))
+    assert path == "portable" and "not on a CUDA GPU" in why
+
+
+def _grads(q, k, v, dout, backend, **kw):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with use_backend(backend):
+        out = attention(*leaves, enable_gqa=k.shape[1] != q.shape[1], **kw)
+    return torch.autograd.grad(out, leaves, dout)
+
+
+def _within_portable(q, k, v, dout, ref_kw=None, **kw):
+    """The Hopper backward's dQ, dK, dV (its kernel seen) each within twice the portable
+    backward's error on the same inputs plus a floor, against float64 autograd; returns
+    the Hopper gradients."""
+    with Launches() as seen:
+        got = _grads(q, k, v, dout, "hopper", **kw)
+        torch.cuda.synchronize()
+    assert KERNEL in seen.names, seen.names
+    portable = _grads(q, k, v, dout, "portable", **kw)
+    ref = attention_ref_grads(q, k, v, dout, device=DEVICE, **(ref_kw or {}))
+    for name, g, p, r in zip(("dq", "dk", "dv"), got, portable, ref, strict=True):
+        assert g.shape == r.shape and torch.isfinite(g).all(), name
+        err, err_p = ((x.double() - r).abs().max().item() for x in (g, p))
+        assert err <= 2 * err_p + 1e-3, (name, err, err_p)
+    return got
+
+
+CASES = [
+    # (B, H, H_kv, Sq, Sk, D, options): each comment says what it exercises
+    (1, 1, 1, 1, 1, 64, {}),                          # 1x1: one ragged tile, one key
+    (1, 2, 2, 33, 31, 128, {}),                       # ragged query and key tiles
+    (2, 3, 3, 33, 31, 64, dict(is_causal=True)),      # causal, rows past Sk see every key
+    (1, 2, 2, 100, 300, 128, dict(is_causal=True)),   # Sq < Sk: keys no query sees: 0
+    (1, 2, 1, 300, 100, 64, dict(is_causal=True)),    # Sq > Sk, MQA
+    (1, 48, 8, 257, 257, 128, dict(is_causal=True)),  # GQA 48/8: dK, dV summed in-program
+    (1, 2, 2, 4095, 4095, 128, dict(is_causal=True)),
+    (1, 2, 1, 4097, 4097, 64, {}),
+    (1, 2, 2, 700, 700, 128, dict(window=(0, 0))),    # a window of 0: the diagonal alone
+    (1, 2, 2, 700, 700, 64, dict(window=(800, 800))),  # a window past S: everything
+    (1, 2, 2, 700, 650, 128, dict(window=(100, 30))),  # both sides, many edge tiles
+    (1, 4, 2, 500, 500, 128, dict(is_causal=True, softcap=30.0)),
+    (1, 2, 2, 500, 500, 64, dict(softcap=5.0)),       # softcap where tanh bends
+]
+
+
+def _ref_kw(options: dict) -> dict:
+    return dict(causal=options.get("is_causal", False), window=options.get("window"),
+                softcap=options.get("softcap"))
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+def test_hopper_gradients_against_the_reference(case, dtype):
+    b, h, hk, sq, sk, d, options = case
+    q, k, v = (rand(b, hh, s, d, dtype=dtype, seed=i) for i, (hh, s) in
+               enumerate(((h, sq), (hk, sk), (hk, sk))))
+    dout = rand(b, h, sq, d, dtype=dtype, seed=3)
+    got = _within_portable(q, k, v, dout, _ref_kw(options), **options)
+    if options.get("is_causal") and sk > sq:  # keys past the last query's: no gradient
+        assert not got[1][:, :, sq:].any() and not got[2][:, :, sq:].any()
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+def test_hopper_backward_with_sinks_lse_gradient_and_strided_dout():
+    # sinks' gradient (host side, from delta), a used LSE (dLSE enters delta), [B, S, H, D]
+    # views (TMA over their strides) and a dO that is not TMA-ready (made contiguous)
+    q, k, v = (rand(2, 300, 4, 64, dtype=torch.bfloat16, seed=i).transpose(1, 2)
+               for i in range(3))
+    sinks = rand(4, seed=5).requires_grad_()
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    dout = rand(2, 4, 300, 128, dtype=torch.bfloat16, seed=3)[..., ::2]
+    dlse = rand(2, 4, 300, seed=4)
+    grads = {}
+    for backend in ("hopper", "portable"):
+        with use_backend(backend):
+            out, lse = attention(*leaves, is_causal=True, sinks=sinks, return_lse=True)
+        grads[backend] = torch.autograd.grad((out, lse), [*leaves, sinks], (dout, dlse))
+    ref = attention_ref_grads(q, k, v, dout, causal=True, dlse=dlse, sinks=sinks,
+                              device=DEVICE)
+    for name, g, p, r in zip(("dq", "dk", "dv", "dsinks"), grads["hopper"],
+                             grads["portable"], ref, strict=True):
+        err, err_p = ((x.double() - r).abs().max().item() for x in (g, p))
+        assert err <= 2 * err_p + 1e-3, (name, err, err_p)
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_backward_gives_the_same_bits_every_run(causal):
+    # many key tiles add into each query tile's dQ: the order is what could vary
+    q = rand(2, 16, 2048, 128, dtype=torch.bfloat16)
+    k, v = (rand(2, 4, 2048, 128, dtype=torch.bfloat16, seed=i) for i in (1, 2))
+    dout = rand(2, 16, 2048, 128, dtype=torch.bfloat16, seed=3)
+    first = _grads(q, k, v, dout, "hopper", is_causal=causal)
+    for _ in range(4):
+        again = _grads(q, k, v, dout, "hopper", is_causal=causal)
+        for a, b in zip(first, again, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+def test_the_racing_variant_is_right_too(monkeypatch):
+    monkeypatch.setattr(hopper_knobs, "DETERMINISTIC", False)
+    q, k, v = (rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=i) for i in range(3))
+    dout = rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=3)
+    _within_portable(q, k, v, dout, dict(causal=True), is_causal=True)
