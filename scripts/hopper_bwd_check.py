@@ -105,9 +105,9 @@ def bench(rows, only=()):
                 continue
             if ref is None:
                 ref = [x.float() for x in grads]
-            err = max((x.float() - r).abs().max().item() for x, r in zip(grads, ref))
+            err = max((x.float() - r).abs().max().item() for x, r in zip(grads, ref, strict=True))
             ms = time_gpu(call, warmup=5, repeat=30)
-            err2 = max((x.float() - r).abs().max().item() for x, r in zip(call(), ref))
+            err2 = max((x.float() - r).abs().max().item() for x, r in zip(call(), ref, strict=True))
             line[name] = dict(ms=ms.median_ms, spread=[ms.min_ms, ms.max_ms],
                               tflops=flops / ms.median_ms / 1e9, err=max(err, err2),
                               peak_mib=extra)

@@ -153,8 +153,9 @@ def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str 
 def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, str]:
     """("hopper" | "portable", why) for a backward, as `forward_path` for the forward,
     except that a backward the Hopper kernel cannot serve goes portable even under
-    `use_backend("hopper")` (which forces the forwards). `backend`: the `use_backend` choice the forward ran under (autograd may run the
-    backward on a thread of its own, where the context is not set); default the current."""
+    `use_backend("hopper")` (which forces the forwards). `backend`: the `use_backend`
+    choice the forward ran under (autograd may run the backward on a thread of its own,
+    where the context is not set); default the current."""
     chosen = backend or _BACKEND.get()
     if chosen == "portable":
         return "portable", "forced by use_backend('portable')"
