@@ -18,7 +18,7 @@ TILES = {
     64: (64, 128, 2),
     128: (64, 128, 2),
 }
-LOADER_REGS = 24
+LOADER_REGS, WRITER_REGS = 24, 24
 # the dQ adds in key-tile order (`backward_kernel`): the same bits every run. False races
 # them (fp32 atomics in any order), for A/Bs
 DETERMINISTIC = True
@@ -52,5 +52,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=DETERMINISTIC, LOADER_REGS=LOADER_REGS,
+                  WRITER_REGS=WRITER_REGS,
                   num_warps=8)
     return _flash_bwd_sm90, grid, args, kwargs

@@ -74,6 +74,64 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left, right, BLOCK_M: gl.cons
 
 
 @gluon.jit
+def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr):
+    """The first query row of a program's step j: its query tiles from the last down, so
+    that key tile n - 1 reaches each query tile before key tile n does (causal, windows:
+    its tiles end lower), the order the deterministic adds take."""
+    return m_lo + (n_steps - 1 - j) * BLOCK_M
+
+
+@gluon.jit
+def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_heads_kv,
+               group, seq_q, seq_k, left, right, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, D: gl.constexpr, HAS_LEFT: gl.constexpr,
+               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+               DETERMINISTIC: gl.constexpr):
+    """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
+    memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
+    tiles before this one (the module docstring), then counted."""
+    # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
+    # thread holds 8 values (the partition has few registers)
+    ROWS: gl.constexpr = 8
+    COLS: gl.constexpr = 32
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, 1], [1, 0])
+    n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
+                                                 right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                                 BOTTOM_RIGHT)
+    n_heads = n_heads_kv * group
+    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    offs = (gl.expand_dims(rows * D, 1)
+            + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
+    step = 0
+    for hh in range(group):
+        bh = b.to(gl.int64) * n_heads + h_kv * group + hh
+        for j in range(n_steps):
+            m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+            mbarrier.wait(dq_ready, step & 1)
+            if DETERMINISTIC:
+                first = 0
+                if HAS_LEFT:
+                    first = gl.maximum(m0 + diag - left, 0) // BLOCK_N
+                counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
+                seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+                while seen != n - first:
+                    seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            base = p_dq + (bh * seq_q + m0) * D
+            for r in gl.static_range(0, BLOCK_M, ROWS):
+                keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
+                for c in gl.static_range(0, D, COLS):
+                    vals = dq_smem.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
+                    gl.atomic_add(base + r * D + c + offs, vals, mask=keep, sem="relaxed",
+                                  scope="gpu")
+            gl.thread_barrier()  # the warp's adds and reads of dq_smem are done
+            if DETERMINISTIC:
+                gl.atomic_add(counter, 1, sem="release", scope="gpu")
+            mbarrier.arrive(dq_free, count=1)
+            step += 1
+
+
+@gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
             free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
@@ -87,10 +145,12 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
     _load_rows(k_desc, k_desc, b, h_kv, k0, kv_bar, k_smem, k_smem, D, 0)
     _load_rows(v_desc, v_desc, b, h_kv, k0, kv_bar, v_smem, v_smem, D, 0)
     step_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     step = 0
     for hh in range(group):
         h = h_kv * group + hh
-        for m0 in range(m_lo, m_hi, BLOCK_M):
+        for j in range(n_steps):
+            m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
             slot = step % STAGES
             # a fresh barrier counts as having completed the phase before its first
             mbarrier.wait(free.index(slot), ((step // STAGES) & 1) ^ 1)
@@ -103,12 +163,12 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
 
 
 @gluon.jit
-def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, free, dk_desc,
-             dv_desc, p_lse, p_delta, p_dq, p_sem, sl_b, sl_h, n_tiles_n, n_tiles_m,
+def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
+             dq_ready, dq_free, dk_desc, dv_desc, p_lse, p_delta, sl_b, sl_h, n_tiles_n,
              n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DETERMINISTIC: gl.constexpr):
+             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr):
     """The 8 warps' steps (the module docstring), then dK and dV's stores."""
     # S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -121,29 +181,22 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, fr
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_q: gl.constexpr = gl.SliceLayout(1, dq_layout)
-    col_q: gl.constexpr = gl.SliceLayout(0, dq_layout)
     dtype: gl.constexpr = q_smem.dtype
 
     n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
                                                  right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                                  BOTTOM_RIGHT)
-    n_heads = n_heads_kv * group
-    cols = k0 + gl.arange(0, BLOCK_N, layout=col_s)
-    dq_cols = gl.arange(0, D, layout=col_q)
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    zero_dq = gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     k_t = k_smem.permute((1, 0))
     mbarrier.wait(kv_bar, 0)
+    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     step = 0
     for hh in range(group):
         h = h_kv * group + hh
-        bh = b.to(gl.int64) * n_heads + h
         lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
-        dq_base = bh * seq_q * D
-        for m0 in range(m_lo, m_hi, BLOCK_M):
+        for j in range(n_steps):
+            m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
             slot = step % STAGES
             rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
             # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
@@ -153,6 +206,8 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, fr
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             q_t = q_smem.index(slot)
             do_t = do_smem.index(slot)
+            # (the zeros made here, not before the loop: no registers held for them)
+            zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
             s_tok = warpgroup_mma(q_t, k_t, zero_s, use_acc=False, is_async=True)
             dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
@@ -168,7 +223,8 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, fr
                 edge = edge | (k0 + BLOCK_N - 1 > pos + right)
             if HAS_LEFT:
                 edge = edge | (k0 < pos + BLOCK_M - 1 - left)
-            if edge:
+            if edge:  # (the key columns made here: no registers held for them)
+                cols = k0 + gl.arange(0, BLOCK_N, layout=col_s)
                 qpos = gl.expand_dims(rows + diag, 1)
                 valid = gl.expand_dims(cols < seq_k, 0)
                 if HAS_RIGHT:
@@ -187,28 +243,20 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, fr
             ds_smem.store(ds.to(dtype))
             fence_async_shared()
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
-            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+            dq_tok = warpgroup_mma(ds_smem, k_smem,
+                                   gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout),
+                                   use_acc=False, is_async=True)
             done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
                                                do_t, k_smem])
             dv = done[0]
             dk = done[1]
-            dq = done[2] * scale
-            dq_rows = m0 + gl.arange(0, BLOCK_M, layout=row_q)
-            offs = gl.expand_dims(dq_rows * D, 1) + gl.expand_dims(dq_cols, 0)
-            if DETERMINISTIC:  # wait for the key tiles before this one (module docstring)
-                first = 0
-                if HAS_LEFT:
-                    first = gl.maximum(pos - left, 0) // BLOCK_N
-                counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
-                seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-                while seen != n - first:
-                    seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-            gl.atomic_add(p_dq + dq_base + offs, dq, mask=gl.expand_dims(dq_rows < seq_q, 1),
-                          sem="relaxed", scope="gpu")
-            # every warp is past its products' reads of the slot, P and dS (and its adds)
+            # this step's dQ to the writer, once it is done with the last one's
+            mbarrier.wait(dq_free, (step & 1) ^ 1)
+            dq_smem.store(done[2] * scale)
+            # every warp is past its products' reads of the slot, P and dS, and its dQ
+            # stores (one thread arrives for all)
             gl.thread_barrier()
-            if DETERMINISTIC:
-                gl.atomic_add(counter, 1, sem="release", scope="gpu")
+            mbarrier.arrive(dq_ready, count=1)
             mbarrier.arrive(free.index(slot), count=1)
             step += 1
 
@@ -239,7 +287,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-                    DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr):
+                    DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
+                    WRITER_REGS: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -262,21 +311,31 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
     ds_smem = gl.allocate_shared_memory(
         dtype, [BLOCK_M, BLOCK_N],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+    dq_smem = gl.allocate_shared_memory(
+        gl.float32, [BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D],
+                                                                       gl.float32))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dq_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
+    mbarrier.init(dq_ready, count=1)
+    mbarrier.init(dq_free, count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, kv_bar, ready, free,
-                    dk_desc, dv_desc, p_lse, p_delta, p_dq, p_sem, sl_b, sl_h, n_tiles_n,
-                    n_tiles_m, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
+        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
+                    free, dq_ready, dq_free, dk_desc, dv_desc, p_lse, p_delta, sl_b, sl_h,
+                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                    SOFTCAP, DETERMINISTIC)),
+                    SOFTCAP)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
                    BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)),
-    ], [1], [LOADER_REGS])
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m,
+                      n_heads_kv, group, seq_q, seq_k, left, right, BLOCK_M, BLOCK_N, D,
+                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC)),
+    ], [1, 1], [LOADER_REGS, WRITER_REGS])
