@@ -31,18 +31,22 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (1, 32, 8, 8192, 128, True), (4, 32, 32, 4096, 64, False)]
 
 
-def _ours(backend, deterministic=True):
+def _ours(backend, **switches):
+    """Our backward on `backend`, with `hopper.backward`'s A/B switches set for the call."""
     def make(q, k, v, dout, causal):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         with use_backend(backend):
             out = attention(*leaves, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
         def call():
-            before, knobs.DETERMINISTIC = knobs.DETERMINISTIC, deterministic
+            before = {name: getattr(knobs, name) for name in switches}
+            for name, value in switches.items():
+                setattr(knobs, name, value)
             try:
                 return torch.autograd.grad(out, leaves, dout, retain_graph=True)
             finally:
-                knobs.DETERMINISTIC = before
+                for name, value in before.items():
+                    setattr(knobs, name, value)
         return call
     return make
 
@@ -73,8 +77,14 @@ def _fa4(q, k, v, dout, causal):
     return call
 
 
-PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", False),
+PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", DETERMINISTIC=False),
+             # A/Bs of the dQ writer: one warp; one buffer; no adds (dQ wrong: the rest's
+             # time, its error not checked)
+             "hopper-w1": _ours("hopper", WRITER_WARPS=1),
+             "hopper-buf1": _ours("hopper", DQ_BUFS=1),
+             "hopper-nodq": _ours("hopper", DETERMINISTIC=False, DQ_ADDS=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
+UNCHECKED = ("hopper-nodq",)
 
 
 def bench(rows, only=()):
@@ -105,9 +115,15 @@ def bench(rows, only=()):
                 continue
             if ref is None:
                 ref = [x.float() for x in grads]
-            err = max((x.float() - r).abs().max().item() for x, r in zip(grads, ref, strict=True))
+            if name in UNCHECKED:  # dQ left out: dK and dV alone
+                grads, ref_ = grads[1:], ref[1:]
+            else:
+                ref_ = ref
+            err = max((x.float() - r).abs().max().item() for x, r in zip(grads, ref_, strict=True))
             ms = time_gpu(call, warmup=5, repeat=30)
-            err2 = max((x.float() - r).abs().max().item() for x, r in zip(call(), ref, strict=True))
+            again = call()[1:] if name in UNCHECKED else call()
+            err2 = max((x.float() - r).abs().max().item() for x, r in zip(again, ref_,
+                                                                             strict=True))
             line[name] = dict(ms=ms.median_ms, spread=[ms.min_ms, ms.max_ms],
                               tflops=flops / ms.median_ms / 1e9, err=max(err, err2),
                               peak_mib=extra)

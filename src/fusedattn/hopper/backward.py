@@ -5,7 +5,7 @@ portable preprocess (delta = rowsum(dO * O) - dLSE): one launch for dK, dV and d
 summed in an fp32 accumulator that `flash_backward` then casts into dQ. Tiles per head dim
 (`TILES`): BLOCK_M query rows a step, BLOCK_N keys a program, STAGES slots of Q and dO.
 Shared memory: STAGES * 2 * BLOCK_M * D * 2 bytes of Q and dO, 2 * BLOCK_N * D * 2 of K and
-V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS (D128: 160 KB)."""
+V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS, DQ_BUFS * BLOCK_M * D * 4 of dQ (D128: 224 KB)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ TILES = {
     128: (64, 128, 2),
 }
 LOADER_REGS, WRITER_REGS = 24, 24
+WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
+DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
+DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # the dQ adds in key-tile order (`backward_kernel`): the same bits every run. False races
 # them (fp32 atomics in any order), for A/Bs
 DETERMINISTIC = True
@@ -52,6 +55,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=DETERMINISTIC, LOADER_REGS=LOADER_REGS,
-                  WRITER_REGS=WRITER_REGS,
+                  WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
+                  DQ_ADDS=DQ_ADDS,
                   num_warps=8)
     return _flash_bwd_sm90, grid, args, kwargs

@@ -86,15 +86,16 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
                group, seq_q, seq_k, left, right, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, D: gl.constexpr, HAS_LEFT: gl.constexpr,
                HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-               DETERMINISTIC: gl.constexpr):
+               DETERMINISTIC: gl.constexpr, DQ_BUFS: gl.constexpr, WARPS: gl.constexpr,
+               DQ_ADDS: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
     tiles before this one (the module docstring), then counted."""
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
-    ROWS: gl.constexpr = 8
+    ROWS: gl.constexpr = 16 if WARPS == 4 else 8
     COLS: gl.constexpr = 32
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, 1], [1, 0])
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
     n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
                                                  right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                                                  BOTTOM_RIGHT)
@@ -108,7 +109,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
         bh = b.to(gl.int64) * n_heads + h_kv * group + hh
         for j in range(n_steps):
             m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
-            mbarrier.wait(dq_ready, step & 1)
+            buf = step % DQ_BUFS
+            mbarrier.wait(dq_ready.index(buf), (step // DQ_BUFS) & 1)
             if DETERMINISTIC:
                 first = 0
                 if HAS_LEFT:
@@ -118,16 +120,18 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
                 while seen != n - first:
                     seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
             base = p_dq + (bh * seq_q + m0) * D
-            for r in gl.static_range(0, BLOCK_M, ROWS):
-                keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
-                for c in gl.static_range(0, D, COLS):
-                    vals = dq_smem.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
-                    gl.atomic_add(base + r * D + c + offs, vals, mask=keep, sem="relaxed",
-                                  scope="gpu")
-            gl.thread_barrier()  # the warp's adds and reads of dq_smem are done
+            tile = dq_smem.index(buf)
+            if DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
+                for r in gl.static_range(0, BLOCK_M, ROWS):
+                    keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
+                    for c in gl.static_range(0, D, COLS):
+                        vals = tile.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
+                        gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
+                                      sem="relaxed", scope="gpu")
+            gl.thread_barrier()  # the partition's adds and reads of the buffer are done
             if DETERMINISTIC:
                 gl.atomic_add(counter, 1, sem="release", scope="gpu")
-            mbarrier.arrive(dq_free, count=1)
+            mbarrier.arrive(dq_free.index(buf), count=1)
             step += 1
 
 
@@ -168,7 +172,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
              n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr):
+             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr):
     """The 8 warps' steps (the module docstring), then dK and dV's stores."""
     # S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -251,12 +255,13 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
             dv = done[0]
             dk = done[1]
             # this step's dQ to the writer, once it is done with the last one's
-            mbarrier.wait(dq_free, (step & 1) ^ 1)
-            dq_smem.store(done[2] * scale)
+            buf = step % DQ_BUFS
+            mbarrier.wait(dq_free.index(buf), ((step // DQ_BUFS) & 1) ^ 1)
+            dq_smem.index(buf).store(done[2] * scale)
             # every warp is past its products' reads of the slot, P and dS, and its dQ
             # stores (one thread arrives for all)
             gl.thread_barrier()
-            mbarrier.arrive(dq_ready, count=1)
+            mbarrier.arrive(dq_ready.index(buf), count=1)
             mbarrier.arrive(free.index(slot), count=1)
             step += 1
 
@@ -288,7 +293,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
-                    WRITER_REGS: gl.constexpr):
+                    WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
+                    DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -312,16 +318,17 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
         dtype, [BLOCK_M, BLOCK_N],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     dq_smem = gl.allocate_shared_memory(
-        gl.float32, [BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D],
-                                                                       gl.float32))
+        gl.float32, [DQ_BUFS, BLOCK_M, D],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    dq_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    dq_free = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
-    mbarrier.init(dq_ready, count=1)
-    mbarrier.init(dq_free, count=1)
+    for i in gl.static_range(DQ_BUFS):
+        mbarrier.init(dq_ready.index(i), count=1)
+        mbarrier.init(dq_free.index(i), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=1)
@@ -331,11 +338,12 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
                     free, dq_ready, dq_free, dk_desc, dv_desc, p_lse, p_delta, sl_b, sl_h,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                    SOFTCAP)),
+                    SOFTCAP, DQ_BUFS)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
                    BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)),
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m,
                       n_heads_kv, group, seq_q, seq_k, left, right, BLOCK_M, BLOCK_N, D,
-                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC)),
-    ], [1, 1], [LOADER_REGS, WRITER_REGS])
+                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS,
+                      WRITER_WARPS, DQ_ADDS)),
+    ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
