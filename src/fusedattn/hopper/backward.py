@@ -27,6 +27,12 @@ DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 DETERMINISTIC = True
 
 
+def switches() -> tuple:
+    """The A/B switches above as they stand: part of the backward's plan key (a plan
+    replays the kernel it recorded)."""
+    return DETERMINISTIC, WRITER_WARPS, DQ_BUFS, DQ_ADDS
+
+
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
     """How many int32 counters (zeros) the deterministic adds take: one per (batch, head,
     query tile)."""

@@ -216,7 +216,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     key = plan = None
     if configs is None:  # a plan: what `_launches` decides, from this key alone
         key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs), path,
-               hopper_knobs.DETERMINISTIC,
+               hopper_knobs.switches(),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
     if plan is None:
