@@ -2,9 +2,10 @@
 window of 256, head dim 64) trained 100 steps on one fixed synthetic token stream, three
 times from the same weights: attn_implementation "fusedattn" (under use_backend("hopper"):
 the Hopper forward and backward, their launches counted), "sdpa", and "eager" (the bf16
-noise yardstick: the same maths as SDPA by other kernels). bf16 autocast over fp32 weights,
-AdamW. The curves match when |fusedattn - sdpa| stays within twice |eager - sdpa| (plus
-0.01) at every step.
+noise yardstick: the same maths as SDPA by other kernels). bf16 weights and activations
+(under autocast HF's rotary embedding hands attention fp32 q and k), AdamW. The curves
+match when |fusedattn - sdpa| stays within twice |eager - sdpa| (plus 0.01) at every
+step.
 
     python3 scripts/hf_loss_curves.py --out DIR [--steps 100]
 
@@ -40,8 +41,7 @@ def _train(model, tokens, impl: str) -> list[float]:
     losses = []
     for batch in tokens:
         batch = batch.cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=batch, labels=batch).loss
+        loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -61,7 +61,7 @@ def main() -> int:
         vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=2, head_dim=64, sliding_window=256,
         max_position_embeddings=SEQ)
-    base = transformers.AutoModelForCausalLM.from_config(config).cuda()
+    base = transformers.AutoModelForCausalLM.from_config(config).cuda().bfloat16()
     tokens = _stream(args.steps)
     curves, seconds, launched = {}, {}, []
 
@@ -98,7 +98,7 @@ def main() -> int:
     for impl, losses in curves.items():
         ax.plot(losses, label=impl, lw=1)
     ax.set(xlabel="step", ylabel="loss", title=f"Mistral (GQA 8/2, window 256), B{BATCH} "
-           f"S{SEQ}, bf16 autocast: max |fusedattn - sdpa| {max(gap):.4f}, "
+           f"S{SEQ}, bf16: max |fusedattn - sdpa| {max(gap):.4f}, "
            f"|eager - sdpa| {max(noise):.4f}")
     ax.title.set_fontsize(8)
     ax.legend()

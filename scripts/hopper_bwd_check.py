@@ -8,7 +8,7 @@ then `autograd.grad` timed), each provider's gradients checked against the first
     portable      the portable kernels (two passes)
     cudnn, fa4    SDPA's cuDNN backend; FlashAttention-4 where it imports
 
-    python3 scripts/hopper_bwd_check.py [--out DIR] [--only A,B] [--rows all|quick]
+    python3 scripts/hopper_bwd_check.py [--out DIR] [--only A,B] [--rows all|quick|I,J]
 
 TFLOP/s by FlashAttention's convention (2.5x the forward's FLOPs, halved under causal).
 Prints one line per row; writes `hopper_bwd_check.json` under --out."""
@@ -142,10 +142,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--only", default="", help="providers, comma-separated")
-    ap.add_argument("--rows", default="all", choices=("all", "quick"))
+    ap.add_argument("--rows", default="all", help="all, quick (the first two) or indices "
+                    "into ROWS, comma-separated")
     args = ap.parse_args()
     t0 = time.time()
-    rows = ROWS if args.rows == "all" else ROWS[:2]
+    rows = {"all": ROWS, "quick": ROWS[:2]}.get(args.rows) or [
+        ROWS[int(i)] for i in args.rows.split(",")]
     results = bench(rows, only=tuple(filter(None, args.only.split(","))))
     with open(f"{args.out}/hopper_bwd_check.json", "w") as f:
         json.dump(dict(bench=results, gpu=torch.cuda.get_device_name(),

@@ -1,32 +1,37 @@
 """The Hopper backward kernel (`backward.py` launches it): dK, dV and dQ in one pass.
 
-One program (CTA) per key tile of BLOCK_N keys of one (batch, K/V head); two partitions of
-warps share its shared memory:
+One program (CTA) per key tile of BLOCK_N keys of one (batch, K/V head); three partitions
+of warps share its shared memory:
 
-    loader (1 warp, few registers)   the tile's K and V once, then each query tile's Q and
-                                     dO by TMA into a ring of STAGES slots (one ready and
-                                     one free mbarrier per slot), every query head of the
-                                     GQA group in turn
-    compute (8 warps: 2 warpgroups)  per query tile of BLOCK_M rows:
+    loader (1 warp, few registers)   the tile's K and V once, then each step's Q and dO by
+                                     TMA into a ring of STAGES slots (one ready and one
+                                     free mbarrier per slot)
+    compute (8 warps: 2 warpgroups)  per step, a query tile of BLOCK_M rows of one head:
         S  = Q K^T, dP = dO V^T       async wgmmas, S and dP split by keys over the two
                                      warpgroups (each its 64 keys)
         P  = exp2(S * scale - LSE)    the forward's LSE (base 2), masked on the mask's edges
         dV += P^T dO                  P through shared memory (wgmma's A operand, transposed)
         dS = P (dP - delta)           times the softcap's derivative where there is one
         dK += dS^T Q                  dS through shared memory
-        dQ_i += dS K                  each warpgroup half of dQ's columns, added to an fp32
-                                     accumulator in global memory (atomics)
+        dQ  = dS K                    each warpgroup half of dQ's columns, scaled, into one
+                                     of DQ_BUFS shared buffers for the writer
+    dQ writer (a warpgroup)          each step's dQ added into an fp32 accumulator in global
+                                     memory (atomics), off the compute warps' path
     and at the end dK (scaled) and dV go out through K's and V's shared tiles by TMA.
 
 So P and dP are computed once (5 GEMMs a step, the FLOP convention's count), where the
-portable backward's two passes compute them twice (7).
+portable backward's two passes compute them twice (7). The steps take the query tiles from
+the last down, each for every query head of the GQA group in turn (dK and dV sum over the
+group in registers).
 
-Determinism (DETERMINISTIC): the adds into a query tile's dQ accumulator are made in the
-order of the key tiles (CUTLASS's semaphore): a counter per (batch, head, query tile); the
-program of key tile n waits until the counter shows that the n - first key tiles before it
-(`first`, the lowest key tile that reaches the query tile) have added, adds, and counts
-itself (a release after a barrier of the 8 warps). The same inputs give the same bits on
-every run. Without it the adds race (fp32 sums in any order: bits may differ by run).
+Determinism (DETERMINISTIC): the adds into a (batch, head, query tile)'s dQ are made in the
+order of the key tiles (CUTLASS's semaphore): a counter each; the writer of key tile n
+waits until the counter shows that the n - first key tiles before it (`first`, the lowest
+key tile that reaches the query tile) have added, adds, and counts itself (a release after
+a barrier of its warps). The same inputs give the same bits on every run; without it the
+adds race (fp32 sums in any order: bits may differ by run). Under a causal mask or a window
+key tile n - 1's tiles end lower, so walking them from the last down it reaches each query
+tile before key tile n does: the order the counters want, with little waiting.
 
 Programs are ordered key tile first within each (batch, head): under a causal mask the
 longest (key tile 0 sees every query tile) starts first, and a key tile's program never
@@ -105,10 +110,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
     step = 0
-    for hh in range(group):
-        bh = b.to(gl.int64) * n_heads + h_kv * group + hh
-        for j in range(n_steps):
-            m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+    for j in range(n_steps):
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        for hh in range(group):
+            bh = b.to(gl.int64) * n_heads + h_kv * group + hh
             buf = step % DQ_BUFS
             mbarrier.wait(dq_ready.index(buf), (step // DQ_BUFS) & 1)
             if DETERMINISTIC:
@@ -151,10 +156,10 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
     step_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     step = 0
-    for hh in range(group):
-        h = h_kv * group + hh
-        for j in range(n_steps):
-            m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+    for j in range(n_steps):
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        for hh in range(group):
+            h = h_kv * group + hh
             slot = step % STAGES
             # a fresh barrier counts as having completed the phase before its first
             mbarrier.wait(free.index(slot), ((step // STAGES) & 1) ^ 1)
@@ -196,11 +201,11 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
     mbarrier.wait(kv_bar, 0)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     step = 0
-    for hh in range(group):
-        h = h_kv * group + hh
-        lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
-        for j in range(n_steps):
-            m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+    for j in range(n_steps):
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        for hh in range(group):
+            h = h_kv * group + hh
+            lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
             slot = step % STAGES
             rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
             # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
