@@ -28,7 +28,10 @@ from fusedattn_lab.timing import time_gpu
 
 ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (1, 32, 32, 16384, 128, True), (2, 32, 32, 8192, 64, True),
-        (1, 32, 8, 8192, 128, True), (4, 32, 32, 4096, 64, False)]
+        (1, 32, 8, 8192, 128, True), (4, 32, 32, 4096, 64, False),
+        # short rows, 16k tokens a call: where the Hopper backward starts to pay
+        (16, 16, 16, 1024, 128, True), (32, 16, 16, 512, 64, False),
+        (64, 16, 16, 256, 128, False)]
 
 
 def _ours(backend, **switches):

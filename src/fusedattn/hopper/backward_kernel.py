@@ -80,9 +80,9 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left, right, BLOCK_M: gl.cons
 
 @gluon.jit
 def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr):
-    """The first query row of a program's step j: its query tiles from the last down, so
-    that key tile n - 1 reaches each query tile before key tile n does (causal, windows:
-    its tiles end lower), the order the deterministic adds take."""
+    """The first query row of a program's j-th query tile: from the last down, so that
+    key tile n - 1 reaches each query tile before key tile n does (causal, windows: its
+    tiles end lower), the order the deterministic adds take."""
     return m_lo + (n_steps - 1 - j) * BLOCK_M
 
 
@@ -109,35 +109,32 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
-    step = 0
-    for j in range(n_steps):
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
-        for hh in range(group):
-            bh = b.to(gl.int64) * n_heads + h_kv * group + hh
-            buf = step % DQ_BUFS
-            mbarrier.wait(dq_ready.index(buf), (step // DQ_BUFS) & 1)
-            if DETERMINISTIC:
-                first = 0
-                if HAS_LEFT:
-                    first = gl.maximum(m0 + diag - left, 0) // BLOCK_N
-                counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
+    for t in range(n_steps * group):  # step t: query tile t // group, head t % group
+        m0 = _step_row(m_lo, n_steps, t // group, BLOCK_M)
+        bh = b.to(gl.int64) * n_heads + h_kv * group + t % group
+        buf = t % DQ_BUFS
+        mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
+        if DETERMINISTIC:
+            first = 0
+            if HAS_LEFT:
+                first = gl.maximum(m0 + diag - left, 0) // BLOCK_N
+            counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
+            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            while seen != n - first:
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-                while seen != n - first:
-                    seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-            base = p_dq + (bh * seq_q + m0) * D
-            tile = dq_smem.index(buf)
-            if DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
-                for r in gl.static_range(0, BLOCK_M, ROWS):
-                    keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
-                    for c in gl.static_range(0, D, COLS):
-                        vals = tile.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
-                        gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
-                                      sem="relaxed", scope="gpu")
-            gl.thread_barrier()  # the partition's adds and reads of the buffer are done
-            if DETERMINISTIC:
-                gl.atomic_add(counter, 1, sem="release", scope="gpu")
-            mbarrier.arrive(dq_free.index(buf), count=1)
-            step += 1
+        base = p_dq + (bh * seq_q + m0) * D
+        tile = dq_smem.index(buf)
+        if DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
+            for r in gl.static_range(0, BLOCK_M, ROWS):
+                keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
+                for c in gl.static_range(0, D, COLS):
+                    vals = tile.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
+                    gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
+                                  sem="relaxed", scope="gpu")
+        gl.thread_barrier()  # the partition's adds and reads of the buffer are done
+        if DETERMINISTIC:
+            gl.atomic_add(counter, 1, sem="release", scope="gpu")
+        mbarrier.arrive(dq_free.index(buf), count=1)
 
 
 @gluon.jit
@@ -145,7 +142,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
             free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr):
-    """The producer: K and V once, then Q and dO of each step into slot step % STAGES, once
+    """The producer: K and V once, then Q and dO of each step t into slot t % STAGES, once
     the compute partition released the slot's last use."""
     n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
                                                  right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
@@ -155,20 +152,17 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
     _load_rows(v_desc, v_desc, b, h_kv, k0, kv_bar, v_smem, v_smem, D, 0)
     step_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    step = 0
-    for j in range(n_steps):
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
-        for hh in range(group):
-            h = h_kv * group + hh
-            slot = step % STAGES
-            # a fresh barrier counts as having completed the phase before its first
-            mbarrier.wait(free.index(slot), ((step // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(slot), step_bytes)
-            _load_rows(q_desc, q_desc, b, h, m0, ready.index(slot), q_smem.index(slot),
-                       q_smem.index(slot), D, 0)
-            _load_rows(do_desc, do_desc, b, h, m0, ready.index(slot), do_smem.index(slot),
-                       do_smem.index(slot), D, 0)
-            step += 1
+    for t in range(n_steps * group):  # step t: query tile t // group, head t % group
+        m0 = _step_row(m_lo, n_steps, t // group, BLOCK_M)
+        h = h_kv * group + t % group
+        slot = t % STAGES
+        # a fresh barrier counts as having completed the phase before its first
+        mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), step_bytes)
+        _load_rows(q_desc, q_desc, b, h, m0, ready.index(slot), q_smem.index(slot),
+                   q_smem.index(slot), D, 0)
+        _load_rows(do_desc, do_desc, b, h, m0, ready.index(slot), do_smem.index(slot),
+                   do_smem.index(slot), D, 0)
 
 
 @gluon.jit
@@ -200,75 +194,72 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
     k_t = k_smem.permute((1, 0))
     mbarrier.wait(kv_bar, 0)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    step = 0
-    for j in range(n_steps):
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
-        for hh in range(group):
-            h = h_kv * group + hh
-            lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
-            slot = step % STAGES
-            rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
-            # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
-            lse = gl.load(p_lse + lse_base + rows, mask=rows < seq_q, other=float("inf"))
-            lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-            delta = gl.load(p_delta + lse_base + rows, mask=rows < seq_q, other=0.0)
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            q_t = q_smem.index(slot)
-            do_t = do_smem.index(slot)
-            # (the zeros made here, not before the loop: no registers held for them)
-            zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-            s_tok = warpgroup_mma(q_t, k_t, zero_s, use_acc=False, is_async=True)
-            dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
-                                   is_async=True)
-            s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
-            if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
-                s = _softcap(s * qk_scale) * cap
-            else:
-                s = s * qk_scale
-            p = gl.exp2(s - gl.expand_dims(lse, 1))
-            pos = m0 + diag  # the tile's first query's position among the keys
-            edge = k0 + BLOCK_N > seq_k
+    for t in range(n_steps * group):  # step t: query tile t // group, head t % group
+        m0 = _step_row(m_lo, n_steps, t // group, BLOCK_M)
+        h = h_kv * group + t % group
+        lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
+        slot = t % STAGES
+        rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
+        # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
+        lse = gl.load(p_lse + lse_base + rows, mask=rows < seq_q, other=float("inf"))
+        lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        delta = gl.load(p_delta + lse_base + rows, mask=rows < seq_q, other=0.0)
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        q_t = q_smem.index(slot)
+        do_t = do_smem.index(slot)
+        # (the zeros made here, not before the loop: no registers held for them)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        s_tok = warpgroup_mma(q_t, k_t, zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
+        if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
+            s = _softcap(s * qk_scale) * cap
+        else:
+            s = s * qk_scale
+        p = gl.exp2(s - gl.expand_dims(lse, 1))
+        pos = m0 + diag  # the tile's first query's position among the keys
+        edge = k0 + BLOCK_N > seq_k
+        if HAS_RIGHT:
+            edge = edge | (k0 + BLOCK_N - 1 > pos + right)
+        if HAS_LEFT:
+            edge = edge | (k0 < pos + BLOCK_M - 1 - left)
+        if edge:  # (the key columns made here: no registers held for them)
+            cols = k0 + gl.arange(0, BLOCK_N, layout=col_s)
+            qpos = gl.expand_dims(rows + diag, 1)
+            valid = gl.expand_dims(cols < seq_k, 0)
             if HAS_RIGHT:
-                edge = edge | (k0 + BLOCK_N - 1 > pos + right)
+                valid = valid & (gl.expand_dims(cols, 0) <= qpos + right)
             if HAS_LEFT:
-                edge = edge | (k0 < pos + BLOCK_M - 1 - left)
-            if edge:  # (the key columns made here: no registers held for them)
-                cols = k0 + gl.arange(0, BLOCK_N, layout=col_s)
-                qpos = gl.expand_dims(rows + diag, 1)
-                valid = gl.expand_dims(cols < seq_k, 0)
-                if HAS_RIGHT:
-                    valid = valid & (gl.expand_dims(cols, 0) <= qpos + right)
-                if HAS_LEFT:
-                    valid = valid & (gl.expand_dims(cols, 0) >= qpos - left)
-                p = gl.where(valid, p, 0.0)
-            p_smem.store(p.to(dtype))
-            fence_async_shared()
-            dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
-            dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
-            ds = p * (dp - gl.expand_dims(delta, 1))
-            if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
-                t = s / cap
-                ds = ds * (1.0 - t * t)
-            ds_smem.store(ds.to(dtype))
-            fence_async_shared()
-            dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
-            dq_tok = warpgroup_mma(ds_smem, k_smem,
-                                   gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout),
-                                   use_acc=False, is_async=True)
-            done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
-                                               do_t, k_smem])
-            dv = done[0]
-            dk = done[1]
-            # this step's dQ to the writer, once it is done with the last one's
-            buf = step % DQ_BUFS
-            mbarrier.wait(dq_free.index(buf), ((step // DQ_BUFS) & 1) ^ 1)
-            dq_smem.index(buf).store(done[2] * scale)
-            # every warp is past its products' reads of the slot, P and dS, and its dQ
-            # stores (one thread arrives for all)
-            gl.thread_barrier()
-            mbarrier.arrive(dq_ready.index(buf), count=1)
-            mbarrier.arrive(free.index(slot), count=1)
-            step += 1
+                valid = valid & (gl.expand_dims(cols, 0) >= qpos - left)
+            p = gl.where(valid, p, 0.0)
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
+            th = s / cap
+            ds = ds * (1.0 - th * th)
+        ds_smem.store(ds.to(dtype))
+        fence_async_shared()
+        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
+        dq_tok = warpgroup_mma(ds_smem, k_smem,
+                               gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout),
+                               use_acc=False, is_async=True)
+        done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
+                                           do_t, k_smem])
+        dv = done[0]
+        dk = done[1]
+        # this step's dQ to the writer, once it is done with the last one's
+        buf = t % DQ_BUFS
+        mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
+        dq_smem.index(buf).store(done[2] * scale)
+        # every warp is past its products' reads of the slot, P and dS, and its dQ
+        # stores (one thread arrives for all)
+        gl.thread_barrier()
+        mbarrier.arrive(dq_ready.index(buf), count=1)
+        mbarrier.arrive(free.index(slot), count=1)
 
     # dK and dV out through K's and V's tiles (every warp is done reading them)
     gl.thread_barrier()
