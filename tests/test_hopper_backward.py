@@ -64,6 +64,19 @@ def test_a_refused_backward_goes_portable_even_when_hopper_is_forced():
     assert backward_path(q, q, q, backend="portable", mask=Mask())[0] == "portable"
 
 
+def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch):
+    from fusedattn import dispatch
+
+    monkeypatch.setattr(dispatch, "hopper_backward_refusal", lambda *a, **kw: None)
+    keys = dispatch.HOPPER_BWD_MIN_KEYS
+    short, long = (rand(1, 2, n, 128, dtype=torch.bfloat16) for n in (keys - 1, keys))
+    path, why = backward_path(short, short, short, mask=Mask(causal=True))
+    assert path == "portable" and f"HOPPER_BWD_MIN_KEYS = {keys}" in why
+    assert backward_path(long, long, long, mask=Mask())[0] == "hopper"
+    # forced at the forward, the choice reaches the backward's thread as `backend`
+    assert backward_path(short, short, short, backend="hopper", mask=Mask())[0] == "hopper"
+
+
 @pytest.mark.emulation_only("the CPU's answer: the portable backward, and why")
 def test_emulation_runs_the_portable_backward():
     q = rand(1, 2, 16, 128, dtype=torch.bfloat16)

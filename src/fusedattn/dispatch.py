@@ -23,6 +23,11 @@ from fusedattn.launch import Plans, Recording, inputs_key
 from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
+# The Hopper backward under "auto" from this many keys a row: below it the portable
+# backward was as fast or faster on the H200 (B16 H16 S1024 D128 causal: 205 against 234
+# TFLOP/s; S512 and S256: ties), above it faster or as fast in every row measured but
+# one (scripts/hopper_bwd_check.py, evidence/nvidia-h200/20261201T1844Z-hopper-bwd)
+HOPPER_BWD_MIN_KEYS = 2048
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k
@@ -163,6 +168,10 @@ def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, st
     if refusal is None:
         if chosen == "hopper":
             return "hopper", "forced by use_backend('hopper')"
+        if k.shape[2] < HOPPER_BWD_MIN_KEYS:
+            return "portable", (f"{k.shape[2]} keys a row, under HOPPER_BWD_MIN_KEYS = "
+                                f"{HOPPER_BWD_MIN_KEYS} (the portable backward is as fast "
+                                f"there)")
         return "hopper", "fp16/bf16 on sm90 at a covered head dim"
     # forced, a forward the Hopper forward serves may still need the portable backward
     # (D96, D192, varlen): that backward is the portable one, and says why

@@ -79,6 +79,15 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left, right, BLOCK_M: gl.cons
 
 
 @gluon.jit
+def _step(t, group, GQA: gl.constexpr):
+    """Step t's (query tile j, head hh of the group): with GQA each query tile for every
+    head of the group in turn; else the query tiles alone (no division: one head)."""
+    if GQA:
+        return t // group, t % group
+    return t, 0
+
+
+@gluon.jit
 def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr):
     """The first query row of a program's j-th query tile: from the last down, so that
     key tile n - 1 reaches each query tile before key tile n does (causal, windows: its
@@ -92,7 +101,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
                BLOCK_N: gl.constexpr, D: gl.constexpr, HAS_LEFT: gl.constexpr,
                HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                DETERMINISTIC: gl.constexpr, DQ_BUFS: gl.constexpr, WARPS: gl.constexpr,
-               DQ_ADDS: gl.constexpr):
+               DQ_ADDS: gl.constexpr, GQA: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
     tiles before this one (the module docstring), then counted."""
@@ -109,9 +118,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
-    for t in range(n_steps * group):  # step t: query tile t // group, head t % group
-        m0 = _step_row(m_lo, n_steps, t // group, BLOCK_M)
-        bh = b.to(gl.int64) * n_heads + h_kv * group + t % group
+    for t in range(n_steps * group if GQA else n_steps):
+        j, hh = _step(t, group, GQA)
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        bh = b.to(gl.int64) * n_heads + h_kv * group + hh
         buf = t % DQ_BUFS
         mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
         if DETERMINISTIC:
@@ -141,7 +151,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
             free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr):
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+            GQA: gl.constexpr):
     """The producer: K and V once, then Q and dO of each step t into slot t % STAGES, once
     the compute partition released the slot's last use."""
     n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
@@ -152,9 +163,10 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
     _load_rows(v_desc, v_desc, b, h_kv, k0, kv_bar, v_smem, v_smem, D, 0)
     step_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    for t in range(n_steps * group):  # step t: query tile t // group, head t % group
-        m0 = _step_row(m_lo, n_steps, t // group, BLOCK_M)
-        h = h_kv * group + t % group
+    for t in range(n_steps * group if GQA else n_steps):
+        j, hh = _step(t, group, GQA)
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        h = h_kv * group + hh
         slot = t % STAGES
         # a fresh barrier counts as having completed the phase before its first
         mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
@@ -171,7 +183,8 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
              n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr):
+             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
+             GQA: gl.constexpr):
     """The 8 warps' steps (the module docstring), then dK and dV's stores."""
     # S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -194,9 +207,10 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
     k_t = k_smem.permute((1, 0))
     mbarrier.wait(kv_bar, 0)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    for t in range(n_steps * group):  # step t: query tile t // group, head t % group
-        m0 = _step_row(m_lo, n_steps, t // group, BLOCK_M)
-        h = h_kv * group + t % group
+    for t in range(n_steps * group if GQA else n_steps):
+        j, hh = _step(t, group, GQA)
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        h = h_kv * group + hh
         lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
         slot = t % STAGES
         rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
@@ -290,7 +304,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
-                    DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr):
+                    DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -334,12 +348,12 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
                     free, dq_ready, dq_free, dk_desc, dv_desc, p_lse, p_delta, sl_b, sl_h,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                    SOFTCAP, DQ_BUFS)),
+                    SOFTCAP, DQ_BUFS, GQA)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
-                   BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT)),
+                   BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, GQA)),
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m,
                       n_heads_kv, group, seq_q, seq_k, left, right, BLOCK_M, BLOCK_N, D,
                       HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS,
-                      WRITER_WARPS, DQ_ADDS)),
+                      WRITER_WARPS, DQ_ADDS, GQA)),
     ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
