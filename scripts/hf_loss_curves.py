@@ -13,15 +13,16 @@ Writes loss_curves.json and loss_curves.png (matplotlib, the lab's) under --out.
 
 import argparse
 import copy
-import json
 import sys
 import time
 
 import torch
 import transformers
+from hopper_bwd_check import sources
 
 import fusedattn.integrations.transformers  # noqa: F401  (registers "fusedattn")
 from fusedattn.dispatch import use_backend
+from fusedattn_lab.evidence import environment, write_json
 
 SEQ, BATCH, VOCAB = 1024, 8, 512
 
@@ -85,10 +86,10 @@ def main() -> int:
     kernels = {name: launched.count(name) for name in sorted(set(launched))}
     summary = dict(ok=ok, max_gap=max(gap), max_noise=max(noise), curves=curves,
                    seconds=seconds, kernels=kernels, config=config.to_dict(),
-                   seq=SEQ, batch=BATCH, steps=args.steps, gpu=torch.cuda.get_device_name(),
-                   torch=torch.__version__, transformers=transformers.__version__)
-    with open(f"{args.out}/loss_curves.json", "w") as f:
-        json.dump(summary, f, indent=1)
+                   seq=SEQ, batch=BATCH, steps=args.steps, environment=environment(),
+                   transformers=transformers.__version__, command=" ".join(sys.argv),
+                   sources=sources())
+    write_json(f"{args.out}/loss_curves.json", summary)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -14,7 +14,6 @@ TFLOP/s by FlashAttention's convention (2.5x the forward's FLOPs, halved under c
 Prints one line per row; writes `hopper_bwd_check.json` under --out."""
 
 import argparse
-import json
 import sys
 import time
 
@@ -24,6 +23,7 @@ import triton
 from fusedattn import attention
 from fusedattn.dispatch import use_backend
 from fusedattn.hopper import backward as knobs
+from fusedattn_lab.evidence import REPO, environment, sha256_file, write_json
 from fusedattn_lab.timing import time_gpu
 
 ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
@@ -32,6 +32,14 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         # short rows, 16k tokens a call: where the Hopper backward starts to pay
         (16, 16, 16, 1024, 128, True), (32, 16, 16, 512, 64, False),
         (64, 16, 16, 256, 128, False)]
+
+
+def sources() -> dict:
+    """sha256 of the kernels' sources behind the figures (the Hopper and portable
+    backward, the forward the backward starts from)."""
+    return {str(p.relative_to(REPO)): sha256_file(p) for p in sorted(
+        [*REPO.glob("src/fusedattn/hopper/*.py"), REPO / "src/fusedattn/tiles/flash_bwd.py",
+         REPO / "src/fusedattn/tiles/flash_bwd_kernels.py"])}
 
 
 def _ours(backend, **switches):
@@ -152,10 +160,9 @@ def main():
     rows = {"all": ROWS, "quick": ROWS[:2]}.get(args.rows) or [
         ROWS[int(i)] for i in args.rows.split(",")]
     results = bench(rows, only=tuple(filter(None, args.only.split(","))))
-    with open(f"{args.out}/hopper_bwd_check.json", "w") as f:
-        json.dump(dict(bench=results, gpu=torch.cuda.get_device_name(),
-                       torch=torch.__version__, triton=triton.__version__,
-                       seconds=time.time() - t0), f, indent=1)
+    write_json(f"{args.out}/hopper_bwd_check.json", dict(
+        bench=results, environment=environment(), command=" ".join(sys.argv),
+        sources=sources(), seconds=time.time() - t0, triton=triton.__version__))
     return 0
 
 
