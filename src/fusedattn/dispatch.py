@@ -80,6 +80,18 @@ def _tma_ready(t: torch.Tensor) -> bool:
             and all(s * size % 16 == 0 for s in t.stride()[:-1]))
 
 
+def _device_refusal(q, k, v) -> str | None:
+    """What both Hopper kernels need of the tensors and the machine: TMA-ready q/k/v on
+    an sm90 GPU, with Triton's Gluon Hopper API; None when all is there."""
+    if not all(_tma_ready(t) for t in (q, k, v)):
+        return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
+    if EMULATION or q.device.type != "cuda":
+        return "not on a CUDA GPU (emulation runs the portable kernels)"
+    if not _is_sm90(q.device.index if q.device.index is not None else 0):
+        return "not an sm90 (Hopper) GPU"
+    return _gluon_hopper()
+
+
 def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
                    config=None) -> str | None:
     """None when the Hopper kernel can serve this call, else the reason it cannot."""
@@ -96,13 +108,7 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
         return "an explicit portable config"
     if q.shape[0] * q.shape[1] * -(-q.shape[2] // 128) >= 2**31:
         return "over 2^31 work items of 128 query rows (the Hopper kernel's 32-bit count)"
-    if not all(_tma_ready(t) for t in (q, k, v)):
-        return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
-    if EMULATION or q.device.type != "cuda":
-        return "not on a CUDA GPU (emulation runs the portable kernels)"
-    if not _is_sm90(q.device.index if q.device.index is not None else 0):
-        return "not an sm90 (Hopper) GPU"
-    return _gluon_hopper()
+    return _device_refusal(q, k, v)
 
 
 def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
@@ -146,13 +152,7 @@ def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str 
         return "packed sequences (varlen: the portable backward)"
     if configs is not None:
         return "explicit portable configs"
-    if not all(_tma_ready(t) for t in (q, k, v)):
-        return "q/k/v not TMA-aligned (16-byte data and strides, last stride 1)"
-    if EMULATION or q.device.type != "cuda":
-        return "not on a CUDA GPU (emulation runs the portable kernels)"
-    if not _is_sm90(q.device.index if q.device.index is not None else 0):
-        return "not an sm90 (Hopper) GPU"
-    return _gluon_hopper()
+    return _device_refusal(q, k, v)
 
 
 def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, str]:
