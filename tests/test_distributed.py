@@ -78,6 +78,101 @@ def _ring_body(rank: int, world: int, device, results: str) -> list[str]:
     return lines
 
 
+# documents of lengths divisible by 2P for P = 2 and 3, one of them empty
+DOCS = [12, 0, 36, 24]
+
+
+def _ring_varlen_body(rank: int, world: int, device, results: str) -> list[str]:
+    """One rank: packed documents through the ring against the float64 reference (causal
+    and not, GQA, sinks), then refused inputs."""
+    from fusedattn.distributed import ring_attention_varlen, varlen_shard
+    from fusedattn.problem import ProblemError
+    from fusedattn.reference import varlen_ref, varlen_ref_grads
+    from fusedattn_lab.verify import check
+
+    lines = []
+    h, hk, d = 2, 1, 16
+    bounds = [0]
+    for n in DOCS:
+        bounds.append(bounds[-1] + n)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    total = bounds[-1]
+    g = torch.Generator().manual_seed(0)
+    full = [torch.randn(total, n, d, generator=g) for n in (h, hk, hk, h)]
+    sinks = torch.randn(h, generator=torch.Generator().manual_seed(4)) * 2
+    for causal, with_sinks in ((False, False), (True, False), (True, True)):
+        q, k, v, dout = (varlen_shard(t, cu, rank, world, causal=causal).contiguous()
+                         .to(device) for t in full)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        sinks_in = sinks.to(device).requires_grad_() if with_sinks else None
+        out = ring_attention_varlen(q, k, v, cu.to(device), max(DOCS), is_causal=causal,
+                                    sinks=sinks_in)
+        leaves = (q, k, v, sinks_in) if with_sinks else (q, k, v)
+        grads = list(torch.autograd.grad(out, leaves, dout))
+        extra = dict(sinks=sinks) if with_sinks else {}
+        ref = varlen_shard(varlen_ref(*full[:3], cu, cu, causal=causal, **extra), cu, rank,
+                           world, causal=causal)
+        refs = varlen_ref_grads(*full[:3], full[3], cu, cu, causal=causal, **extra)
+        refs = [varlen_shard(r, cu, rank, world, causal=causal) for r in refs[:3]] + list(
+            refs[3:])
+        if with_sinks:
+            torch.distributed.all_reduce(grads[3])  # each rank's rows' part
+        for name, got, want in zip(("out", "dq", "dk", "dv", "dsinks"), (out, *grads),
+                                   (ref, *refs), strict=False):
+            result = check(got.detach(), want)
+            lines.append(f"{causal}{'+sinks' if with_sinks else ''} {name} {result.ok} "
+                         f"{result.max_abs:.3e} {'; '.join(result.reasons)}")
+    # bad input: a document whose length is no multiple of 2P, refused on every rank
+    odd = torch.tensor([0, 2 * world + 2, 8 * world], dtype=torch.int32)  # 8 rows a rank
+    q = torch.randn(8, h, d).to(device)
+    try:
+        ring_attention_varlen(q, q[:, :1], q[:, :1], odd.to(device), 8 * world,
+                              is_causal=True)
+        lines.append("odd not-refused")
+    except ProblemError as err:
+        lines.append(f"odd refused {err.field} {'multiple of' in str(err)}")
+    # bad input: ranks that disagree on the documents
+    mine = torch.tensor([0, 12 * (1 + rank), 12 * world * 2], dtype=torch.int32)
+    q = torch.randn(24, h, d).to(device)
+    try:
+        ring_attention_varlen(q, q[:, :1], q[:, :1], mine.to(device), 24 * world,
+                              is_causal=True)
+        lines.append("docs not-refused")
+    except ProblemError as err:
+        lines.append(f"docs refused {err.field} {err}")
+    return lines
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ring_varlen_matches_the_reference_forward_and_gradients(world, tmp_path):
+    need_gpus(world)
+    for rank, lines in enumerate(spawn(_ring_varlen_body, world, tmp_path)):
+        assert not any(line.startswith("ERROR") for line in lines), lines
+        checks = [line.split() for line in lines if not line.startswith(("odd", "docs"))]
+        assert len(checks) == 4 + 4 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert "odd refused cu_seqlens True" in lines, lines
+        assert any(line.startswith("docs refused shards") and "checksum" in line
+                   for line in lines), lines
+
+
+def test_varlen_shards_put_back_together():
+    from fusedattn.distributed import varlen_shard, varlen_unshard
+    from fusedattn.problem import ProblemError
+
+    cu = torch.tensor([0, 8, 8, 12], dtype=torch.int32)  # documents of 8, 0 and 4 rows
+    x = torch.arange(12.0)[:, None]
+    shards = [varlen_shard(x, cu, r, 2) for r in range(2)]
+    # rank 0: chunks 0 and 3 of each document (2 rows each of the 8, 1 each of the 4)
+    assert shards[0].flatten().tolist() == [0, 1, 6, 7, 8, 11]
+    assert shards[1].flatten().tolist() == [2, 3, 4, 5, 9, 10]
+    assert torch.equal(varlen_unshard(shards, cu), x)
+    plain = [varlen_shard(x, cu, r, 2, causal=False) for r in range(2)]
+    assert plain[1].flatten().tolist() == [4, 5, 6, 7, 10, 11]
+    assert torch.equal(varlen_unshard(plain, cu, causal=False), x)
+    with pytest.raises(ProblemError, match="multiple of 4"):
+        varlen_shard(x, torch.tensor([0, 6, 12], dtype=torch.int32), 0, 2)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_matches_the_reference_forward_and_gradients(world, tmp_path):
     need_gpus(world)

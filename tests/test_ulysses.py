@@ -61,7 +61,7 @@ def _ulysses_body(rank: int, world: int, device, results: str) -> list[str]:
     from fusedattn.distributed import ulysses_attention_varlen
     from fusedattn.reference import varlen_ref, varlen_ref_grads
 
-    lengths = [5, 17, 0, 1, 9]
+    lengths = [5, 17, 0, 1, 7]  # 30 rows: 15 a rank, odd (no zigzag in Ulysses)
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     g = torch.Generator().manual_seed(3)
     full = [torch.randn(sum(lengths), n, 16, generator=g) for n in (4, 2, 2, 4)]
@@ -122,6 +122,22 @@ def _usp_body(rank: int, world: int, device, results: str) -> list[str]:
                      r_rank, ring)
     got = usp_attention(q, k, v, mesh=mesh, is_causal=True, sinks=sinks.to(device))
     lines += _verdicts("mesh-sinks", (got,), (want,))
+    # packed documents (one empty) through USP: lengths divisible by 2 * ring, each ring
+    # shard's rows by the Ulysses degree
+    from fusedattn.distributed import usp_attention_varlen, usp_varlen_shard
+    from fusedattn.reference import varlen_ref, varlen_ref_grads
+
+    cu = torch.tensor([0, 8, 8, 32, 44], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    full = [torch.randn(44, n, 16, generator=g) for n in (4, 2, 2, 4)]
+    q, k, v, dout = (usp_varlen_shard(t, cu, u_rank, ulysses, r_rank, ring).contiguous()
+                     .to(device).requires_grad_() for t in full)
+    out = usp_attention_varlen(q, k, v, cu.to(device), 24, mesh=mesh, is_causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout.detach())
+    refs = (varlen_ref(*full[:3], cu, cu, causal=True),
+            *varlen_ref_grads(*full[:3], full[3], cu, cu, causal=True))
+    lines += _verdicts("varlen", (out, *grads),
+                       [usp_varlen_shard(r, cu, u_rank, ulysses, r_rank, ring) for r in refs])
     return lines
 
 
@@ -140,7 +156,7 @@ def test_usp_on_two_by_two_matches_the_reference(tmp_path):
     for rank, lines in enumerate(spawn(_usp_body, 4, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
         checks = [line.split() for line in lines]
-        assert len(checks) == 10 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert len(checks) == 14 and all(c[2] == "True" for c in checks), (rank, lines)
 
 
 def test_usp_shards_and_its_refusals():

@@ -5,6 +5,9 @@
 from fusedattn.distributed.ring import (
     contiguous_shard,
     ring_attention,
+    ring_attention_varlen,
+    varlen_shard,
+    varlen_unshard,
     zigzag_shard,
     zigzag_unshard,
 )
@@ -12,9 +15,12 @@ from fusedattn.distributed.ulysses import (
     ulysses_attention,
     ulysses_attention_varlen,
     usp_attention,
+    usp_attention_varlen,
     usp_shard,
+    usp_varlen_shard,
 )
 
-__all__ = ["contiguous_shard", "ring_attention", "ulysses_attention",
-           "ulysses_attention_varlen", "usp_attention", "usp_shard", "zigzag_shard",
-           "zigzag_unshard"]
+__all__ = ["contiguous_shard", "ring_attention", "ring_attention_varlen",
+           "ulysses_attention", "ulysses_attention_varlen", "usp_attention",
+           "usp_attention_varlen", "usp_shard", "usp_varlen_shard", "varlen_shard",
+           "varlen_unshard", "zigzag_shard", "zigzag_unshard"]

@@ -20,12 +20,18 @@ its own shard is causal (top-left within the shard is exact), a shard from an ea
 is seen by all queries but only in its first chunk, and a shard from a later rank is seen
 by the second query chunk only, wholly: each step is half a shard's worth of blocks. A
 non-causal ring takes any equal split (`contiguous_shard` or zigzag).
+
+Packed documents (`ring_attention_varlen`, `attention_varlen`'s layout) shard the same way
+document by document (`varlen_shard`): every rank holds the zigzag chunks r and 2P-1-r of
+every document, so the work is balanced whatever the documents' lengths, and each step's
+blocks are the dense ring's, per document, through the varlen kernels.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -80,20 +86,23 @@ _PRECISION_CODES = {None: 0, "ieee": 1, "tf32": 2, "tf32x3": 3}
 
 
 def _check_shards(q, k, group, causal: bool, scale: float | None, precision: str | None,
-                  world: int, error: ProblemError | None) -> None:
+                  world: int, error: ProblemError | None, extra: tuple = (),
+                  zigzag: bool = True) -> None:
     """Every rank the same shapes, dtype, scale, precision and is_causal, and no rank that
-    refused its own inputs (one all_gather of 11 integers): every rank reaches the same
-    verdict, so none waits on a raised one or computes with a disagreeing one."""
+    refused its own inputs (one all_gather of 11 integers, and `extra`'s (name, int)
+    pairs, which must agree too): every rank reaches the same verdict, so none waits on a
+    raised one or computes with a disagreeing one. `zigzag`: causal shards must split in
+    two (the ring's)."""
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
-    mine = torch.zeros(11, dtype=torch.int64)
+    mine = torch.zeros(11 + len(extra), dtype=torch.int64)
     if error is None:
         exact_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         mine[1:] = torch.tensor([
             *q.shape, k.shape[-3], k.shape[-2], int(causal), _DTYPE_CODES[q.dtype],
             _PRECISION_CODES[precision],
-            struct.unpack("<q", struct.pack("<d", exact_scale))[0]],  # the float's bits
-            dtype=torch.int64)
+            struct.unpack("<q", struct.pack("<d", exact_scale))[0],  # the float's bits
+            *(value for _, value in extra)], dtype=torch.int64)
     else:
         mine[0] = 1
     mine = mine.to(device)
@@ -108,7 +117,7 @@ def _check_shards(q, k, group, causal: bool, scale: float | None, precision: str
                            "valid inputs on every rank (each refusing rank raised why)")
     if len(set(rows)) > 1:
         names = ("B", "H", "S/P", "D", "H_kv", "S_kv/P", "is_causal", "dtype", "precision",
-                 "scale bits")
+                 "scale bits", *(name for name, _ in extra))
         differ = [n for i, n in enumerate(names) if len({row[1 + i] for row in rows}) > 1]
         raise ProblemError("shards", f"ranks disagree on {', '.join(differ)}",
                            "the same [B, H, S/P, D], K/V heads, dtype, precision, scale and "
@@ -116,7 +125,7 @@ def _check_shards(q, k, group, causal: bool, scale: float | None, precision: str
     if q.shape[-2] != k.shape[-2]:
         raise ProblemError("shards", (q.shape[-2], k.shape[-2]),
                            "q and k/v shards of one length on every rank")
-    if causal and q.shape[-2] % 2:
+    if zigzag and causal and q.shape[-2] % 2:
         raise ProblemError("seq", q.shape[-2] * world, f"a multiple of 2*P = {2 * world} "
                            "(zigzag: two equal chunks per rank)")
 
@@ -260,3 +269,224 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return _RingAttention.apply(q, k, v, as_sinks(sinks), group, is_causal, scale,
                                 resolve(q.dtype, precision).op)
+
+
+# --- packed documents (varlen) through the ring -------------------------------------------
+
+def _doc_bounds(cu_seqlens, world: int, causal: bool) -> list[int]:
+    """The documents' offsets, each document's length checked to be a multiple of 2P
+    (causal: zigzag chunks) or P."""
+    bounds = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+    parts = 2 * world if causal else world
+    odd = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True) if (b - a) % parts]
+    if odd:
+        raise ProblemError("cu_seqlens", f"document lengths {odd[:6]}",
+                           f"every document's length a multiple of {parts} ("
+                           f"{'2*P: zigzag, two chunks' if causal else 'P: one chunk'} per "
+                           "rank; pad a document, or add one of padding)")
+    return bounds
+
+
+def _pieces(bounds: list[int], rank: int, world: int, causal: bool) -> list[tuple[int, int]]:
+    """Rank `rank`'s (start, stop) rows of the packed batch: of each document, chunks rank
+    and 2P-1-rank of 2P (causal), else chunk rank of P; documents in order."""
+    parts = 2 * world if causal else world
+    chunks = (rank, parts - 1 - rank) if causal else (rank,)
+    return [(a + c * ((b - a) // parts), a + (c + 1) * ((b - a) // parts))
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True) for c in chunks]
+
+
+def varlen_shard(x: torch.Tensor, cu_seqlens, rank: int, world: int, *,
+                 causal: bool = True) -> torch.Tensor:
+    """Rank `rank`'s rows of the packed `x` (`[total, ...]`, documents at `cu_seqlens`) for
+    `ring_attention_varlen`: each document in 2P zigzag chunks (causal; chunks rank and
+    2P-1-rank) or P chunks (chunk rank), so every rank holds total/P rows and the same share
+    of every document."""
+    bounds = _doc_bounds(cu_seqlens, world, causal)
+    return torch.cat([x[a:b] for a, b in _pieces(bounds, rank, world, causal)])
+
+
+def varlen_unshard(shards: list[torch.Tensor], cu_seqlens, *,
+                   causal: bool = True) -> torch.Tensor:
+    """The packed batch back from every rank's `varlen_shard` (rank order)."""
+    world = len(shards)
+    bounds = _doc_bounds(cu_seqlens, world, causal)
+    out = shards[0].new_empty((bounds[-1], *shards[0].shape[1:]))
+    for rank, shard in enumerate(shards):
+        rows = [torch.arange(a, b) for a, b in _pieces(bounds, rank, world, causal)]
+        out[torch.cat(rows).to(out.device)] = shard
+    return out
+
+
+class _Layout(NamedTuple):
+    """A rank's shard of packed documents: its offsets (cu // P), the offsets of each
+    document's half (causal), the rows of those halves, and the longest of each."""
+    cu: torch.Tensor
+    cu_half: torch.Tensor
+    first: torch.Tensor
+    second: torch.Tensor
+    longest: int
+    longest_half: int
+
+
+def _layout(bounds: list[int], world: int, causal: bool, device) -> _Layout:
+    local = [b // world for b in bounds]
+    halves, first, second = [b // 2 for b in local], [], []
+    for a, b in zip(local[:-1], local[1:], strict=True):
+        first.append(torch.arange(a, (a + b) // 2))
+        second.append(torch.arange((a + b) // 2, b))
+    lengths = [b - a for a, b in zip(local[:-1], local[1:], strict=True)]
+    return _Layout(torch.tensor(local, dtype=torch.int32, device=device),
+                   torch.tensor(halves, dtype=torch.int32, device=device),
+                   torch.cat(first).to(device), torch.cat(second).to(device),
+                   max(1, max(lengths)), max(1, max(lengths) // 2))
+
+
+def _varlen_blocks(rank: int, src: int, causal: bool, lay: _Layout):
+    """`_blocks` per document: (query rows, key rows, cu_q, cu_k, longest q, longest k,
+    causal), rows a slice (all) or the halves' rows."""
+    every = slice(None)
+    whole = (lay.cu, lay.cu, lay.longest, lay.longest)
+    if not causal:
+        return [(every, every, *whole, False)]
+    if src == rank:
+        return [(every, every, *whole, True)]
+    if src < rank:  # every query of each document, the first chunk of src's
+        return [(every, lay.first, lay.cu, lay.cu_half, lay.longest, lay.longest_half,
+                 False)]
+    return [(lay.second, every, lay.cu_half, lay.cu, lay.longest_half, lay.longest, False)]
+
+
+def _merge_rows(out, lse, part_out, part_lse, rows):
+    """`_merge` for packed rows: `out [rows, H, D]`, `lse [H, rows]` fp32."""
+    cur = lse[:, rows]
+    new = torch.logaddexp(cur, part_lse)
+    out[rows] = (out[rows] * torch.exp(cur - new).T[..., None]
+                 + part_out.float() * torch.exp(part_lse - new).T[..., None])
+    lse[:, rows] = new
+
+
+class _RingVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, group, causal: bool, scale: float, precision: str,
+                lay: _Layout):
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32,
+                         device=q.device)
+        k_cur, v_cur = k.contiguous(), v.contiguous()
+        for step in range(world):
+            if step < world - 1:
+                reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
+            src = (rank - step) % world
+            for qs, ks, cu_q, cu_k, max_q, max_k, c in _varlen_blocks(rank, src, causal, lay):
+                part, part_lse = torch.ops.fusedattn.varlen_fwd(
+                    q[qs], k_cur[ks], v_cur[ks], cu_q, cu_k, None, max_q, max_k, c, scale,
+                    precision, *_NO_WINDOW)
+                _merge_rows(out, lse, part, part_lse, qs)
+            if step < world - 1:
+                _wait(reqs)
+                k_cur, v_cur = k_next, v_next
+        if sinks is not None:
+            with_sink = torch.logaddexp(lse, sinks[:, None])
+            out *= torch.exp(lse - with_sink).T[..., None]
+            lse = with_sink
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, sinks, out, lse)
+        ctx.options = (group, causal, scale, precision, lay)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, sinks, out, lse = ctx.saved_tensors
+        group, causal, scale, precision, lay = ctx.options
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        dout = dout.contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        k_cur, v_cur = k.contiguous(), v.contiguous()
+        dk_cur = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv_cur = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        for step in range(world):
+            if step < world - 1:
+                kv_reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
+            src = (rank - step) % world
+            for qs, ks, cu_q, cu_k, max_q, max_k, c in _varlen_blocks(rank, src, causal, lay):
+                dq_i, dk_i, dv_i, _ = torch.ops.fusedattn.varlen_bwd(
+                    dout[qs], q[qs], k_cur[ks], v_cur[ks], out[qs],
+                    lse[:, qs].contiguous(), None, cu_q, cu_k, None, max_q, max_k, c, scale,
+                    precision, *_NO_WINDOW)
+                dq[qs] += dq_i
+                dk_cur[ks] += dk_i
+                dv_cur[ks] += dv_i
+            d_reqs, (dk_next, dv_next) = _exchange([dk_cur, dv_cur], group, rank, world)
+            if step < world - 1:
+                _wait(kv_reqs)
+                k_cur, v_cur = k_next, v_next
+            _wait(d_reqs)
+            dk_cur, dv_cur = dk_next, dv_next
+        dsinks = None
+        if sinks is not None:
+            from fusedattn.tiles.flash_bwd import sink_gradient
+
+            delta = (dout.float() * out.float()).sum(-1).T  # [H, rows]
+            dsinks = sink_gradient(sinks, lse[None], delta[None])
+        return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), dsinks,
+                None, None, None, None, None)
+
+
+def ring_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cu_seqlens: torch.Tensor, max_seqlen: int, *, group=None,
+                          is_causal: bool = False, scale: float | None = None,
+                          precision: str | None = None,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed documents (self-attention, `attention_varlen`'s layout) through the ring.
+
+    `cu_seqlens` (int32, B + 1 offsets) and `max_seqlen` are the whole batch's, the same on
+    every rank; each document's length a multiple of 2P (causal) or P. Rank r holds
+    `varlen_shard(x, cu_seqlens, r, P, causal=is_causal)` of each of q `[total, H, D]`, k
+    and v `[total, H_kv, D]`: of every document the zigzag chunks r and 2P-1-r (causal) or
+    chunk r, so every rank has the same work whatever the documents' lengths. Each step
+    attends this rank's rows to another's shard document by document (`attention_varlen`'s
+    kernels, causal per document), merged by their LSE as `ring_attention` does. Returns this
+    rank's rows of O `[total/P, H, D]`, differentiable for q, k, v (and `sinks: [H]`, this
+    rank's rows' part). A group of one rank is `attention_varlen`."""
+    from fusedattn.varlen import _checked, attention_varlen, check_cu_seqlens
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ProblemError("group", group, "a process group of an initialised "
+                           "torch.distributed (torch.distributed.init_process_group first)")
+    world = dist.get_world_size(group)
+    error, bounds = None, []
+    try:  # a rank that refuses its inputs tells the others before it raises
+        if not isinstance(q, torch.Tensor) or q.dim() != 3:
+            raise ProblemError("q.shape", tuple(getattr(q, "shape", ())),
+                               "[total/P, H, D]: this rank's rows of the packed batch")
+        cu_seqlens, max_seqlen = check_cu_seqlens("cu_seqlens", cu_seqlens,
+                                                  q.shape[0] * world, None, max_seqlen)
+        bounds = _doc_bounds(cu_seqlens, world, is_causal)
+        local = torch.tensor([b // world for b in bounds], dtype=torch.int32,
+                             device=cu_seqlens.device)
+        _checked(q, k, v, local, local, max(1, max_seqlen // world),
+                 max(1, max_seqlen // world), is_causal, None, None, scale, precision, True,
+                 sinks)
+        if v.shape[-1] != q.shape[-1]:
+            raise ProblemError("v.shape", tuple(v.shape), "v's head dim equal to q's in the "
+                               "ring")
+    except ProblemError as err:
+        error = err
+    if world == 1:
+        if error is not None:
+            raise error
+        return attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                is_causal=is_causal, scale=scale, precision=precision,
+                                sinks=sinks)
+    # documents' offsets as (count, a checksum): every rank must hold the same batch
+    digest = sum((i + 1) * b for i, b in enumerate(bounds)) % (1 << 61)
+    as_4d = (lambda t: t.permute(1, 0, 2)[None]) if error is None else (lambda t: t)
+    _check_shards(as_4d(q), as_4d(k), group, is_causal, scale, precision, world, error,
+                  extra=(("cu_seqlens (count)", len(bounds)),
+                         ("cu_seqlens (checksum)", digest)))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _RingVarlen.apply(q, k, v, as_sinks(sinks), group, is_causal, scale,
+                             resolve(q.dtype, precision).op,
+                             _layout(bounds, world, is_causal, q.device))

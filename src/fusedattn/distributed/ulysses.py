@@ -89,7 +89,9 @@ def _checked(q, k, v, group, world: int, is_causal, scale, precision, **options)
         replicas = _heads(q, k, world)
     except ProblemError as err:
         error = err
-    _check_shards(q, k, group, is_causal, scale, precision, world, error)
+    # (no zigzag here: Ulysses gathers whole rows, so an odd shard is fine; USP's ring
+    # checks its own shards)
+    _check_shards(q, k, group, is_causal, scale, precision, world, error, zigzag=False)
     return replicas
 
 
@@ -202,6 +204,22 @@ def usp_shard(x: torch.Tensor, ulysses_rank: int, ulysses: int, ring_rank: int, 
     return contiguous_shard(zigzag_shard(x, ring_rank, ring, dim), ulysses_rank, ulysses, dim)
 
 
+def _usp_groups(mesh, ulysses_group, ring_group):
+    """(Ulysses group, ring group, Ulysses degree) from a 2-D mesh or the two groups."""
+    if mesh is not None:
+        if ulysses_group is not None or ring_group is not None:
+            raise ProblemError("mesh", mesh, "a mesh or the two groups, not both")
+        if getattr(mesh, "ndim", None) != 2:
+            raise ProblemError("mesh", mesh, "a 2-D DeviceMesh: dim 0 Ulysses, dim 1 the ring")
+        ulysses_group, ring_group = mesh.get_group(0), mesh.get_group(1)
+    elif ulysses_group is None or ring_group is None:
+        raise ProblemError("ulysses_group/ring_group", (ulysses_group, ring_group),
+                           "both groups (or mesh=): USP chooses no split of its own")
+    world = _group_size(ulysses_group, "ulysses_group")
+    _group_size(ring_group, "ring_group")
+    return ulysses_group, ring_group, world
+
+
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_group=None,
                   ring_group=None, mesh=None, is_causal: bool = False,
                   scale: float | None = None, precision: str | None = None,
@@ -216,17 +234,7 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
     takes its heads' sinks)."""
     from fusedattn.distributed.ring import ring_attention
 
-    if mesh is not None:
-        if ulysses_group is not None or ring_group is not None:
-            raise ProblemError("mesh", mesh, "a mesh or the two groups, not both")
-        if getattr(mesh, "ndim", None) != 2:
-            raise ProblemError("mesh", mesh, "a 2-D DeviceMesh: dim 0 Ulysses, dim 1 the ring")
-        ulysses_group, ring_group = mesh.get_group(0), mesh.get_group(1)
-    elif ulysses_group is None or ring_group is None:
-        raise ProblemError("ulysses_group/ring_group", (ulysses_group, ring_group),
-                           "both groups (or mesh=): USP chooses no split of its own")
-    world = _group_size(ulysses_group, "ulysses_group")
-    _group_size(ring_group, "ring_group")
+    ulysses_group, ring_group, world = _usp_groups(mesh, ulysses_group, ring_group)
     if world == 1:
         return ring_attention(q, k, v, group=ring_group, is_causal=is_causal, scale=scale,
                               precision=precision, sinks=sinks)
@@ -236,3 +244,49 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
     out = ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
                          precision=precision, sinks=sinks)
     return _heads_to_seq(out, ulysses_group, world)
+
+
+def usp_varlen_shard(x: torch.Tensor, cu_seqlens, ulysses_rank: int, ulysses: int,
+                     ring_rank: int, ring: int, *, causal: bool = True) -> torch.Tensor:
+    """A rank's rows of the packed batch `x` (`[total, ...]`) for `usp_attention_varlen`:
+    its ring position's `varlen_shard` (each document in 2 * ring zigzag chunks, or ring
+    chunks), cut contiguously over the Ulysses group (total / ring rows must divide by
+    `ulysses`)."""
+    from fusedattn.distributed.ring import varlen_shard
+
+    rows = varlen_shard(x, cu_seqlens, ring_rank, ring, causal=causal)
+    if rows.shape[0] % ulysses:
+        raise ProblemError("cu_seqlens", f"{rows.shape[0]} rows a ring shard",
+                           f"a multiple of ulysses = {ulysses} (pad the batch)")
+    return contiguous_shard(rows, ulysses_rank, ulysses, dim=0)
+
+
+def usp_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         cu_seqlens: torch.Tensor, max_seqlen: int, *, ulysses_group=None,
+                         ring_group=None, mesh=None, is_causal: bool = False,
+                         scale: float | None = None, precision: str | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed documents under USP: `usp_attention`'s groups (or mesh), q `[rows, H, D]`,
+    k, v `[rows, H_kv, D]` cut by `usp_varlen_shard`, and the whole batch's `cu_seqlens`
+    and `max_seqlen` on every rank (documents as `ring_attention_varlen` takes them). The
+    Ulysses all-to-all gives each rank its ring shard's rows for H/U heads, the ring runs
+    `ring_attention_varlen` on them, and the output's rows go back. Returns this rank's
+    `[rows, H, D]`, differentiable."""
+    from fusedattn.distributed.ring import ring_attention_varlen
+
+    ulysses_group, ring_group, world = _usp_groups(mesh, ulysses_group, ring_group)
+    options = dict(group=ring_group, is_causal=is_causal, scale=scale, precision=precision)
+    if world == 1:
+        return ring_attention_varlen(q, k, v, cu_seqlens, max_seqlen, sinks=sinks, **options)
+
+    def as_bhsd(t):  # [rows, H, D] -> [1, H, rows, D] (a view)
+        return t.permute(1, 0, 2)[None] if isinstance(t, torch.Tensor) and t.dim() == 3 \
+            else t
+
+    q, k, v = map(as_bhsd, (q, k, v))
+    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision,
+                        sinks=sinks)
+    *heads, sinks = _scatter_heads(q, k, v, sinks, ulysses_group, world, replicas)
+    qh, kh, vh = (t[0].permute(1, 0, 2) for t in heads)
+    out = ring_attention_varlen(qh, kh, vh, cu_seqlens, max_seqlen, sinks=sinks, **options)
+    return _heads_to_seq(as_bhsd(out), ulysses_group, world)[0].permute(1, 0, 2)
