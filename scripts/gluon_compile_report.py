@@ -1,11 +1,14 @@
-"""What the Hopper forward kernel compiles to, without a GPU: build `_flash_fwd_sm90` for
-sm_90a with Triton 3.6 and report, per configuration, its shared memory, its registers and
-stack (cuobjdump) and its SASS counts of the instructions that matter here (wgmma, TMA
-loads, mbarrier waits and arrives, named barriers, spills, exp2).
+"""What the Hopper kernels compile to, without a GPU: build `_flash_fwd_sm90` (or, with
+`--backward`, `_flash_bwd_sm90`) for sm_90a with Triton 3.6 and report, per configuration,
+its shared memory, its registers and stack (cuobjdump), ptxas' spill bytes and whether it
+serialised the wgmmas (its "C7512" note: too few registers), and its SASS counts of the
+instructions that matter here (wgmma, TMA loads, mbarrier waits and arrives, named
+barriers, spills, exp2, atomics).
 
-    python3 scripts/gluon_compile_report.py [--kernel FILE] [--configs JSON] [--out F]
+    python3 scripts/gluon_compile_report.py [--backward] [--kernel FILE] [--configs JSON]
+                                            [--out F]
 
-`--kernel` compiles another version of `forward_kernel.py` (e.g. `git show REV:path > f`).
+`--kernel` compiles another version of the kernel file (e.g. `git show REV:path > f`).
 A configuration names the kernel's constexprs (`TILE`, the launcher's, fills the rest);
 parameters a version lacks are left out, so one report compares versions. This is a
 compiler report, not a time."""
@@ -22,7 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = ROOT / "src/fusedattn/hopper/forward_kernel.py"
-COUNTED = r"\b(HGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|STL|MUFU\.EX2)"
+BACKWARD = ROOT / "src/fusedattn/hopper/backward_kernel.py"
+COUNTED = (r"\b(HGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|STL|MUFU\.EX2|"
+           r"REDG\.E\.ADD\.F32)")
 # what the launcher (`hopper.forward`) passes by default, beside each configuration's own
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
@@ -42,6 +47,23 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 ]
 
 
+# the backward's launcher's (`hopper.backward`) defaults and configurations
+BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
+                    BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
+                    WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False)
+BWD_CONFIGS = [
+    dict(name="bwd D128", D=128),
+    dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
+    dict(name="bwd D128 causal GQA", D=128, HAS_RIGHT=True, GQA=True),
+    dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
+    dict(name="bwd D128 softcap", D=128, SOFTCAP=True),
+    dict(name="bwd D128 writer 64 regs", D=128, WRITER_REGS=64),
+    dict(name="bwd D64 causal", D=64, HAS_RIGHT=True),
+    dict(name="bwd D64 window bottom-right", D=64, HAS_LEFT=True, HAS_RIGHT=True,
+         BOTTOM_RIGHT=True),
+]
+
+
 def _desc(rows: int, dim: int):
     from triton.experimental.gluon import language as gl
 
@@ -49,12 +71,19 @@ def _desc(rows: int, dim: int):
     return f"tensordesc<bf16{block},{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
 
 
-def compile_config(fn, config: dict):
-    """The compiled kernel for one configuration (bf16)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+def _backward_types(c: dict) -> dict:
+    bm, bn, d = c["BLOCK_M"], c["BLOCK_N"], c["D"]
+    return {"q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
+            "v_desc": _desc(bn, d), "dk_desc": _desc(bn, d), "dv_desc": _desc(bn, d),
+            "p_lse": "*fp32", "p_delta": "*fp32", "p_dq": "*fp32", "p_sem": "*i32",
+            "scale": "fp32", "qk_scale": "fp32", "cap": "fp32"}
 
+
+def compile_config(fn, config: dict, backward: bool = False):
+    """The compiled kernel for one configuration (bf16)."""
+    if backward:
+        c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
+        return _compile(fn, c, _backward_types(c), 8)
     c = DEFAULTS | {k: v for k, v in config.items() if k != "name"}
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
@@ -66,6 +95,14 @@ def compile_config(fn, config: dict):
         types[f"{t}2_desc"] = _desc(rows, c[f"{which}_B"] or c[f"{which}_A"])
     types |= {"p_o": "*bf16", "p_lse": "*fp32", "p_cu_q": "*i32", "p_cu_k": "*i32",
               "p_sinks": "*fp32", "qk_scale": "fp32", "cap": "fp32"}
+    return _compile(fn, c, types, 4)
+
+
+def _compile(fn, c: dict, types: dict, num_warps: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
     signature, constants = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in c:
@@ -74,24 +111,50 @@ def compile_config(fn, config: dict):
         else:  # strides i64, counts and window sides i32 (as the launcher's values are)
             signature[name] = types.get(name, "i64" if name[:3] in ("so_", "sl_") else "i32")
     source = GluonASTSource(fn, signature, constants)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})
 
 
-def report(kernel_file: Path, configs: list[dict]) -> list[dict]:
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ptxas(tools: Path, ptx: str) -> dict:
+    """ptxas' own word on the PTX: spill bytes, and whether it serialised the wgmmas."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        info = subprocess.run([tools / "ptxas", "-arch=sm_90a", "-v", src, "-o",
+                               Path(tmp) / "k.cubin"], capture_output=True, text=True,
+                              check=True).stderr
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    return dict(spill_stores=int(spills[1]), spill_loads=int(spills[2]),
+                wgmma_serialised="C7512" in info)
+
+
+def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> list[dict]:
+    import types
+
     import triton
 
-    spec = importlib.util.spec_from_file_location("forward_kernel_under_report", kernel_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    if backward:  # its import of the forward's helpers, without the package (and torch)
+        for name in ("fusedattn", "fusedattn.hopper"):
+            sys.modules.setdefault(name, types.ModuleType(name)).__path__ = []
+        _load("fusedattn.hopper.forward_kernel", KERNEL)
+    module = _load("kernel_under_report", kernel_file)
     tools = Path(triton.__file__).parent / "backends/nvidia/bin"
     rows = []
-    fn = module._flash_fwd_sm90
+    fn = module._flash_bwd_sm90 if backward else module._flash_fwd_sm90
     for config in configs:
         missing = sorted(set(config) - {"name"} - set(fn.arg_names))
         if missing:  # a configuration of a parameter this version does not have
             rows.append(dict(name=config["name"], skipped=f"no {', '.join(missing)}"))
             continue
-        compiled = compile_config(fn, config)
+        compiled = compile_config(fn, config, backward)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(compiled.asm["cubin"])
             cubin.flush()
@@ -102,17 +165,22 @@ def report(kernel_file: Path, configs: list[dict]) -> list[dict]:
         regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
         rows.append(dict(name=config["name"], shared=compiled.metadata.shared,
                          registers=int(regs[1]), stack=int(regs[2]),
+                         **_ptxas(tools, compiled.asm["ptx"]),
                          **collections.Counter(re.findall(COUNTED, sass))))
     return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", type=Path, default=KERNEL)
+    ap.add_argument("--backward", action="store_true", help="the backward kernel")
+    ap.add_argument("--kernel", type=Path, default=None)
     ap.add_argument("--configs", default="", help="a JSON list of configurations")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
-    rows = report(args.kernel, json.loads(args.configs) if args.configs else CONFIGS)
+    args.kernel = args.kernel or (BACKWARD if args.backward else KERNEL)
+    configs = (json.loads(args.configs) if args.configs
+               else BWD_CONFIGS if args.backward else CONFIGS)
+    rows = report(args.kernel, configs, args.backward)
     for row in rows:
         print(json.dumps(row))
     if args.out:
