@@ -155,23 +155,49 @@ def _merge(out, lse, part_out, part_lse, qs):
     lse[..., qs] = new
 
 
-class _RingAttention(torch.autograd.Function):
+class _Dense:
+    """The ring's blocks of `[B, H, S/P, D]` shards (`_blocks`) through the dense ops."""
+
+    def __init__(self, seq: int, causal: bool):
+        self.seq, self.causal = seq, causal
+
+    def blocks(self, rank: int, src: int):
+        return _blocks(rank, src, self.seq, self.causal)
+
+    def forward(self, q, k, v, block, scale, precision):
+        """(part O, part LSE, query rows) of one block, as `_merge` takes them."""
+        qs, ks, c = block
+        part, part_lse = torch.ops.fusedattn.flash_fwd(
+            q[..., qs, :], k[..., ks, :], v[..., ks, :], None, c, scale, precision,
+            *_NO_WINDOW)  # None: no sinks
+        return part, part_lse, qs
+
+    def backward(self, dout, q, k, v, out, lse, block, scale, precision):
+        """(query rows, key rows, dQ, dK, dV) of one block."""
+        qs, ks, c = block
+        dq, dk, dv, _ = torch.ops.fusedattn.flash_bwd(
+            dout[..., qs, :], q[..., qs, :], k[..., ks, :], v[..., ks, :], out[..., qs, :],
+            lse[..., qs].contiguous(), None, None, c, scale, precision,
+            *_NO_WINDOW)  # no dLSE, no sinks
+        return qs, ks, dq, dk, dv
+
+
+class _Ring(torch.autograd.Function):
+    """The ring's forward and backward on `[B, H, S/P, D]` shards (packed documents as
+    `[1, H, rows, D]` views), its blocks and their kernels the `plan`'s (`_Dense`,
+    `_Packed`)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, sinks, group, causal: bool, scale: float, precision: str):
+    def forward(ctx, q, k, v, sinks, group, scale: float, precision: str, plan):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        seq = q.shape[-2]
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
         k_cur, v_cur = k.contiguous(), v.contiguous()
         for step in range(world):
             if step < world - 1:  # the next shard travels while this one is computed
                 reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
-            src = (rank - step) % world
-            for qs, ks, c in _blocks(rank, src, seq, causal):
-                part, part_lse = torch.ops.fusedattn.flash_fwd(
-                    q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :], None, c, scale,
-                    precision, *_NO_WINDOW)  # None: no sinks
-                _merge(out, lse, part, part_lse, qs)
+            for block in plan.blocks(rank, (rank - step) % world):
+                _merge(out, lse, *plan.forward(q, k_cur, v_cur, block, scale, precision))
             if step < world - 1:
                 _wait(reqs)
                 k_cur, v_cur = k_next, v_next
@@ -181,15 +207,14 @@ class _RingAttention(torch.autograd.Function):
             lse = with_sink
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, sinks, out, lse)
-        ctx.options = (group, causal, scale, precision)
+        ctx.options = (group, scale, precision, plan)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, sinks, out, lse = ctx.saved_tensors
-        group, causal, scale, precision = ctx.options
+        group, scale, precision, plan = ctx.options
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        seq = q.shape[-2]
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         k_cur, v_cur = k.contiguous(), v.contiguous()
@@ -198,12 +223,9 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world):
             if step < world - 1:  # K/V travel on while their gradients are computed
                 kv_reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
-            src = (rank - step) % world
-            for qs, ks, c in _blocks(rank, src, seq, causal):
-                dq_i, dk_i, dv_i, _ = torch.ops.fusedattn.flash_bwd(
-                    dout[..., qs, :], q[..., qs, :], k_cur[..., ks, :], v_cur[..., ks, :],
-                    out[..., qs, :], lse[..., qs].contiguous(), None, None, c, scale,
-                    precision, *_NO_WINDOW)  # no dLSE, no sinks
+            for block in plan.blocks(rank, (rank - step) % world):
+                qs, ks, dq_i, dk_i, dv_i = plan.backward(dout, q, k_cur, v_cur, out, lse,
+                                                         block, scale, precision)
                 dq[..., qs, :] += dq_i
                 dk_cur[..., ks, :] += dk_i
                 dv_cur[..., ks, :] += dv_i
@@ -267,8 +289,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
                          enable_gqa=k.shape[-3] != q.shape[-3], sinks=sinks)
     _check_shards(q, k, group, is_causal, scale, precision, world, error)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _RingAttention.apply(q, k, v, as_sinks(sinks), group, is_causal, scale,
-                                resolve(q.dtype, precision).op)
+    return _Ring.apply(q, k, v, as_sinks(sinks), group, scale,
+                       resolve(q.dtype, precision).op, _Dense(q.shape[-2], is_causal))
 
 
 # --- packed documents (varlen) through the ring -------------------------------------------
@@ -342,96 +364,46 @@ def _layout(bounds: list[int], world: int, causal: bool, device) -> _Layout:
                    max(1, max(lengths)), max(1, max(lengths) // 2))
 
 
-def _varlen_blocks(rank: int, src: int, causal: bool, lay: _Layout):
-    """`_blocks` per document: (query rows, key rows, cu_q, cu_k, longest q, longest k,
-    causal), rows a slice (all) or the halves' rows."""
-    every = slice(None)
-    whole = (lay.cu, lay.cu, lay.longest, lay.longest)
-    if not causal:
-        return [(every, every, *whole, False)]
-    if src == rank:
-        return [(every, every, *whole, True)]
-    if src < rank:  # every query of each document, the first chunk of src's
-        return [(every, lay.first, lay.cu, lay.cu_half, lay.longest, lay.longest_half,
+def _rows(t: torch.Tensor, rows) -> torch.Tensor:
+    """Rows of a `[1, H, rows, D]` view as the varlen ops take them, `[n, H, D]`."""
+    return t[0][:, rows].permute(1, 0, 2)
+
+
+class _Packed:
+    """The ring's blocks of packed documents (`_blocks` per document) through the varlen
+    ops: (query rows, key rows, cu_q, cu_k, longest q, longest k, causal), rows a slice (all)
+    or a half's rows (`_Layout`)."""
+
+    def __init__(self, lay: _Layout, causal: bool):
+        self.lay, self.causal = lay, causal
+
+    def blocks(self, rank: int, src: int):
+        lay, every = self.lay, slice(None)
+        whole = (lay.cu, lay.cu, lay.longest, lay.longest)
+        if not self.causal:
+            return [(every, every, *whole, False)]
+        if src == rank:
+            return [(every, every, *whole, True)]
+        if src < rank:  # every query of each document, the first chunk of src's
+            return [(every, lay.first, lay.cu, lay.cu_half, lay.longest, lay.longest_half,
+                     False)]
+        return [(lay.second, every, lay.cu_half, lay.cu, lay.longest_half, lay.longest,
                  False)]
-    return [(lay.second, every, lay.cu_half, lay.cu, lay.longest_half, lay.longest, False)]
 
+    def forward(self, q, k, v, block, scale, precision):
+        qs, ks, cu_q, cu_k, max_q, max_k, c = block
+        part, part_lse = torch.ops.fusedattn.varlen_fwd(
+            _rows(q, qs), _rows(k, ks), _rows(v, ks), cu_q, cu_k, None, max_q, max_k, c,
+            scale, precision, *_NO_WINDOW)
+        return part.permute(1, 0, 2)[None], part_lse[None], qs
 
-def _merge_rows(out, lse, part_out, part_lse, rows):
-    """`_merge` for packed rows: `out [rows, H, D]`, `lse [H, rows]` fp32."""
-    cur = lse[:, rows]
-    new = torch.logaddexp(cur, part_lse)
-    out[rows] = (out[rows] * torch.exp(cur - new).T[..., None]
-                 + part_out.float() * torch.exp(part_lse - new).T[..., None])
-    lse[:, rows] = new
-
-
-class _RingVarlen(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, group, causal: bool, scale: float, precision: str,
-                lay: _Layout):
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32,
-                         device=q.device)
-        k_cur, v_cur = k.contiguous(), v.contiguous()
-        for step in range(world):
-            if step < world - 1:
-                reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
-            src = (rank - step) % world
-            for qs, ks, cu_q, cu_k, max_q, max_k, c in _varlen_blocks(rank, src, causal, lay):
-                part, part_lse = torch.ops.fusedattn.varlen_fwd(
-                    q[qs], k_cur[ks], v_cur[ks], cu_q, cu_k, None, max_q, max_k, c, scale,
-                    precision, *_NO_WINDOW)
-                _merge_rows(out, lse, part, part_lse, qs)
-            if step < world - 1:
-                _wait(reqs)
-                k_cur, v_cur = k_next, v_next
-        if sinks is not None:
-            with_sink = torch.logaddexp(lse, sinks[:, None])
-            out *= torch.exp(lse - with_sink).T[..., None]
-            lse = with_sink
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, sinks, out, lse)
-        ctx.options = (group, causal, scale, precision, lay)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, sinks, out, lse = ctx.saved_tensors
-        group, causal, scale, precision, lay = ctx.options
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        k_cur, v_cur = k.contiguous(), v.contiguous()
-        dk_cur = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv_cur = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for step in range(world):
-            if step < world - 1:
-                kv_reqs, (k_next, v_next) = _exchange([k_cur, v_cur], group, rank, world)
-            src = (rank - step) % world
-            for qs, ks, cu_q, cu_k, max_q, max_k, c in _varlen_blocks(rank, src, causal, lay):
-                dq_i, dk_i, dv_i, _ = torch.ops.fusedattn.varlen_bwd(
-                    dout[qs], q[qs], k_cur[ks], v_cur[ks], out[qs],
-                    lse[:, qs].contiguous(), None, cu_q, cu_k, None, max_q, max_k, c, scale,
-                    precision, *_NO_WINDOW)
-                dq[qs] += dq_i
-                dk_cur[ks] += dk_i
-                dv_cur[ks] += dv_i
-            d_reqs, (dk_next, dv_next) = _exchange([dk_cur, dv_cur], group, rank, world)
-            if step < world - 1:
-                _wait(kv_reqs)
-                k_cur, v_cur = k_next, v_next
-            _wait(d_reqs)
-            dk_cur, dv_cur = dk_next, dv_next
-        dsinks = None
-        if sinks is not None:
-            from fusedattn.tiles.flash_bwd import sink_gradient
-
-            delta = (dout.float() * out.float()).sum(-1).T  # [H, rows]
-            dsinks = sink_gradient(sinks, lse[None], delta[None])
-        return (dq.to(q.dtype), dk_cur.to(k.dtype), dv_cur.to(v.dtype), dsinks,
-                None, None, None, None, None)
+    def backward(self, dout, q, k, v, out, lse, block, scale, precision):
+        qs, ks, cu_q, cu_k, max_q, max_k, c = block
+        dq, dk, dv, _ = torch.ops.fusedattn.varlen_bwd(
+            _rows(dout, qs), _rows(q, qs), _rows(k, ks), _rows(v, ks), _rows(out, qs),
+            lse[0][:, qs].contiguous(), None, cu_q, cu_k, None, max_q, max_k, c, scale,
+            precision, *_NO_WINDOW)
+        return qs, ks, *(g.permute(1, 0, 2)[None] for g in (dq, dk, dv))
 
 
 def ring_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -487,6 +459,7 @@ def ring_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   extra=(("cu_seqlens (count)", len(bounds)),
                          ("cu_seqlens (checksum)", digest)))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _RingVarlen.apply(q, k, v, as_sinks(sinks), group, is_causal, scale,
-                             resolve(q.dtype, precision).op,
-                             _layout(bounds, world, is_causal, q.device))
+    out = _Ring.apply(*(t.permute(1, 0, 2)[None] for t in (q, k, v)), as_sinks(sinks), group,
+                      scale, resolve(q.dtype, precision).op,
+                      _Packed(_layout(bounds, world, is_causal, q.device), is_causal))
+    return out[0].permute(1, 0, 2)
