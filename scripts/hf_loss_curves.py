@@ -3,7 +3,8 @@ window of 256, head dim 64) trained 100 steps on one fixed synthetic token strea
 times from the same weights: attn_implementation "fusedattn" (under use_backend("hopper"):
 the Hopper forward and backward, their launches counted), "sdpa", and "eager" (the bf16
 noise yardstick: the same maths as SDPA by other kernels). bf16 weights and activations
-(under autocast HF's rotary embedding hands attention fp32 q and k), AdamW. The curves
+(not autocast: HF's rotary embedding hands attention fp32 q and k there, which fusedattn
+now runs in autocast's dtype, as SDPA does; the run of record predates that), AdamW. The curves
 match when |fusedattn - sdpa| stays within twice |eager - sdpa| (plus 0.01) at every
 step.
 

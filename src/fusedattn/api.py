@@ -28,9 +28,15 @@ d sink_h = -sum_i exp(sink_h - LSE_i) (rowsum(dO_i * O_i) - dLSE_i). -inf is no 
 (`attention_varlen` and `attention_with_kvcache` align bottom-right, as FlashAttention
 does.)
 
-Differentiable: `.backward()` runs the FlashAttention-2-style backward kernels
-(`tiles/flash_bwd.py`: deterministic, no S x S array) for every combination the forward
-takes, except fp32 head dims over 128 (`problem.MAX_FP32_GRAD_DIM`), refused at the call.
+Under `torch.autocast` (on the inputs' device type) fp32 q, k and v run in autocast's
+dtype, as SDPA's do, and the output comes back in it; an explicit `precision` keeps fp32
+(it names fp32's products). `attention_varlen` does the same; `attention_with_kvcache`
+does not (its caches are written in place).
+
+Differentiable: `.backward()` runs the backward kernels (the Hopper kernel or the
+portable ones, `tiles/flash_bwd.py`: deterministic, no S x S array) for every combination
+the forward takes, except fp32 head dims over 128 (`problem.MAX_FP32_GRAD_DIM`), refused
+at the call.
 With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij). First-order
 gradients only: a double backward raises `ProblemError`.
 
@@ -335,12 +341,24 @@ def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
     return _Call(options, wants_grads((q, k, v, sinks)))
 
 
+def autocast_inputs(q, k, v, precision) -> tuple:
+    """q, k, v in autocast's dtype where `torch.autocast` is on for their device type and
+    they are fp32 with no explicit `precision` (SDPA's behaviour); else as given."""
+    if (precision is not None or not isinstance(q, torch.Tensor)
+            or q.dtype != torch.float32 or not torch.is_autocast_enabled(q.device.type)):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(q.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32
+                 else t for t in (q, k, v))
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
               precision: str | None = None, window: tuple[int | None, int | None] | None = None,
               softcap: float | None = None, sinks: torch.Tensor | None = None):
     """Attention forward with the flash kernel; see the module docstring. A call whose
     metadata (`call_key`) was seen skips the checks and decisions it already passed."""
+    q, k, v = autocast_inputs(q, k, v, precision)
     compiling = torch.compiler.is_compiling()
     key = None if compiling else call_key(
         (q, k, v, sinks), (is_causal, scale, enable_gqa, precision, softcap), window)

@@ -34,6 +34,7 @@ from fusedattn.api import (
     DTYPES,
     _mask,
     as_sinks,
+    autocast_inputs,
     call_key,
     call_op,
     check_grad_dim,
@@ -208,6 +209,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      return_lse: bool = False, precision: str | None = None,
                      check_lengths: bool = True, sinks: torch.Tensor | None = None):
     """Attention over a packed batch of sequences; see the module docstring."""
+    q, k, v = autocast_inputs(q, k, v, precision)
     if not isinstance(check_lengths, bool):
         raise ProblemError("check_lengths", check_lengths, "True or False")
     key = None if check_lengths or torch.compiler.is_compiling() else call_key(
