@@ -4,7 +4,7 @@ GPU tier's, `tests/test_hopper_backward.py`; the bench rows of record are `fused
 then `autograd.grad` timed), each provider's gradients checked against the first's:
 
     hopper        the Hopper backward, deterministic (the default)
-    hopper-race   the same with the dQ adds racing (`hopper.backward.DETERMINISTIC`)
+    hopper-race   the same with the dQ adds racing (`attention(..., deterministic=False)`)
     portable      the portable kernels (two passes)
     cudnn, fa4    SDPA's cuDNN backend; FlashAttention-4 where it imports
 
@@ -42,12 +42,13 @@ def sources() -> dict:
          REPO / "src/fusedattn/tiles/flash_bwd_kernels.py"])}
 
 
-def _ours(backend, **switches):
+def _ours(backend, deterministic=True, **switches):
     """Our backward on `backend`, with `hopper.backward`'s A/B switches set for the call."""
     def make(q, k, v, dout, causal):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         with use_backend(backend):
-            out = attention(*leaves, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+            out = attention(*leaves, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1],
+                            deterministic=deterministic)
 
         def call():
             before = {name: getattr(knobs, name) for name in switches}
@@ -88,12 +89,12 @@ def _fa4(q, k, v, dout, causal):
     return call
 
 
-PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", DETERMINISTIC=False),
+PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", deterministic=False),
              # A/Bs of the dQ writer: one warp; one buffer; no adds (dQ wrong: the rest's
              # time, its error not checked)
              "hopper-w1": _ours("hopper", WRITER_WARPS=1),
              "hopper-buf1": _ours("hopper", DQ_BUFS=1),
-             "hopper-nodq": _ours("hopper", DETERMINISTIC=False, DQ_ADDS=False),
+             "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -11,7 +11,6 @@ import torch
 
 from fusedattn import attention
 from fusedattn.dispatch import backward_path, hopper_backward_refusal, use_backend
-from fusedattn.hopper import backward as hopper_knobs
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref_grads
 from fusedattn.tiles.common import Mask
@@ -186,8 +185,28 @@ def test_hopper_backward_gives_the_same_bits_every_run(causal):
 
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
-def test_the_racing_variant_is_right_too(monkeypatch):
-    monkeypatch.setattr(hopper_knobs, "DETERMINISTIC", False)
+def test_the_racing_variant_is_right_too():
     q, k, v = (rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=i) for i in range(3))
     dout = rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=3)
-    _within_portable(q, k, v, dout, dict(causal=True), is_causal=True)
+    _within_portable(q, k, v, dout, dict(causal=True), is_causal=True, deterministic=False)
+
+
+def test_deterministic_takes_a_bool_and_reaches_the_backward(monkeypatch):
+    from fusedattn.problem import ProblemError
+    from fusedattn.tiles import flash_bwd
+
+    q = rand(1, 2, 16, 16, dtype=torch.float32, grad=True)
+    with pytest.raises(ProblemError, match="deterministic"):
+        attention(q, q, q, deterministic="no")
+    seen, real = [], flash_bwd.flash_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flash_bwd, "flash_backward", spy)
+    grads = [torch.autograd.grad(attention(q, q, q, is_causal=True, deterministic=d).sum(),
+                                 q)[0] for d in (True, False)]
+    assert seen == [True, False]
+    # the portable backward is deterministic either way: the same bits
+    assert torch.equal(grads[0], grads[1])

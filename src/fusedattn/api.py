@@ -2,7 +2,7 @@
 SDPA-like API, as a PyTorch custom op.
 
     attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, return_lse=False,
-              precision=None, window=None, softcap=None, sinks=None)
+              precision=None, window=None, softcap=None, sinks=None, deterministic=True)
 
 `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (up to 8 dims, any strides; `[S, D]` and
 `[H, S, D]` work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
@@ -38,7 +38,9 @@ portable ones, `tiles/flash_bwd.py`: deterministic, no S x S array) for every co
 the forward takes, except fp32 head dims over 128 (`problem.MAX_FP32_GRAD_DIM`), refused
 at the call.
 With `return_lse=True` the LSE is differentiable too (d LSE_i / d s_ij = P_ij). First-order
-gradients only: a double backward raises `ProblemError`.
+gradients only: a double backward raises `ProblemError`. `deterministic=False` lets the
+Hopper backward race its fp32 dQ adds (faster: docs/training.md; the bits of dQ may then
+differ from run to run); the portable backward is deterministic either way.
 
 Registered as `torch.ops.fusedattn.flash_fwd` and `torch.ops.fusedattn.flash_bwd`
 (`torch.library.custom_op` with fake implementations, the backward through
@@ -92,9 +94,11 @@ def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
 
 def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None,
                is_causal: bool, scale: float, precision: str, window_left: int,
-               window_right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+               window_right: int, softcap: float,
+               deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward on validated `[B, H, S, D]` tensors: (O, LSE). The custom op's body, and
-    what eager calls directly (no dispatcher on the way: issue 31's host cost)."""
+    what eager calls directly (no dispatcher on the way: issue 31's host cost).
+    `deterministic` is the backward's (it rides with the forward's options to it)."""
     from fusedattn.dispatch import forward
 
     batch, heads, seq_q, _ = q.shape
@@ -109,7 +113,8 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
 def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                sinks: torch.Tensor | None, is_causal: bool, scale: float, precision: str,
-               window_left: int, window_right: int, softcap: float, backend: str = "auto"
+               window_left: int, window_right: int, softcap: float,
+               deterministic: bool = True, backend: str = "auto"
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward's kernels: (dQ, dK, dV, dsinks), dsinks empty without sinks (an op
     returns tensors only). The backward op's body; `backend` is the `use_backend` choice
@@ -119,7 +124,7 @@ def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return sink_grads(flash_backward(
         dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale, precision=precision,
         mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
-        backend=backend), lse)
+        backend=backend, deterministic=deterministic), lse)
 
 
 def sink_grads(grads: tuple, like: torch.Tensor) -> tuple:
@@ -133,7 +138,8 @@ _flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, muta
 
 
 @_flash_fwd_op.register_fake
-def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap):
+def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap,
+      deterministic=True):
     batch, heads, seq_q, _ = q.shape
     return (q.new_empty((batch, heads, seq_q, v.shape[3])),
             q.new_empty((batch, heads, seq_q), dtype=torch.float32))
@@ -141,7 +147,7 @@ def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, so
 
 @_flash_bwd_op.register_fake
 def _(dout, q, k, v, out, lse, dlse, sinks, is_causal, scale, precision, window_left,
-      window_right, softcap, backend="auto"):
+      window_right, softcap, deterministic=True, backend="auto"):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             lse.new_empty(0 if sinks is None else sinks.shape[0]))
 
@@ -330,14 +336,17 @@ _CALLS = Plans()
 
 
 def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
-             sinks) -> _Call:
+             sinks, deterministic=True) -> _Call:
     """The full path's checks and decisions (every bad input raises `ProblemError`)."""
     window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
                                 softcap, sinks)
+    if not isinstance(deterministic, bool):
+        raise ProblemError("deterministic", deterministic, "True (the same bits every run) or "
+                           "False (the Hopper backward may race its dQ adds: faster)")
     window = clamp_window(window, q.shape[-2], k.shape[-2])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     options = (is_causal, scale, resolve(q.dtype, precision).op,
-               *kernel_options(window, softcap))
+               *kernel_options(window, softcap), deterministic)
     return _Call(options, wants_grads((q, k, v, sinks)))
 
 
@@ -355,24 +364,26 @@ def autocast_inputs(q, k, v, precision) -> tuple:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
               precision: str | None = None, window: tuple[int | None, int | None] | None = None,
-              softcap: float | None = None, sinks: torch.Tensor | None = None):
+              softcap: float | None = None, sinks: torch.Tensor | None = None,
+              deterministic: bool = True):
     """Attention forward with the flash kernel; see the module docstring. A call whose
     metadata (`call_key`) was seen skips the checks and decisions it already passed."""
     q, k, v = autocast_inputs(q, k, v, precision)
     compiling = torch.compiler.is_compiling()
     key = None if compiling else call_key(
-        (q, k, v, sinks), (is_causal, scale, enable_gqa, precision, softcap), window)
+        (q, k, v, sinks), (is_causal, scale, enable_gqa, precision, softcap, deterministic),
+        window)
     call = _CALLS.get(key) if key is not None else None
     if call is None:
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
-                        sinks)
+                        sinks, deterministic)
         if call.grad and not compiling:
             from fusedattn.tiles.flash_bwd import precompile_backward
 
             # the backward's kernels compile on other threads while the forward's does
             precompile_backward(*_as_4d(q, k, v), is_causal=is_causal, scale=call.options[1],
                                 precision=call.options[2], mask=_mask(*call.options[:1],
-                                                                      *call.options[3:]))
+                                                                      *call.options[3:6]))
         if key is not None:
             _CALLS.put(key, call)
     out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), as_sinks(sinks),

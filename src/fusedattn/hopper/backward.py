@@ -22,15 +22,12 @@ LOADER_REGS, WRITER_REGS = 24, 24
 WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
-# the dQ adds in key-tile order (`backward_kernel`): the same bits every run. False races
-# them (fp32 atomics in any order), for A/Bs
-DETERMINISTIC = True
 
 
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return DETERMINISTIC, WRITER_WARPS, DQ_BUFS, DQ_ADDS
+    return WRITER_WARPS, DQ_BUFS, DQ_ADDS
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
@@ -39,11 +36,14 @@ def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
     return batch * heads * triton.cdiv(seq_q, TILES[dim][0])
 
 
-def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, scale, mask):
+def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, scale, mask,
+                           deterministic: bool = True):
     """The Gluon kernel's launch as (kernel, grid, args, keyword args), for
     `flash_backward` to run (and record): `dq_acc` the fp32 zeros `[B, H, Sq, D]`
     (contiguous) it adds dQ into, scaled; `sem` `counters(...)` int32 zeros. dO, like q, k
-    and v, must be TMA-ready (`dispatch._tma_ready`)."""
+    and v, must be TMA-ready (`dispatch._tma_ready`). `deterministic`: the dQ adds in
+    key-tile order (`backward_kernel`: the same bits every run); False races them (fp32
+    atomics in any order: faster, bits may differ by run)."""
     from fusedattn.hopper.backward_kernel import _flash_bwd_sm90
 
     batch, heads, seq_q, dim = q.shape
@@ -60,7 +60,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
             heads_kv, heads // heads_kv, seq_q, seq_k, scale, qk_scale, cap, left, right)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
-                  SOFTCAP=cap > 0, DETERMINISTIC=DETERMINISTIC, LOADER_REGS=LOADER_REGS,
+                  SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
                   DQ_ADDS=DQ_ADDS, GQA=heads != heads_kv,
                   num_warps=8)

@@ -50,7 +50,7 @@ from fusedattn.tiles.flash_bwd_kernels import _bwd_preprocess, _flash_bwd_dkdv, 
 
 def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: str, configs,
               mask: Mask, varlen: Varlen | None, scale: float,
-              hopper: tuple | None = None) -> list[tuple]:
+              hopper: tuple | None = None, deterministic: bool = True) -> list[tuple]:
     """The backward's launches as (kernel, grid, args, keyword args): the preprocess
     (delta), then the dK/dV pass and the dQ pass, or with `hopper` (dQ's fp32 accumulator
     and the counters, `hopper.backward`) the Hopper kernel that does both. `flash_backward`
@@ -76,7 +76,8 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
         from fusedattn.hopper.backward import hopper_backward_launch
 
         return [*launches, hopper_backward_launch(dout, q, k, v, lse, delta, *hopper, dk, dv,
-                                                  scale=scale, mask=mask)]
+                                                  scale=scale, mask=mask,
+                                                  deterministic=deterministic)]
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
         dim=max(dim, dim_v), itemsize=q.element_size(), precision=dot_precision,
         causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
@@ -175,7 +176,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, *,
                    is_causal: bool, scale: float, precision: str, configs=None,
                    mask: Mask | None = None, varlen: Varlen | None = None,
-                   sinks: torch.Tensor | None = None, backend: str | None = None):
+                   sinks: torch.Tensor | None = None, backend: str | None = None,
+                   deterministic: bool = True):
     """Gradients of `attention` on validated `[B, H, S, D]` tensors (any strides).
 
     `lse: [B, H, Sq] float32` is the forward's natural-log LSE; `dlse` its gradient or None.
@@ -194,7 +196,9 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     `backend`: the `dispatch.use_backend` choice the forward ran under (default the
     current one); `dispatch.backward_path` picks the path: the Hopper kernel
     (`hopper.backward`: one launch after the preprocess, dQ summed in fp32 and cast here)
-    or the portable kernels above."""
+    or the portable kernels above. `deterministic=False` lets the Hopper kernel race its
+    dQ adds (faster; bits may differ by run); the portable kernels are deterministic
+    either way."""
     from fusedattn import dispatch
     from fusedattn.hopper import backward as hopper_knobs
 
@@ -222,14 +226,15 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     key = plan = None
     if configs is None:  # a plan: what `_launches` decides, from this key alone
         key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs), path,
-               hopper_knobs.switches(),
+               hopper_knobs.switches(), path == "hopper" and bool(deterministic),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
     if plan is None:
         recording = Recording(inputs)
         for kernel, grid, args, kwargs in _launches(
                 dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
-                configs=configs, mask=mask, varlen=varlen, scale=scale, hopper=hopper):
+                configs=configs, mask=mask, varlen=varlen, scale=scale, hopper=hopper,
+                deterministic=deterministic):
             recording.launch(kernel, grid, *args, **kwargs)
         plan = recording.plan()
         if key is not None and plan is not None:
