@@ -111,31 +111,46 @@ def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
     return _device_refusal(q, k, v)
 
 
+def _choose(refusal, short, *, strict: bool, what: str,
+            backend: str | None = None) -> tuple[str, str]:
+    """The one rule under `use_backend`: ("hopper" | "portable", why). `refusal()` is the
+    Hopper kernel's refusal (None: it can serve the call) and `short()` the reason a
+    servable call still goes portable under "auto" (None: it does not); each is asked only
+    where needed. A forced "hopper" on a refused call raises where `strict`, else goes
+    portable with the refusal as its reason."""
+    chosen = backend or _BACKEND.get()
+    if chosen == "portable":
+        return "portable", "forced by use_backend('portable')"
+    why = refusal()
+    if why is None:
+        if chosen == "hopper":
+            return "hopper", "forced by use_backend('hopper')"
+        slow = short()
+        return ("portable", slow) if slow else ("hopper", "fp16/bf16 on sm90 at a covered "
+                                                          "head dim")
+    if chosen == "hopper" and strict:
+        raise ProblemError("backend", "hopper", f"a {what} the Hopper kernel serves; this one "
+                           f"has {why}")
+    return "portable", why
+
+
 def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     """("hopper" | "portable", why) for this call under the current `use_backend`. Under
     "auto", a call the Hopper kernel can serve still goes portable where its rows have
     fewer than `HOPPER_MIN_KEYS` keys (`HOPPER_MIN_KEYS_WIDE` non-causal without a window at
     head dims over 64; varlen: the longest sequence's)."""
-    chosen = _BACKEND.get()
-    if chosen == "portable":
-        return "portable", "forced by use_backend('portable')"
-    refusal = hopper_refusal(q, k, v, **kw)
-    if refusal is None:
-        if chosen == "hopper":
-            return "hopper", "forced by use_backend('hopper')"
+    def short():
         keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
         mask = kw["mask"]
         wide = q.shape[-1] > 64 and not mask.causal and mask.window is None
         least, name = ((HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE") if wide
                        else (HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"))
         if keys < least:
-            return "portable", (f"{keys} keys a row, under {name} = {least} (the portable "
-                                f"kernel is faster there)")
-        return "hopper", "fp16/bf16 on sm90 at a covered head dim"
-    if chosen == "hopper":
-        raise ProblemError("backend", "hopper", f"a call the Hopper kernel serves; this one "
-                           f"has {refusal}")
-    return "portable", refusal
+            return (f"{keys} keys a row, under {name} = {least} (the portable kernel is "
+                    f"faster there)")
+        return None
+
+    return _choose(lambda: hopper_refusal(q, k, v, **kw), short, strict=True, what="call")
 
 
 def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str | None:
@@ -161,21 +176,16 @@ def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, st
     `use_backend("hopper")` (which forces the forwards). `backend`: the `use_backend`
     choice the forward ran under (autograd may run the backward on a thread of its own,
     where the context is not set); default the current."""
-    chosen = backend or _BACKEND.get()
-    if chosen == "portable":
-        return "portable", "forced by use_backend('portable')"
-    refusal = hopper_backward_refusal(q, k, v, **kw)
-    if refusal is None:
-        if chosen == "hopper":
-            return "hopper", "forced by use_backend('hopper')"
+    def short():
         if k.shape[2] < HOPPER_BWD_MIN_KEYS:
-            return "portable", (f"{k.shape[2]} keys a row, under HOPPER_BWD_MIN_KEYS = "
-                                f"{HOPPER_BWD_MIN_KEYS} (the portable backward is as fast "
-                                f"there)")
-        return "hopper", "fp16/bf16 on sm90 at a covered head dim"
+            return (f"{k.shape[2]} keys a row, under HOPPER_BWD_MIN_KEYS = "
+                    f"{HOPPER_BWD_MIN_KEYS} (the portable backward is as fast there)")
+        return None
+
     # forced, a forward the Hopper forward serves may still need the portable backward
     # (D96, D192, varlen): that backward is the portable one, and says why
-    return "portable", refusal
+    return _choose(lambda: hopper_backward_refusal(q, k, v, **kw), short, strict=False,
+                   what="backward", backend=backend)
 
 
 def current_backend() -> str:
