@@ -21,6 +21,21 @@ def i32(values):
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
+# a ragged packed batch for the Hopper varlen tests: empty query and key sequences, one
+# token, and sequences past a tile
+RAGGED_Q, RAGGED_K = [5, 0, 1, 300, 1000, 64], [5, 3, 1, 500, 1000, 0]
+
+
+def ragged(dim: int, dim_v: int | None = None, heads=(4, 2)):
+    """q, k, v of `RAGGED_Q`/`RAGGED_K` (bf16, `heads` query and K/V heads, V's head dim
+    `dim_v`, default `dim`), their offsets and longest lengths."""
+    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in (RAGGED_Q, RAGGED_K))
+    q = rand(sum(RAGGED_Q), heads[0], dim, dtype=torch.bfloat16)
+    k = rand(sum(RAGGED_K), heads[1], dim, dtype=torch.bfloat16, seed=1)
+    v = rand(sum(RAGGED_K), heads[1], dim_v or dim, dtype=torch.bfloat16, seed=2)
+    return q, k, v, cu_q, cu_k, max(RAGGED_Q), max(RAGGED_K)
+
+
 def passes(got, ref, name="", peer=None):
     """`got` within the dtype's bound of the float64 `ref` (low precision: twice `peer`'s
     error, the same formula by torch in the same dtype, plus a floor)."""

@@ -23,6 +23,18 @@ def need_gpus(world: int) -> None:
                     "(the CPU side runs this test with gloo)")
 
 
+def refusal(label: str, call) -> str:
+    """A rank's line for a call that must be refused: "<label> refused <field> <message>",
+    or "<label> not-refused"."""
+    from fusedattn.problem import ProblemError
+
+    try:
+        call()
+        return f"{label} not-refused"
+    except ProblemError as err:
+        return f"{label} refused {err.field} {err}"
+
+
 def spawn(body, world: int, tmp_path: Path) -> list[list[str]]:
     """Run `body` on `world` ranks; each rank's lines (results under `tmp_path / "r"`)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # inherited by the spawned ranks

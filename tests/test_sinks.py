@@ -20,7 +20,7 @@ from fusedattn.reference import (
     varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, both_paths, i32, rand, within_portable
+from inputs import ON_HOPPER, both_paths, i32, ragged, rand, within_portable
 from inputs import passes as _passes
 
 
@@ -203,11 +203,8 @@ def test_hopper_sinks_match_the_reference(case):
 def test_hopper_varlen_sinks_with_empty_sequences():
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
-    lens_q, lens_k = [5, 0, 1, 300, 1000, 64], [5, 3, 1, 500, 1000, 0]
-    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in (lens_q, lens_k))
-    q = rand(sum(lens_q), 4, 128, dtype=torch.bfloat16)
-    k, v = (rand(sum(lens_k), 2, 128, dtype=torch.bfloat16, seed=s) for s in (1, 2))
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(128)
     sinks = _sinks(4)
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=True, sinks=sinks, device=DEVICE)
     within_portable(*both_paths(lambda: attention_varlen(
-        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=True, sinks=sinks)), ref)
+        q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True, sinks=sinks)), ref)

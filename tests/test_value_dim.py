@@ -18,7 +18,7 @@ from fusedattn.reference import (
     varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, both_paths, i32, rand, within_portable
+from inputs import ON_HOPPER, both_paths, i32, ragged, rand, within_portable
 from inputs import passes as _passes
 
 CASES = [  # (B, H, H_kv, Sq, Sk, D_qk, D_v, causal, dtype)
@@ -157,11 +157,7 @@ def test_hopper_takes_mlas_head_dims(case):
 def test_hopper_varlen_takes_mlas_head_dims():
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
-    lens_q, lens_k = [5, 0, 1, 300, 1000, 64], [5, 3, 1, 500, 1000, 0]
-    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in (lens_q, lens_k))
-    q = rand(sum(lens_q), 4, 192, dtype=torch.bfloat16)
-    k = rand(sum(lens_k), 2, 192, dtype=torch.bfloat16, seed=1)
-    v = rand(sum(lens_k), 2, 128, dtype=torch.bfloat16, seed=2)
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(192, 128)
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=True, device=DEVICE)
     within_portable(*both_paths(lambda: attention_varlen(
-        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=True)), ref)
+        q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True)), ref)
