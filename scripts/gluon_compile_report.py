@@ -166,6 +166,10 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> li
         rows.append(dict(name=config["name"], shared=compiled.metadata.shared,
                          registers=int(regs[1]), stack=int(regs[2]),
                          **_ptxas(tools, compiled.asm["ptx"]),
+                         # the partitions' register counts (setmaxnreg: loader, writer,
+                         # consumers), as the SASS sets them
+                         setmaxnreg=sorted({int(x, 16) for x in re.findall(
+                             r"USETMAXREG\.\S+ (?:UP0, )?(0x[0-9a-f]+)", sass)}),
                          **collections.Counter(re.findall(COUNTED, sass))))
     return rows
 
