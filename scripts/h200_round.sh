@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
     rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
-             varlen|window|decode|sinks|mla) providers=all ;;
+             varlen|window|decode|sinks|mla|fp8) providers=all ;;
              *) providers=${PROVIDERS:-flash,flash-portable,sdpa-cudnn,sdpa-flash,fa4} ;;
            esac
            python3 -m fusedattn_lab bench --suite "$suite" --out $ev \

@@ -291,6 +291,6 @@ def test_serving_bench_verifies_every_kind(tmp_path):
     (csv_path,) = tmp_path.rglob("bench.csv")
     rows = list(csv.DictReader(csv_path.open()))
     assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window", "sinks",
-                                                        "mla"}
+                                                        "mla", "fp8"}
     assert all(r["status"] == "ok" and float(r["max_abs_error"]) <= float(r["tolerance"])
                for r in rows)

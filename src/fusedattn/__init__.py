@@ -3,6 +3,7 @@
     fusedattn.attention(q, k, v, is_causal=..., window=..., softcap=..., enable_gqa=...)
     fusedattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ...)
     fusedattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., ...)
+    fusedattn.attention_fp8_backward(dout, q8, k8, v8, out, lse, descale_q=..., ...)
     fusedattn.distributed.ring_attention(q, k, v, group=..., is_causal=...)
     fusedattn.warmup(head_dims=..., heads=..., training=...)  # compile ahead of time
 
@@ -16,7 +17,8 @@ __version__ = "0.1.0"
 
 
 _PUBLIC = {"attention": "fusedattn.api", "attention_varlen": "fusedattn.varlen",
-           "attention_with_kvcache": "fusedattn.kvcache", "warmup": "fusedattn.ahead_of_time"}
+           "attention_with_kvcache": "fusedattn.kvcache", "warmup": "fusedattn.ahead_of_time",
+           "attention_fp8_backward": "fusedattn.fp8"}
 
 
 def __getattr__(name: str):

@@ -2,7 +2,8 @@
 SDPA-like API, as a PyTorch custom op.
 
     attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, return_lse=False,
-              precision=None, window=None, softcap=None, sinks=None, deterministic=True)
+              precision=None, window=None, softcap=None, sinks=None, deterministic=True,
+              descale_q=None, descale_k=None, descale_v=None)
 
 `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (up to 8 dims, any strides; `[S, D]` and
 `[H, S, D]` work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
@@ -27,6 +28,18 @@ row that sees no key gives O = 0 and LSE = sink_h), and the sinks are differenti
 d sink_h = -sum_i exp(sink_h - LSE_i) (rowsum(dO_i * O_i) - dLSE_i). -inf is no sink.
 (`attention_varlen` and `attention_with_kvcache` align bottom-right, as FlashAttention
 does.)
+
+FP8: q, k and v in `torch.float8_e4m3fn` (all three) stand for q * descale_q, k * descale_k
+and v * descale_v, FlashAttention-3's factors: each None (1.0) or a float32 tensor of one
+element (per tensor) or `[H]` for q, `[H_kv]` for k and v (per head). O comes back in
+bfloat16 (with the LSE of the dequantised scores). The scores are the float8 values'
+products in fp32; P enters its product with V in e4m3 (at a power-of-two scale,
+`tiles.common.FP8_P_SCALE`). Head dims 64, 128 and 256; the portable kernel (the Hopper one
+takes fp16/bf16). Autograd cannot take FP8's gradients (a float8 tensor cannot hold
+one), so inputs (or sinks) that require grad are refused: `fusedattn.attention_fp8_backward`
+gives them, for an autograd Function of the caller's (`fusedattn.fp8`). Precision modes and
+the factors on other dtypes are refused too. `attention_varlen` and
+`attention_with_kvcache` take no FP8.
 
 Under `torch.autocast` (on the inputs' device type) fp32 q, k and v run in autocast's
 dtype, as SDPA's do, and the output comes back in it; an explicit `precision` keeps fp32
@@ -62,9 +75,11 @@ from fusedattn.launch import Plans, tensor_key
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
+    FP8,
     MAX_FLASH_DIM,
     MAX_FP32_GRAD_DIM,
     ProblemError,
+    check_fp8,
     check_qkv,
     check_sinks,
     check_softcap,
@@ -94,20 +109,38 @@ def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
 
 def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None,
                is_causal: bool, scale: float, precision: str, window_left: int,
-               window_right: int, softcap: float,
-               deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+               window_right: int, softcap: float, deterministic: bool = True,
+               descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward on validated `[B, H, S, D]` tensors: (O, LSE). The custom op's body, and
     what eager calls directly (no dispatcher on the way: issue 31's host cost).
-    `deterministic` is the backward's (it rides with the forward's options to it)."""
+    `deterministic` is the backward's (it rides with the forward's options to it);
+    `descale` float8 inputs' factors (`fp8_descale`), O then bfloat16."""
     from fusedattn.dispatch import forward
 
-    batch, heads, seq_q, _ = q.shape
-    out = q.new_empty((batch, heads, seq_q, v.shape[3]))  # O has V's head dim
-    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    out = _new_out(q, v)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=precision,
-            mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks)
+            mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
+            descale=descale)
     return out, lse
+
+
+def _new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """O's tensor: q's shape with V's head dim, q's dtype (bfloat16 for float8 inputs)."""
+    return q.new_empty((*q.shape[:3], v.shape[3]),
+                       dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
+
+
+def fp8_descale(descale_q, descale_k, descale_v, heads: int, heads_kv: int,
+                device) -> torch.Tensor:
+    """Checked descale factors (`problem.check_fp8`) as the kernel reads them: float32
+    `[H + 2 * H_kv]`, q's per query head, then k's and v's per K/V head (1.0 for None)."""
+    parts = []
+    for d, n in ((descale_q, heads), (descale_k, heads_kv), (descale_v, heads_kv)):
+        parts.append(torch.ones(n, dtype=torch.float32, device=device) if d is None
+                     else d.reshape(-1).expand(n))
+    return torch.cat(parts)
 
 
 def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -139,10 +172,8 @@ _flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, muta
 
 @_flash_fwd_op.register_fake
 def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap,
-      deterministic=True):
-    batch, heads, seq_q, _ = q.shape
-    return (q.new_empty((batch, heads, seq_q, v.shape[3])),
-            q.new_empty((batch, heads, seq_q), dtype=torch.float32))
+      deterministic=True, descale=None):
+    return _new_out(q, v), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @_flash_bwd_op.register_fake
@@ -154,6 +185,7 @@ def _(dout, q, k, v, out, lse, dlse, sinks, is_causal, scale, precision, window_
 
 def _setup_context(ctx, inputs, output):
     q, k, v, sinks, *options = inputs
+    options = options[:7]  # (FP8's descale, last, never has a gradient: check_fp8)
     out, lse = output
     # an output the loss does not use gets None, not a tensor of zeros: the backward then
     # skips dLSE (HAS_DLSE=False, as `precompile_backward` compiled it) instead of reading 0s
@@ -172,7 +204,8 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     dq, dk, dv, dsinks = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)(
         dout, q, k, v, out, lse, dlse, sinks, *ctx.options, ctx.backend)
-    return dq, dk, dv, dsinks if sinks is not None else None, *(None for _ in ctx.options)
+    return (dq, dk, dv, dsinks if sinks is not None else None,
+            *(None for _ in ctx.options), None)
 
 
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -244,9 +277,9 @@ def check_options(q, k, v, is_causal, scale, precision, window, softcap):
                               or not (math.isfinite(scale) and scale > 0)):
         raise ProblemError("scale", scale, "None or a finite number > 0")
     if precision is not None and q.dtype != torch.float32:
-        raise ProblemError("precision", precision, "None for float16/bfloat16 inputs (their "
-                           "products run on tensor cores as they are); 'ieee', 'tf32' or "
-                           "'tf32x3' for float32 only")
+        raise ProblemError("precision", precision, "None for float16/bfloat16/float8_e4m3fn "
+                           "inputs (their products run on tensor cores as they are); 'ieee', "
+                           "'tf32' or 'tf32x3' for float32 only")
     resolve(q.dtype, precision)
     return check_window(window), check_softcap(softcap)
 
@@ -275,8 +308,11 @@ def wants_grads(tensors) -> bool:
 
 
 def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, softcap=None,
-              sinks=None):
-    check_qkv(q, k, v, device=DEVICE, ranks=LAYOUTS, dtypes=DTYPES)
+              sinks=None, descales=None):
+    """`attention`'s checks (the ring's and Ulysses' too): `descales`, FP8's factors by
+    name, only from `attention`, which alone takes float8_e4m3fn inputs."""
+    check_qkv(q, k, v, device=DEVICE, ranks=LAYOUTS,
+              dtypes=DTYPES if descales is None else (*DTYPES, FP8))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() == 0:
             raise ProblemError(f"{name}.shape", tuple(t.shape), "no zero-sized dimension")
@@ -296,7 +332,14 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, sof
             raise ProblemError("heads", (hq, hkv), "k/v heads dividing q heads (GQA/MQA)")
     check_sinks(sinks, q.shape[-3] if q.dim() >= 3 else 1, q.device)
     check_grad_dim(q, k, v, sinks)
+    if descales is not None:
+        check_fp8(q, v, descales, *_heads(q, k), wants_grads((q, k, v, sinks)))
     return options
+
+
+def _heads(q, k) -> tuple[int, int]:
+    """(query heads, K/V heads) of `[..., H, S, D]` (1 and 1 for `[S, D]`)."""
+    return (q.shape[-3], k.shape[-3]) if q.dim() >= 3 else (1, 1)
 
 
 class _Call(NamedTuple):
@@ -336,10 +379,10 @@ _CALLS = Plans()
 
 
 def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
-             sinks, deterministic=True) -> _Call:
+             sinks, deterministic=True, descales=None) -> _Call:
     """The full path's checks and decisions (every bad input raises `ProblemError`)."""
     window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
-                                softcap, sinks)
+                                softcap, sinks, descales or {})
     if not isinstance(deterministic, bool):
         raise ProblemError("deterministic", deterministic, "True (the same bits every run) or "
                            "False (the Hopper backward may race its dQ adds: faster)")
@@ -365,18 +408,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
               scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
               precision: str | None = None, window: tuple[int | None, int | None] | None = None,
               softcap: float | None = None, sinks: torch.Tensor | None = None,
-              deterministic: bool = True):
+              deterministic: bool = True, descale_q: torch.Tensor | None = None,
+              descale_k: torch.Tensor | None = None, descale_v: torch.Tensor | None = None):
     """Attention forward with the flash kernel; see the module docstring. A call whose
     metadata (`call_key`) was seen skips the checks and decisions it already passed."""
     q, k, v = autocast_inputs(q, k, v, precision)
     compiling = torch.compiler.is_compiling()
+    descales = (descale_q, descale_k, descale_v)
     key = None if compiling else call_key(
-        (q, k, v, sinks), (is_causal, scale, enable_gqa, precision, softcap, deterministic),
-        window)
+        (q, k, v, sinks, *descales),
+        (is_causal, scale, enable_gqa, precision, softcap, deterministic), window)
     call = _CALLS.get(key) if key is not None else None
     if call is None:
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
-                        sinks, deterministic)
+                        sinks, deterministic, dict(zip(("descale_q", "descale_k",
+                                                        "descale_v"), descales, strict=True)))
         if call.grad and not compiling:
             from fusedattn.tiles.flash_bwd import precompile_backward
 
@@ -386,8 +432,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                                       *call.options[3:6]))
         if key is not None:
             _CALLS.put(key, call)
+    descale = None
+    if q.dtype == FP8:  # (a tensor per call: not in the cached decisions)
+        descale = fp8_descale(*descales, *_heads(q, k), q.device)
     out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), as_sinks(sinks),
-                       *call.options, grad=call.grad)
+                       *call.options, descale, grad=call.grad)
     if q.dim() != 4:
         out = out.reshape(*q.shape[:-1], v.shape[-1])
     if not return_lse:

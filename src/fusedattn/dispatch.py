@@ -201,18 +201,18 @@ _PLANS = Plans()
 
 
 def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen=None,
-            cache=None, splits=1, pack_gqa=False, config=None, sinks=None):
+            cache=None, splits=1, pack_gqa=False, config=None, sinks=None, descale=None):
     """The forward behind every entry point: the path `forward_path` picks, launched on
     validated `[B, H, S, D]` tensors (`tiles.flash.flash_forward`'s arguments; `sinks`:
-    `[H]` float32 attention sinks, both paths). A call whose key was seen replays that
-    call's plan (`launch.Plan`)."""
+    `[H]` float32 attention sinks, both paths; `descale`: float8 inputs' factors, the
+    portable path). A call whose key was seen replays that call's plan (`launch.Plan`)."""
     from fusedattn.tiles.common import Mask
 
     mask = mask or Mask(causal=is_causal)
     inputs = (q, k, v, out, lse, *((varlen.cu_q, varlen.cu_k) if varlen is not None
                                    else (None, None)),
               *((cache.seqlens, cache.block_table) if cache is not None else (None, None)),
-              sinks)
+              sinks, descale)
     key = None
     if config is None:
         key = (_BACKEND.get(), configs.OVERRIDES, hopper_knobs.PINGPONG,
@@ -238,7 +238,7 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
         _, compiled = flash_forward(
             q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale, precision=precision,
             config=config, mask=mask, varlen=varlen, cache=cache, splits=splits,
-            pack_gqa=pack_gqa, recording=recording, sinks=sinks)
+            pack_gqa=pack_gqa, recording=recording, sinks=sinks, descale=descale)
     plan = recording.plan()
     if key is not None and plan is not None:
         _PLANS.put(key, plan)

@@ -217,6 +217,74 @@ def check_softcap(softcap: object) -> float | None:
 
 
 SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8 = torch.float8_e4m3fn  # FP8 inputs: `attention` alone, forward (issue 34)
+FP8_HEAD_DIMS = (64, 128, 256)
+FP8_GRAD_HEAD_DIMS = (64, 128)  # `fp8.attention_fp8_backward` (fp32's backward limit)
+
+
+def _check_descale(name: str, d: object, n: int, device: torch.device) -> None:
+    """A descale factor (FlashAttention-3's descale_q/k/v): None, or a float32 tensor of one
+    element (per tensor) or `[n]` (per head) on `device`; its values are not read here
+    (that would wait for the GPU)."""
+    if d is None:
+        return
+    if not isinstance(d, torch.Tensor):
+        raise ProblemError(name, type(d).__name__, f"None or a float32 torch.Tensor of 1 or "
+                           f"{n} elements")
+    if d.dtype != torch.float32:
+        raise ProblemError(f"{name}.dtype", str(d.dtype), "float32")
+    if d.dim() > 1 or d.numel() not in (1, n):
+        raise ProblemError(f"{name}.shape", tuple(d.shape),
+                           f"() or [1] (per tensor) or [{n}] (per head)")
+    if d.device != device:
+        raise ProblemError(f"{name}.device", str(d.device), f"{device}, as q")
+
+
+def check_fp8(q: torch.Tensor, v: torch.Tensor, descales: dict[str, object], heads: int,
+              heads_kv: int, wants_grad: bool) -> None:
+    """FP8's inputs (`attention` with float8_e4m3fn q, k, v) and its dequantisation
+    factors: each None (1.0) or a float32 tensor of one element (per tensor) or `[H]` for
+    q, `[H_kv]` for k and v (per head), on q's device, given only with FP8 inputs. FP8
+    takes head dims `FP8_HEAD_DIMS` and no gradient: a float8 tensor cannot hold one
+    (autograd casts gradients to the input's dtype; `fp8.attention_fp8_backward` gives
+    them)."""
+    fp8 = q.dtype == FP8
+    for name, d in descales.items():
+        if d is not None and not fp8:
+            raise ProblemError(name, "a tensor", f"None for {str(q.dtype).removeprefix('torch.')} "
+                               "inputs (the factors dequantise float8_e4m3fn q, k, v)")
+        _check_descale(name, d, heads if name == "descale_q" else heads_kv, q.device)
+    if not fp8:
+        return
+    dims = (q.shape[-1], v.shape[-1])
+    if any(d not in FP8_HEAD_DIMS for d in dims):
+        raise ProblemError("head_dim", dims, "for float8_e4m3fn inputs, "
+                           f"{', '.join(map(str, FP8_HEAD_DIMS))} for q/k and for v")
+    if wants_grad:
+        raise ProblemError("requires_grad", True, "float8_e4m3fn inputs (and sinks) without "
+                           "grad: a float8 tensor cannot hold a gradient; take them with "
+                           "fusedattn.attention_fp8_backward, or train in bfloat16")
+
+
+def check_grad_inputs(q: torch.Tensor, v: torch.Tensor, dout: object,
+                      descale_do: object) -> None:
+    """`fp8.attention_fp8_backward`'s `dout`: shaped as the forward's O (q's shape with v's
+    head dim), bfloat16/float16/float32 or float8_e4m3fn (with `descale_do`, None, one
+    element or `[H]`), on q's device."""
+    shape = (*q.shape[:-1], v.shape[-1])
+    dtypes = (torch.bfloat16, torch.float16, torch.float32, FP8)
+    if not isinstance(dout, torch.Tensor):
+        raise ProblemError("dout", type(dout).__name__, "a torch.Tensor")
+    if tuple(dout.shape) != shape:
+        raise ProblemError("dout.shape", tuple(dout.shape), f"{list(shape)}, the forward's O")
+    if dout.dtype not in dtypes:
+        raise ProblemError("dout.dtype", str(dout.dtype), " or ".join(
+            str(d).removeprefix("torch.") for d in dtypes))
+    if dout.device != q.device:
+        raise ProblemError("dout.device", str(dout.device), f"{q.device}, as q")
+    if descale_do is not None and dout.dtype != FP8:
+        raise ProblemError("descale_do", "a tensor", "None unless dout is float8_e4m3fn")
+    _check_descale("descale_do", descale_do, q.shape[-3] if q.dim() >= 3 else 1, q.device)
 
 
 def check_sinks(sinks: object, heads: int, device: torch.device) -> None:

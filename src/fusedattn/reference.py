@@ -69,10 +69,11 @@ def _gqa(v, heads):
     return v.repeat_interleave(heads // v.shape[-3], -3) if v.dim() >= 3 else v
 
 
-def _forward(q, k, v, scores, sinks=None):
+def _forward(q, k, v, scores, sinks=None, round_p=None):
     """Softmax rows (a row that sees no key gives 0, not NaN) times V; and the LSE. `sinks`
     (`[H]`, one logit per query head): each joins its head's rows' denominators and the LSE,
-    carrying no value (gpt-oss's attention sinks)."""
+    carrying no value (gpt-oss's attention sinks). `round_p`: P as a low-precision peer
+    rounds it before its product with V (`fusedattn_lab.peers.fp8_peer`)."""
     if sinks is not None:
         heads = q.shape[-3] if q.dim() >= 3 else 1
         column = sinks.to(scores).reshape(heads, 1, 1).expand(*scores.shape[:-1], 1)
@@ -80,7 +81,20 @@ def _forward(q, k, v, scores, sinks=None):
     else:
         lse = torch.logsumexp(scores, dim=-1)
     p = torch.exp(scores - lse[..., None].masked_fill(torch.isinf(lse)[..., None], 0.0))
+    if round_p is not None:
+        p = round_p(p)
     return p @ _gqa(v, q.shape[-3] if q.dim() >= 3 else 1), lse
+
+
+def dequantize(t: torch.Tensor, descale: torch.Tensor | None = None) -> torch.Tensor:
+    """A float8 tensor `[..., H, S, D]` as the values it stands for, in float64: times
+    `descale` (None: 1; one element: per tensor; `[H]`: per head), FlashAttention-3's
+    descale_q/k/v. The reference of FP8 attention is `attention_ref` on these."""
+    x = t.detach().to(torch.float64)
+    if descale is None:
+        return x
+    d = descale.detach().to(x.device, torch.float64)
+    return x * (d.reshape(-1, 1, 1) if d.numel() > 1 else d.reshape(()))
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,

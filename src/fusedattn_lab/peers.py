@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from fusedattn.problem import Problem
-from fusedattn.reference import causal_mask
+from fusedattn.problem import FP8, Problem
+from fusedattn.reference import _forward, _scores, causal_mask, dequantize
+from fusedattn.tiles.common import FP8_P_SCALE
 from fusedattn_lab.registry import Kernel, Prepared, Version, register
 from fusedattn_lab.verify import tf32_matmuls
 
@@ -131,3 +132,52 @@ register(Version(
     (Kernel("flash_attn_func", ("Q", "K", "V"), ("O",)),), "fusedattn_lab.peers",
     _sdpa_prepare("FLASH_ATTENTION"), in_all=False, batched=_fa4_batched,
 ))
+
+
+def fp8_peer(q8, k8, v8, descale_q=None, descale_k=None, descale_v=None, *, scale=None,
+             causal=False, align="top-left", window=None, softcap=None, sinks=None):
+    """The FP8 formula done by torch, the peer whose error bounds FP8 outputs (issue 34):
+    the float8 values' products in float32 times the factors (`reference.dequantize`),
+    the softmax in float32, P rounded to e4m3 at the kernel's scale
+    (`tiles.common.FP8_P_SCALE`), its product with V in float32, O in bfloat16.
+    `[..., H, S, D]` float8_e4m3fn q, k, v; the options as `reference.attention_ref`'s."""
+    def round_p(p):
+        return (p * FP8_P_SCALE).to(FP8).to(p.dtype) / FP8_P_SCALE
+
+    q, k, v = (dequantize(t, d).to(torch.float32) for t, d in
+               ((q8, descale_q), (k8, descale_k), (v8, descale_v)))
+    scores = _scores(q, k, scale, causal, align, window, softcap)
+    sinks = None if sinks is None else sinks.detach().to(torch.float32)
+    return _forward(q, k, v, scores, sinks, round_p)[0].to(torch.bfloat16)
+
+
+def fp8_backward_peer(dout, q8, k8, v8, descale_q=None, descale_k=None, descale_v=None, *,
+                      scale=None, causal=False, align="top-left", window=None, softcap=None):
+    """The FP8 backward's formula done by torch, the peer whose error bounds
+    `fusedattn.attention_fp8_backward`'s gradients: today's formulas (dV = P^T dO,
+    dS = P (dP - delta), dK = dS^T Q, dQ = dS K, times the softcap's derivative) in float32
+    on the dequantised values, delta = rowsum(dO * O) from O in float32 (not the FP8
+    forward's: `scripts/fp8_backward_error.py`); (dq, dk, dv) in bfloat16, GQA summed."""
+    from fusedattn.reference import visible
+
+    q, k, v = (dequantize(t, d).to(torch.float32) for t, d in
+               ((q8, descale_q), (k8, descale_k), (v8, descale_v)))
+    group = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
+    kr, vr = (t.repeat_interleave(group, -3) if group > 1 else t for t in (k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    raw = (q @ kr.transpose(-1, -2)) * scale
+    s = softcap * torch.tanh(raw / softcap) if softcap is not None else raw
+    if causal or window is not None or align != "top-left":
+        s = s.masked_fill(~visible(q.shape[-2], k.shape[-2], causal=causal, align=align,
+                                   window=window, device=s.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0))
+    do = dout.to(torch.float32)
+    ds = p * (do @ vr.transpose(-1, -2) - (do * (p @ vr)).sum(-1, keepdim=True))
+    if softcap is not None:
+        ds = ds * (1 - torch.tanh(raw / softcap) ** 2)
+    dq = ds @ kr * scale
+    dk, dv = ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ do
+    if group > 1:  # each K/V head's gradient: the sum over the query heads that read it
+        dk, dv = (t.unflatten(-3, (-1, group)).sum(-3) for t in (dk, dv))
+    return tuple(t.to(torch.bfloat16) for t in (dq, dk, dv))

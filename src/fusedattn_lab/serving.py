@@ -16,6 +16,10 @@ peers, in one process, on the same inputs.
   FlexAttention have no sinks.
 - mla: prefill with a V head dim unlike Q's (DeepSeek's MLA: 192 and 128) against SDPA's
   cuDNN and flash backends and FA4. TFLOP/s: 2 * (D_qk + D_v) per (query, key) pair seen.
+- fp8: `attention` on float8_e4m3fn q, k, v with per-head descale factors (O in bf16)
+  against SDPA's cuDNN and flash backends on the same values dequantised to bf16 (SDPA takes
+  no FP8; FA4's FP8 runs on SM100 only, FA3 is not staged here). Its error bound is twice
+  the FP8 formula's done by torch (`peers.fp8_peer`), not the bf16 peers'.
 
 Every provider's output is verified against the float64 reference on one sequence / two
 heads before it is timed (`lab/verify.check`, peers' errors for the low-precision bound),
@@ -36,14 +40,14 @@ from fusedattn_lab.suites import DTYPES, BenchRow
 
 @dataclass(frozen=True)
 class ServingProblem:
-    kind: str             # decode | varlen | window | sinks | mla
+    kind: str             # decode | varlen | window | sinks | mla | fp8
     batch: int
     heads: int
     heads_kv: int
     seq_q: int            # decode: new queries per sequence; varlen: longest sequence
     seq_k: int            # keys per sequence (decode: cache length; window: S)
     dim: int
-    dtype: str = "bf16"
+    dtype: str = "bf16"   # fp8: the output's and the peers' (the inputs are e4m3)
     page: int | None = None       # decode: paged cache with this block size
     window: int | None = None     # window (and sinks, where given): left size (causal)
     lengths: tuple[int, ...] = ()  # varlen: each sequence's length
@@ -60,6 +64,9 @@ class ServingProblem:
         if self.kind == "mla":
             return (f"{base} S{self.seq_k} D{self.dim}/{self.dim_v}"
                     + (" causal" if self.causal else ""))
+        if self.kind == "fp8":
+            return (f"fp8 e4m3 (O {self.dtype}) B{self.batch} H{self.heads}/{self.heads_kv} "
+                    f"S{self.seq_k} D{self.dim}" + (" causal" if self.causal else ""))
         if self.kind == "sinks":
             return (f"{base} S{self.seq_k} D{self.dim} causal sinks"
                     + (f" window{self.window}" if self.window is not None else ""))
@@ -68,7 +75,7 @@ class ServingProblem:
     def useful_flops(self) -> float:
         """2 * (D + D_v) (4 * D where they are alike) * (query, key) pairs seen, per head."""
         dims = self.dim + (self.dim_v or self.dim)
-        if self.kind == "mla" and not self.causal:
+        if self.kind in ("mla", "fp8") and not self.causal:
             pairs = self.batch * self.seq_k * self.seq_k
         elif self.kind == "decode":
             pairs = self.batch * self.seq_q * self.seq_k
@@ -109,13 +116,17 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
                 for c in (False, True)],
         "sinks": [ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64),
                   ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64, window=128)],
+        # issue 34's FP8 rows: D128 at S4096 (its target), D64 and D256 beside it
+        "fp8": [ServingProblem("fp8", 4, 32, 32, 4096, 4096, d, causal=c)
+                for d in (64, 128, 256) for c in (False, True)],
         "tiny-serving": [ServingProblem("decode", 2, 4, 2, 1, 40, 16, "fp32"),
                          ServingProblem("decode", 2, 4, 2, 2, 48, 16, "fp32", page=16),
                          ServingProblem("varlen", 3, 2, 2, 9, 9, 16, "fp32",
                                         lengths=(9, 1, 5)),
                          ServingProblem("window", 1, 2, 2, 40, 40, 16, "fp32", window=7),
                          ServingProblem("sinks", 1, 4, 2, 40, 40, 16, "fp32", window=7),
-                         ServingProblem("mla", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16)],
+                         ServingProblem("mla", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16),
+                         ServingProblem("fp8", 1, 4, 2, 40, 40, 64, causal=True)],
     }
 
 
@@ -324,8 +335,42 @@ def _mla(p: ServingProblem, gen):
     return {**ours, **peers}, reference
 
 
+def _fp8(p: ServingProblem, gen):
+    """(providers, reference check, the FP8 formula's error by torch) for an FP8 problem."""
+    from fusedattn.api import attention
+    from fusedattn.problem import FP8
+    from fusedattn.reference import attention_ref, dequantize
+    from fusedattn_lab.peers import fp8_peer
+
+    x = [_rand((p.batch, n, p.seq_k, p.dim), torch.float32, gen)
+         for n in (p.heads, p.heads_kv, p.heads_kv)]
+    # per-head factors that map each head's largest value to 256 (e4m3's range is 448)
+    factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
+    q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
+    kw = dict(descale_q=factors[0], descale_k=factors[1], descale_v=factors[2])
+    ours = {"fusedattn": lambda: attention(q8, k8, v8, is_causal=p.causal,
+                                           enable_gqa=p.heads != p.heads_kv, **kw)}
+    dt = DTYPES[p.dtype]
+    q, k, v = (dequantize(t, f).to(dt) for t, f in zip((q8, k8, v8), factors, strict=True))
+    peers = {name: _sdpa(name, q, k, v, is_causal=p.causal,
+                         enable_gqa=p.heads != p.heads_kv)
+             for name in ("sdpa-cudnn", "sdpa-flash")}
+    heads = [0, p.heads - 1]
+    kv = [h // (p.heads // p.heads_kv) for h in heads]
+    picked = [(q8[0, heads], factors[0][heads]), (k8[0, kv], factors[1][kv]),
+              (v8[0, kv], factors[2][kv])]
+    ref = attention_ref(*(dequantize(t, f) for t, f in picked), causal=p.causal,
+                        device=q8.device)
+
+    def peer_error():
+        return float((fp8_peer(*(t for t, _ in picked), *(f for _, f in picked),
+                               causal=p.causal).double() - ref).abs().max())
+
+    return {**ours, **peers}, lambda out: (out[0, heads], ref), peer_error
+
+
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
-                                 "sinks": _sinks, "mla": _mla}
+                                 "sinks": _sinks, "mla": _mla, "fp8": _fp8}
 PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
@@ -339,7 +384,8 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
     from fusedattn_lab.verify import check, needs_peer
 
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    providers, reference = BUILDERS[p.kind](p, gen)
+    # a builder may add the error that bounds its rows (fp8: the FP8 formula's by torch)
+    providers, reference, *own_bound = BUILDERS[p.kind](p, gen)
     if EMULATION:  # the compiled and SDPA-backend peers need the GPU
         providers = {"fusedattn": providers["fusedattn"]}
     unmeasured = dict.fromkeys(("max_abs_error", "tolerance", "median_ms", "min_ms", "max_ms",
@@ -368,8 +414,8 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
         got, ref = reference(out, name) if p.kind == "varlen" else reference(out)
         outs[name] = (got, ref, call)
     # low precision: the bound is twice the worst peer's error (SDPA in the same dtype)
-    peer_err = None
-    if needs_peer(DTYPES[p.dtype], None):
+    peer_err = own_bound[0]() if own_bound else None
+    if peer_err is None and needs_peer(DTYPES[p.dtype], None):
         errs = [float((g.double() - r).abs().max()) for n, (g, r, _) in outs.items()
                 if n != "fusedattn"]
         peer_err = max(errs) if errs else None

@@ -161,6 +161,12 @@ class Mask:
         return (qk_scale, cap, -1 if left is None else left, -1 if right is None else right)
 
 
+# FP8 (e4m3) inputs: P = exp(s - m) in [0, 1] enters the P.V product as e4m3 times this (a
+# power of two: exact to apply and to divide out), so that P's small values land in e4m3's
+# normal range (from 2^-6; subnormals to 2^-9) instead of flushing to 0: P >= 2^-14 stays
+# normal, and 256 * 1 stays under e4m3's largest finite value, 448
+FP8_P_SCALE = 256.0
+
 MASK_FLAGS = {
     "HAS_LEFT": lambda a: a["left"] >= 0,   # a window's left edge
     "HAS_RIGHT": lambda a: a["right"] >= 0,  # causal, or a window's right edge

@@ -87,7 +87,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
                   precision: str, config: triton.Config | None = None,
                   mask: Mask | None = None, varlen: Varlen | None = None,
                   cache: KVCache | None = None, splits: int = 1, pack_gqa: bool = False,
-                  recording: Recording | None = None, sinks: torch.Tensor | None = None):
+                  recording: Recording | None = None, sinks: torch.Tensor | None = None,
+                  descale: torch.Tensor | None = None):
     """Launch on validated `[B, H, S, D]` tensors (any strides); writes `out` (and `lse`,
     `[B, H, Sq] float32`); returns `(out, compiled kernel or None)`. `precision`: "ieee",
     "tf32" or "tf32x3", used for fp32 inputs only. The config is the table's
@@ -101,7 +102,9 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     `pack_gqa` lets one program serve every query head of a K/V head; `sinks` (`[H]`
     float32, contiguous) adds attention sinks to every row's denominator. `recording`
     (`launch.Recording`) records the launches for the caller's plan (split-KV's partials as
-    its scratch); under the autotuner the call is not replayable (its config varies)."""
+    its scratch); under the autotuner the call is not replayable (its config varies).
+    `descale` (float8 e4m3 q, k, v): their dequantisation factors, float32
+    `[H + 2 * H_kv]` (`api.fp8_descale`); `out` is then bfloat16."""
     mask = mask or Mask(causal=is_causal)
     heads, dim, dim_v = q.shape[1], q.shape[3], v.shape[3]
     heads_kv = k.shape[1]
@@ -178,7 +181,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         p_q=q, p_k=k, p_v=v, p_o=target, p_lse=target_lse,
         p_cu_q=varlen.cu_q if packed else None, p_cu_k=varlen.cu_k if packed else None,
         p_seqlens_k=cache.seqlens if cache is not None else None, p_table=table,
-        p_sinks=sinks, sq_b=sq_b, sq_h=sq_h, sq_s=sq_s, sq_d=q.stride(3),
+        p_sinks=sinks, p_descale=descale, sq_b=sq_b, sq_h=sq_h, sq_s=sq_s, sq_d=q.stride(3),
         sk_b=sk_b, sk_h=sk_h, sk_s=sk_s, sk_d=k.stride(3),
         sv_b=sv_b, sv_h=sv_h, sv_s=sv_s, sv_d=v.stride(3),
         so_b=0 if packed else target.stride(-4), so_h=target.stride(-3),

@@ -7,7 +7,32 @@ backward."""
 import triton
 import triton.language as tl
 
-from fusedattn.tiles.common import MASK_FLAGS, _scores, _sequence, _spans, _visible, shape_jit
+from fusedattn.mode import EMULATION
+from fusedattn.tiles.common import (
+    FP8_P_SCALE,
+    MASK_FLAGS,
+    _scores,
+    _sequence,
+    _spans,
+    _visible,
+    shape_jit,
+)
+
+P_SCALE = tl.constexpr(FP8_P_SCALE)
+# Triton's interpreter converts fp32 to e4m3 wrongly where rounding up carries out of the
+# mantissa (124.7 became 64, not 128: the carry is ORed into the exponent; triton 3.7's
+# `interpreter._convert_float`), so there P is rounded to e4m3's 3 mantissa bits in fp32
+# first (`_round_e4m3`) and converts exactly; the GPU's conversion rounds right by itself
+ROUND_E4M3 = tl.constexpr(EMULATION)
+
+
+@triton.jit
+def _round_e4m3(x):
+    """x >= 0 (fp32) rounded to nearest even at 3 mantissa bits, on its bits: a carry out
+    of the mantissa lands in the exponent, as it should."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -85,12 +110,18 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
         l_i = l_i * alpha + tl.sum(p, axis=1)
         b_v = _tile(p_v_base + v_rows[:, None] + offs_dv[None, :] * sv_d,  # [BLOCK_N, BLOCK_DV]
                     mask_n[:, None], mask_dv[None, :], MASKED, MIXED, PAD_DV)
-        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
+        if b_v.dtype.is_fp8():  # P in e4m3 at P_SCALE (O's epilogue divides it out)
+            p_dot = p * P_SCALE
+            if ROUND_E4M3:
+                p_dot = _round_e4m3(p_dot)
+            p_dot = p_dot.to(b_v.dtype, fp_downcast_rounding="rtne")
+        else:
+            p_dot = p.to(b_v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p_dot, b_v, input_precision=PRECISION)
         if BLOCK_DV2 > 0:
             b_v2 = _tile(p_v_base + v_rows[:, None] + offs_dv2[None, :] * sv_d,
                          mask_n[:, None], mask_n[:, None], MASKED, MIXED, False)
-            acc2 = acc2 * alpha[:, None] + tl.dot(p.to(b_v2.dtype), b_v2,
-                                                  input_precision=PRECISION)
+            acc2 = acc2 * alpha[:, None] + tl.dot(p_dot, b_v2, input_precision=PRECISION)
         m_i = m_new
     return acc, acc2, l_i, m_i
 
@@ -114,6 +145,7 @@ def _add_sinks(p_sinks, heads, m_i, l_i):
     "WRITE_LSE": lambda a: a["p_lse"] is not None,
     "SPLIT": lambda a: a["split_len"] > 0,
     "SINKS": lambda a: a["p_sinks"] is not None,
+    "FP8": lambda a: a["p_descale"] is not None,
     "PAD_D": lambda a: a["BLOCK_D"] > a["head_dim"] * a["ALIGN"],
     "OVERLAP": lambda a: a["BLOCK_D"] + a["BLOCK_D2"] - a["head_dim"] * a["ALIGN"]
     if a["BLOCK_D2"] else 0,
@@ -123,7 +155,7 @@ def _add_sinks(p_sinks, heads, m_i, l_i):
 })
 @shape_jit
 def _flash_fwd(
-    p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table, p_sinks,
+    p_q, p_k, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_seqlens_k, p_table, p_sinks, p_descale,
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split, st_b,
     n_heads, group, seq_q, seq_k, head_dim, head_dim_v, qk_scale, cap, left, right, page,
@@ -137,8 +169,9 @@ def _flash_fwd(
     # derived from the arguments (the heuristics above), never passed:
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     VARLEN: tl.constexpr, SEQLENS_K: tl.constexpr, PAGED: tl.constexpr,
-    WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, SINKS: tl.constexpr, PAD_D: tl.constexpr,
-    OVERLAP: tl.constexpr, PAD_DV: tl.constexpr, OVERLAP_V: tl.constexpr,
+    WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, SINKS: tl.constexpr, FP8: tl.constexpr,
+    PAD_D: tl.constexpr, OVERLAP: tl.constexpr, PAD_DV: tl.constexpr,
+    OVERLAP_V: tl.constexpr,
 ):
     """One query tile of one (batch, head) -- or, with PACK_GQA, rows r of one (batch, K/V
     head) that are (query r // group, head r % group), so one K/V tile serves the whole
@@ -150,8 +183,11 @@ def _flash_fwd(
     program_id(2) takes keys [split * split_len, +split_len) and writes its normalised
     partial O and LSE for the merge (flash-decoding); `p_sinks` (SINKS): a logit per query
     head that joins each row's denominator and LSE and carries no value (with SPLIT the
-    merge adds it). ALIGN > 1: Q's, K's and V's strides
-    (but the last) and the head dim came divided by ALIGN; multiplied back, Triton knows
+    merge adds it); `p_descale` (FP8: q, k, v in float8 e4m3) the dequantisation factors,
+    float32 `[H + 2 * H_kv]`: q's per query head, then k's and v's per K/V head (the scores
+    take q's and k's, O takes v's; P enters the P.V product in e4m3 at P_SCALE).
+    ALIGN > 1: Q's, K's and V's strides (but the last) and the head dim came divided by
+    ALIGN; multiplied back, Triton knows
     that every row starts on 16 bytes and the head-dim mask is constant over 16 bytes (the
     host checked, `common.row_alignment`), so its loads of a row are 16-byte accesses, and
     the head-dim pieces are right (`configs.head_dim_pieces`). `head_dim_v` (V's and O's,
@@ -224,6 +260,10 @@ def _flash_fwd(
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
+    if FP8:  # the scores are (q8 k8^T) * descale_q * descale_k * scale (no decode path)
+        tl.static_assert(not PACK_GQA)
+        heads_kv = n_heads // group
+        qk_scale = qk_scale * tl.load(p_descale + h) * tl.load(p_descale + n_heads + h_kv)
 
     if PAGED:
         p_k_base = p_k + h_kv * sk_h
@@ -267,6 +307,8 @@ def _flash_fwd(
         l_safe = (tl.where(l_i == 0.0, 1.0, l_i) / alpha)[:, None]
     else:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if FP8:  # O = (P8 V8) * descale_v / P_SCALE / l
+        l_safe = l_safe * (P_SCALE / tl.load(p_descale + n_heads + heads_kv + h_kv))
     split = tl.program_id(2).to(INDEX) if SPLIT else 0
     p_o_rows = (p_o + split * so_split + b * so_b + heads[:, None].to(INDEX) * so_h
                 + row_q[:, None] * so_s)

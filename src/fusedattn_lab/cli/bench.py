@@ -25,7 +25,7 @@ def add(sub) -> None:
     p.add_argument("--suite", default="bf16",
                     help="bf16|fp16|fp32|memory|tiny|train-bf16|train-fp16|train-fp32|"
                     "tiny-train|prefill|all, the serving suites decode|varlen|window|sinks|mla|"
-                    "tiny-serving, "
+                    "fp8|tiny-serving, "
                     "coldstart (first calls in fresh processes), host (host µs a call), or the "
                     "Hugging Face suites hf-generate|hf-train|tiny-hf")
     p.add_argument("--providers", default="all",

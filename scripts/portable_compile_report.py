@@ -1,0 +1,114 @@
+"""What the portable forward (`tiles/flash_kernels._flash_fwd`) compiles to on sm_90a,
+without a GPU: Triton 3.6 builds it for each configuration (the launcher's config table,
+`configs.forward_config`, for B4 H32 S4096) and this reports its registers, shared memory,
+ptxas' spills and its SASS counts of the instructions that matter (wgmma: HGMMA for bf16,
+QGMMA for FP8; the e4m3 conversions; exp2). It shows that a dtype the GPU tier has not run
+yet (FP8, issue 34) compiles for Hopper and onto which tensor-core instructions; it is a
+compiler report, not a time and not a test of the results.
+
+    PYTHONPATH=src python3 scripts/portable_compile_report.py [--out F]
+
+(run with a Python whose Triton is 3.6, the H200's, e.g. a venv of `pip install
+triton==3.6.0 torch`)."""
+
+import argparse
+import collections
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gluon_compile_report import _ptxas  # noqa: E402
+
+COUNTED = r"\b([HQ]GMMA\.\S+|HMMA\.\S+|F2FP\.\S+|MUFU\.EX2|LDL|STL)"
+# dtype, head dim, causal: the fp8 suite's rows, and bf16 beside them for comparison
+ROWS = [(dt, d, c) for dt in ("fp8e4nv", "bf16") for d in (64, 128, 256) for c in (False, True)]
+
+
+def _configuration(dtype: str, dim: int, causal: bool):
+    """The `_flash_fwd` signature and constexprs `flash.flash_forward` would launch with at
+    B4 H32 S4096 (16-byte aligned, contiguous rows: ALIGN = 1, every stride a multiple of
+    16), and its warps and stages."""
+    import triton.language as tl
+
+    from fusedattn import configs
+
+    bm, bn, warps, stages = configs.forward_config(dim=dim, seq_q=4096,
+                                                   programs_per_tile_row=128, causal=causal,
+                                                   precision=None)
+    block_d, block_d2 = configs.head_dim_pieces(dim, precision=None, aligned=True)
+    pointers = dict(p_q=dtype, p_k=dtype, p_v=dtype, p_o="bf16", p_lse="fp32")
+    absent = ("p_cu_q", "p_cu_k", "p_seqlens_k", "p_table", "p_sinks")
+    fp8 = dtype.startswith("fp8")
+    constants = dict(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_DV=block_d,
+        BLOCK_DV2=block_d2, PRECISION=None, INDEX=tl.int32, BOTTOM_RIGHT=False,
+        PACK_GQA=False, ONE_LOOP=configs.single_key_loop(seq_k=4096, precision=None,
+                                                         has_left=False),
+        ALIGN=1, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False,
+        SEQLENS_K=False, PAGED=False, WRITE_LSE=True, SPLIT=False, SINKS=False, FP8=fp8,
+        PAD_D=False, OVERLAP=0, PAD_DV=False, OVERLAP_V=0, **dict.fromkeys(absent))
+    if not fp8:
+        constants["p_descale"] = None
+    else:
+        pointers["p_descale"] = "fp32"
+    return pointers, constants, warps, stages
+
+
+def compile_row(dtype: str, dim: int, causal: bool):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fusedattn.tiles.flash_kernels import _flash_fwd
+
+    fn = _flash_fwd.fn  # under the heuristics: the JITFunction
+    pointers, constants, warps, stages = _configuration(dtype, dim, causal)
+    signature, constexprs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = constants[name]
+        elif name in pointers:
+            signature[name] = "*" + pointers[name]
+        else:  # strides, sizes and the mask's sides: i32; the scales fp32
+            signature[name] = "fp32" if name in ("qk_scale", "cap") else "i32"
+    source = ASTSource(fn, signature, constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends/nvidia/bin"
+    rows = []
+    for dtype, dim, causal in ROWS:
+        compiled = compile_row(dtype, dim, causal)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(compiled.asm["cubin"])
+            cubin.flush()
+            usage = subprocess.run([tools / "cuobjdump", "--dump-resource-usage", cubin.name],
+                                   capture_output=True, text=True, check=True).stdout
+            sass = subprocess.run([tools / "cuobjdump", "--dump-sass", cubin.name],
+                                  capture_output=True, text=True, check=True).stdout
+        regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        row = dict(dtype=dtype, dim=dim, causal=causal, triton=triton.__version__,
+                   shared=compiled.metadata.shared, registers=int(regs[1]),
+                   stack=int(regs[2]), **_ptxas(tools, compiled.asm["ptx"]),
+                   **collections.Counter(re.findall(COUNTED, sass)))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""FP8 (e4m3) inputs on `attention` (issue 34.3, the forward on the portable path) and their
+gradients (`attention_fp8_backward`): q, k, v in float8_e4m3fn with FlashAttention-3's
+descale factors (None, per tensor or per head), O and the gradients in bfloat16. Each
+result is judged against the float64 reference of the dequantised inputs
+(`reference.dequantize`; the gradients: its autograd), bounded by the bfloat16 row of the
+tolerance table: twice the error of the same formula done by torch
+(`fusedattn_lab.peers.fp8_peer`: products of the float8 values in fp32, P rounded to e4m3,
+O in bf16; `fp8_backward_peer`: today's backward formulas in fp32, delta from that O) plus
+a floor. The interpreter runs float8 (CPU); the same tests run on the GPU tier. Every bad
+combination is a `ProblemError` at the call."""
+
+import pytest
+import torch
+
+from fusedattn import (
+    attention,
+    attention_fp8_backward,
+    attention_varlen,
+    attention_with_kvcache,
+)
+from fusedattn.dispatch import use_backend
+from fusedattn.mode import DEVICE
+from fusedattn.problem import FP8, ProblemError
+from fusedattn.reference import attention_ref, attention_ref_grads, dequantize
+from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
+from inputs import i32, passes, rand
+
+
+def _fp8(x, descale):
+    """`x` quantised to e4m3 at `descale` (None, one element, or `[H]`): x / descale."""
+    if descale is not None:
+        x = x / (descale.reshape(-1, 1, 1) if descale.numel() > 1 else descale)
+    return x.to(FP8)
+
+
+def _factors(kind, heads, heads_kv):
+    """Descale factors of `kind` for q, k, v: None, per tensor, or per head (unequal)."""
+    if kind is None:
+        return None, None, None
+    if kind == "tensor":
+        return (torch.tensor(v, device=DEVICE) for v in (0.5, 0.125, 2.0))
+    return (torch.linspace(a, b, n, device=DEVICE) for a, b, n in
+            ((0.25, 2.0, heads), (0.1, 0.4, heads_kv), (0.5, 3.0, heads_kv)))
+
+
+CASES = [  # (B, H, H_kv, Sq, Sk, D, options, descale kind): what each exercises
+    (1, 1, 1, 1, 1, 64, {}, None),                              # 1x1: one key, P = 1
+    (2, 2, 2, 33, 31, 64, {}, "tensor"),                        # ragged tiles
+    (1, 4, 2, 70, 75, 64, dict(is_causal=True), "head"),        # GQA, causal, per head
+    (1, 2, 1, 40, 100, 128, dict(is_causal=True), "head"),      # MQA, Sq < Sk
+    (1, 2, 2, 100, 40, 64, dict(is_causal=True), "tensor"),     # rows that see no key
+    (1, 2, 2, 64, 64, 64, dict(window=(8, 4), softcap=5.0), "head"),
+    (1, 2, 2, 48, 48, 256, {}, "tensor"),                       # the widest head dim
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fp8_forward_against_the_reference_of_the_dequantised_inputs(case):
+    b, h, hk, sq, sk, d, options, kind = case
+    descales = list(_factors(kind, h, hk))
+    q8, k8, v8 = (_fp8(rand(b, n, s, d, seed=i) * 2, f) for i, (n, s, f) in
+                  enumerate(((h, sq, descales[0]), (hk, sk, descales[1]), (hk, sk, descales[2]))))
+    out, lse = attention(q8, k8, v8, enable_gqa=h != hk, return_lse=True,
+                         descale_q=descales[0], descale_k=descales[1], descale_v=descales[2],
+                         **options)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, h, sq, d)
+    ref_kw = dict(causal=options.get("is_causal", False), window=options.get("window"),
+                  softcap=options.get("softcap"))
+    ref, ref_lse = attention_ref(*(dequantize(t, f) for t, f in zip((q8, k8, v8), descales,
+                                                                    strict=True)),
+                                 return_lse=True, **ref_kw)
+    passes(out, ref, str(case), peer=fp8_peer(q8, k8, v8, *descales, **ref_kw))
+    # the LSE comes from the fp32 scores of the float8 values' products: fp32-close
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse).cpu(), seen)
+    assert (lse.double().cpu() - ref_lse)[seen].abs().max().item() < 1e-3
+
+
+def test_fp8_takes_sinks_and_the_factors_matter():
+    q8, k8, v8 = (_fp8(rand(1, 2, 50, 64, seed=i), None) for i in range(3))
+    sinks = torch.tensor([1.0, -2.0], device=DEVICE)
+    dv = torch.tensor([1.0, 4.0], device=DEVICE)
+    out = attention(q8, k8, v8, sinks=sinks, descale_v=dv)
+    ref = attention_ref(q8, k8, dequantize(v8, dv), sinks=sinks)
+    passes(out, ref, "sinks", peer=fp8_peer(q8, k8, v8, descale_v=dv, sinks=sinks))
+    # head 1's O is 4x head 0's scale: the factor is applied per head, not dropped
+    plain = attention(q8, k8, v8, sinks=sinks)
+    assert torch.allclose(out[:, 1].float(), 4 * plain[:, 1].float(), rtol=1e-2, atol=1e-2)
+    assert torch.equal(out[:, 0], plain[:, 0])
+
+
+def _fp8_inputs(h=2, d=64):
+    return tuple(_fp8(rand(1, h, 16, d, seed=i), None) for i in range(3))
+
+
+@pytest.mark.parametrize("call, field, allowed", [
+    (lambda q, k, v: attention(q, k, v, precision="ieee"), "precision", "float8_e4m3fn"),
+    (lambda q, k, v: attention(q, k, v, descale_q=torch.ones(3, device=DEVICE)),
+     "descale_q.shape", "[2] (per head)"),
+    (lambda q, k, v: attention(q, k, v, descale_k=torch.ones(1, dtype=torch.float16,
+                                                             device=DEVICE)),
+     "descale_k.dtype", "float32"),
+    (lambda q, k, v: attention(q, k, v, descale_v=2.0), "descale_v", "torch.Tensor"),
+    (lambda q, k, v: attention(q.to(torch.bfloat16), k.to(torch.bfloat16),
+                               v.to(torch.bfloat16), descale_q=torch.ones(1, device=DEVICE)),
+     "descale_q", "None for bfloat16"),
+    (lambda q, k, v: attention(q, k.to(torch.bfloat16), v), "dtypes", "one dtype"),
+    (lambda q, k, v: attention(q.to(torch.float8_e5m2), k.to(torch.float8_e5m2),
+                               v.to(torch.float8_e5m2)), "q.dtype", "float8_e4m3fn"),
+    (lambda q, k, v: attention(*_fp8_inputs(d=96)), "head_dim", "64, 128, 256"),
+    (lambda q, k, v: attention(q, k, v, sinks=torch.zeros(2, device=DEVICE,
+                                                          requires_grad=True)),
+     "requires_grad", "train in bfloat16"),
+    (lambda q, k, v: attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
+                                      v[0].transpose(0, 1), i32([0, 16]), i32([0, 16]), 16,
+                                      16), "q.dtype", "float32"),
+    (lambda q, k, v: attention_with_kvcache(q, k, v, cache_seqlens=i32([16])), "q.dtype",
+     "float32"),
+])
+def test_fp8_refuses_what_it_does_not_take(call, field, allowed):
+    with pytest.raises(ProblemError) as e:
+        call(*_fp8_inputs())
+    assert e.value.field == field and allowed in str(e.value), str(e.value)
+
+
+def test_fp8_runs_portable_and_a_forced_hopper_path_says_why_not():
+    with use_backend("hopper"), pytest.raises(ProblemError, match="float8_e4m3fn"):
+        attention(*_fp8_inputs())
+
+
+BACKWARD_CASES = [  # (B, H, H_kv, Sq, Sk, D, options, descale kind, dO in fp8)
+    (1, 1, 1, 1, 1, 64, {}, None, False),
+    (2, 2, 2, 33, 31, 64, {}, "tensor", False),
+    (1, 4, 2, 70, 75, 64, dict(is_causal=True), "head", True),      # GQA, dO in e4m3
+    (1, 2, 1, 40, 100, 128, dict(is_causal=True), "head", False),   # MQA, Sq < Sk
+    (1, 2, 2, 64, 64, 64, dict(window=(8, 4), softcap=5.0), "head", False),
+]
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES)
+def test_fp8_backward_against_float64_autograd_of_the_dequantised_inputs(case):
+    b, h, hk, sq, sk, d, options, kind, fp8_dout = case
+    descales = list(_factors(kind, h, hk))
+    q8, k8, v8 = (_fp8(rand(b, n, s, d, seed=i) * 2, f) for i, (n, s, f) in
+                  enumerate(((h, sq, descales[0]), (hk, sk, descales[1]), (hk, sk, descales[2]))))
+    factors = dict(descale_q=descales[0], descale_k=descales[1], descale_v=descales[2])
+    dout = rand(b, h, sq, d, seed=7, dtype=torch.bfloat16)
+    descale_do = None
+    if fp8_dout:  # dO in e4m3 with a factor per head
+        descale_do = torch.linspace(0.01, 0.02, h, device=DEVICE)
+        dout = _fp8(dout.float(), descale_do)
+    grads = attention_fp8_backward(dout, q8, k8, v8, descale_do=descale_do,
+                                   enable_gqa=h != hk, **options, **factors)
+    ref_kw = dict(causal=options.get("is_causal", False), window=options.get("window"),
+                  softcap=options.get("softcap"))
+    deq = [dequantize(t, f) for t, f in zip((q8, k8, v8), descales, strict=True)]
+    dout_ref = dequantize(dout, descale_do)
+    refs = attention_ref_grads(*deq, dout_ref, device=DEVICE, **ref_kw)
+    peers = fp8_backward_peer(dout_ref, q8, k8, v8, *descales, **ref_kw)
+    for name, g, r, p, t in zip(("dq", "dk", "dv"), grads, refs, peers, (q8, k8, v8),
+                                strict=True):
+        assert g.dtype == torch.bfloat16 and g.shape == t.shape, name
+        passes(g, r, f"{name} {case}", peer=p)
+
+
+def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():
+    q8, k8, v8 = _fp8_inputs()
+    sinks = torch.tensor([0.5, -1.0], device=DEVICE)
+    dout = rand(1, 2, 16, 64, seed=5, dtype=torch.bfloat16)
+    *_, dsinks = attention_fp8_backward(dout, q8, k8, v8, is_causal=True, sinks=sinks)
+    ref = attention_ref_grads(q8, k8, v8, dout, causal=True, sinks=sinks, device=DEVICE)[3]
+    assert dsinks.dtype == torch.float32 and dsinks.shape == (2,)
+    passes(dsinks, ref, "dsinks")  # fp32's bound: O and the LSE recomputed in fp32
+    for bad, field in ((dict(dout=dout[..., :32]), "dout.shape"),
+                       (dict(dout=dout.to(torch.float8_e5m2)), "dout.dtype"),
+                       (dict(descale_do=torch.ones(1, device=DEVICE)), "descale_do"),
+                       (dict(q=q8.to(torch.bfloat16), k=k8.to(torch.bfloat16),
+                             v=v8.to(torch.bfloat16)), "q.dtype"),
+                       (dict(q=_fp8_inputs(d=256)[0], k=_fp8_inputs(d=256)[1],
+                             v=_fp8_inputs(d=256)[2], dout=rand(1, 2, 16, 256)), "head_dim")):
+        args = dict(dout=dout, q=q8, k=k8, v=v8) | bad
+        kw = {"descale_do": args.pop("descale_do")} if "descale_do" in args else {}
+        with pytest.raises(ProblemError) as e:
+            attention_fp8_backward(args["dout"], args["q"], args["k"], args["v"],
+                                   is_causal=True, **kw)
+        assert e.value.field == field, (field, str(e.value))
