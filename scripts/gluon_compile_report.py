@@ -136,6 +136,21 @@ def _ptxas(tools: Path, ptx: str) -> dict:
                 wgmma_serialised="C7512" in info)
 
 
+def cubin_facts(tools: Path, compiled) -> tuple[dict, str]:
+    """A compiled kernel's shared memory, registers and stack (cuobjdump), ptxas' spills and
+    wgmma note (`_ptxas`), and its SASS."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([tools / "cuobjdump", "--dump-resource-usage", cubin.name],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([tools / "cuobjdump", "--dump-sass", cubin.name],
+                              capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return dict(shared=compiled.metadata.shared, registers=int(regs[1]), stack=int(regs[2]),
+                **_ptxas(tools, compiled.asm["ptx"])), sass
+
+
 def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> list[dict]:
     import types
 
@@ -155,17 +170,8 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> li
             rows.append(dict(name=config["name"], skipped=f"no {', '.join(missing)}"))
             continue
         compiled = compile_config(fn, config, backward)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            cubin.write(compiled.asm["cubin"])
-            cubin.flush()
-            usage = subprocess.run([tools / "cuobjdump", "--dump-resource-usage", cubin.name],
-                                   capture_output=True, text=True, check=True).stdout
-            sass = subprocess.run([tools / "cuobjdump", "--dump-sass", cubin.name],
-                                  capture_output=True, text=True, check=True).stdout
-        regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-        rows.append(dict(name=config["name"], shared=compiled.metadata.shared,
-                         registers=int(regs[1]), stack=int(regs[2]),
-                         **_ptxas(tools, compiled.asm["ptx"]),
+        facts, sass = cubin_facts(tools, compiled)
+        rows.append(dict(name=config["name"], **facts,
                          # the partitions' register counts (setmaxnreg: loader, writer,
                          # consumers), as the SASS sets them
                          setmaxnreg=sorted({int(x, 16) for x in re.findall(

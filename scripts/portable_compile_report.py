@@ -15,13 +15,11 @@ import argparse
 import collections
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_compile_report import _ptxas  # noqa: E402
+from gluon_compile_report import cubin_facts  # noqa: E402
 
 COUNTED = r"\b([HQ]GMMA\.\S+|HMMA\.\S+|F2FP\.\S+|MUFU\.EX2|LDL|STL)"
 # dtype, head dim, causal: the fp8 suite's rows, and bf16 beside them for comparison
@@ -90,18 +88,8 @@ def main():
     tools = Path(triton.__file__).parent / "backends/nvidia/bin"
     rows = []
     for dtype, dim, causal in ROWS:
-        compiled = compile_row(dtype, dim, causal)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            cubin.write(compiled.asm["cubin"])
-            cubin.flush()
-            usage = subprocess.run([tools / "cuobjdump", "--dump-resource-usage", cubin.name],
-                                   capture_output=True, text=True, check=True).stdout
-            sass = subprocess.run([tools / "cuobjdump", "--dump-sass", cubin.name],
-                                  capture_output=True, text=True, check=True).stdout
-        regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-        row = dict(dtype=dtype, dim=dim, causal=causal, triton=triton.__version__,
-                   shared=compiled.metadata.shared, registers=int(regs[1]),
-                   stack=int(regs[2]), **_ptxas(tools, compiled.asm["ptx"]),
+        facts, sass = cubin_facts(tools, compile_row(dtype, dim, causal))
+        row = dict(dtype=dtype, dim=dim, causal=causal, triton=triton.__version__, **facts,
                    **collections.Counter(re.findall(COUNTED, sass)))
         rows.append(row)
         print(json.dumps(row), flush=True)
