@@ -184,3 +184,15 @@ def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():
             attention_fp8_backward(args["dout"], args["q"], args["k"], args["v"],
                                    is_causal=True, **kw)
         assert e.value.field == field, (field, str(e.value))
+
+
+def test_fp8_traces_under_torch_compile_without_a_graph_break():
+    q8, k8, v8 = _fp8_inputs()
+    dq = torch.tensor([0.5, 2.0], device=DEVICE)
+
+    def f(q, k, v, d):
+        return attention(q, k, v, is_causal=True, descale_q=d)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")  # fails on a break
+    got = compiled(q8, k8, v8, dq)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, f(q8, k8, v8, dq))
