@@ -5,12 +5,12 @@
                                                             # packages (and numpy 2.5)
 
 Checks that none of the lab's dependencies (numba, matplotlib, rich) is installed (or, with
-`--installed-ok`, imported), then runs `attention` forward and backward, `attention_varlen`
-and `attention_with_kvcache` (CPU tensors in Triton's interpreter, else CUDA tensors)
-against a float64 formula of its own (the lab's verification is not installed here), and,
-in emulation, a CPU tensor without TRITON_INTERPRET in a child process: a ProblemError that
-says how to emulate. Triton's interpreter itself needs numpy (any version: the
-`interpret` extra).
+`--installed-ok`, imported), then runs `attention` forward and backward, `attention_varlen`,
+`attention_with_kvcache` and FP8's forward and backward (CPU tensors in Triton's
+interpreter, else CUDA tensors), the first against a float64 formula of its own (the lab's
+verification is not installed here), and, in emulation, a CPU tensor without
+TRITON_INTERPRET in a child process: a ProblemError that says how to emulate. Triton's
+interpreter itself needs numpy (any version: the `interpret` extra).
 """
 
 import importlib.util
@@ -51,6 +51,13 @@ def main() -> int:
     fusedattn.attention_with_kvcache(torch.randn(2, 2, 1, 16, device=dev), cache, cache.clone(),
                                      cache_seqlens=torch.tensor([3, 5], dtype=torch.int32,
                                                                 device=dev))
+    # FP8 (e4m3) forward and its backward: O and the gradients finite, in bf16
+    q8, k8, v8 = (torch.randn(1, 2, 16, 64, generator=g).to(dev).to(torch.float8_e4m3fn)
+                  for _ in range(3))
+    out8 = fusedattn.attention(q8, k8, v8, descale_v=torch.tensor(0.5, device=dev))
+    grads = fusedattn.attention_fp8_backward(torch.ones_like(out8), q8, k8, v8,
+                                             descale_v=torch.tensor(0.5, device=dev))
+    assert all(t.dtype == torch.bfloat16 and torch.isfinite(t).all() for t in (out8, *grads))
     loaded = [m for m in LAB_ONLY if m in sys.modules]
     assert not loaded, loaded
     import numpy
