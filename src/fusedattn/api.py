@@ -183,9 +183,16 @@ def _(dout, q, k, v, out, lse, dlse, sinks, is_causal, scale, precision, window_
             lse.new_empty(0 if sinks is None else sinks.shape[0]))
 
 
+# the forward op's arguments after q, k, v and sinks that its backward takes too
+BACKWARD_OPTIONS = ("is_causal", "scale", "precision", "window_left", "window_right",
+                    "softcap", "deterministic")
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, sinks, *options = inputs
-    options = options[:7]  # (FP8's descale, last, never has a gradient: check_fp8)
+    # the options the backward takes; FP8's descale, after them, never has a gradient
+    # (`check_fp8` refuses FP8 inputs that require grad)
+    options = options[:len(BACKWARD_OPTIONS)]
     out, lse = output
     # an output the loss does not use gets None, not a tensor of zeros: the backward then
     # skips dLSE (HAS_DLSE=False, as `precompile_backward` compiled it) instead of reading 0s

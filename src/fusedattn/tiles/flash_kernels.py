@@ -187,12 +187,11 @@ def _flash_fwd(
     float32 `[H + 2 * H_kv]`: q's per query head, then k's and v's per K/V head (the scores
     take q's and k's, O takes v's; P enters the P.V product in e4m3 at P_SCALE).
     ALIGN > 1: Q's, K's and V's strides (but the last) and the head dim came divided by
-    ALIGN; multiplied back, Triton knows
-    that every row starts on 16 bytes and the head-dim mask is constant over 16 bytes (the
-    host checked, `common.row_alignment`), so its loads of a row are 16-byte accesses, and
-    the head-dim pieces are right (`configs.head_dim_pieces`). `head_dim_v` (V's and O's,
-    in BLOCK_DV and BLOCK_DV2 pieces) may differ from Q's and K's (DeepSeek's MLA: 192 and
-    128)."""
+    ALIGN; multiplied back, Triton knows that every row starts on 16 bytes and the head-dim
+    mask is constant over 16 bytes (the host checked, `common.row_alignment`), so its loads
+    of a row are 16-byte accesses, and the head-dim pieces are right
+    (`configs.head_dim_pieces`). `head_dim_v` (V's and O's, in BLOCK_DV and BLOCK_DV2
+    pieces) may differ from Q's and K's (DeepSeek's MLA: 192 and 128)."""
     if ALIGN > 1:
         head_dim = head_dim * ALIGN
         head_dim_v = head_dim_v * ALIGN
