@@ -21,9 +21,9 @@ from fusedattn import (
 from fusedattn.dispatch import use_backend
 from fusedattn.mode import DEVICE
 from fusedattn.problem import FP8, ProblemError
-from fusedattn.reference import attention_ref, attention_ref_grads, dequantize
+from fusedattn.reference import attention_ref, attention_ref_grads, dequantize, varlen_ref
 from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
-from inputs import i32, passes, rand
+from inputs import i32, passes, ragged, rand
 
 
 def _fp8(x, descale):
@@ -93,6 +93,30 @@ def _fp8_inputs(h=2, d=64):
     return tuple(_fp8(rand(1, h, 16, d, seed=i), None) for i in range(3))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_varlen_with_empty_and_one_token_sequences(causal):
+    # each sequence its own keys, bottom-right aligned; empty ones on either side; GQA 4/2
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(64)
+    dq, dk, dv = (torch.linspace(a, b, n, device=DEVICE) for a, b, n in
+                  ((0.5, 1.0, 4), (0.25, 0.5, 2), (1.0, 2.0, 2)))
+    q8, k8, v8 = (_fp8(t.float().transpose(0, 1), f).transpose(0, 1) for t, f in
+                  ((q, dq), (k, dk), (v, dv)))
+    out = attention_varlen(q8, k8, v8, cu_q, cu_k, max_q, max_k, is_causal=causal,
+                           descale_q=dq, descale_k=dk, descale_v=dv)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    deq = [dequantize(t.transpose(0, 1), f).transpose(0, 1) for t, f in
+           ((q8, dq), (k8, dk), (v8, dv))]
+    ref = varlen_ref(*deq, cu_q, cu_k, causal=causal)
+    # the peer, sequence by sequence (bottom-right, as the packed batch aligns)
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    peer = torch.cat([fp8_peer(*(t[a:z].transpose(0, 1) for t, a, z in
+                                 ((q8, bq[i], bq[i + 1]), (k8, bk[i], bk[i + 1]),
+                                  (v8, bk[i], bk[i + 1]))), dq, dk, dv, causal=causal,
+                               align="bottom-right").transpose(0, 1)
+                      for i in range(len(bq) - 1)])
+    passes(out, ref, f"varlen causal={causal}", peer=peer)
+
+
 @pytest.mark.parametrize("call, field, allowed", [
     (lambda q, k, v: attention(q, k, v, precision="ieee"), "precision", "float8_e4m3fn"),
     (lambda q, k, v: attention(q, k, v, descale_q=torch.ones(3, device=DEVICE)),
@@ -113,7 +137,7 @@ def _fp8_inputs(h=2, d=64):
      "requires_grad", "train in bfloat16"),
     (lambda q, k, v: attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
                                       v[0].transpose(0, 1), i32([0, 16]), i32([0, 16]), 16,
-                                      16), "q.dtype", "float32"),
+                                      16, precision="tf32"), "precision", "float8_e4m3fn"),
     (lambda q, k, v: attention_with_kvcache(q, k, v, cache_seqlens=i32([16])), "q.dtype",
      "float32"),
 ])

@@ -38,8 +38,8 @@ products in fp32; P enters its product with V in e4m3 (at a power-of-two scale,
 takes fp16/bf16). Autograd cannot take FP8's gradients (a float8 tensor cannot hold
 one), so inputs (or sinks) that require grad are refused: `fusedattn.attention_fp8_backward`
 gives them, for an autograd Function of the caller's (`fusedattn.fp8`). Precision modes and
-the factors on other dtypes are refused too. `attention_varlen` and
-`attention_with_kvcache` take no FP8.
+the factors on other dtypes are refused too. `attention_varlen` takes FP8 the same way
+(forward); `attention_with_kvcache` takes none.
 
 Under `torch.autocast` (on the inputs' device type) fp32 q, k and v run in autocast's
 dtype, as SDPA's do, and the output comes back in it; an explicit `precision` keeps fp32
@@ -117,7 +117,7 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     `descale` float8 inputs' factors (`fp8_descale`), O then bfloat16."""
     from fusedattn.dispatch import forward
 
-    out = _new_out(q, v)
+    out = new_out(q, v)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=precision,
@@ -126,9 +126,9 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     return out, lse
 
 
-def _new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """O's tensor: q's shape with V's head dim, q's dtype (bfloat16 for float8 inputs)."""
-    return q.new_empty((*q.shape[:3], v.shape[3]),
+    return q.new_empty((*q.shape[:-1], v.shape[-1]),
                        dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
 
 
@@ -173,7 +173,7 @@ _flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, muta
 @_flash_fwd_op.register_fake
 def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap,
       deterministic=True, descale=None):
-    return _new_out(q, v), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return new_out(q, v), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @_flash_bwd_op.register_fake

@@ -2,7 +2,8 @@
 
     attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      is_causal=False, window=None, softcap=None, scale=None,
-                     return_lse=False, precision=None, check_lengths=True, sinks=None)
+                     return_lse=False, precision=None, check_lengths=True, sinks=None,
+                     descale_q=None, descale_k=None, descale_v=None)
 
 `q: [total_q, H, D]`, `k, v: [total_k, H_kv, D]` (GQA when H_kv divides H): sequence b is
 rows `cu_seqlens_q[b]:cu_seqlens_q[b+1]` of q and `cu_seqlens_k[b]:cu_seqlens_k[b+1]` of k
@@ -12,6 +13,8 @@ own keys. Causal and windows are aligned bottom-right within each sequence, as i
 FlashAttention: query i of a sequence with Sq queries and Sk keys sits at position
 i + Sk - Sq. Returns O `[total_q, H, D]` (and the LSE `[H, total_q] float32`).
 `sinks: [H]` as in `attention` (one logit per query head, shared by the sequences).
+float8_e4m3fn q, k, v with `descale_q/k/v` run FP8's forward as in `attention` (O in
+bfloat16; forward only).
 Differentiable (the flash backward kernels with the same sequence offsets); registered as
 `torch.ops.fusedattn.varlen_fwd` / `varlen_bwd`.
 
@@ -41,7 +44,9 @@ from fusedattn.api import (
     check_options,
     eager_autograd,
     eager_backward,
+    fp8_descale,
     kernel_options,
+    new_out,
     refuse_double_backward,
     sink_grads,
     typed,
@@ -51,7 +56,9 @@ from fusedattn.launch import Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
+    FP8,
     ProblemError,
+    check_fp8,
     check_index_tensor,
     check_qkv,
     check_sinks,
@@ -75,15 +82,16 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
                    cu_k: torch.Tensor, sinks: torch.Tensor | None, max_q: int, max_k: int,
                    is_causal: bool, scale: float,
                    precision: str, window_left: int, window_right: int,
-                   softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   softcap: float, descale: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     from fusedattn.dispatch import forward
 
-    out = q.new_empty((*q.shape[:2], v.shape[2]))  # O has V's head dim
+    out = new_out(q, v)  # O has V's head dim (and bf16 for FP8)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
             is_causal=is_causal, scale=scale, precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap, True),
-            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks)
+            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale)
     return out, lse
 
 
@@ -92,8 +100,8 @@ _varlen_fwd_op = torch.library.custom_op("fusedattn::varlen_fwd", _varlen_fwd, m
 
 @_varlen_fwd_op.register_fake
 def _(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision, window_left,
-      window_right, softcap):
-    return (q.new_empty((*q.shape[:2], v.shape[2])),
+      window_right, softcap, descale=None):
+    return (new_out(q, v),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
@@ -123,11 +131,17 @@ def _(dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max_q, max_k, is_causal,
             lse.new_empty(0 if sinks is None else sinks.shape[0]))
 
 
+# the forward op's arguments after q, k, v, the offsets and the sinks that its backward
+# takes too; FP8's descale, after them, never has a gradient (`check_fp8`)
+BACKWARD_OPTIONS = ("max_q", "max_k", "is_causal", "scale", "precision", "window_left",
+                    "window_right", "softcap")
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, sinks, *options = inputs
     ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, sinks)
     ctx.set_materialize_grads(False)  # an unused LSE: dLSE None, not zeros (as in api)
-    ctx.options = options
+    ctx.options = options[:len(BACKWARD_OPTIONS)]
 
 
 def _backward(ctx, dout, dlse):
@@ -137,7 +151,7 @@ def _backward(ctx, dout, dlse):
     dq, dk, dv, dsinks = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)(
         dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options)
     return (dq, dk, dv, None, None, dsinks if sinks is not None else None,
-            *(None for _ in ctx.options))
+            *(None for _ in ctx.options), None)
 
 
 _varlen_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -174,10 +188,12 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
 
 
 def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scale, precision,
-             check_lengths, sinks):
-    """`attention_varlen`'s checks and decisions: (max_seqlen_q, max_seqlen_k, scale,
-    window, softcap) as the op takes them."""
-    check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"}, dtypes=DTYPES)
+             check_lengths, sinks, descales=None):
+    """`attention_varlen`'s checks and decisions (the packed ring's too): (max_seqlen_q,
+    max_seqlen_k, scale, window, softcap) as the op takes them. `descales`, FP8's factors
+    by name, only from `attention_varlen`, which alone takes float8_e4m3fn inputs here."""
+    check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"},
+              dtypes=DTYPES if descales is None else (*DTYPES, FP8))
     window, softcap = check_options(q, k, v, is_causal, scale, precision, window, softcap)
     if k.shape[:-1] != v.shape[:-1]:
         raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)),
@@ -191,6 +207,8 @@ def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scal
                                    check_lengths)
     check_sinks(sinks, q.shape[1], q.device)
     check_grad_dim(q, k, v, sinks)
+    if descales is not None:
+        check_fp8(q, v, descales, q.shape[1], k.shape[1], wants_grads((q, k, v, sinks)))
     window = clamp_window(window, max_q, max_k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return max(1, max_q), max(1, max_k), scale, window, softcap
@@ -207,26 +225,36 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      window: tuple[int | None, int | None] | None = None,
                      softcap: float | None = None, scale: float | None = None,
                      return_lse: bool = False, precision: str | None = None,
-                     check_lengths: bool = True, sinks: torch.Tensor | None = None):
+                     check_lengths: bool = True, sinks: torch.Tensor | None = None,
+                     descale_q: torch.Tensor | None = None,
+                     descale_k: torch.Tensor | None = None,
+                     descale_v: torch.Tensor | None = None):
     """Attention over a packed batch of sequences; see the module docstring."""
     q, k, v = autocast_inputs(q, k, v, precision)
     if not isinstance(check_lengths, bool):
         raise ProblemError("check_lengths", check_lengths, "True or False")
+    descales = (descale_q, descale_k, descale_v)
     key = None if check_lengths or torch.compiler.is_compiling() else call_key(
-        (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks), (is_causal, softcap, scale, precision),
-        window, typed(max_seqlen_q), typed(max_seqlen_k))
+        (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, *descales),
+        (is_causal, softcap, scale, precision), window, typed(max_seqlen_q),
+        typed(max_seqlen_k))
     decided = _DECIDED.get(key) if key is not None else None
     if decided is None:
         decided = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           is_causal, window, softcap, scale, precision, check_lengths, sinks)
+                           is_causal, window, softcap, scale, precision, check_lengths, sinks,
+                           dict(zip(("descale_q", "descale_k", "descale_v"), descales,
+                                    strict=True)))
         if key is not None:
             _DECIDED.put(key, decided)
     max_seqlen_q, max_seqlen_k, scale, window, softcap = decided
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     grad = wants_grads((q, k, v, sinks))
+    descale = None
+    if q.dtype == FP8:  # (a tensor per call: not in the cached decisions)
+        descale = fp8_descale(*descales, q.shape[1], k.shape[1], q.device)
     out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
                        cu_seqlens_k, as_sinks(sinks), max_seqlen_q, max_seqlen_k, is_causal,
                        scale,
                        resolve(q.dtype, precision).op, *kernel_options(window, softcap),
-                       grad=grad)
+                       descale, grad=grad)
     return (out, lse) if return_lse else out
