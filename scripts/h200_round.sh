@@ -25,6 +25,8 @@
 #               after warmup (nothing compiles; where its time goes)
 #   hostprof    scripts/host_profile.py --sweep: host time a call by layer, SDPA's, the
 #               layers one by one, and the kernels a sweep of lengths compiles
+#   cp L        (a multi-GPU kind) scripts/context_parallel_bench.py on every GPU of the
+#               machine, layouts L (e.g. ring,ulysses,usp2), S 128k and 256k (issue 35)
 # Usage (the device tool, from the repo root):
 #   bash scripts/h200_round.sh fa4 4 tier bench prefill ncu 64,4,32,4096
 set -uo pipefail
@@ -73,6 +75,10 @@ while [ $# -gt 0 ]; do
            --heads "$h" --seq "$s" $extra > $ev/ncu/$name.csv 2>>"$log"
          echo "ncu $name: rc=$?" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
+    cp) layouts=$1; shift; n=$(nvidia-smi -L | wc -l); mkdir -p $ev/cp
+        NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+          torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \
+          $ev/cp/cp-$n-gpus.csv --layouts "$layouts" 2>&1 | grep -v Warning | tail -20 | tee -a "$log" ;;
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     firstcall) python3 scripts/first_call_profile.py --out $ev/first-call 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
