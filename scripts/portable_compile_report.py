@@ -6,7 +6,13 @@ QGMMA for FP8; the e4m3 conversions; exp2). It shows that a dtype the GPU tier h
 yet (FP8, issue 34) compiles for Hopper and onto which tensor-core instructions; it is a
 compiler report, not a time and not a test of the results.
 
-    PYTHONPATH=src python3 scripts/portable_compile_report.py [--out F]
+    PYTHONPATH=src python3 scripts/portable_compile_report.py [--out F] [--against REV]
+
+`--against REV` instead compares, configuration by configuration, the SASS of the kernel
+file at git revision REV with today's, for the dtypes both take (bf16, fp16, fp32) and a
+few mask and head-dim variants (`SAME`): "identical" (the same instructions in the same
+order), "reordered" (the same opcodes, scheduled or allocated otherwise) or "different".
+It tells whether a change to the kernel changed what the GPU runs for those dtypes.
 
 (run with a Python whose Triton is 3.6, the H200's, e.g. a venv of `pip install
 triton==3.6.0 torch`)."""
@@ -15,7 +21,9 @@ import argparse
 import collections
 import json
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,15 +64,32 @@ def _configuration(dtype: str, dim: int, causal: bool):
     return pointers, constants, warps, stages
 
 
-def compile_row(dtype: str, dim: int, causal: bool):
+# (dtype, head dim, causal, constexprs over the defaults): what --against compares
+SAME = [(dt, d, c, {}) for dt in ("bf16", "fp16", "fp32")
+        for d, c in ((64, False), (128, True), (128, False), (256, False))]
+SAME += [("bf16", 128, True, dict(SOFTCAP=True, HAS_LEFT=True)),
+         ("bf16", 64, True, dict(SINKS=True)),
+         ("bf16", 96, False, dict(BLOCK_D=64, BLOCK_D2=32, BLOCK_DV=64, BLOCK_DV2=32)),
+         ("fp16", 128, True, dict(ONE_LOOP=True))]
+
+
+def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
+    """`_flash_fwd` of `module` (default today's `tiles.flash_kernels`) compiled for
+    sm_90a with `_configuration`'s constexprs, `over` replacing some (SINKS=True makes
+    `p_sinks` a pointer)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from fusedattn.tiles.flash_kernels import _flash_fwd
+    if module is None:
+        from fusedattn.tiles import flash_kernels as module
 
-    fn = _flash_fwd.fn  # under the heuristics: the JITFunction
+    fn = module._flash_fwd.fn  # under the heuristics: the JITFunction
     pointers, constants, warps, stages = _configuration(dtype, dim, causal)
+    constants.update(over)
+    if over.get("SINKS"):
+        del constants["p_sinks"]
+        pointers["p_sinks"] = "fp32"
     signature, constexprs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constants:
@@ -79,13 +104,55 @@ def compile_row(dtype: str, dim: int, causal: bool):
                           options={"num_warps": warps, "num_stages": stages})
 
 
+def _instructions(sass: str) -> list[str]:
+    """The SASS's instructions in order, without their addresses and encodings."""
+    return [re.sub(r"/\*[0-9a-f]+\*/", "", line).split(";")[0].strip()
+            for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+
+
+def _opcodes(instructions: list[str]) -> collections.Counter:
+    return collections.Counter(x.split()[1] if x.startswith("@") else x.split()[0]
+                               for x in instructions if x)
+
+
+def against(rev: str, tools: Path) -> list[dict]:
+    """Today's kernel file against REV's, configuration by configuration (`SAME`)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    text = subprocess.run(["git", "-C", root, "show", f"{rev}:src/fusedattn/tiles/"
+                           "flash_kernels.py"], capture_output=True, text=True,
+                          check=True).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(text)
+    spec = importlib.util.spec_from_file_location("flash_kernels_at_rev", f.name)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    rows = []
+    for dtype, dim, causal, over in SAME:
+        then, now = (_instructions(cubin_facts(tools, compile_row(
+            dtype, dim, causal, module, **over))[1]) for module in (old, None))
+        verdict = ("identical" if then == now else
+                   "reordered" if _opcodes(then) == _opcodes(now) else "different")
+        rows.append(dict(dtype=dtype, dim=dim, causal=causal, **over, against=rev,
+                         instructions=len(now), verdict=verdict))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--against", default=None, help="compare with the kernel at this rev")
     args = ap.parse_args()
     import triton
 
     tools = Path(triton.__file__).parent / "backends/nvidia/bin"
+    if args.against:
+        rows = against(args.against, tools)
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
     rows = []
     for dtype, dim, causal in ROWS:
         facts, sass = cubin_facts(tools, compile_row(dtype, dim, causal))

@@ -27,6 +27,18 @@ ROUND_E4M3 = tl.constexpr(EMULATION)
 
 
 @triton.jit
+def _p_as(p, dtype: tl.constexpr):
+    """P as the P.V product takes it in V's dtype: float8 at P_SCALE (O's epilogue divides
+    it out, with descale_v), else P itself."""
+    if dtype.is_fp8():
+        p = p * P_SCALE
+        if ROUND_E4M3:
+            p = _round_e4m3(p)
+        return p.to(dtype, fp_downcast_rounding="rtne")
+    return p.to(dtype)
+
+
+@triton.jit
 def _round_e4m3(x):
     """x >= 0 (fp32) rounded to nearest even at 3 mantissa bits, on its bits: a carry out
     of the mantissa lands in the exponent, as it should."""
@@ -110,18 +122,13 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
         l_i = l_i * alpha + tl.sum(p, axis=1)
         b_v = _tile(p_v_base + v_rows[:, None] + offs_dv[None, :] * sv_d,  # [BLOCK_N, BLOCK_DV]
                     mask_n[:, None], mask_dv[None, :], MASKED, MIXED, PAD_DV)
-        if b_v.dtype.is_fp8():  # P in e4m3 at P_SCALE (O's epilogue divides it out)
-            p_dot = p * P_SCALE
-            if ROUND_E4M3:
-                p_dot = _round_e4m3(p_dot)
-            p_dot = p_dot.to(b_v.dtype, fp_downcast_rounding="rtne")
-        else:
-            p_dot = p.to(b_v.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p_dot, b_v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(_p_as(p, b_v.dtype), b_v,
+                                            input_precision=PRECISION)
         if BLOCK_DV2 > 0:
             b_v2 = _tile(p_v_base + v_rows[:, None] + offs_dv2[None, :] * sv_d,
                          mask_n[:, None], mask_n[:, None], MASKED, MIXED, False)
-            acc2 = acc2 * alpha[:, None] + tl.dot(p_dot, b_v2, input_precision=PRECISION)
+            acc2 = acc2 * alpha[:, None] + tl.dot(_p_as(p, b_v2.dtype), b_v2,
+                                                  input_precision=PRECISION)
         m_i = m_new
     return acc, acc2, l_i, m_i
 
