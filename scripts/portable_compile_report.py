@@ -41,18 +41,20 @@ def _configuration(dtype: str, dim: int, causal: bool):
     import triton.language as tl
 
     from fusedattn import configs
+    from fusedattn.precision import DEFAULT_FP32
 
+    precision = DEFAULT_FP32 if dtype == "fp32" else None  # (fp32: tf32x3, its default)
     bm, bn, warps, stages = configs.forward_config(dim=dim, seq_q=4096,
                                                    programs_per_tile_row=128, causal=causal,
-                                                   precision=None)
-    block_d, block_d2 = configs.head_dim_pieces(dim, precision=None, aligned=True)
+                                                   precision=precision)
+    block_d, block_d2 = configs.head_dim_pieces(dim, precision=precision, aligned=True)
     pointers = dict(p_q=dtype, p_k=dtype, p_v=dtype, p_o="bf16", p_lse="fp32")
     absent = ("p_cu_q", "p_cu_k", "p_seqlens_k", "p_table", "p_sinks")
     fp8 = dtype.startswith("fp8")
     constants = dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_DV=block_d,
-        BLOCK_DV2=block_d2, PRECISION=None, INDEX=tl.int32, BOTTOM_RIGHT=False,
-        PACK_GQA=False, ONE_LOOP=configs.single_key_loop(seq_k=4096, precision=None,
+        BLOCK_DV2=block_d2, PRECISION=precision, INDEX=tl.int32, BOTTOM_RIGHT=False,
+        PACK_GQA=False, ONE_LOOP=configs.single_key_loop(seq_k=4096, precision=precision,
                                                          has_left=False),
         ALIGN=1, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False,
         SEQLENS_K=False, PAGED=False, WRITE_LSE=True, SPLIT=False, SINKS=False, FP8=fp8,
