@@ -42,8 +42,9 @@ from fusedattn.distributed.ring import contiguous_shard
 CUDA = torch.cuda.is_available()
 
 
-def _time(fn, reps=5, warm=2, together=True) -> float:
-    """Median ms of `fn`; `together`: every rank starts each repetition at a barrier."""
+def time_ms(fn, reps=5, warm=2, together=True) -> float:
+    """Median ms of `fn`; `together`: every rank starts each repetition at a barrier (CUDA
+    events on a GPU, the host's clock without one). `ring_bench.py` times with it too."""
     for _ in range(warm):
         fn()
     times = []
@@ -56,7 +57,7 @@ def _time(fn, reps=5, warm=2, together=True) -> float:
             fn()
             end.record()
             torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(start.elapsedtime_ms(end))
         else:
             t0 = time.perf_counter()
             fn()
@@ -103,7 +104,7 @@ def _one(layout: str, seq: int, heads: int, dim: int, rank: int, world: int, dev
         fq, fk, fv = (t.detach().requires_grad_() for t in full[:3])
         single[seq] = [attention(fq, fk, fv, is_causal=True).detach(), None]
         if rank == 0:
-            single[seq][1] = _time(lambda: torch.autograd.grad(
+            single[seq][1] = time_ms(lambda: torch.autograd.grad(
                 attention(fq, fk, fv, is_causal=True), (fq, fk, fv), full[3]),
                 together=False)
         dist.barrier()
@@ -113,7 +114,7 @@ def _one(layout: str, seq: int, heads: int, dim: int, rank: int, world: int, dev
         raise SystemExit(f"{layout} S{seq} rank {rank}: output off by {err} from one GPU's")
     if CUDA:
         torch.cuda.reset_peak_memory_stats()
-    ms = _time(lambda: torch.autograd.grad(call(q, k, v), (q, k, v), dout))
+    ms = time_ms(lambda: torch.autograd.grad(call(q, k, v), (q, k, v), dout))
     row = dict(layout=layout, world=world, seq=seq, heads=heads, dim=dim, ms=ms,
                max_abs_vs_one_gpu=err,
                tflops_per_gpu=3.5 * 2 * heads * seq * seq * dim / world / ms / 1e9,

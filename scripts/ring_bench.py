@@ -13,8 +13,8 @@ FlashAttention's convention (3.5x the causal forward's 2*B*H*S^2*D).
 """
 
 import csv
-import statistics
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -23,24 +23,10 @@ from fusedattn.api import attention
 from fusedattn.distributed import ring_attention, zigzag_shard
 from fusedattn.distributed.ring import _exchange, _wait
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from context_parallel_bench import time_ms  # noqa: E402
+
 B, H, D = 1, 32, 128
-
-
-def _time(fn, reps=5, warm=2, together=True):
-    """Median ms of `fn`; `together`: every rank starts each repetition at a barrier."""
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        if together:
-            dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _one_seq(seq: int, rank: int, world: int) -> dict:
@@ -59,9 +45,9 @@ def _one_seq(seq: int, rank: int, world: int) -> dict:
             _wait(reqs)
 
     torch.cuda.reset_peak_memory_stats()
-    t_ring = _time(ring)
+    t_ring = time_ms(ring)
     peak = torch.cuda.max_memory_allocated()
-    t_comm = _time(transfers)
+    t_comm = time_ms(transfers)
     half = seq // world // 2
     qc, kc = q.detach()[..., :half, :].requires_grad_(), k.detach()[..., :2 * half, :]
 
@@ -70,7 +56,7 @@ def _one_seq(seq: int, rank: int, world: int) -> dict:
             o = attention(qc, kc, kc, is_causal=False)
             torch.autograd.grad(o, qc, o)
 
-    t_compute = _time(compute)
+    t_compute = time_ms(compute)
     flops = 3.5 * 2 * B * H * seq * seq * D
     row = dict(seq=seq, world=world, ring_ms=t_ring, compute_ms=t_compute,
                transfer_ms=t_comm, hidden_share=(t_compute + t_comm - t_ring) / t_comm,
@@ -81,7 +67,7 @@ def _one_seq(seq: int, rank: int, world: int) -> dict:
         def single():
             torch.autograd.grad(attention(fq, fk, fv, is_causal=True), (fq, fk, fv), full[3])
 
-        row["one_gpu_ms"] = t_one = _time(single, together=False)  # rank 0 alone
+        row["one_gpu_ms"] = t_one = time_ms(single, together=False)  # rank 0 alone
         row["speedup_over_one_gpu"] = t_one / t_ring
         print(row, flush=True)
     dist.barrier()  # the other ranks wait while rank 0 times one GPU
