@@ -39,8 +39,8 @@ def ragged(dim: int, dim_v: int | None = None, heads=(4, 2)):
 def passes(got, ref, name="", peer=None):
     """`got` within the dtype's bound of the float64 `ref` (low precision: twice `peer`'s
     error, the same formula by torch in the same dtype, plus a floor)."""
-    peer_error = None if peer is None else float((peer.detach().double().cpu() - ref).abs()
-                                                 .max())
+    peer_error = None if peer is None else float(
+        (peer.detach().double().cpu() - ref.detach().double().cpu()).abs().max())
     result = check(got, ref, peer_error=peer_error)
     assert result.ok, (name, result.reasons, peer_error)
 
