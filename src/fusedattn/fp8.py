@@ -16,7 +16,7 @@ by `scripts/fp8_backward_error.py` against float64 autograd (docs/decisions.md#f
 units of the bf16 storage floor: with the FP8 forward's O in delta, dQ erred by 14-28 and
 dK by 13-18; with O in fp32, every gradient by under 0.01; rounding dO to e4m3 for its
 products put dQ and dK back at 13-25 and dV at 7-11 (from 0), and P and dS in e4m3 added
-up to 2 more. The recompute is a forward pass in fp32 (about a third more work): the
+up to 2 more. The recompute costs one more forward pass, in fp32; the
 gradients are then those of the dequantised inputs, within bf16's storage error."""
 
 
