@@ -26,12 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = ROOT / "src/fusedattn/hopper/forward_kernel.py"
 BACKWARD = ROOT / "src/fusedattn/hopper/backward_kernel.py"
-COUNTED = (r"\b(HGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|STL|MUFU\.EX2|"
-           r"REDG\.E\.ADD\.F32)")
+COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|STL|MUFU\.EX2|"
+           r"REDG\.E\.ADD\.F32|SHFL\.IDX|PRMT|F2FP\.SATFINITE\.E4M3)")
 # what the launcher (`hopper.forward`) passes by default, beside each configuration's own
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
-                SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240)
+                SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
@@ -44,6 +44,15 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
          HAS_RIGHT=True),
     dict(name="D128/64 varlen", D_A=128, D_B=0, DV_A=64, DV_B=0, BLOCK_N=128, VARLEN=True,
          HAS_RIGHT=True, BOTTOM_RIGHT=True),
+    # FP8 (`hopper.forward.FP8_TILES`): float8 q, k and V^T, O bfloat16
+    dict(name="FP8 D128", D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True),
+    dict(name="FP8 D128 causal", D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
+         HAS_RIGHT=True),
+    dict(name="FP8 D64 causal", D_A=64, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
+         HAS_RIGHT=True),
+    dict(name="FP8 D256", D_A=256, D_B=0, BLOCK_N=64, STAGES=3, FP8=True),
+    dict(name="FP8 D128 varlen causal", D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
+         VARLEN=True, HAS_RIGHT=True),
 ]
 
 
@@ -64,11 +73,13 @@ BWD_CONFIGS = [
 ]
 
 
-def _desc(rows: int, dim: int):
+def _desc(rows: int, dim: int, fp8: bool = False):
     from triton.experimental.gluon import language as gl
 
     block = [1, 1, rows, dim]
-    return f"tensordesc<bf16{block},{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
+    name, element = ("fp8e4nv", gl.float8e4nv) if fp8 else ("bf16", gl.bfloat16)
+    return (f"tensordesc<{name}{block},"
+            f"{gl.NVMMASharedLayout.get_default_for(block, element)!r}>")
 
 
 def _backward_types(c: dict) -> dict:
@@ -80,7 +91,7 @@ def _backward_types(c: dict) -> dict:
 
 
 def compile_config(fn, config: dict, backward: bool = False):
-    """The compiled kernel for one configuration (bf16)."""
+    """The compiled kernel for one configuration (bf16, or float8 under FP8)."""
     if backward:
         c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
         return _compile(fn, c, _backward_types(c), 8)
@@ -91,10 +102,12 @@ def compile_config(fn, config: dict, backward: bool = False):
     pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV")}
     types = {}
     for t, (rows, which) in pieces.items():
-        types[f"{t}_desc"] = _desc(rows, c[f"{which}_A"])
-        types[f"{t}2_desc"] = _desc(rows, c[f"{which}_B"] or c[f"{which}_A"])
+        fp8 = c["FP8"] and t != "o"
+        for suffix, width in (("", c[f"{which}_A"]), ("2", c[f"{which}_B"] or c[f"{which}_A"])):
+            shape = (width, rows) if fp8 and t == "v" else (rows, width)  # FP8: V^T's boxes
+            types[f"{t}{suffix}_desc"] = _desc(*shape, fp8)
     types |= {"p_o": "*bf16", "p_lse": "*fp32", "p_cu_q": "*i32", "p_cu_k": "*i32",
-              "p_sinks": "*fp32", "qk_scale": "fp32", "cap": "fp32"}
+              "p_sinks": "*fp32", "p_descale": "*fp32", "qk_scale": "fp32", "cap": "fp32"}
     return _compile(fn, c, types, 4)
 
 

@@ -26,14 +26,20 @@ def i32(values):
 RAGGED_Q, RAGGED_K = [5, 0, 1, 300, 1000, 64], [5, 3, 1, 500, 1000, 0]
 
 
-def ragged(dim: int, dim_v: int | None = None, heads=(4, 2)):
-    """q, k, v of `RAGGED_Q`/`RAGGED_K` (bf16, `heads` query and K/V heads, V's head dim
-    `dim_v`, default `dim`), their offsets and longest lengths."""
-    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in (RAGGED_Q, RAGGED_K))
-    q = rand(sum(RAGGED_Q), heads[0], dim, dtype=torch.bfloat16)
-    k = rand(sum(RAGGED_K), heads[1], dim, dtype=torch.bfloat16, seed=1)
-    v = rand(sum(RAGGED_K), heads[1], dim_v or dim, dtype=torch.bfloat16, seed=2)
-    return q, k, v, cu_q, cu_k, max(RAGGED_Q), max(RAGGED_K)
+# the same kinds of sequence, shorter, where the interpreter runs them (FP8's emulated
+# kernel took 2 minutes on the long ones)
+SHORT_Q, SHORT_K = [5, 0, 1, 70, 150, 64], [5, 3, 1, 90, 150, 0]
+
+
+def ragged(dim: int, dim_v: int | None = None, heads=(4, 2), lengths=(RAGGED_Q, RAGGED_K)):
+    """q, k, v of `lengths` (default `RAGGED_Q`/`RAGGED_K`; bf16, `heads` query and K/V
+    heads, V's head dim `dim_v`, default `dim`), their offsets and longest lengths."""
+    lengths_q, lengths_k = lengths
+    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in lengths)
+    q = rand(sum(lengths_q), heads[0], dim, dtype=torch.bfloat16)
+    k = rand(sum(lengths_k), heads[1], dim, dtype=torch.bfloat16, seed=1)
+    v = rand(sum(lengths_k), heads[1], dim_v or dim, dtype=torch.bfloat16, seed=2)
+    return q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k)
 
 
 def passes(got, ref, name="", peer=None):

@@ -6,8 +6,9 @@ result is judged against the float64 reference of the dequantised inputs
 tolerance table: twice the error of the same formula done by torch
 (`fusedattn_lab.peers.fp8_peer`: products of the float8 values in fp32, P rounded to e4m3,
 O in bf16; `fp8_backward_peer`: today's backward formulas in fp32, delta from that O) plus
-a floor. The interpreter runs float8 (CPU); the same tests run on the GPU tier. Every bad
-combination is a `ProblemError` at the call."""
+a floor. The interpreter runs float8 (CPU); the same tests run on the GPU tier, where the
+forward's cases run on both paths: the portable kernel and the Hopper Gluon kernel (forced,
+so a fallback fails them). Every bad combination is a `ProblemError` at the call."""
 
 import pytest
 import torch
@@ -18,12 +19,17 @@ from fusedattn import (
     attention_varlen,
     attention_with_kvcache,
 )
-from fusedattn.dispatch import use_backend
-from fusedattn.mode import DEVICE
+from fusedattn.dispatch import hopper_refusal, use_backend
+from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import FP8, ProblemError
 from fusedattn.reference import attention_ref, attention_ref_grads, dequantize, varlen_ref
+from fusedattn.tiles.common import Mask
 from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
-from inputs import i32, passes, ragged, rand
+from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, passes, ragged, rand
+
+# the forward's paths: the portable kernel everywhere, the Hopper one on the GPU tier
+PATHS = ["portable", pytest.param("hopper", marks=pytest.mark.gpu_only(
+    "the Gluon kernel runs on an sm90 GPU only"))]
 
 
 def _fp8(x, descale):
@@ -54,15 +60,19 @@ CASES = [  # (B, H, H_kv, Sq, Sk, D, options, descale kind): what each exercises
 ]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", CASES)
-def test_fp8_forward_against_the_reference_of_the_dequantised_inputs(case):
+def test_fp8_forward_against_the_reference_of_the_dequantised_inputs(case, path):
     b, h, hk, sq, sk, d, options, kind = case
     descales = list(_factors(kind, h, hk))
     q8, k8, v8 = (_fp8(rand(b, n, s, d, seed=i) * 2, f) for i, (n, s, f) in
                   enumerate(((h, sq, descales[0]), (hk, sk, descales[1]), (hk, sk, descales[2]))))
-    out, lse = attention(q8, k8, v8, enable_gqa=h != hk, return_lse=True,
-                         descale_q=descales[0], descale_k=descales[1], descale_v=descales[2],
-                         **options)
+    if path == "hopper" and sq > 1:  # V as a strided view (`[B, S, H, D]` transposed)
+        v8 = v8.transpose(1, 2).contiguous().transpose(1, 2)
+    with use_backend(path):
+        out, lse = attention(q8, k8, v8, enable_gqa=h != hk, return_lse=True,
+                             descale_q=descales[0], descale_k=descales[1],
+                             descale_v=descales[2], **options)
     assert out.dtype == torch.bfloat16 and out.shape == (b, h, sq, d)
     ref_kw = dict(causal=options.get("is_causal", False), window=options.get("window"),
                   softcap=options.get("softcap"))
@@ -76,15 +86,17 @@ def test_fp8_forward_against_the_reference_of_the_dequantised_inputs(case):
     assert (lse.double().cpu() - ref_lse)[seen].abs().max().item() < 1e-3
 
 
-def test_fp8_takes_sinks_and_the_factors_matter():
+@pytest.mark.parametrize("path", PATHS)
+def test_fp8_takes_sinks_and_the_factors_matter(path):
     q8, k8, v8 = (_fp8(rand(1, 2, 50, 64, seed=i), None) for i in range(3))
     sinks = torch.tensor([1.0, -2.0], device=DEVICE)
     dv = torch.tensor([1.0, 4.0], device=DEVICE)
-    out = attention(q8, k8, v8, sinks=sinks, descale_v=dv)
+    with use_backend(path):
+        out = attention(q8, k8, v8, sinks=sinks, descale_v=dv)
+        plain = attention(q8, k8, v8, sinks=sinks)
     ref = attention_ref(q8, k8, dequantize(v8, dv), sinks=sinks)
     passes(out, ref, "sinks", peer=fp8_peer(q8, k8, v8, descale_v=dv, sinks=sinks))
     # head 1's O is 4x head 0's scale: the factor is applied per head, not dropped
-    plain = attention(q8, k8, v8, sinks=sinks)
     assert torch.allclose(out[:, 1].float(), 4 * plain[:, 1].float(), rtol=1e-2, atol=1e-2)
     assert torch.equal(out[:, 0], plain[:, 0])
 
@@ -93,16 +105,19 @@ def _fp8_inputs(h=2, d=64):
     return tuple(_fp8(rand(1, h, 16, d, seed=i), None) for i in range(3))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp8_varlen_with_empty_and_one_token_sequences(causal):
+def test_fp8_varlen_with_empty_and_one_token_sequences(causal, path):
     # each sequence its own keys, bottom-right aligned; empty ones on either side; GQA 4/2
-    q, k, v, cu_q, cu_k, max_q, max_k = ragged(64)
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(
+        64, lengths=(SHORT_Q, SHORT_K) if EMULATION else (RAGGED_Q, RAGGED_K))
     dq, dk, dv = (torch.linspace(a, b, n, device=DEVICE) for a, b, n in
                   ((0.5, 1.0, 4), (0.25, 0.5, 2), (1.0, 2.0, 2)))
     q8, k8, v8 = (_fp8(t.float().transpose(0, 1), f).transpose(0, 1) for t, f in
                   ((q, dq), (k, dk), (v, dv)))
-    out = attention_varlen(q8, k8, v8, cu_q, cu_k, max_q, max_k, is_causal=causal,
-                           descale_q=dq, descale_k=dk, descale_v=dv)
+    with use_backend(path):
+        out = attention_varlen(q8, k8, v8, cu_q, cu_k, max_q, max_k, is_causal=causal,
+                               descale_q=dq, descale_k=dk, descale_v=dv)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     deq = [dequantize(t.transpose(0, 1), f).transpose(0, 1) for t, f in
            ((q8, dq), (k8, dk), (v8, dv))]
@@ -147,9 +162,33 @@ def test_fp8_refuses_what_it_does_not_take(call, field, allowed):
     assert e.value.field == field and allowed in str(e.value), str(e.value)
 
 
-def test_fp8_runs_portable_and_a_forced_hopper_path_says_why_not():
-    with use_backend("hopper"), pytest.raises(ProblemError, match="float8_e4m3fn"):
-        attention(*_fp8_inputs())
+def test_fp8_on_the_hopper_path_takes_its_head_dims_and_says_why_not_others():
+    q8, k8, v8 = _fp8_inputs(d=64)
+    assert "head dims" not in (hopper_refusal(q8, k8, v8, mask=Mask()) or "")
+    # the portable kernel takes V's own head dim in FP8; the Hopper one takes equal pairs
+    q8, k8, _ = _fp8_inputs(d=128)
+    why = hopper_refusal(q8, k8, v8, mask=Mask())
+    assert "head dims 128 (q, k) and 64 (v)" in why
+    assert "64/64, 128/128, 256/256 in torch.float8_e4m3fn" in why
+    with use_backend("hopper"), pytest.raises(ProblemError, match="and 64 .v."):
+        attention(q8, k8, v8)
+    with use_backend("portable"):
+        assert attention(q8, k8, v8).shape == (1, 2, 16, 64)
+
+
+@pytest.mark.parametrize("seq, dim", [(1, 64), (70, 128), (129, 256)])
+def test_fp8_v_transposed_for_the_hopper_kernel(seq, dim):
+    from fusedattn.hopper.transpose import v_transposed
+
+    # a `[B, S, H, D]` layout seen as `[B, H, S, D]`: V's strides are not its shape's
+    v8 = _fp8(rand(2, seq, 3, dim, seed=4), None).transpose(1, 2)
+    vt = v_transposed(v8)
+    padded = -(-seq // 16) * 16
+    assert vt.shape == (2, 3, dim, padded) and vt.is_contiguous()
+    assert torch.equal(vt[..., :seq].view(torch.uint8),
+                       v8.transpose(2, 3).contiguous().view(torch.uint8))
+    # the padding is zeros (the kernel's last key tile reads it: 0 * P, never a NaN)
+    assert (vt[..., seq:].view(torch.uint8) == 0).all()
 
 
 BACKWARD_CASES = [  # (B, H, H_kv, Sq, Sk, D, options, descale kind, dO in fp8)

@@ -95,13 +95,14 @@ def _device_refusal(q, k, v) -> str | None:
 def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
                    config=None) -> str | None:
     """None when the Hopper kernel can serve this call, else the reason it cannot."""
-    from fusedattn.hopper.forward import TILES
+    from fusedattn.hopper.forward import FP8_TILES, TILES
 
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"{q.dtype} (the Hopper kernel takes float16/bfloat16)"
-    if (q.shape[-1], v.shape[-1]) not in TILES:
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
+        return f"{q.dtype} (the Hopper kernel takes float16/bfloat16/float8_e4m3fn)"
+    tiles = FP8_TILES if q.dtype == torch.float8_e4m3fn else TILES
+    if (q.shape[-1], v.shape[-1]) not in tiles:
         return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper kernel "
-                f"takes {', '.join(f'{a}/{b}' for a, b in TILES)})")
+                f"takes {', '.join(f'{a}/{b}' for a, b in tiles)} in {q.dtype})")
     if cache is not None or splits > 1 or pack_gqa:
         return "a KV cache or split-KV decode (portable)"
     if config is not None:
@@ -126,8 +127,8 @@ def _choose(refusal, short, *, strict: bool, what: str,
         if chosen == "hopper":
             return "hopper", "forced by use_backend('hopper')"
         slow = short()
-        return ("portable", slow) if slow else ("hopper", "fp16/bf16 on sm90 at a covered "
-                                                          "head dim")
+        return ("portable", slow) if slow else ("hopper", "fp16/bf16/e4m3 on sm90 at a "
+                                                          "covered head dim")
     if chosen == "hopper" and strict:
         raise ProblemError("backend", "hopper", f"a {what} the Hopper kernel serves; this one "
                            f"has {why}")
@@ -204,8 +205,8 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
             cache=None, splits=1, pack_gqa=False, config=None, sinks=None, descale=None):
     """The forward behind every entry point: the path `forward_path` picks, launched on
     validated `[B, H, S, D]` tensors (`tiles.flash.flash_forward`'s arguments; `sinks`:
-    `[H]` float32 attention sinks, both paths; `descale`: float8 inputs' factors, the
-    portable path). A call whose key was seen replays that call's plan (`launch.Plan`)."""
+    `[H]` float32 attention sinks, both paths; `descale`: float8 inputs' factors, both
+    paths). A call whose key was seen replays that call's plan (`launch.Plan`)."""
     from fusedattn.tiles.common import Mask
 
     mask = mask or Mask(causal=is_causal)
@@ -231,7 +232,7 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
         from fusedattn.hopper.forward import hopper_forward
 
         hopper_forward(q, k, v, out=out, lse=lse, scale=scale, mask=mask, varlen=varlen,
-                       recording=recording, sinks=sinks)
+                       recording=recording, sinks=sinks, descale=descale)
     else:
         from fusedattn.tiles.flash import flash_forward
 

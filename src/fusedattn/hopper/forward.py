@@ -15,6 +15,7 @@ import torch
 import triton
 
 from fusedattn.launch import Recording
+from fusedattn.tiles.common import FP8_P_SCALE
 
 # (Q/K head dim, V head dim) -> (D_A, D_B, DV_A, DV_B, BLOCK_M per warpgroup, BLOCK_N,
 # STAGES): each head dim in one or two power-of-two pieces (TMA boxes and Gluon's tensors
@@ -32,6 +33,14 @@ TILES = {
     (192, 128): (128, 64, 128, 0, 64, 64, 3),
     (128, 64): (128, 0, 64, 0, 64, 128, 3),
 }
+# FP8 (float8 e4m3 q, k, v): one head-dim piece each, V's tiles V^T's [Dv, BLOCK_N] boxes
+# (`transpose.py`). Shared memory: Q's 2 * BLOCK_M * D bytes, STAGES * BLOCK_N * 2 * D of K
+# and V^T, and O's bfloat16 staging, 2 * BLOCK_M * D * 2 (it cannot go through Q's tiles)
+FP8_TILES = {
+    (64, 64): (64, 0, 64, 0, 64, 128, 4),
+    (128, 128): (128, 0, 128, 0, 64, 128, 4),
+    (256, 256): (256, 0, 256, 0, 64, 64, 3),
+}
 LOADER_REGS, CONSUMER_REGS = 24, 240
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
@@ -41,8 +50,9 @@ SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 def _layout(block: tuple[int, ...], dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for(
-        list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+               torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), element)
 
 
 @functools.cache
@@ -54,24 +64,33 @@ def _sm_count(device: torch.device) -> int:
 def _descriptor(t: torch.Tensor, rows: int, dim: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    block = (1, 1, rows, dim)
+    block = (1, 1, rows, dim)  # (FP8's V^T: Dv rows of BLOCK_N keys)
     return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block),
                             _layout(block, t.dtype))
 
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
                    lse: torch.Tensor | None, scale: float, mask, varlen=None,
-                   recording: Recording | None = None, sinks: torch.Tensor | None = None):
+                   recording: Recording | None = None, sinks: torch.Tensor | None = None,
+                   descale: torch.Tensor | None = None):
     """Write `out` (and `lse`, `[B, H, Sq]` natural-log float32) for the mask (`common.Mask`)
     and, with `varlen`, the packed batch (`[1, H, total, D]` views, lse
-    `[1, H, total_q]`); `sinks` (`[H]` float32) as `flash.flash_forward` takes them. The
-    caller checked `dispatch.hopper_refusal`. `recording`
+    `[1, H, total_q]`); `sinks` (`[H]` float32) as `flash.flash_forward` takes them;
+    `descale` (float8 q, k, v: `FP8_TILES`) their factors (`api.fp8_descale`), `out`
+    bfloat16. The caller checked `dispatch.hopper_refusal`. `recording`
     (`launch.Recording`) records the launch for the caller's plan."""
     from fusedattn.hopper.forward_kernel import _flash_fwd_sm90
 
     heads, dim = q.shape[1], q.shape[3]
     group = heads // k.shape[1]
-    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = TILES[dim, v.shape[3]]
+    fp8 = descale is not None
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = (FP8_TILES if fp8 else TILES)[
+        dim, v.shape[3]]
+    recording = recording or Recording((q, k, v, out, lse, sinks, descale))
+    if fp8:
+        from fusedattn.hopper.transpose import v_transposed
+
+        v = v_transposed(v, recording)  # V^T: its boxes are [Dv, BLOCK_N]
     if varlen is not None:
         batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
         cu_q, cu_k = varlen.cu_q, varlen.cu_k
@@ -80,7 +99,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
-    firsts = [(q, block_m, d_a), (k, block_n, d_a), (v, block_n, dv_a), (out, block_m, dv_a)]
+    firsts = [(q, block_m, d_a), (k, block_n, d_a),
+              (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
     # the second head-dim pieces' descriptors (columns d_a / dv_a on); a head dim in one
     # piece repeats its first's
     seconds = [(t, rows, second) if second else first for first, (t, rows, _), second in
@@ -93,13 +113,14 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # programs a fifth more work (S4096: 0.85x FA4, against 0.92x)
     dynamic = right == 0 and left < 0 and varlen is None
     programs = items if dynamic else min(items, _sm_count(q.device))
-    (recording or Recording()).launch(
-        _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, *out.stride(),
+    recording.launch(
+        _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale,
+        *out.stride(),
         *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
-        CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+        CONSUMER_REGS=CONSUMER_REGS, FP8=fp8, P_SCALE=FP8_P_SCALE, num_warps=4)
     return out

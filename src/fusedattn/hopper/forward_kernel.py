@@ -64,6 +64,21 @@ def _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A: gl.con
 
 
 @gluon.jit
+def _load_v(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, DV_A: gl.constexpr,
+            DV_B: gl.constexpr, FP8: gl.constexpr):
+    """V's key tile `row` onto `bar`: its rows (`_load_rows`), or under FP8 its columns of
+    V^T (`[.., Dv, S]`: the wgmma takes float8 operands K-major only, and P V's K is the
+    key), one [DV_A, BLOCK_N] box."""
+    if FP8:
+        cols: gl.constexpr = desc.block_type.shape[3]
+        tma.async_copy_global_to_shared(
+            desc, [coord_b, coord_h, 0, row], bar,
+            smem._reinterpret(desc.dtype, [1, 1, DV_A, cols], desc.layout))
+    else:
+        _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, DV_A, DV_B)
+
+
+@gluon.jit
 def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
           TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
           HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
@@ -108,7 +123,7 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
             D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            VARLEN: gl.constexpr, SHARED_KV: gl.constexpr):
+            VARLEN: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr):
     """The producer: per item, both consumers' Q tiles on one barrier once both released the
     last item's, then each key tile's K and V into ring slot n % STAGES (n counts this
     program's key tiles over all its items), each once both consumers released the slot's
@@ -145,13 +160,13 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
                 _load_rows(k_desc, k2_desc, b_row, h_kv, row, k_bar.index(slot),
                            k_smem.index(slot), k2_smem.index(slot), D_A, D_B)
                 if SHARED_KV:
-                    _load_rows(v_desc, v2_desc, b_row, h_kv, row, k_bar.index(slot),
-                               v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B)
+                    _load_v(v_desc, v2_desc, b_row, h_kv, row, k_bar.index(slot),
+                            v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B, FP8)
                 else:
                     mbarrier.wait(v_free.index(slot), phase)
                     mbarrier.expect(v_bar.index(slot), v_bytes)
-                    _load_rows(v_desc, v2_desc, b_row, h_kv, row, v_bar.index(slot),
-                               v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B)
+                    _load_v(v_desc, v2_desc, b_row, h_kv, row, v_bar.index(slot),
+                            v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B, FP8)
                 n += 1
             items += 1
 
@@ -206,6 +221,39 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
 
 
 @gluon.jit
+def _p_operand(p, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
+               P_SCALE: gl.constexpr):
+    """P as the P V wgmma takes it from registers: in the inputs' dtype, or under FP8 times
+    P_SCALE rounded to e4m3 (the portable kernel's `_p_as`; O's epilogue divides it out)."""
+    if FP8:
+        p = p * P_SCALE
+    return gl.convert_layout(p.to(dtype), layout)
+
+
+@gluon.jit
+def _wait_pv(acc_tok, p_op, v_tile, FP8: gl.constexpr):
+    """O after its P V wgmma (one piece), holding P's registers and V's slot until it is
+    done. Not FP8's P: Triton 3.6 cannot hold 8-bit registers across the wait ("Unexpected
+    bitwidth in WGMMAWaitGroupOp"); ptxas keeps a wgmma's register operands until its
+    wait_group by itself, and P's next value is a new register tensor."""
+    if FP8:
+        acc = warpgroup_mma_wait(0, deps=[acc_tok, v_tile])[0]
+    else:
+        acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_tile])[0]
+    return acc
+
+
+@gluon.jit
+def _v_operand(tile, FP8: gl.constexpr):
+    """A V slot as P V's B operand, `[BLOCK_N, Dv]`: the slot itself, or under FP8 the
+    transpose of its V^T tile (K-major, as float8 wgmmas need)."""
+    operand = tile
+    if FP8:
+        operand = tile.permute((1, 0))
+    return operand
+
+
+@gluon.jit
 def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, col0, seq_q,
                  BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, VARLEN: gl.constexpr):
     """Columns col0 ... col0 + WIDTH of a warpgroup's normalised O tile `out`, through the
@@ -237,17 +285,24 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
               DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
               SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
-              PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr):
+              PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
+              o_smem, p_descale, FP8: gl.constexpr, P_SCALE: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
     O_a = P V_a, O_b = P V_b apart, O stored through Q's tiles (DV_A <= D_A, DV_B <= D_B:
-    `forward.TILES`)."""
+    `forward.TILES`). FP8 (float8 e4m3 q, k, v; one head-dim piece): the scores are the
+    float8 products times `p_descale`'s factors for q and k, P goes in float8
+    (`_p_operand`), V's slots hold V^T tiles (`_v_operand`), and O (bfloat16) goes out
+    through `o_smem`."""
+    # a wgmma's K: 32 bytes (16 halves, 32 float8s); a register operand packs 4 bytes
+    INSTR_K: gl.constexpr = 32 if FP8 else 16
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_A, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_A, INSTR_K])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=4 if FP8 else 2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -261,9 +316,12 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
     PIECES: gl.constexpr = 2 if DV_B > 0 else 1  # wgmmas of P V
     q_tile = q_smem.index(c)
     q2_tile = q2_smem.index(c)
-    # O's pieces go out through Q's tiles (their first bytes, where V's head dim is less)
+    # O's pieces go out through Q's tiles (their first bytes, where V's head dim is less);
+    # FP8's O (bfloat16, twice Q's bytes) through a tile of its own
     o_tile = q_tile
-    if DV_A != D_A:
+    if FP8:
+        o_tile = o_smem.index(c)
+    elif DV_A != D_A:
         o_tile = q_tile._reinterpret(dtype, [BLOCK_M, DV_A],
                                      gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_A],
                                                                           dtype))
@@ -282,6 +340,10 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
             t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
             2 * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
         if live:
+            item_scale = qk_scale
+            if FP8:  # the factors of this head's q and of its kv head's k
+                item_scale = (qk_scale * gl.load(p_descale + h)
+                              * gl.load(p_descale + n_heads + h_kv))
             first = m_start + c * BLOCK_M
             rows = first + gl.arange(0, BLOCK_M, layout=row_s)
             pos = rows + diag
@@ -308,9 +370,9 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                 if not SHARED_KV:  # else the slot is freed with its V, after P V
                     mbarrier.arrive(k_free.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(
-                    s, m_i, l_i, lo, pos, first_pos, last_pos, sk, qk_scale, cap, left,
+                    s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
                     right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
                     # runs while the second product does
@@ -328,7 +390,8 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                     if D_B > 0:
                         s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok,
                                               is_async=True)
-                    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    acc_tok = warpgroup_mma(p_op, _v_operand(v_smem.index(prev), FP8), acc,
+                                            is_async=True)
                     if DV_B > 0:
                         acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
                                                  v2_smem.index(prev), acc2, is_async=True)
@@ -340,7 +403,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                         mbarrier.arrive(k_free.index(slot), count=1)
                     p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
-                        qk_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
+                        item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
                         SOFTCAP)
                     if DV_B > 0:
                         both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
@@ -350,18 +413,18 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                         acc2 = both[1]
                         acc2 = acc2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
                     else:
-                        acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op,
-                                                          v_smem.index(prev)])[0]
+                        acc = _wait_pv(acc_tok, p_op, v_smem.index(prev), FP8)
                     if SHARED_KV:
                         mbarrier.arrive(k_free.index(prev), count=1)
                     else:
                         mbarrier.arrive(v_free.index(prev), count=1)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                    p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
                 last = (n + n_tiles - 1) % STAGES
                 if not SHARED_KV:
                     mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                acc_tok = warpgroup_mma(p_op, _v_operand(v_smem.index(last), FP8), acc,
+                                        is_async=True)
                 if DV_B > 0:
                     acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
                                              v2_smem.index(last), acc2, is_async=True)
@@ -371,7 +434,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                     acc = both[0]
                     acc2 = both[1]
                 else:
-                    acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_smem.index(last)])[0]
+                    acc = _wait_pv(acc_tok, p_op, v_smem.index(last), FP8)
                 if SHARED_KV:
                     mbarrier.arrive(k_free.index(last), count=1)
                 else:
@@ -392,11 +455,16 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                 l_i = l_i * sink_alpha + gl.exp2(sink - m_use)
                 m_i = m_new
                 l_safe = gl.where(l_i == 0.0, 1.0, l_i) / sink_alpha
-            out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(dtype)
+            if FP8:  # O = (P8 V8) * descale_v / P_SCALE / l
+                l_safe = l_safe * (P_SCALE / gl.load(p_descale + n_heads + n_heads // group
+                                                      + h_kv))
+            out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(
+                o_tile.dtype)
             _store_piece(out, o_desc, o_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, sq,
                          BLOCK_M, DV_A, VARLEN)
             if DV_B > 0:
-                out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(dtype)
+                out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(
+                    o2_tile.dtype)
                 _store_piece(out2, o2_desc, o2_tile, p_o, o_base, so_s, so_d, b_row, h, first,
                              DV_A, sq, BLOCK_M, DV_B, VARLEN)
             if not VARLEN:
@@ -423,7 +491,8 @@ UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "se
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
 def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
-                    p_lse, p_cu_q, p_cu_k, p_sinks, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s,
+                    p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b,
+                    sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
                     D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
                     DV_B: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -431,7 +500,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                     SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
                     PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
-                    LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                    LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                    FP8: gl.constexpr, P_SCALE: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of 2 * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
     right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
@@ -441,16 +511,28 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     and 192 = 128 + 64 are two pieces, each with its own descriptors (`*2_desc`, columns D_A
     on) and shared buffers; D_B = 0 is one piece (the `*2` arguments repeat the first's and
     are not used). V's and O's head dim is DV_A + DV_B, D_A + D_B unless it differs (MLA's
-    192 and 128)."""
+    192 and 128). FP8: q, k in float8 e4m3 and v_desc over V^T (`[B, H_kv, Dv, S]`, its
+    boxes [DV_A, BLOCK_N]), `p_descale` the factors (`api.fp8_descale`: q's per head, then
+    k's and v's per kv head), O bfloat16; one head-dim piece."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [2, BLOCK_M, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
     k_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_N, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_A],
                                                                             dtype))
-    v_smem = gl.allocate_shared_memory(
-        dtype, [STAGES, BLOCK_N, DV_A], gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_A],
-                                                                             dtype))
+    if FP8:  # V^T tiles; O (bfloat16) staged apart from Q's float8 tiles
+        gl.static_assert(D_B == 0 and DV_B == 0)
+        v_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, DV_A, BLOCK_N],
+            gl.NVMMASharedLayout.get_default_for([DV_A, BLOCK_N], dtype))
+        o_smem = gl.allocate_shared_memory(
+            o_desc.dtype, [2, BLOCK_M, DV_A],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_A], o_desc.dtype))
+    else:
+        v_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, BLOCK_N, DV_A],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_A], dtype))
+        o_smem = q_smem  # O goes out through Q's tiles: never read
     # one piece: the second piece's names stand for the first's, never read
     q2_smem = q_smem
     k2_smem = k_smem
@@ -497,17 +579,19 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                      sl_b, sl_h, sl_s, 0, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
                      DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
-                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV)),
+                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV, o_smem, p_descale, FP8,
+                     P_SCALE)),
         (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
                      v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks,
                      so_b, so_h, so_s, so_d,
                      sl_b, sl_h, sl_s, 1, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
                      p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
                      DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
-                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV)),
+                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV, o_smem, p_descale, FP8,
+                     P_SCALE)),
         (_loader, (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
                    q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
                    n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left,
                    right, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B, STAGES, HAS_LEFT,
-                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV)),
+                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
