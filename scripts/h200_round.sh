@@ -6,7 +6,8 @@
 #   fa4 K       copy FA4's staged part K (.peers/K, carried) into /tmp/fa4; the last part
 #               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh)
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
-#   hopper      tests/test_hopper.py and tests/test_plans.py alone, no evidence folder
+#   hopper      tests/test_hopper.py, tests/test_plans.py and tests/test_fp8.py alone, no
+#               evidence folder
 #   hopperbwd   tests/test_hopper_backward.py alone (-x), no evidence folder
 #   bwd         scripts/hopper_bwd_check.py: the backward's rows, providers $ONLY (default
 #               all: the Hopper backward, its racing variant, portable, cuDNN, FA4)
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
          fi
          python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
     tier) python3 scripts/gpu_tier.py --out $ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
-    hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py tests/test_plans.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py tests/test_plans.py tests/test_fp8.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hopperbwd) python3 -m pytest -q -x -p no:cacheprovider -o addopts= tests/test_hopper_backward.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     bwd) python3 scripts/hopper_bwd_check.py --out $ev --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;

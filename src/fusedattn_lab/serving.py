@@ -348,8 +348,16 @@ def _fp8(p: ServingProblem, gen):
     factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
     q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
     kw = dict(descale_q=factors[0], descale_k=factors[1], descale_v=factors[2])
-    ours = {"fusedattn": lambda: attention(q8, k8, v8, is_causal=p.causal,
-                                           enable_gqa=p.heads != p.heads_kv, **kw)}
+    from fusedattn.dispatch import use_backend
+
+    def ours_on(backend):  # the dispatch's choice (Hopper on an H200), and portable's
+        def call():
+            with use_backend(backend):
+                return attention(q8, k8, v8, is_causal=p.causal,
+                                 enable_gqa=p.heads != p.heads_kv, **kw)
+        return call
+
+    ours = {"fusedattn": ours_on("auto"), "fusedattn-portable": ours_on("portable")}
     dt = DTYPES[p.dtype]
     q, k, v = (dequantize(t, f).to(dt) for t, f in zip((q8, k8, v8), factors, strict=True))
     peers = {name: _sdpa(name, q, k, v, is_causal=p.causal,
@@ -371,7 +379,8 @@ def _fp8(p: ServingProblem, gen):
 
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
                                  "sinks": _sinks, "mla": _mla, "fp8": _fp8}
-PROVIDERS = ("fusedattn", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")
+PROVIDERS = ("fusedattn", "fusedattn-portable", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient",
+             "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
 
