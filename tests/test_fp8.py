@@ -80,10 +80,19 @@ def test_fp8_forward_against_the_reference_of_the_dequantised_inputs(case, path)
                                                                     strict=True)),
                                  return_lse=True, **ref_kw)
     passes(out, ref, str(case), peer=fp8_peer(q8, k8, v8, *descales, **ref_kw))
-    # the LSE comes from the fp32 scores of the float8 values' products: fp32-close
+    # the LSE comes from the scores, the float8 values' products: fp32-close on the
+    # portable path; the Hopper kernel's e4m3 wgmma accumulates them in about 13 mantissa
+    # bits (the tensor core's fast accumulation, as FA3's and cuDNN's FP8), so there a
+    # score is good to 2^-13 of its sum of |products| (1.7e-3 seen at 2^-13.5): bounded by
+    # 2^-11 of the largest such sum
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse).cpu(), seen)
-    assert (lse.double().cpu() - ref_lse)[seen].abs().max().item() < 1e-3
+    bound = 1e-3
+    if path == "hopper":
+        q, k = (dequantize(t, f).abs() for t, f in zip((q8, k8), descales[:2], strict=True))
+        k = k.repeat_interleave(h // hk, dim=1)
+        bound = max(bound, 2**-11 * d**-0.5 * (q @ k.transpose(-1, -2)).max().item())
+    assert (lse.double().cpu() - ref_lse)[seen].abs().max().item() < bound
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -182,13 +191,33 @@ def test_fp8_v_transposed_for_the_hopper_kernel(seq, dim):
 
     # a `[B, S, H, D]` layout seen as `[B, H, S, D]`: V's strides are not its shape's
     v8 = _fp8(rand(2, seq, 3, dim, seed=4), None).transpose(1, 2)
-    vt = v_transposed(v8)
+    vt, cu_t = v_transposed(v8)
     padded = -(-seq // 16) * 16
-    assert vt.shape == (2, 3, dim, padded) and vt.is_contiguous()
+    assert cu_t is None and vt.shape == (2, 3, dim, padded) and vt.is_contiguous()
     assert torch.equal(vt[..., :seq].view(torch.uint8),
                        v8.transpose(2, 3).contiguous().view(torch.uint8))
     # the padding is zeros (the kernel's last key tile reads it: 0 * P, never a NaN)
     assert (vt[..., seq:].view(torch.uint8) == 0).all()
+
+
+def test_fp8_v_transposed_of_a_packed_batch_starts_each_sequence_on_16_columns():
+    from fusedattn.hopper.transpose import v_transposed
+    from fusedattn.tiles.common import Varlen
+
+    lengths = [5, 0, 16, 1, 70]  # an empty one, one already aligned
+    cu = i32([0] + torch.tensor(lengths).cumsum(0).tolist())
+    v8 = _fp8(rand(1, sum(lengths), 2, 64, seed=5), None).transpose(1, 2)
+    vt, cu_t = v_transposed(v8, varlen=Varlen(cu, cu, max(lengths), max(lengths)))
+    starts = [0, 16, 16, 32, 48, 128]  # each length rounded up to 16, summed
+    assert cu_t.tolist() == starts and vt.shape == (1, 2, 64, sum(lengths) + 16 * 5)
+    bits, want = vt.view(torch.uint8), v8.transpose(2, 3).view(torch.uint8)
+    written = torch.zeros(vt.shape[-1], dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        first = cu[b].item()
+        assert torch.equal(bits[..., starts[b]:starts[b] + n], want[..., first:first + n])
+        written[starts[b]:starts[b] + n] = True
+    # every other column, each sequence's padding and the slack after the last, is zero
+    assert (bits[..., ~written] == 0).all()
 
 
 BACKWARD_CASES = [  # (B, H, H_kv, Sq, Sk, D, options, descale kind, dO in fp8)

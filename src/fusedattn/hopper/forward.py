@@ -84,13 +84,14 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     heads, dim = q.shape[1], q.shape[3]
     group = heads // k.shape[1]
     fp8 = descale is not None
+    cu_t = None
     d_a, d_b, dv_a, dv_b, block_m, block_n, stages = (FP8_TILES if fp8 else TILES)[
         dim, v.shape[3]]
     recording = recording or Recording((q, k, v, out, lse, sinks, descale))
     if fp8:
         from fusedattn.hopper.transpose import v_transposed
 
-        v = v_transposed(v, recording)  # V^T: its boxes are [Dv, BLOCK_N]
+        v, cu_t = v_transposed(v, recording, varlen)  # V^T: its boxes are [Dv, BLOCK_N]
     if varlen is not None:
         batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
         cu_q, cu_k = varlen.cu_q, varlen.cu_k
@@ -114,7 +115,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     dynamic = right == 0 and left < 0 and varlen is None
     programs = items if dynamic else min(items, _sm_count(q.device))
     recording.launch(
-        _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale,
+        _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale, cu_t,
         *out.stride(),
         *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right,

@@ -123,11 +123,12 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
             D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            VARLEN: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr):
+            VARLEN: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr, p_cu_t):
     """The producer: per item, both consumers' Q tiles on one barrier once both released the
     last item's, then each key tile's K and V into ring slot n % STAGES (n counts this
     program's key tiles over all its items), each once both consumers released the slot's
-    last use (K after its S = Q K^T, V after its P V: K runs ahead of V)."""
+    last use (K after its S = Q K^T, V after its P V: K runs ahead of V). FP8 with VARLEN:
+    V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`)."""
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
     k_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
@@ -148,10 +149,14 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
             for c in gl.static_range(2):
                 _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M, q_bar,
                            q_smem.index(c), q2_smem.index(c), D_A, D_B)
+            v_start = k_start
+            if FP8 and VARLEN:  # V^T's sequence b starts on a 16-byte column of its own
+                v_start = gl.load(p_cu_t + t // n_tiles_m // n_heads)
             for j in range(gl.cdiv(hi - lo, BLOCK_N)):
                 slot = n % STAGES
                 phase = ((n // STAGES) & 1) ^ 1
                 row = k_start + lo + j * BLOCK_N
+                v_row = v_start + lo + j * BLOCK_N
                 mbarrier.wait(k_free.index(slot), phase)
                 if SHARED_KV:  # K and V of the slot on one barrier, freed together
                     mbarrier.expect(k_bar.index(slot), k_bytes + v_bytes)
@@ -160,12 +165,12 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
                 _load_rows(k_desc, k2_desc, b_row, h_kv, row, k_bar.index(slot),
                            k_smem.index(slot), k2_smem.index(slot), D_A, D_B)
                 if SHARED_KV:
-                    _load_v(v_desc, v2_desc, b_row, h_kv, row, k_bar.index(slot),
+                    _load_v(v_desc, v2_desc, b_row, h_kv, v_row, k_bar.index(slot),
                             v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B, FP8)
                 else:
                     mbarrier.wait(v_free.index(slot), phase)
                     mbarrier.expect(v_bar.index(slot), v_bytes)
-                    _load_v(v_desc, v2_desc, b_row, h_kv, row, v_bar.index(slot),
+                    _load_v(v_desc, v2_desc, b_row, h_kv, v_row, v_bar.index(slot),
                             v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B, FP8)
                 n += 1
             items += 1
@@ -491,7 +496,7 @@ UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "se
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
 def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
-                    p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b,
+                    p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, p_cu_t, so_b, so_h, so_s, so_d, sl_b,
                     sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
                     D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
@@ -513,7 +518,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     are not used). V's and O's head dim is DV_A + DV_B, D_A + D_B unless it differs (MLA's
     192 and 128). FP8: q, k in float8 e4m3 and v_desc over V^T (`[B, H_kv, Dv, S]`, its
     boxes [DV_A, BLOCK_N]), `p_descale` the factors (`api.fp8_descale`: q's per head, then
-    k's and v's per kv head), O bfloat16; one head-dim piece."""
+    k's and v's per kv head), O bfloat16; one head-dim piece; with VARLEN, `p_cu_t` the
+    sequences' first columns of V^T."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [2, BLOCK_M, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
@@ -593,5 +599,5 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                    q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
                    n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left,
                    right, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B, STAGES, HAS_LEFT,
-                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8)),
+                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8, p_cu_t)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
