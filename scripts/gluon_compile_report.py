@@ -107,7 +107,8 @@ def compile_config(fn, config: dict, backward: bool = False):
             shape = (width, rows) if fp8 and t == "v" else (rows, width)  # FP8: V^T's boxes
             types[f"{t}{suffix}_desc"] = _desc(*shape, fp8)
     types |= {"p_o": "*bf16", "p_lse": "*fp32", "p_cu_q": "*i32", "p_cu_k": "*i32",
-              "p_sinks": "*fp32", "p_descale": "*fp32", "p_cu_t": "*i32", "qk_scale": "fp32", "cap": "fp32"}
+              "p_sinks": "*fp32", "p_descale": "*fp32", "p_cu_t": "*i32", "qk_scale": "fp32",
+              "cap": "fp32"}
     return _compile(fn, c, types, 4)
 
 

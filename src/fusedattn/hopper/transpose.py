@@ -8,7 +8,8 @@ up to 16, and in a packed batch (`[1, H_kv, total, Dv]`, varlen) each sequence s
 multiple of 16 columns: sequence b's keys are columns cu_t[b] ... with
 cu_t[b] = sum over b' < b of len(b') rounded up to 16, which the kernel writes to a
 `[B + 1]` int32 scratch for the attention kernel. Every column that is no key's (each
-sequence's padding, and the slack after the last, up to S' = total + 16 B) is zero: the
+sequence's padding, and the slack after the last, up to S' = 16 B + total rounded up
+to 16) is zero: the
 attention kernel's last key tile reads them inside the tensor, where TMA does not fill,
 and 0 * P keeps O finite where a float8 NaN pattern would not.
 
@@ -73,12 +74,14 @@ def v_transposed(v: torch.Tensor, recording: Recording | None = None,
                  varlen=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(V^T, cu_t) of `[B, H_kv, S, Dv]` `v` (any strides): V^T `[B, H_kv, Dv, S']`,
     contiguous, S' = S rounded up to 16, zeros past S, and cu_t None; with `varlen`
-    (`common.Varlen`; v `[1, H_kv, total, Dv]`), S' = total + 16 B and cu_t the sequences'
-    first columns (`[B + 1]` int32), as the module says. One launch, recorded into
-    `recording`."""
+    (`common.Varlen`; v `[1, H_kv, total, Dv]`), S' = total rounded up to 16, + 16 B, and
+    cu_t the sequences' first columns (`[B + 1]` int32), as the module says. One launch,
+    recorded into `recording`."""
     b, heads_kv, seq, dim = v.shape
     batch = varlen.batch if varlen is not None else b
-    width = seq + ALIGN * batch if varlen is not None else -(-seq // ALIGN) * ALIGN
+    width = -(-seq // ALIGN) * ALIGN  # a multiple of 16: V^T's row stride, in bytes
+    if varlen is not None:  # room for each sequence's padding
+        width += ALIGN * batch
     vt = torch.empty((b, heads_kv, dim, width), dtype=v.dtype, device=v.device)
     cu_t = None
     recording = recording or Recording((v,) if varlen is None else (v, varlen.cu_k))
@@ -87,7 +90,7 @@ def v_transposed(v: torch.Tensor, recording: Recording | None = None,
         cu_t = torch.empty(batch + 1, dtype=torch.int32, device=v.device)
         recording.scratch(cu_t)
         # programs b = batch zero the slack: up to 16 B columns
-        keys = max(-(-varlen.max_seqlen_k // ALIGN) * ALIGN, ALIGN * batch)
+        keys = max(-(-varlen.max_seqlen_k // ALIGN) * ALIGN, ALIGN * (batch + 1))
         rows = (batch + 1) * heads_kv
     else:
         keys, rows = width, b * heads_kv
