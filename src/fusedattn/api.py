@@ -34,11 +34,12 @@ and v * descale_v, FlashAttention-3's factors: each None (1.0) or a float32 tens
 element (per tensor) or `[H]` for q, `[H_kv]` for k and v (per head). O comes back in
 bfloat16 (with the LSE of the dequantised scores). The scores are the float8 values'
 products in fp32; P enters its product with V in e4m3 (at a power-of-two scale,
-`tiles.common.FP8_P_SCALE`). Head dims 64, 128 and 256; the portable kernel (the Hopper one
-takes fp16/bf16). Autograd cannot take FP8's gradients (a float8 tensor cannot hold
-one), so inputs (or sinks) that require grad are refused: `fusedattn.attention_fp8_backward`
-gives them, for an autograd Function of the caller's (`fusedattn.fp8`). Precision modes and
-the factors on other dtypes are refused too. `attention_varlen` takes FP8 the same way
+`tiles.common.FP8_P_SCALE`). Head dims 64, 128 and 256 (the Hopper kernel at equal
+q/k and v head dims, V transposed for it first; the portable kernel any pair). Autograd
+cannot take FP8's gradients (a float8 tensor cannot hold one), so inputs (or sinks) that
+require grad are refused: `fusedattn.attention_fp8_backward` gives them, for an autograd
+Function of the caller's (`fusedattn.fp8`). Precision modes and the factors on other dtypes
+are refused too. `attention_varlen` takes FP8 the same way
 (forward); `attention_with_kvcache` takes none.
 
 Under `torch.autocast` (on the inputs' device type) fp32 q, k and v run in autocast's
