@@ -38,7 +38,18 @@ def test_warmup_takes_head_dim_pairs_and_sinks(monkeypatch):
     assert done["calls"] == 3 * 2 + 3
 
 
+def test_warmup_takes_fp8_and_its_backward(monkeypatch):
+    from fusedattn import configs
+
+    monkeypatch.setattr(configs, "SMS", 4)
+    done = fusedattn.warmup(head_dims=(64,), heads=(2,), heads_kv=(1,), dtypes=("fp8",),
+                            causal=(True,), training=True, sinks=True, varlen=True,
+                            max_len=16)
+    assert done["calls"] == 3 * 2 + 3
+
+
 @pytest.mark.parametrize("bad", [dict(head_dims=(0,)), dict(head_dims=()),
+                                 dict(head_dims=(80,), dtypes=("bf16", "fp8")),
                                  dict(head_dims=((24, 300),)), dict(sinks=1),
                                  dict(heads_kv=(3,)), dict(dtypes=("int8",)),
                                  dict(causal=(1,)), dict(max_len=8), dict(training="yes")])

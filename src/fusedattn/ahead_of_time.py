@@ -13,6 +13,9 @@ compile nothing new: the Hopper kernel does not specialise on sizes at all, so i
 compile per dtype, head dim and mask covers every length from `dispatch.HOPPER_MIN_KEYS`.
 The backward is warmed with contiguous upstream gradients (as a next layer's matmul hands
 on); other strides (a loss's `.sum()` hands on a stride-0 one) specialise it anew.
+"fp8" warms float8 e4m3 q, k, v (head dims 64, 128, 256) and, with `training`,
+`attention_fp8_backward` on a bfloat16 upstream gradient; the descale factors (none, per
+tensor or per head) make no kernel of their own.
 
 Compiled kernels land in Triton's cache, `$TRITON_CACHE_DIR` (default
 `~/.triton/cache`): a process started later on the same machine (or on an image that
@@ -28,7 +31,8 @@ import torch
 
 from fusedattn.problem import ProblemError, is_int
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "fp8": torch.float8_e4m3fn}
 MIN_LEN, MAX_LEN = 16, 16384
 
 
@@ -65,7 +69,7 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
     V's) for a V head dim of its own; `sinks=True` warms the calls with attention sinks
     (their kernels are variants of their own). Needs the GPU (in emulation nothing is
     compiled, and the calls are made all the same, slowly: for tests)."""
-    from fusedattn import attention, attention_varlen
+    from fusedattn import attention, attention_fp8_backward, attention_varlen
 
     def dim_ok(d):
         """head dims 1..256, or (Q/K's, V's) pairs of them"""
@@ -78,7 +82,7 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
         return is_int(h) and h >= 1
 
     def dtype_ok(d):
-        """'bf16', 'fp16', 'fp32'"""
+        """'bf16', 'fp16', 'fp32', 'fp8'"""
         return d in DTYPES
 
     def bool_ok(c):
@@ -91,6 +95,14 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
     if len(heads_kv) != len(heads) or any(h % g for h, g in zip(heads, heads_kv, strict=True)):
         raise ProblemError("heads_kv", heads_kv, "one per entry of heads, each dividing it")
     dtypes = _check("dtypes", dtypes, dtype_ok)
+    if "fp8" in dtypes:
+        from fusedattn.problem import FP8_HEAD_DIMS
+
+        for dims in head_dims:
+            if any(d not in FP8_HEAD_DIMS for d in (dims if isinstance(dims, tuple | list)
+                                                    else (dims,))):
+                raise ProblemError("head_dims", head_dims, "with 'fp8' in dtypes, head dims "
+                                   f"of {', '.join(map(str, FP8_HEAD_DIMS))}")
     causal = _check("causal", causal, bool_ok)
     if not all(isinstance(x, bool) for x in (training, varlen, sinks)):
         raise ProblemError("training/varlen/sinks", (training, varlen, sinks),
@@ -109,16 +121,20 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                 dim, dim_v = dims if isinstance(dims, tuple | list) else (dims, dims)
                 for h, hkv in zip(heads, heads_kv, strict=True):
                     sink = torch.zeros(h, device=DEVICE) if sinks else None
+                    grad = training and dtype != "fp8"  # FP8 takes its gradients apart
                     for is_causal in causal:
                         for seq in _lengths(max_len):
                             for batch in _batches(h, seq):
                                 q, k, v = (torch.randn(batch, n, seq, d, device=DEVICE)
-                                           .to(DTYPES[dtype]).requires_grad_(training)
+                                           .to(DTYPES[dtype]).requires_grad_(grad)
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
-                                out = attention(q, k, v, is_causal=is_causal,
-                                                enable_gqa=h != hkv, window=window,
-                                                softcap=softcap, sinks=sink)
-                                if training:
+                                mask = dict(is_causal=is_causal, enable_gqa=h != hkv,
+                                            window=window, softcap=softcap, sinks=sink)
+                                out = attention(q, k, v, **mask)
+                                if training and dtype == "fp8":
+                                    attention_fp8_backward(torch.ones_like(out), q, k, v,
+                                                           **mask)
+                                elif training:
                                     out.backward(torch.ones_like(out))
                                 calls += 1
                             if varlen:

@@ -28,7 +28,7 @@ def add(sub) -> None:
     p.add_argument("--heads", type=_ints, required=True, help="query heads, e.g. 32")
     p.add_argument("--heads-kv", type=_ints, default=None,
                    help="K/V heads, one per --heads entry (GQA); default: the same")
-    p.add_argument("--dtypes", default="bf16", help="bf16,fp16,fp32")
+    p.add_argument("--dtypes", default="bf16", help="bf16,fp16,fp32,fp8 (e4m3)")
     p.add_argument("--masks", default="causal", help="causal,full")
     p.add_argument("--train", action="store_true", help="the backward's kernels too")
     p.add_argument("--varlen", action="store_true", help="attention_varlen's too")
