@@ -21,6 +21,10 @@
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
+#   ncufp8 ROW  Nsight Compute of the FP8 forward (V's transpose and the Hopper kernel)
+#               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
+#   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, V's
+#               transpose alone, portable, cuDNN bf16; --sweep of short lengths
 #   coldstart   fusedattn bench --suite coldstart
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes)
@@ -40,6 +44,18 @@ ev=/tmp/ev
 mkdir -p "$ev"
 log=$ev/round-$(date -u +%H%M%S).log
 rc=0
+# Nsight Compute of scripts/ncu_vs_cudnn.py's NVTX ranges fusedattn-fwd and PEER-fwd:
+# profile NAME PEER ARGS... writes $ev/ncu/NAME.csv
+profile() {
+  local name=$1 peer=$2; shift 2
+  mkdir -p $ev/ncu
+  ncu --profile-from-start off --clock-control none --nvtx --nvtx-include fusedattn-fwd/ \
+    --nvtx-include "$peer-fwd/" --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active' \
+    --csv --page details python3 scripts/ncu_vs_cudnn.py "$@" > $ev/ncu/$name.csv 2>>"$log"
+  echo "ncu $name: rc=$?" | tee -a "$log"
+}
 while [ $# -gt 0 ]; do
   step=$1; shift
   echo "=== $step $(date -u +%T)" | tee -a "$log"
@@ -65,16 +81,13 @@ while [ $# -gt 0 ]; do
            python3 -m fusedattn_lab bench --suite "$suite" --out $ev \
              --providers "$providers" 2>&1 | tail -40 | tee -a "$log" ;;
     ncu) IFS=, read -r d b h s c <<<"$1"; shift
-         name=ncu-d$d-b$b-h$h-s$s${c:+-$c}
          case $c in causal) extra=--causal ;; varlen) extra=--varlen ;; *) extra= ;; esac
-         mkdir -p $ev/ncu
-         ncu --profile-from-start off --clock-control none --nvtx --nvtx-include fusedattn-fwd/ \
-           --nvtx-include fa4-fwd/ --section SpeedOfLight --section LaunchStats --section Occupancy \
-           --section WarpStateStats \
-           --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active' \
-           --csv --page details python3 scripts/ncu_vs_cudnn.py --peer fa4 --dim "$d" --batch "$b" \
-           --heads "$h" --seq "$s" $extra > $ev/ncu/$name.csv 2>>"$log"
-         echo "ncu $name: rc=$?" | tee -a "$log" ;;
+         profile ncu-d$d-b$b-h$h-s$s${c:+-$c} fa4 --peer fa4 --dim "$d" --batch "$b" \
+           --heads "$h" --seq "$s" $extra ;;
+    ncufp8) IFS=, read -r d b h s c <<<"$1"; shift
+         profile ncu-fp8-d$d-b$b-h$h-s$s${c:+-$c} cudnn --dtype fp8 --dim "$d" --batch "$b" \
+           --heads "$h" --seq "$s" ${c:+--causal} ;;
+    fp8check) python3 scripts/hopper_fp8_check.py --out $ev ${FP8SWEEP:+--sweep} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     cp) layouts=$1; shift; n=$(nvidia-smi -L | wc -l); mkdir -p $ev/cp
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \

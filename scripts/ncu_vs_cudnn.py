@@ -9,6 +9,8 @@ off` profiles exactly those kernels (NVTX ranges name them).
         --csv --page details python3 scripts/ncu_vs_cudnn.py --dim 128 [--causal] > OUT.csv
     ... scripts/ncu_vs_cudnn.py --dtype fp32 --precision tf32x3 --batch 1 --heads 16 --dim 64
     ... scripts/ncu_vs_cudnn.py --peer fa4 --fwd-only --dim 64    # FA4 (staged) as the peer
+    ... scripts/ncu_vs_cudnn.py --dtype fp8 --dim 128   # FP8 forward; cuDNN in bf16 on the
+                                                      # same values (SDPA takes no FP8)
 """
 
 import argparse
@@ -28,7 +30,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--heads-kv", type=int, default=None, help="K/V heads (GQA)")
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "fp8"))
     parser.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"))
     parser.add_argument("--peer", default="sdpa", choices=("sdpa", "fa4"),
                         help="SDPA (cuDNN; efficient for fp32) or FA4 (forward only)")
@@ -39,6 +41,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.varlen:
         return _varlen(args)
+    if args.dtype == "fp8":
+        return _fp8(args)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     peer, backend = (("efficient", SDPBackend.EFFICIENT_ATTENTION) if dtype == torch.float32
                      else ("cudnn", SDPBackend.CUDNN_ATTENTION))
@@ -100,6 +104,40 @@ def _profiled(calls: dict) -> None:
             fwd()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
+
+
+def _fp8(args) -> None:
+    """The FP8 forward (e4m3 q, k, v with per-head factors, as `bench --suite fp8` makes
+    them) against cuDNN in bf16 on the dequantised values; the NVTX range `fusedattn-fwd`
+    holds V's transpose and the attention kernel."""
+    from fusedattn.reference import dequantize
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    heads_kv = args.heads_kv or args.heads
+    x = [torch.randn(args.batch, h, args.seq, args.dim, generator=gen, device="cuda")
+         for h in (args.heads, heads_kv, heads_kv)]
+    factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
+    q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(torch.float8_e4m3fn)
+                  for t, f in zip(x, factors, strict=True))
+    q, k, v = (dequantize(t, f).to(torch.bfloat16) for t, f in zip((q8, k8, v8), factors,
+                                                                   strict=True))
+    gqa = heads_kv != args.heads
+    calls = {"fusedattn": lambda: attention(q8, k8, v8, is_causal=args.causal, enable_gqa=gqa,
+                                            descale_q=factors[0], descale_k=factors[1],
+                                            descale_v=factors[2])}
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(q, k, v, is_causal=args.causal, enable_gqa=gqa)
+    calls["cudnn"] = cudnn
+    outs = {}
+    for name, fwd in calls.items():
+        for _ in range(3):
+            outs[name] = fwd()
+    err = float((outs["fusedattn"].float() - outs["cudnn"].float()).abs().max())
+    print(f"max |fusedattn - cudnn| = {err:.3g}", flush=True)
+    assert err < 0.1, f"fusedattn differs from cudnn by {err}"
+    _profiled(calls)
 
 
 def _varlen(args) -> None:
