@@ -70,6 +70,31 @@ def providers(q, k, v, causal):
     return calls
 
 
+def measure(calls: dict, flops: float, only=None, unverified=()) -> dict:
+    """Each call (but those not in `only`) checked against the first's output, timed, and
+    checked again: {name: dict(ms, tflops, err), or "refused: ..." where it raised}.
+    `unverified` names calls that return no output (timed alone: no tflops, no err)."""
+    ref, line = None, {}
+    for name, call in calls.items():
+        if only and name not in only:
+            continue
+        try:
+            out = call()
+            torch.cuda.synchronize()
+        except Exception as e:  # a peer that refuses the row
+            line[name] = f"refused: {type(e).__name__}: {str(e)[:80]}"
+            continue
+        ms = time_gpu(call, warmup=10, repeat=50).median_ms  # the GPU kept busy first
+        if name in unverified:
+            line[name] = dict(ms=ms, tflops=None, err=None)
+            continue
+        if ref is None:
+            ref = out.float()
+        err = max((o.float() - ref).abs().max().item() for o in (out, call()))
+        line[name] = dict(ms=ms, tflops=flops / ms / 1e9, err=err)
+    return line
+
+
 def bench(rows, only=None):
     results = []
     for b, h, hk, s, d, causal in rows:
@@ -78,23 +103,7 @@ def bench(rows, only=None):
         k = torch.randn(b, hk, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
         v = torch.randn(b, hk, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
-        ref = None
-        line = {}
-        for name, call in providers(q, k, v, causal).items():
-            if only and name not in only:
-                continue
-            try:
-                out = call()
-                torch.cuda.synchronize()
-            except Exception as e:  # a peer that refuses the row
-                line[name] = f"refused: {type(e).__name__}: {str(e)[:80]}"
-                continue
-            if ref is None:
-                ref = out.float()
-            err = (out.float() - ref).abs().max().item()
-            ms = time_gpu(call, warmup=10, repeat=50).median_ms  # the GPU kept busy first
-            err2 = (call().float() - ref).abs().max().item()
-            line[name] = dict(ms=ms, tflops=flops / ms / 1e9, err=max(err, err2))
+        line = measure(providers(q, k, v, causal), flops, only)
         results.append(dict(row=[b, h, hk, s, d, causal], **line))
         cells = " ".join(f"{n}={v['tflops']:.0f}" if isinstance(v, dict) else f"{n}=-"
                          for n, v in line.items())

@@ -23,13 +23,13 @@ import time
 
 import torch
 import triton
+from hopper_check import measure  # (scripts/ is on the path of a script run from it)
 
 from fusedattn import attention
 from fusedattn.dispatch import _PLANS, use_backend
 from fusedattn.hopper import forward
 from fusedattn.hopper.transpose import v_transposed
 from fusedattn.reference import dequantize
-from fusedattn_lab.timing import time_gpu
 
 ROWS = [(4, 32, 32, 4096, d, c) for d in (64, 128, 256) for c in (False, True)]
 # (BLOCK_N, STAGES) per head dim, beside FP8_TILES' own
@@ -95,25 +95,9 @@ def bench(rows, only=None, candidates=True):
         q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(torch.float8_e4m3fn)
                       for t, f in zip(x, factors, strict=True))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
-        ref, line = None, {}
         calls = providers(q8, k8, v8, factors, causal, CANDIDATES[d] if candidates else [])
-        for name, call in calls.items():
-            if only and name not in only:
-                continue
-            try:
-                out = call()
-                torch.cuda.synchronize()
-            except Exception as e:  # a provider that refuses the row
-                line[name] = f"refused: {type(e).__name__}: {str(e)[:80]}"
-                continue
-            if ref is None:
-                ref = out.float()  # the portable kernel's: the same FP8 formula
-            err = None if name == "transpose" else (out.float() - ref).abs().max().item()
-            ms = time_gpu(call, warmup=10, repeat=50).median_ms  # the GPU kept busy first
-            if err is not None:
-                err = max(err, (call().float() - ref).abs().max().item())
-            line[name] = dict(ms=ms, tflops=None if err is None else flops / ms / 1e9,
-                              err=err)
+        # the portable kernel first: the others are checked against its output
+        line = measure(calls, flops, only, unverified=("transpose",))
         results.append(dict(row=[b, h, hk, s, d, causal], **line))
         cells = " ".join(
             (f"{n}={v['ms'] * 1e3:.0f}us" if v["tflops"] is None else
