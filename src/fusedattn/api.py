@@ -133,13 +133,17 @@ def new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                        dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
 
 
-def fp8_descale(descale_q, descale_k, descale_v, heads: int, heads_kv: int,
-                device) -> torch.Tensor:
-    """Checked descale factors (`problem.check_fp8`) as the kernel reads them: float32
-    `[H + 2 * H_kv]`, q's per query head, then k's and v's per K/V head (1.0 for None)."""
+def fp8_descale(q: torch.Tensor, descales: tuple, heads: int,
+                heads_kv: int) -> torch.Tensor | None:
+    """Checked descale factors (`problem.check_fp8`; descale_q, _k, _v) as the kernel reads
+    them: float32 `[H + 2 * H_kv]`, q's per query head, then k's and v's per K/V head (1.0
+    for None); None where q is not float8. A tensor per call (not in a call's cached
+    decisions: the factors are tensors of the call's)."""
+    if q.dtype != FP8:
+        return None
     parts = []
-    for d, n in ((descale_q, heads), (descale_k, heads_kv), (descale_v, heads_kv)):
-        parts.append(torch.ones(n, dtype=torch.float32, device=device) if d is None
+    for d, n in zip(descales, (heads, heads_kv, heads_kv), strict=True):
+        parts.append(torch.ones(n, dtype=torch.float32, device=q.device) if d is None
                      else d.reshape(-1).expand(n))
     return torch.cat(parts)
 
@@ -317,8 +321,9 @@ def wants_grads(tensors) -> bool:
 
 def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, softcap=None,
               sinks=None, descales=None):
-    """`attention`'s checks (the ring's and Ulysses' too): `descales`, FP8's factors by
-    name, only from `attention`, which alone takes float8_e4m3fn inputs."""
+    """`attention`'s checks (the ring's and Ulysses' too): `descales`, FP8's factors
+    (`problem.DESCALE_NAMES`), only from `attention`, which alone takes float8_e4m3fn
+    inputs."""
     check_qkv(q, k, v, device=DEVICE, ranks=LAYOUTS,
               dtypes=DTYPES if descales is None else (*DTYPES, FP8))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -390,7 +395,7 @@ def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
              sinks, deterministic=True, descales=None) -> _Call:
     """The full path's checks and decisions (every bad input raises `ProblemError`)."""
     window, softcap = _validate(q, k, v, is_causal, scale, enable_gqa, precision, window,
-                                softcap, sinks, descales or {})
+                                softcap, sinks, descales or (None,) * 3)
     if not isinstance(deterministic, bool):
         raise ProblemError("deterministic", deterministic, "True (the same bits every run) or "
                            "False (the Hopper backward may race its dQ adds: faster)")
@@ -429,8 +434,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     call = _CALLS.get(key) if key is not None else None
     if call is None:
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
-                        sinks, deterministic, dict(zip(("descale_q", "descale_k",
-                                                        "descale_v"), descales, strict=True)))
+                        sinks, deterministic, descales)
         if call.grad and not compiling:
             from fusedattn.tiles.flash_bwd import precompile_backward
 
@@ -440,11 +444,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                                       *call.options[3:6]))
         if key is not None:
             _CALLS.put(key, call)
-    descale = None
-    if q.dtype == FP8:  # (a tensor per call: not in the cached decisions)
-        descale = fp8_descale(*descales, *_heads(q, k), q.device)
     out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), as_sinks(sinks),
-                       *call.options, descale, grad=call.grad)
+                       *call.options, fp8_descale(q, descales, *_heads(q, k)),
+                       grad=call.grad)
     if q.dim() != 4:
         out = out.reshape(*q.shape[:-1], v.shape[-1])
     if not return_lse:

@@ -54,8 +54,7 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            "autograd: attention(...).backward())")
     with torch.no_grad():  # (the checks' "requires grad" is the forward's, not this call's)
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, None, window, softcap, sinks,
-                        True, dict(descale_q=descale_q, descale_k=descale_k,
-                                   descale_v=descale_v))
+                        True, (descale_q, descale_k, descale_v))
     check_grad_inputs(q, v, dout, descale_do)
     if q.shape[-1] not in FP8_GRAD_HEAD_DIMS or v.shape[-1] not in FP8_GRAD_HEAD_DIMS:
         raise ProblemError("head_dim", (q.shape[-1], v.shape[-1]), "for the FP8 backward, "

@@ -240,16 +240,20 @@ def _check_descale(name: str, d: object, n: int, device: torch.device) -> None:
         raise ProblemError(f"{name}.device", str(d.device), f"{device}, as q")
 
 
-def check_fp8(q: torch.Tensor, v: torch.Tensor, descales: dict[str, object], heads: int,
+DESCALE_NAMES = ("descale_q", "descale_k", "descale_v")
+
+
+def check_fp8(q: torch.Tensor, v: torch.Tensor, descales: tuple, heads: int,
               heads_kv: int, wants_grad: bool) -> None:
     """FP8's inputs (`attention` with float8_e4m3fn q, k, v) and its dequantisation
-    factors: each None (1.0) or a float32 tensor of one element (per tensor) or `[H]` for
-    q, `[H_kv]` for k and v (per head), on q's device, given only with FP8 inputs. FP8
+    factors `descales` (`DESCALE_NAMES`): each None (1.0) or a float32 tensor of one element
+    (per tensor) or `[H]` for q, `[H_kv]` for k and v (per head), on q's device, given only
+    with FP8 inputs. FP8
     takes head dims `FP8_HEAD_DIMS` and no gradient: a float8 tensor cannot hold one
     (autograd casts gradients to the input's dtype; `fp8.attention_fp8_backward` gives
     them)."""
     fp8 = q.dtype == FP8
-    for name, d in descales.items():
+    for name, d in zip(DESCALE_NAMES, descales, strict=True):
         if d is not None and not fp8:
             raise ProblemError(name, "a tensor", f"None for {str(q.dtype).removeprefix('torch.')} "
                                "inputs (the factors dequantise float8_e4m3fn q, k, v)")

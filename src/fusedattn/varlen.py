@@ -191,7 +191,8 @@ def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scal
              check_lengths, sinks, descales=None):
     """`attention_varlen`'s checks and decisions (the packed ring's too): (max_seqlen_q,
     max_seqlen_k, scale, window, softcap) as the op takes them. `descales`, FP8's factors
-    by name, only from `attention_varlen`, which alone takes float8_e4m3fn inputs here."""
+    (`problem.DESCALE_NAMES`), only from `attention_varlen`, which alone takes
+    float8_e4m3fn inputs here."""
     check_qkv(q, k, v, device=DEVICE, ranks={3: "[total, H, D]"},
               dtypes=DTYPES if descales is None else (*DTYPES, FP8))
     window, softcap = check_options(q, k, v, is_causal, scale, precision, window, softcap)
@@ -242,19 +243,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if decided is None:
         decided = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            is_causal, window, softcap, scale, precision, check_lengths, sinks,
-                           dict(zip(("descale_q", "descale_k", "descale_v"), descales,
-                                    strict=True)))
+                           descales)
         if key is not None:
             _DECIDED.put(key, decided)
     max_seqlen_q, max_seqlen_k, scale, window, softcap = decided
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     grad = wants_grads((q, k, v, sinks))
-    descale = None
-    if q.dtype == FP8:  # (a tensor per call: not in the cached decisions)
-        descale = fp8_descale(*descales, q.shape[1], k.shape[1], q.device)
     out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
                        cu_seqlens_k, as_sinks(sinks), max_seqlen_q, max_seqlen_k, is_causal,
                        scale,
                        resolve(q.dtype, precision).op, *kernel_options(window, softcap),
-                       descale, grad=grad)
+                       fp8_descale(q, descales, q.shape[1], k.shape[1]), grad=grad)
     return (out, lse) if return_lse else out
