@@ -31,14 +31,22 @@ COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|
 # what the launcher (`hopper.forward`) passes by default, beside each configuration's own
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
-                SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0)
+                SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
+                THREAD_ARRIVES=True, CONSUMERS=2)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
     dict(name="D128 causal sinks", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True, SINKS=True),
     dict(name="D128 causal shared-kv", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True,
          SHARED_KV=True),
-    dict(name="D64", D_A=64, D_B=0, BLOCK_N=128, STAGES=4),
+    dict(name="D64 2wg", D_A=64, D_B=0, BLOCK_N=128, STAGES=4),
+    # three consumer warpgroups (`hopper.forward.WARPGROUPS`)
+    dict(name="D64", D_A=64, D_B=0, BLOCK_N=128, STAGES=4, CONSUMERS=3, CONSUMER_REGS=160),
+    dict(name="D64 causal", D_A=64, D_B=0, BLOCK_N=128, STAGES=4, CONSUMERS=3,
+         CONSUMER_REGS=160, HAS_RIGHT=True),
+    dict(name="D64 varlen causal sinks softcap", D_A=64, D_B=0, BLOCK_N=128, STAGES=4,
+         CONSUMERS=3, CONSUMER_REGS=160, HAS_RIGHT=True, VARLEN=True, SINKS=True,
+         SOFTCAP=True),
     dict(name="D192", D_A=128, D_B=64, BLOCK_N=64),
     dict(name="D192/128 causal", D_A=128, D_B=64, DV_A=128, DV_B=0, BLOCK_N=64,
          HAS_RIGHT=True),

@@ -4,8 +4,9 @@ Q, K and V reach the kernel as TMA descriptors over their own strides (4-D: batc
 row, head dim), so `[B, S, H, D]` views need no copy. The grid is persistent (one program per
 SM walks the work items: query tiles x batch x heads), except under a plain causal mask,
 where each item is a program of its own. Tiles per pair of head dims (`TILES`): two
-consumer warpgroups of BLOCK_M = 64 rows each, BLOCK_N keys per step, STAGES slots of K and
-V in shared memory, within the 227 KB an SM gives one program."""
+consumer warpgroups (three where `WARPGROUPS` says) of BLOCK_M = 64 rows each, BLOCK_N keys
+per step, STAGES slots of K and V in shared memory, within the 227 KB an SM gives one
+program."""
 
 from __future__ import annotations
 
@@ -41,9 +42,18 @@ FP8_TILES = {
     (128, 128): (128, 0, 128, 0, 64, 128, 4),
     (256, 256): (256, 0, 256, 0, 64, 64, 3),
 }
-LOADER_REGS, CONSUMER_REGS = 24, 240
+# consumer warpgroups per pair (2 where not listed). Three (192-row items, as FA3 and FA4
+# run D64) fit at 160 registers a thread (3 x 128 x 160 + 32 x 24 <= 64K) at D64, causal
+# spilling 312 bytes on its diagonal tiles, D96 and softcap spilling more
+# (`scripts/gluon_compile_report.py`); on the H200 they ran slower than two (D64 464
+# against 473 TFLOP/s, causal 389 against 424: docs/decisions.md), so none is listed. An
+# A/B switch (`scripts/hopper_check.py`'s hopper-3wg)
+WARPGROUPS: dict[tuple[int, int], int] = {}
+LOADER_REGS = 24
+CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
+THREAD_ARRIVES = True  # each consumer thread arrives on a freed slot by itself (A/B)
 
 
 @functools.cache
@@ -99,6 +109,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
+    # two with softcap (its tanh spilled 2796 bytes at 160 registers) and FP8
+    consumers = 2 if fp8 or cap > 0 else WARPGROUPS.get((dim, v.shape[3]), 2)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
@@ -107,7 +119,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     seconds = [(t, rows, second) if second else first for first, (t, rows, _), second in
                zip(firsts, firsts, (d_b, d_b, dv_b, dv_b), strict=True)]
     descs = [_descriptor(*d) for d in firsts + seconds]
-    tiles_m = triton.cdiv(seq_q, 2 * block_m)
+    tiles_m = triton.cdiv(seq_q, consumers * block_m)
     items = tiles_m * batch * heads
     # causal (dense): one program per item, which the hardware hands out as SMs free up; a
     # persistent grid's fixed share per program (items p, p + programs, ...) gave some
@@ -123,5 +135,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
-        CONSUMER_REGS=CONSUMER_REGS, FP8=fp8, P_SCALE=FP8_P_SCALE, num_warps=4)
+        CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
+        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, num_warps=4)
     return out

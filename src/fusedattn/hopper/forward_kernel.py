@@ -1,15 +1,15 @@
 """The Hopper forward kernel (`forward.py` launches it).
 
 A persistent grid: one program (CTA) per SM walks the work items t = pid, pid + programs,
-... where an item is 2 x BLOCK_M query rows of one (batch, head); three partitions of warps
-share its shared memory and walk the same items:
+... where an item is CONSUMERS x BLOCK_M query rows of one (batch, head); a loader and two
+or three consumers, partitions of warps, share its shared memory and walk the same items:
 
-    loader (1 warp, few registers)      each item's Q tiles (once both consumers are done
+    loader (1 warp, few registers)      each item's Q tiles (once every consumer is done
                                         with the last item's), then its K_j and V_j by TMA
                                         into a ring of STAGES slots that runs on across
                                         items; K and V each have a ready and a free mbarrier
                                         per slot
-    consumer 0, consumer 1 (a warpgroup each, BLOCK_M rows each)
+    consumer 0, 1 (and 2) (a warpgroup each, BLOCK_M rows each)
         S = Q K_j^T        async wgmma, Q and K from shared memory
         softmax            in registers: the online update of m, l (exp2, scale folded in)
         O = O * alpha + P V_j   async wgmma, P from registers, V from shared memory
@@ -22,9 +22,10 @@ outside its sequence (varlen) costs a skip, not a launch. Items are ordered by h
 tiles of one head together (its K/V stay in L2; with heads first the H200 ran 11-15%
 slower at D128, S4096); causal reverses the tiles of each head (the longest first).
 
-The two consumer warpgroups run the same loop on their own rows; the tensor cores are
-shared, so while one warpgroup runs its softmax the other's products run (FA3's inter-
-warpgroup overlap; PINGPONG makes them take turns to issue, by two mbarriers). Inside a
+The consumer warpgroups run the same loop on their own rows; the tensor cores are
+shared, so while one warpgroup runs its softmax the others' products run (FA3's inter-
+warpgroup overlap; PINGPONG makes them take turns to issue, in order, by an mbarrier
+each). Inside a
 warpgroup (FA3's intra-warpgroup overlap), step j issues S_j = Q K_j^T and then
 O += P_{j-1} V_{j-1}, waits for S_j only, and runs the softmax of S_j while the second
 product runs: P_{j-1} and P_j both live in registers for that while.
@@ -39,6 +40,7 @@ portable kernels' formula (`_softcap`)."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -76,6 +78,20 @@ def _load_v(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, DV_A: gl.const
             smem._reinterpret(desc.dtype, [1, 1, DV_A, cols], desc.layout))
     else:
         _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, DV_A, DV_B)
+
+
+@gluon.jit
+def _release(bar, THREAD_ARRIVES: gl.constexpr):
+    """A consumer warpgroup's arrival on `bar` (a slot freed, a ping-pong turn handed over).
+    THREAD_ARRIVES: each of its 128 threads arrives by itself (`cp.async.mbarrier.arrive
+    .noinc`, with no cp.async in flight: at once), and the barrier counts 128 a warpgroup.
+    Triton 3.6 lowers `mbarrier.arrive` to one thread's arrival behind a `bar.sync` of the
+    warpgroup, which lines up its four warps at every release; a thread's own arrival needs
+    no such wait, since the phase completes only once every thread has arrived."""
+    if THREAD_ARRIVES:
+        async_copy.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
@@ -117,18 +133,22 @@ def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, righ
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
-            q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
-            n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr,
-            D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            VARLEN: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr, p_cu_t):
-    """The producer: per item, both consumers' Q tiles on one barrier once both released the
+def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr,
+            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+            BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr, SHARED_KV: gl.constexpr,
+            FP8: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The producer: per item, the consumers' Q tiles on one barrier once all released the
     last item's, then each key tile's K and V into ring slot n % STAGES (n counts this
-    program's key tiles over all its items), each once both consumers released the slot's
+    program's key tiles over all its items), each once every consumer released the slot's
     last use (K after its S = Q K^T, V after its P V: K runs ahead of V). FP8 with VARLEN:
-    V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`)."""
+    V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`). `descs` are Q's,
+    K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and `args` the consumers'."""
+    q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc = descs
+    (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
+     v_free, o_smem, o_desc, o2_desc) = bufs
+    (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
+     n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right) = args
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
     k_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
@@ -140,13 +160,13 @@ def _loader(q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi = _item(
             t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            2 * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
         if live:
             # a fresh barrier counts as having completed the phase before its first: the
             # first waits on the free barriers pass at once
             mbarrier.wait(q_free, (items & 1) ^ 1)
-            mbarrier.expect(q_bar, 2 * q_bytes)
-            for c in gl.static_range(2):
+            mbarrier.expect(q_bar, CONSUMERS * q_bytes)
+            for c in gl.static_range(CONSUMERS):
                 _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M, q_bar,
                            q_smem.index(c), q2_smem.index(c), D_A, D_B)
             v_start = k_start
@@ -282,16 +302,13 @@ def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, co
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
-              k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks, so_b, so_h,
-              so_s, so_d, sl_b, sl_h, sl_s, c: gl.constexpr, n_items, n_tiles_m, n_heads,
-              group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr,
-              DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr,
-              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-              SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
-              PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
-              o_smem, p_descale, FP8: gl.constexpr, P_SCALE: gl.constexpr):
+def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
+              DV_B: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+              VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
+              SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
+              P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -299,7 +316,13 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
     `forward.TILES`). FP8 (float8 e4m3 q, k, v; one head-dim piece): the scores are the
     float8 products times `p_descale`'s factors for q and k, P goes in float8
     (`_p_operand`), V's slots hold V^T tiles (`_v_operand`), and O (bfloat16) goes out
-    through `o_smem`."""
+    through `o_smem`. `bufs` and `args` are the kernel's shared buffers and barriers and its
+    runtime arguments (`_flash_fwd_sm90`); the ping-pong waits on `my_turn` and hands
+    `next_turn` over."""
+    (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
+     v_free, o_smem, o_desc, o2_desc) = bufs
+    (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
+     n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right) = args
     # a wgmma's K: 32 bytes (16 halves, 32 float8s); a register operand packs 4 bytes
     INSTR_K: gl.constexpr = 32 if FP8 else 16
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -343,7 +366,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi = _item(
             t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            2 * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
         if live:
             item_scale = qk_scale
             if FP8:  # the factors of this head's q and of its kv head's k
@@ -373,7 +396,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                 s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(slot), q2_tile,
                                                 k2_smem.index(slot)])[0]
                 if not SHARED_KV:  # else the slot is freed with its V, after P V
-                    mbarrier.arrive(k_free.index(slot), count=1)
+                    _release(k_free.index(slot), THREAD_ARRIVES)
                 p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
                     right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
@@ -389,7 +412,7 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                     k_tile = k_smem.index(slot)
                     k2_tile = k2_smem.index(slot)
                     if PINGPONG:  # this warpgroup's turn to issue (the other's softmax runs)
-                        mbarrier.wait(turn_bar.index(c), (turns + i - 1) & 1)
+                        mbarrier.wait(my_turn, (turns + i - 1) & 1)
                     s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s,
                                           use_acc=False, is_async=True)
                     if D_B > 0:
@@ -401,11 +424,11 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                         acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
                                                  v2_smem.index(prev), acc2, is_async=True)
                     if PINGPONG:
-                        mbarrier.arrive(turn_bar.index(1 - c), count=1)
+                        _release(next_turn, THREAD_ARRIVES)
                     s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_tile, k_tile, q2_tile,
                                                          k2_tile])[0]
                     if not SHARED_KV:
-                        mbarrier.arrive(k_free.index(slot), count=1)
+                        _release(k_free.index(slot), THREAD_ARRIVES)
                     p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
@@ -420,9 +443,9 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                     else:
                         acc = _wait_pv(acc_tok, p_op, v_smem.index(prev), FP8)
                     if SHARED_KV:
-                        mbarrier.arrive(k_free.index(prev), count=1)
+                        _release(k_free.index(prev), THREAD_ARRIVES)
                     else:
-                        mbarrier.arrive(v_free.index(prev), count=1)
+                        _release(v_free.index(prev), THREAD_ARRIVES)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
                 last = (n + n_tiles - 1) % STAGES
@@ -441,9 +464,9 @@ def _consumer(q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, 
                 else:
                     acc = _wait_pv(acc_tok, p_op, v_smem.index(last), FP8)
                 if SHARED_KV:
-                    mbarrier.arrive(k_free.index(last), count=1)
+                    _release(k_free.index(last), THREAD_ARRIVES)
                 else:
-                    mbarrier.arrive(v_free.index(last), count=1)
+                    _release(v_free.index(last), THREAD_ARRIVES)
             n += n_tiles
             turns += gl.maximum(n_tiles - 1, 0)
             items += 1
@@ -506,8 +529,9 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
                     PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                    FP8: gl.constexpr, P_SCALE: gl.constexpr):
-    """Grid (programs,): n_items = n_tiles_m (query tiles of 2 * BLOCK_M rows) x batch x
+                    FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
+                    CONSUMERS: gl.constexpr):
+    """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
     right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
     cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors, seq_q the longest. SINKS:
@@ -522,7 +546,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     sequences' first columns of V^T."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
-        dtype, [2, BLOCK_M, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
+        dtype, [CONSUMERS, BLOCK_M, D_A],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
     k_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_N, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_A],
                                                                             dtype))
@@ -532,7 +557,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             dtype, [STAGES, DV_A, BLOCK_N],
             gl.NVMMASharedLayout.get_default_for([DV_A, BLOCK_N], dtype))
         o_smem = gl.allocate_shared_memory(
-            o_desc.dtype, [2, BLOCK_M, DV_A],
+            o_desc.dtype, [CONSUMERS, BLOCK_M, DV_A],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_A], o_desc.dtype))
     else:
         v_smem = gl.allocate_shared_memory(
@@ -545,7 +570,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     v2_smem = v_smem
     if D_B > 0:
         q2_smem = gl.allocate_shared_memory(
-            dtype, [2, BLOCK_M, D_B],
+            dtype, [CONSUMERS, BLOCK_M, D_B],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_B], dtype))
         k2_smem = gl.allocate_shared_memory(
             dtype, [STAGES, BLOCK_N, D_B],
@@ -562,42 +587,60 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     # ping-pong: warpgroup c issues its products of a step once the other issued its own
     # of the step before (turn c completes a phase per hand-over; warpgroup 0 starts)
-    turn_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # (one allocation each: Triton's barrier analysis then sees the wait on one and the
+    # arrival on the other as no hazard, and puts no `bar.sync` between them)
+    turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    turn2 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(q_free, count=2)  # both consumers release Q
-    mbarrier.init(turn_bar.index(0), count=1)
-    mbarrier.init(turn_bar.index(1), count=1)
+    mbarrier.init(q_free, count=CONSUMERS)  # every consumer releases Q
+    # a consumer warpgroup's arrivals (`_release`): one, or one a thread
+    ARRIVALS: gl.constexpr = 128 if THREAD_ARRIVES else 1
+    mbarrier.init(turn0, count=ARRIVALS)
+    mbarrier.init(turn1, count=ARRIVALS)
+    mbarrier.init(turn2, count=ARRIVALS)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(s), count=1)
         mbarrier.init(v_bar.index(s), count=1)
-        mbarrier.init(k_free.index(s), count=2)  # both consumers release a slot
-        mbarrier.init(v_free.index(s), count=2)
+        # every consumer releases a slot
+        mbarrier.init(k_free.index(s), count=CONSUMERS * ARRIVALS)
+        mbarrier.init(v_free.index(s), count=CONSUMERS * ARRIVALS)
     fence_async_shared()
     if PINGPONG:
-        mbarrier.arrive(turn_bar.index(0), count=1)
+        mbarrier.arrive(turn0, count=ARRIVALS)
 
     # the consumers' arguments are spelled out for each: constexprs passed inside a tuple
-    # held in a variable reach the partition as tensors (Triton 3.6)
-    gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
-                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks,
-                     so_b, so_h, so_s, so_d,
-                     sl_b, sl_h, sl_s, 0, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
-                     p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
-                     DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
-                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV, o_smem, p_descale, FP8,
-                     P_SCALE)),
-        (_consumer, (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar,
-                     v_bar, k_free, v_free, turn_bar, o_desc, o2_desc, p_o, p_lse, p_sinks,
-                     so_b, so_h, so_s, so_d,
-                     sl_b, sl_h, sl_s, 1, n_items, n_tiles_m, n_heads, group, seq_q, seq_k,
-                     p_cu_q, p_cu_k, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D_A, D_B,
-                     DV_A, DV_B, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN,
-                     WRITE_LSE, PINGPONG, SINKS, SHARED_KV, o_smem, p_descale, FP8,
-                     P_SCALE)),
-        (_loader, (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, q_smem, k_smem, v_smem,
-                   q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free, v_free,
-                   n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left,
-                   right, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B, STAGES, HAS_LEFT,
-                   HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8, p_cu_t)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    # held in a variable reach the partition as tensors (Triton 3.6); the rest travel as two
+    # tuples. Consumer c waits on its turn and hands the next one over (c + 1, cyclically)
+    bufs = (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
+            k_free, v_free, o_smem, o_desc, o2_desc)
+    args = (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
+            n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right)
+    descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc)
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
+                         STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+            (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
+                         STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+            (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
+                         STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+            (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
+                       STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
+                       CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
+                         STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+            (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
+                         STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+            (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
+                       STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
+                       CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
