@@ -11,6 +11,7 @@ import torch
 
 from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import forward_path, hopper_refusal, use_backend
+from fusedattn.hopper.forward import FP8_TILES, kernel_pair
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, varlen_ref
@@ -31,7 +32,7 @@ def test_use_backend_takes_only_known_names():
 
 @pytest.mark.parametrize("change, reason", [
     (dict(dtype=torch.float32), "float32"),
-    (dict(dim=80), "head dims 80 (q, k)"),
+    (dict(dim=48), "head dims 48 (q, k)"),  # under 64: not padded
     (dict(dim_v=96), "and 96 (v)"),
     (dict(cache=object()), "KV cache"),
     (dict(strided=True), "TMA-aligned"),
@@ -44,6 +45,26 @@ def test_the_hopper_path_says_why_it_refuses(change, reason):
     v = _rand(1, 2, 16, change["dim_v"]) if "dim_v" in change else q  # no 128/96 tiles
     why = hopper_refusal(q, q, v, mask=Mask(), cache=change.get("cache"))
     assert why is not None and reason in why
+
+
+@pytest.mark.parametrize("dims, pair", [
+    ((128, 128), (128, 128)), ((80, 80), (96, 96)), ((112, 112), (128, 128)),
+    ((72, 72), (96, 96)), ((160, 160), (192, 192)), ((200, 200), (256, 256)),
+    ((128, 112), (128, 128)), ((112, 64), (128, 64)), ((160, 120), (192, 128)), ((200, 120), None),
+    ((48, 48), None), ((32, 32), None), ((264, 264), None), ((128, 96), None),
+])
+def test_the_hopper_kernel_pads_a_head_dim_over_64_up_to_its_pairs(dims, pair):
+    assert kernel_pair(*dims) == pair
+    assert kernel_pair(*dims, fp8=True) == (dims if dims in FP8_TILES else None)  # exact
+
+
+def test_a_padded_head_dim_is_refused_only_for_what_padding_cannot_fix():
+    q = _rand(1, 2, 16, 112)
+    assert "head dims" not in (hopper_refusal(q, q, q, mask=Mask()) or "")
+    why = hopper_refusal(*(_rand(1, 2, 16, 100),) * 3, mask=Mask())  # rows of 200 bytes
+    assert why is not None and "TMA-aligned" in why
+    why = hopper_refusal(*(_rand(1, 2, 16, 40),) * 3, mask=Mask())
+    assert why is not None and "padded up to the next of 96/128/192/256" in why
 
 
 @pytest.mark.emulation_only("the CPU's answer: the portable path, and why")
@@ -92,6 +113,9 @@ CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (1, 2, 2, 4097, 4097, 64, False, None, None), (3, 5, 1, 333, 555, 128, False, None, None),
     # two head-dim pieces against Sq != Sk, GQA and windows
     (1, 6, 2, 301, 1025, 96, True, None, None), (2, 4, 1, 1025, 301, 192, False, (64, 64), None),
+    # head dims run padded (D80 as 96, D112 as 128, D200 as 256): Sq != Sk, GQA, windows
+    (1, 3, 1, 517, 517, 80, True, None, None), (2, 4, 2, 300, 700, 112, False, (64, 0), None),
+    (1, 2, 2, 1000, 1000, 200, True, None, None), (1, 4, 2, 255, 129, 112, True, None, None),
     # softcap: a tight cap, one large enough that tanh is its series, and with masks
     (1, 2, 2, 600, 600, 128, False, None, 5.0), (1, 2, 2, 333, 333, 64, True, None, 1e8),
     (1, 4, 2, 517, 517, 96, True, (40, 0), 30.0),
@@ -123,7 +147,7 @@ def test_hopper_forward_matches_the_reference(case, dtype):
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dim", [128, 96, 192])
+@pytest.mark.parametrize("dim", [128, 96, 192, 112, 80])
 def test_hopper_varlen_with_empty_and_one_token_sequences(causal, dim):
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")

@@ -129,6 +129,8 @@ def test_the_hopper_path_takes_its_pairs_only():
 HOPPER = [  # (B, H, Hkv, Sq, Sk, D_qk, D_v, causal, window)
     (1, 4, 2, 1000, 1000, 192, 128, True, None), (2, 2, 2, 333, 1500, 192, 128, False, None),
     (1, 4, 1, 1025, 1025, 128, 64, True, (100, 0)), (1, 2, 2, 700, 300, 128, 64, True, None),
+    # V's head dim padded (128/112 as 128/128), and both (160/120 as 192/128)
+    (1, 2, 1, 600, 600, 128, 112, True, None), (1, 2, 2, 333, 400, 160, 120, False, None),
 ]
 
 

@@ -1,8 +1,9 @@
 """Which kernel path serves a forward call, and why: the one dispatch rule.
 
     hopper    Gluon, warp-specialised, TMA + wgmma (`fusedattn.hopper`): fp16/bf16 on an
-              sm90 GPU, head dims (q/k, v) in `hopper.forward.TILES`, causal or not (both
-              alignments), windows, softcap, GQA, varlen, LSE
+              sm90 GPU, head dims (q/k, v) in `hopper.forward.TILES` or padded up to a
+              pair there (`hopper.forward.kernel_pair`), causal or not (both alignments),
+              windows, softcap, GQA, varlen, LSE
     portable  Triton `tl.*` (`fusedattn.tiles`): everything, on every GPU and in emulation
 
 `forward_path` returns the path and a one-line reason; `use_backend("portable" | "hopper"
@@ -95,14 +96,17 @@ def _device_refusal(q, k, v) -> str | None:
 def hopper_refusal(q, k, v, *, mask, cache=None, splits=1, pack_gqa=False,
                    config=None) -> str | None:
     """None when the Hopper kernel can serve this call, else the reason it cannot."""
-    from fusedattn.hopper.forward import FP8_TILES, TILES
+    from fusedattn.hopper.forward import FP8_TILES, KERNEL_DIMS, TILES, kernel_pair
 
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
         return f"{q.dtype} (the Hopper kernel takes float16/bfloat16/float8_e4m3fn)"
-    tiles = FP8_TILES if q.dtype == torch.float8_e4m3fn else TILES
-    if (q.shape[-1], v.shape[-1]) not in tiles:
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if kernel_pair(q.shape[-1], v.shape[-1], fp8) is None:
+        padding = "" if fp8 else (", a head dim over 64 padded up to the next of "
+                                  + "/".join(map(str, KERNEL_DIMS[1:])))
         return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper kernel "
-                f"takes {', '.join(f'{a}/{b}' for a, b in tiles)} in {q.dtype})")
+                f"takes {', '.join(f'{a}/{b}' for a, b in (FP8_TILES if fp8 else TILES))} "
+                f"in {q.dtype}{padding})")
     if cache is not None or splits > 1 or pack_gqa:
         return "a KV cache or split-KV decode (portable)"
     if config is not None:

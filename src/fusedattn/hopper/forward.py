@@ -42,6 +42,28 @@ FP8_TILES = {
     (128, 128): (128, 0, 128, 0, 64, 128, 4),
     (256, 256): (256, 0, 256, 0, 64, 64, 3),
 }
+# the head dims the kernel's pieces make; one over 64 between them runs padded to the next
+KERNEL_DIMS = (64, 96, 128, 192, 256)
+
+
+def _padded(dim: int) -> int:
+    return dim if dim <= 64 else next((d for d in KERNEL_DIMS if d >= dim), dim)
+
+
+def kernel_pair(dim: int, dim_v: int, fp8: bool = False) -> tuple[int, int] | None:
+    """The pair of `TILES` (`FP8_TILES` under fp8: exact pairs only) that serves head dims
+    (dim, dim_v), or None. A head dim over 64 that the kernel's pieces do not make runs
+    padded up to the next of `KERNEL_DIMS` (D80 as D96, D112 as D128, D200 as D256): the
+    descriptors keep the tensors' own shapes, so the TMA boxes read zeros past the last
+    column (the scores and P V are exact) and the stores stop there. Padding costs its
+    share of the products (D112 runs D128's), which the portable kernel's rate at these dims
+    leaves room for (D112: 405 TFLOP/s against 678 at D128, bench-prefill 041337Z)."""
+    if fp8:
+        return (dim, dim_v) if (dim, dim_v) in FP8_TILES else None
+    pair = (_padded(dim), _padded(dim_v))
+    return pair if pair in TILES else None
+
+
 # consumer warpgroups per pair (2 where not listed). Three (192-row items, as FA3 and FA4
 # run D64) fit at 160 registers a thread (3 x 128 x 160 + 32 x 24 <= 64K) at D64, causal
 # spilling 312 bytes on its diagonal tiles, D96 and softcap spilling more
@@ -95,8 +117,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     group = heads // k.shape[1]
     fp8 = descale is not None
     cu_t = None
-    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = (FP8_TILES if fp8 else TILES)[
-        dim, v.shape[3]]
+    pair = kernel_pair(dim, v.shape[3], fp8)
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = (FP8_TILES if fp8 else TILES)[pair]
     recording = recording or Recording((q, k, v, out, lse, sinks, descale))
     if fp8:
         from fusedattn.hopper.transpose import v_transposed
@@ -110,7 +132,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
     # two with softcap (its tanh spilled 2796 bytes at 160 registers) and FP8
-    consumers = 2 if fp8 or cap > 0 else WARPGROUPS.get((dim, v.shape[3]), 2)
+    consumers = 2 if fp8 or cap > 0 else WARPGROUPS.get(pair, 2)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
@@ -130,7 +152,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale, cu_t,
         *out.stride(),
         *lse_strides,
-        items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right,
+        items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right, out.shape[3],
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,

@@ -148,7 +148,8 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
      v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
-     n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right) = args
+     n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
+     dim_v) = args
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
     k_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
@@ -280,11 +281,12 @@ def _v_operand(tile, FP8: gl.constexpr):
 
 @gluon.jit
 def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, col0, seq_q,
-                 BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, VARLEN: gl.constexpr):
+                 dim_v, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, VARLEN: gl.constexpr):
     """Columns col0 ... col0 + WIDTH of a warpgroup's normalised O tile `out`, through the
-    warpgroup's Q tile (done with): a TMA store clipped at Sq, or (varlen, where rows past
-    the sequence belong to the next one) a masked store of it read back in rows of 16 bytes
-    a thread (from registers straight, its 64-bit addresses spilled)."""
+    warpgroup's Q tile (done with): a TMA store clipped at Sq and at O's last column, or
+    (varlen, where rows past the sequence belong to the next one) a masked store of it read
+    back in rows of 16 bytes a thread (from registers straight, its 64-bit addresses
+    spilled), of O's columns under dim_v."""
     tile.store(out)
     if VARLEN:
         TPC: gl.constexpr = 32 if WIDTH >= 256 else WIDTH // 8  # threads across a row
@@ -293,7 +295,9 @@ def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, co
         rows_o = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
         cols_o = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, rows_layout))
         offs = gl.expand_dims(rows_o * so_s, 1) + gl.expand_dims(cols_o * so_d, 0)
-        gl.store(p_o + o_base + offs, vals, mask=gl.expand_dims(rows_o < seq_q, 1))
+        # (columns from dim_v on are the padding of a head dim the kernel runs padded)
+        gl.store(p_o + o_base + offs, vals, mask=gl.expand_dims(rows_o < seq_q, 1)
+                 & gl.expand_dims(cols_o < dim_v, 0))
     else:
         fence_async_shared()
         tma.async_copy_shared_to_global(
@@ -322,7 +326,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
      v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
-     n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right) = args
+     n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
+     dim_v) = args
     # a wgmma's K: 32 bytes (16 halves, 32 float8s); a register operand packs 4 bytes
     INSTR_K: gl.constexpr = 32 if FP8 else 16
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -489,12 +494,13 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(
                 o_tile.dtype)
             _store_piece(out, o_desc, o_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, sq,
+                         dim_v,
                          BLOCK_M, DV_A, VARLEN)
             if DV_B > 0:
                 out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(
                     o2_tile.dtype)
                 _store_piece(out2, o2_desc, o2_tile, p_o, o_base, so_s, so_d, b_row, h, first,
-                             DV_A, sq, BLOCK_M, DV_B, VARLEN)
+                             DV_A, sq, dim_v, BLOCK_M, DV_B, VARLEN)
             if not VARLEN:
                 tma.store_wait(0)
             # O went out through Q's tiles: once every thread of the warpgroup is past its
@@ -522,6 +528,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, p_cu_t, so_b, so_h, so_s, so_d, sl_b,
                     sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
+                    dim_v,
                     D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
                     DV_B: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
@@ -531,8 +538,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr):
-    """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
-    heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
+    """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x
+    batch x heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
     right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
     cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors, seq_q the longest. SINKS:
     `p_sinks[h]` (float32, natural-log units) joins each row's denominator and LSE. The head
@@ -543,7 +550,9 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     192 and 128). FP8: q, k in float8 e4m3 and v_desc over V^T (`[B, H_kv, Dv, S]`, its
     boxes [DV_A, BLOCK_N]), `p_descale` the factors (`api.fp8_descale`: q's per head, then
     k's and v's per kv head), O bfloat16; one head-dim piece; with VARLEN, `p_cu_t` the
-    sequences' first columns of V^T."""
+    sequences' first columns of V^T. `dim_v` is O's head dim: less than DV_A + DV_B where
+    the kernel runs a head dim padded (`forward.kernel_pair`; the descriptors' boxes read
+    zeros past the last column, and their stores stop there)"""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [CONSUMERS, BLOCK_M, D_A],
@@ -615,7 +624,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     bufs = (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
             k_free, v_free, o_smem, o_desc, o2_desc)
     args = (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
-            n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right)
+            n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
+            dim_v)
     descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc)
     if CONSUMERS == 3:
         gl.warp_specialize([
