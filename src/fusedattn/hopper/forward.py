@@ -57,7 +57,9 @@ def kernel_pair(dim: int, dim_v: int, fp8: bool = False) -> tuple[int, int] | No
     descriptors keep the tensors' own shapes, so the TMA boxes read zeros past the last
     column (the scores and P V are exact) and the stores stop there. Padding costs its
     share of the products (D112 runs D128's), which the portable kernel's rate at these dims
-    leaves room for (D112: 405 TFLOP/s against 678 at D128, bench-prefill 041337Z)."""
+    leaves room for: D112 ran 403 TFLOP/s portable and 564 padded (bench-prefill 042422Z).
+    The constexprs are the padded pair's; O's head dim enters as an int (`dim_v`), so a
+    head dim that is not a multiple of 16 (D200) compiles apart, the same code."""
     if fp8:
         return (dim, dim_v) if (dim, dim_v) in FP8_TILES else None
     pair = (_padded(dim), _padded(dim_v))
@@ -67,9 +69,10 @@ def kernel_pair(dim: int, dim_v: int, fp8: bool = False) -> tuple[int, int] | No
 # consumer warpgroups per pair (2 where not listed). Three (192-row items, as FA3 and FA4
 # run D64) fit at 160 registers a thread (3 x 128 x 160 + 32 x 24 <= 64K) at D64, causal
 # spilling 312 bytes on its diagonal tiles, D96 and softcap spilling more
-# (`scripts/gluon_compile_report.py`); on the H200 they ran slower than two (D64 464
-# against 473 TFLOP/s, causal 389 against 424: docs/decisions.md), so none is listed. An
-# A/B switch (`scripts/hopper_check.py`'s hopper-3wg)
+# (`scripts/gluon_compile_report.py`); on the H200 they ran within noise of two (D64 429
+# against 423 TFLOP/s, causal 410 against 396; an earlier run 464 against 473 and 389
+# against 424: evidence/nvidia-h200/20261202T0412Z-hopper-ab), so none is listed: an A/B
+# switch (`scripts/hopper_check.py`'s hopper-3wg)
 WARPGROUPS: dict[tuple[int, int], int] = {}
 LOADER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
@@ -131,7 +134,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
-    # two with softcap (its tanh spilled 2796 bytes at 160 registers) and FP8
+    # two with softcap (its tanh spilled 2.8 KB at 160 registers) and FP8
     consumers = 2 if fp8 or cap > 0 else WARPGROUPS.get(pair, 2)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
