@@ -21,6 +21,9 @@
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
+#   ncusrc ROW  Nsight Compute's source view of our forward alone on ROW (as ncu's), with
+#               $KNOB (NAME=VALUE, `hopper.forward`'s A/B switch) if set: warp stalls
+#               sampled per SASS instruction, as CSV (ncusrc-*-sass.csv) and the report
 #   ncufp8 ROW  Nsight Compute of the FP8 forward (V's transpose and the Hopper kernel)
 #               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, V's
@@ -84,6 +87,18 @@ while [ $# -gt 0 ]; do
          case $c in causal) extra=--causal ;; varlen) extra=--varlen ;; *) extra= ;; esac
          profile ncu-d$d-b$b-h$h-s$s${c:+-$c} fa4 --peer fa4 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" $extra ;;
+    ncusrc) IFS=, read -r d b h s c <<<"$1"; shift
+         case $c in causal) extra=--causal ;; *) extra= ;; esac
+         name=ncusrc-d$d-b$b-h$h-s$s${c:+-$c}${KNOB:+-${KNOB%%=*}}
+         mkdir -p $ev/ncu
+         ncu --profile-from-start off --clock-control none --nvtx --nvtx-include fusedattn-fwd/ \
+           --section SourceCounters --section WarpStateStats --section SpeedOfLight \
+           --import-source no -f -o $ev/ncu/$name python3 scripts/ncu_vs_cudnn.py --fwd-only \
+           --dim "$d" --batch "$b" --heads "$h" --seq "$s" $extra ${KNOB:+--knob "$KNOB"} \
+           >>"$log" 2>&1
+         ncu -i $ev/ncu/$name.ncu-rep --page source --csv --print-source sass \
+           > $ev/ncu/$name-sass.csv 2>>"$log"
+         echo "ncusrc $name: rc=$? $(wc -l < $ev/ncu/$name-sass.csv) lines" | tee -a "$log" ;;
     ncufp8) IFS=, read -r d b h s c <<<"$1"; shift
          profile ncu-fp8-d$d-b$b-h$h-s$s${c:+-$c} cudnn --dtype fp8 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" ${c:+--causal} ;;

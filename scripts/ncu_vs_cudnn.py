@@ -38,7 +38,18 @@ def main() -> None:
     parser.add_argument("--varlen", action="store_true",
                         help="the varlen suite's packed batch (24 documents, 32k tokens, "
                              "causal) at --heads and --dim, against FA4")
+    parser.add_argument("--knob", action="append", default=[],
+                        help="NAME=VALUE: set one of `hopper.forward`'s A/B switches "
+                             "(a Python literal) before the first call")
     args = parser.parse_args()
+    for knob in args.knob:
+        import ast
+
+        from fusedattn.hopper import forward
+
+        name, value = knob.split("=", 1)
+        assert hasattr(forward, name), f"hopper.forward has no {name}"
+        setattr(forward, name, ast.literal_eval(value))
     if args.varlen:
         return _varlen(args)
     if args.dtype == "fp8":

@@ -167,3 +167,24 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
     got = torch.autograd.grad(attention(q, k, v), (q, k, v), dout)
     for a, b in zip(got, attention_ref_grads(q, k, v, dout), strict=True):
         passes(a, b)
+
+
+@pytest.mark.parametrize("name, value", [("PINGPONG", False), ("SHARED_KV", True),
+                                         ("THREAD_ARRIVES", False), ("SYNC_AT_S", True),
+                                         ("WARPGROUPS", {(64, 64): 3})])
+def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch):
+    """An A/B switch of `hopper.forward` changed after a call makes the next call record a
+    plan of its own: a plan replays the kernel it recorded, so a switch outside the key
+    would time the default twice (`scripts/hopper_check.py`'s A/Bs did, for two switches)."""
+    from fusedattn.hopper import forward as knobs
+
+    q, k, v = (rand(1, 2, 33, 16, dtype=torch.float32, seed=i) for i in range(3))
+    dispatch._PLANS.clear()
+    _CALLS.clear()
+    attention(q, k, v)
+    plans = len(dispatch._PLANS)
+    attention(q, k, v)
+    assert len(dispatch._PLANS) == plans
+    monkeypatch.setattr(knobs, name, value)
+    attention(q, k, v)
+    assert len(dispatch._PLANS) == plans + 1, f"{name} is not in the plan key"

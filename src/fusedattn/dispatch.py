@@ -220,8 +220,7 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
               sinks, descale)
     key = None
     if config is None:
-        key = (_BACKEND.get(), configs.OVERRIDES, hopper_knobs.PINGPONG,
-               hopper_knobs.SHARED_KV, is_causal, scale,
+        key = (_BACKEND.get(), configs.OVERRIDES, hopper_knobs.switches(), is_causal, scale,
                precision, mask, splits, pack_gqa, inputs_key(inputs),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
