@@ -60,7 +60,7 @@ def providers(q, k, v, causal):
     calls["hopper-sharedkv"] = knob("SHARED_KV", True)     # K and V on one mbarrier a slot
     calls["hopper-onearrive"] = knob("THREAD_ARRIVES", False)  # one thread's arrivals
     calls["hopper-3wg"] = knob("WARPGROUPS", {(64, 64): 3})  # three consumers at D64
-    calls["hopper-syncs"] = knob("SYNC_AT_S", True)  # the key loop's bar.sync after S
+    calls["hopper-nosplit"] = knob("SPLIT", 1)  # the softmax's reductions in one chain
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):

@@ -170,7 +170,7 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
 
 
 @pytest.mark.parametrize("name, value", [("PINGPONG", False), ("SHARED_KV", True),
-                                         ("THREAD_ARRIVES", False), ("SYNC_AT_S", True),
+                                         ("THREAD_ARRIVES", False), ("SPLIT", 1),
                                          ("WARPGROUPS", {(64, 64): 3})])
 def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch):
     """An A/B switch of `hopper.forward` changed after a call makes the next call record a

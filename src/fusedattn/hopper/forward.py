@@ -79,10 +79,11 @@ CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer war
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 THREAD_ARRIVES = True  # each consumer thread arrives on a freed slot by itself (A/B)
-# the warpgroup's `bar.sync` a key tile (Triton puts one between two waits on one mbarrier
-# allocation) placed right after S's wgmma wait, where the warpgroup's warps are together,
-# instead of at the loop's top, where they arrive apart (A/B)
-SYNC_AT_S = False
+# the softmax's row max and row sum over a key tile as SPLIT-long chains of a thread's values,
+# independent, then one short chain (`forward_kernel._row_max`), instead of one chain of
+# BLOCK_N / 4: ncu's source view put a fifth of the key loop's time on the max's chain
+# (evidence/nvidia-h200/20261202T0448Z-ncu-source); 1 for the A/B
+SPLIT = 8
 
 
 def switches() -> tuple:
@@ -91,7 +92,7 @@ def switches() -> tuple:
     another (before 2026-12-02 the key held PINGPONG and SHARED_KV only, so the A/Bs of
     THREAD_ARRIVES and WARPGROUPS in `scripts/hopper_check.py` replayed the default's
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
-    return PINGPONG, SHARED_KV, THREAD_ARRIVES, SYNC_AT_S, tuple(WARPGROUPS.items())
+    return PINGPONG, SHARED_KV, THREAD_ARRIVES, SPLIT, tuple(WARPGROUPS.items())
 
 
 @functools.cache
@@ -174,5 +175,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
-        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, SYNC_AT_S=SYNC_AT_S, num_warps=4)
+        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, SPLIT=SPLIT, num_warps=4)
     return out
