@@ -111,6 +111,8 @@ CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (1, 2, 2, 700, 700, 256, False, None, None), (1, 2, 2, 2000, 2000, 128, True, (100, 0), None),
     (1, 2, 2, 777, 777, 64, False, (0, 0), None), (1, 2, 2, 777, 777, 64, False, (50, 3000), None),
     (1, 2, 2, 4097, 4097, 64, False, None, None), (3, 5, 1, 333, 555, 128, False, None, None),
+    # D64 from 2048 query rows runs three consumer warpgroups (`forward.WARPGROUPS`)
+    (1, 3, 1, 2500, 3001, 64, True, None, None), (1, 2, 2, 2100, 2100, 64, False, (300, 0), None),
     # two head-dim pieces against Sq != Sk, GQA and windows
     (1, 6, 2, 301, 1025, 96, True, None, None), (2, 4, 1, 1025, 301, 192, False, (64, 64), None),
     # head dims run padded (D80 as 96, D112 as 128, D200 as 256): Sq != Sk, GQA, windows

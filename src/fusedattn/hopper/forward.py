@@ -69,21 +69,23 @@ def kernel_pair(dim: int, dim_v: int, fp8: bool = False) -> tuple[int, int] | No
 # consumer warpgroups per pair (2 where not listed). Three (192-row items, as FA3 and FA4
 # run D64) fit at 160 registers a thread (3 x 128 x 160 + 32 x 24 <= 64K) at D64, causal
 # spilling 312 bytes on its diagonal tiles, D96 and softcap spilling more
-# (`scripts/gluon_compile_report.py`); on the H200 they ran within noise of two (D64 429
-# against 423 TFLOP/s, causal 410 against 396; an earlier run 464 against 473 and 389
-# against 424: evidence/nvidia-h200/20261202T0412Z-hopper-ab), so none is listed: an A/B
-# switch (`scripts/hopper_check.py`'s hopper-3wg)
-WARPGROUPS: dict[tuple[int, int], int] = {}
+# (`scripts/gluon_compile_report.py`). On the H200 three ran D64 at 485 against 411 TFLOP/s
+# and causal 436 against 393 (evidence/nvidia-h200/20261202T0453Z-hopper-ab; the A/B of
+# 0412Z had replayed one plan, `switches`); other head dims are not measured. Only where
+# Sq (varlen: the longest) is at least WARPGROUPS_MIN_ROWS: a short one wastes more of a
+# 192-row item (B64 S256: 158 against 205)
+WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
+WARPGROUPS_MIN_ROWS = 2048
 LOADER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
-THREAD_ARRIVES = True  # each consumer thread arrives on a freed slot by itself (A/B)
-# the softmax's row max and row sum over a key tile as SPLIT-long chains of a thread's values,
-# independent, then one short chain (`forward_kernel._row_max`), instead of one chain of
-# BLOCK_N / 4: ncu's source view put a fifth of the key loop's time on the max's chain
-# (evidence/nvidia-h200/20261202T0448Z-ncu-source); 1 for the A/B
-SPLIT = 8
+# each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
+# False has one thread arrive behind a bar.sync of its warpgroup. False ran faster in 18 of
+# 20 hopper_check rows over two runs (+1.4 to +6.3% in the second; D96 and D192 -5% and -4%
+# in the first: evidence/nvidia-h200/20261202T0446Z-hopper-ab, 0453Z): the warps' lining up
+# at each release pays (A/B)
+THREAD_ARRIVES = False
 
 
 def switches() -> tuple:
@@ -92,7 +94,8 @@ def switches() -> tuple:
     another (before 2026-12-02 the key held PINGPONG and SHARED_KV only, so the A/Bs of
     THREAD_ARRIVES and WARPGROUPS in `scripts/hopper_check.py` replayed the default's
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
-    return PINGPONG, SHARED_KV, THREAD_ARRIVES, SPLIT, tuple(WARPGROUPS.items())
+    return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
+            WARPGROUPS_MIN_ROWS)
 
 
 @functools.cache
@@ -149,7 +152,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
     # two with softcap (its tanh spilled 2.8 KB at 160 registers) and FP8
-    consumers = 2 if fp8 or cap > 0 else WARPGROUPS.get(pair, 2)
+    consumers = (2 if fp8 or cap > 0 or seq_q < WARPGROUPS_MIN_ROWS
+                 else WARPGROUPS.get(pair, 2))
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
@@ -175,5 +179,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
-        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, SPLIT=SPLIT, num_warps=4)
+        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, num_warps=4)
     return out

@@ -87,7 +87,9 @@ def _release(bar, THREAD_ARRIVES: gl.constexpr):
     .noinc`, with no cp.async in flight: at once), and the barrier counts 128 a warpgroup.
     Triton 3.6 lowers `mbarrier.arrive` to one thread's arrival behind a `bar.sync` of the
     warpgroup, which lines up its four warps at every release; a thread's own arrival needs
-    no such wait, since the phase completes only once every thread has arrived."""
+    no such wait, since the phase completes only once every thread has arrived. The lined-up
+    warps ran faster (`forward.THREAD_ARRIVES`, off by default): a warpgroup's wgmma issues
+    once all four warps reach it."""
     if THREAD_ARRIVES:
         async_copy.mbarrier_arrive(bar, increment_count=False)
     else:
@@ -209,40 +211,13 @@ def _softcap(x):
 
 
 @gluon.jit
-def _row_max(x, row_layout: gl.constexpr, SPLIT: gl.constexpr):
-    """max over each row of a [BLOCK_M, BLOCK_N] wgmma accumulator, in `row_layout`.
-    SPLIT > 1: as [BLOCK_M, SPLIT, BLOCK_N // SPLIT], the SPLIT axis first. Triton reduces
-    a thread's values along an axis in one chain; a thread holds 2 x BLOCK_N / 4 values a
-    row pair, so one axis is a chain of BLOCK_N / 4 dependent FMNMXs, where the split makes
-    SPLIT-long chains, independent, then one of BLOCK_N / 4 / SPLIT (FA4's four
-    accumulators, `fmax_reduce`, do the same). The reshape moves no data (one row's
-    columns stay in one thread's registers and lanes)."""
-    if SPLIT > 1:
-        m: gl.constexpr = x.shape[0]
-        n: gl.constexpr = x.shape[1]
-        x = gl.max(gl.reshape(x, [m, SPLIT, n // SPLIT]), axis=1)
-    return gl.convert_layout(gl.max(x, axis=1), row_layout)
-
-
-@gluon.jit
-def _row_sum(x, row_layout: gl.constexpr, SPLIT: gl.constexpr):
-    """The sum over each row, split as `_row_max`."""
-    if SPLIT > 1:
-        m: gl.constexpr = x.shape[0]
-        n: gl.constexpr = x.shape[1]
-        x = gl.sum(gl.reshape(x, [m, SPLIT, n // SPLIT]), axis=1)
-    return gl.convert_layout(gl.sum(x, axis=1), row_layout)
-
-
-@gluon.jit
 def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap, left,
                   right, BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
-                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, SPLIT: gl.constexpr):
+                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr):
     """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
     where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
     exponent (m is kept scaled). SOFTCAP: the scores are cap * tanh(s * qk_scale) first
     (`common.Mask.kernel_args`: qk_scale = scale / c, cap = c * log2(e))."""
-    row_s: gl.constexpr = gl.SliceLayout(1, col_s.parent)
     if SOFTCAP:
         s = _softcap(s * qk_scale) * cap
         scale = 1.0
@@ -261,15 +236,15 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
         if HAS_LEFT:
             valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
         s = gl.where(valid, s, float("-inf"))
-        m_new = gl.maximum(m_i, _row_max(s, row_s, SPLIT) * scale)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
         # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
-        m_new = gl.maximum(m_i, _row_max(s, row_s, SPLIT) * scale)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
     p = gl.exp2(s * scale - gl.expand_dims(m_use, 1))
-    l_i = l_i * alpha + _row_sum(p, row_s, SPLIT)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
@@ -339,8 +314,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
               VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
-              P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
-              SPLIT: gl.constexpr):
+              P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -432,7 +406,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     _release(k_free.index(slot), THREAD_ARRIVES)
                 p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
-                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, SPLIT)
+                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
                 p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
@@ -465,7 +439,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
-                        SOFTCAP, SPLIT)
+                        SOFTCAP)
                     if DV_B > 0:
                         both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
                                                            v_smem.index(prev),
@@ -565,7 +539,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
-                    CONSUMERS: gl.constexpr, SPLIT: gl.constexpr):
+                    CONSUMERS: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x
     batch x heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
     right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
@@ -659,16 +633,13 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         SPLIT)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         SPLIT)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         SPLIT)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
@@ -677,12 +648,10 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         SPLIT)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         SPLIT)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
