@@ -107,6 +107,37 @@ def test_varlen_offsets_are_read_per_call_not_kept_in_the_plan():
         assert torch.equal(out, unchecked)
 
 
+def test_varlen_reads_an_offsets_tensor_once_until_it_changes(monkeypatch):
+    """check_lengths=True reads an offsets tensor's values once (a device-to-host copy that
+    waits for the GPU) and keeps the verdict for that tensor at that version: the same
+    tensor again is not read; written in place (its version moves, a view's too) it is read
+    again and refused; a new tensor with the same values is read; other max_seqlen or total
+    is checked anew."""
+    from fusedattn import varlen
+
+    reads = []
+    monkeypatch.setattr(varlen, "read_offsets", lambda cu: reads.append(1) or cu.tolist())
+    q, k, v = (rand(30, 2, 16, seed=i) for i in range(3))
+    cu = i32([0, 10, 30])
+    first = attention_varlen(q, k, v, cu, cu, 25, 25, is_causal=True)
+    assert len(reads) == 1  # q's and k's: one tensor, one total, one max_seqlen
+    again = attention_varlen(q, k, v, cu, cu, 25, 25, is_causal=True)
+    assert len(reads) == 1 and torch.equal(first, again)
+    with pytest.raises(ProblemError, match="max_seqlen_q"):
+        attention_varlen(q, k, v, cu, cu, 15, 25, is_causal=True)  # 20 > 15: read, refused
+    cu[1:][0] = 40  # through a view: the base's version moves
+    with pytest.raises(ProblemError, match="cu_seqlens_q"):
+        attention_varlen(q, k, v, cu, cu, 25, 25, is_causal=True)
+    cu[1] = 10
+    attention_varlen(q, k, v, i32([0, 10, 30]), cu, 25, 25, is_causal=True)
+    before = len(reads)
+    with torch.inference_mode():  # no version counter: read every call
+        fresh = i32([0, 10, 30])
+        for _ in range(2):
+            attention_varlen(q, k, v, fresh, fresh, 25, 25, is_causal=True)
+    assert len(reads) == before + 4
+
+
 def test_varlen_check_lengths_false_still_checks_what_needs_no_copy():
     q, k, v = (rand(30, 2, 16, seed=i) for i in range(3))
     cu = i32([0, 10, 30])
