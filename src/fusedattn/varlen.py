@@ -23,10 +23,11 @@ would skip rows silently), which costs one device-to-host copy of the small tens
 waits for the GPU to reach it (on the H200, most of a short call's host time). The verdict
 is kept per offsets tensor while torch's version counter says it is unchanged: the same
 tensor passed again (for q and k, or call after call) is not read again, and one written
-in place is (`check_cu_seqlens`). `check_lengths=False` skips that check (the offsets' shape, dtype and device are still
-checked): the offsets and max_seqlens are then trusted, as FlashAttention trusts them. Wrong
-ones give wrong rows or reads past the tensors, so pass it only with offsets that were
-checked once (a serving loop's own batcher, a dataloader's collate).
+in place is (`check_cu_seqlens`). `check_lengths=False` skips that check (the offsets'
+shape, dtype and device are still checked): the offsets and max_seqlens are then trusted,
+as FlashAttention trusts them. Wrong ones give wrong rows or reads past the tensors, so
+pass it only with offsets that were checked once (a serving loop's own batcher, a
+dataloader's collate).
 """
 
 from __future__ import annotations
