@@ -81,10 +81,10 @@ CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer war
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
-# False has one thread arrive behind a bar.sync of its warpgroup. False ran faster in 18 of
-# 20 hopper_check rows over two runs (+1.4 to +6.3% in the second; D96 and D192 -5% and -4%
-# in the first: evidence/nvidia-h200/20261202T0446Z-hopper-ab, 0453Z): the warps' lining up
-# at each release pays (A/B)
+# False has one thread arrive behind a bar.sync of its warpgroup. False ran faster in 25 of
+# 30 hopper_check rows over three runs (D128 +2 to +10% in each; D96 and D192 within noise
+# either way: evidence/nvidia-h200/20261202T0446Z-hopper-ab, 0453Z, 0508Z): the warps'
+# lining up at each release pays (A/B)
 THREAD_ARRIVES = False
 
 
