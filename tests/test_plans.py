@@ -111,8 +111,8 @@ def test_varlen_reads_an_offsets_tensor_once_until_it_changes(monkeypatch):
     """check_lengths=True reads an offsets tensor's values once (a device-to-host copy that
     waits for the GPU) and keeps the verdict for that tensor at that version: the same
     tensor again is not read; written in place (its version moves, a view's too) it is read
-    again and refused; a new tensor with the same values is read; other max_seqlen or total
-    is checked anew."""
+    again and refused; a new tensor with the same values is read; another max_seqlen is
+    checked anew; an inference tensor (no version counter) is read every call."""
     from fusedattn import varlen
 
     reads = []
@@ -129,7 +129,9 @@ def test_varlen_reads_an_offsets_tensor_once_until_it_changes(monkeypatch):
     with pytest.raises(ProblemError, match="cu_seqlens_q"):
         attention_varlen(q, k, v, cu, cu, 25, 25, is_causal=True)
     cu[1] = 10
+    before = len(reads)
     attention_varlen(q, k, v, i32([0, 10, 30]), cu, 25, 25, is_causal=True)
+    assert len(reads) == before + 2  # a new tensor, and cu at its new version
     before = len(reads)
     with torch.inference_mode():  # no version counter: read every call
         fresh = i32([0, 10, 30])

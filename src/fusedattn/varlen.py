@@ -218,8 +218,7 @@ _PASSED: dict[int, tuple] = {}
 def _passed(cu: torch.Tensor, total: int, max_seqlen: object) -> tuple | None:
     """What identifies a verdict on `cu` (a weak reference to it, compared by identity, its
     version, the total and max_seqlen it was checked against), or None where none can be
-    kept: inside
-    torch.compile, and for an inference tensor (it has no version counter)."""
+    kept: inside torch.compile, and for an inference tensor (it has no version counter)."""
     if torch.compiler.is_compiling() or cu.is_inference():
         return None
     return weakref.ref(cu), cu._version, total, typed(max_seqlen)
