@@ -17,7 +17,8 @@
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
 #               path, with SHARED_KV, cuDNN, FA4)
-#   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged)
+#   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged;
+#               $PROVIDERS, comma-separated, to choose)
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
@@ -78,7 +79,7 @@ while [ $# -gt 0 ]; do
     rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
-             varlen|window|decode|sinks|mla|fp8) providers=all ;;
+             varlen|window|decode|sinks|mla|fp8) providers=${PROVIDERS:-all} ;;
              *) providers=${PROVIDERS:-flash,flash-portable,sdpa-cudnn,sdpa-flash,fa4} ;;
            esac
            python3 -m fusedattn_lab bench --suite "$suite" --out $ev \
