@@ -281,3 +281,22 @@ def test_the_hf_bench_runs_every_row_in_emulation(tmp_path, capsys):
     (csv_path,) = tmp_path.glob("*/*/hf.csv")
     text = csv_path.read_text()
     assert text.count(",ok,") >= 5 and "tokens_per_s" not in text  # no times in emulation
+
+
+def test_a_padded_forward_reads_its_offsets_once_not_per_layer(monkeypatch):
+    """The layers of one padded forward share the mask plan's `cu_seqlens`, so their values
+    are read (a device-to-host copy that waits for the GPU) by the first layer alone: once
+    per forward, not once per layer (`varlen.check_cu_seqlens` keeps the verdict)."""
+    from fusedattn import varlen
+
+    reads = []
+    monkeypatch.setattr(varlen, "read_offsets", lambda cu: reads.append(1) or cu.tolist())
+    ours, _ = _models("llama")
+    assert ours.config.num_hidden_layers >= 2
+    ids, mask = _left_padded()
+    with torch.no_grad():
+        ours(ids, attention_mask=mask)
+        assert 1 <= len(reads) <= 2  # q's offsets, and k's if they are another tensor
+        first = len(reads)
+        ours(ids, attention_mask=mask)  # a new forward plans anew: new offsets, read again
+    assert len(reads) == 2 * first
