@@ -72,7 +72,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedattn.launch import Plans, tensor_key
+from fusedattn.launch import Plans, aliases, tensor_key
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -116,6 +116,14 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     what eager calls directly (no dispatcher on the way: issue 31's host cost).
     `deterministic` is the backward's (it rides with the forward's options to it);
     `descale` float8 inputs' factors (`fp8_descale`), O then bfloat16."""
+    return _forward_into(q, k, v, sinks, is_causal, scale, precision, window_left,
+                         window_right, softcap, descale)
+
+
+def _forward_into(q, k, v, sinks, is_causal, scale, precision, window_left, window_right,
+                  softcap, descale, keep: list | None = None):
+    """`_flash_fwd`'s work: O and the LSE made, the forward launched (`dispatch.forward`;
+    `keep` receives its plan)."""
     from fusedattn.dispatch import forward
 
     out = new_out(q, v)
@@ -123,7 +131,30 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
-            descale=descale)
+            descale=descale, keep=keep)
+    return out, lse
+
+
+def _untracked_forward(call, q, k, v, sinks, descale):
+    """The eager forward of a call autograd does not record (`_Call.grad` False): the plan
+    its call key keeps (`_Call.plan`) replayed on this call's tensors while
+    `dispatch.plan_context` is unchanged, with no other key to make; else `_forward_into`,
+    keeping the plan it replays or records. The call key settles the dispatch's plan key but
+    for that context: O and the LSE are made here as there (fresh, dense, aligned), and
+    the key holds which of the tensors are one object."""
+    from fusedattn.dispatch import forward_inputs, plan_context
+
+    context = plan_context()
+    kept = call.plan[0] if call.plan else None  # one read: another thread may replace it
+    if kept is not None and kept[0] == context:
+        out = new_out(q, v)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        kept[1](forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale))
+        return out, lse
+    plans = []
+    out, lse = _forward_into(q, k, v, sinks, *call.options[:6], descale, keep=plans)
+    if plans:
+        call.plan[:] = [(context, plans[0])]
     return out, lse
 
 
@@ -360,6 +391,7 @@ class _Call(NamedTuple):
 
     options: tuple  # the ops' arguments after q, k, v: is_causal, scale, precision, ...
     grad: bool      # autograd records the call
+    plan: list      # [(plan_context, plan)] once a call autograd does not record made one
 
 
 def typed(x):
@@ -403,7 +435,7 @@ def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     options = (is_causal, scale, resolve(q.dtype, precision).op,
                *kernel_options(window, softcap), deterministic)
-    return _Call(options, wants_grads((q, k, v, sinks)))
+    return _Call(options, wants_grads((q, k, v, sinks)), [])
 
 
 def autocast_inputs(q, k, v, precision) -> tuple:
@@ -430,7 +462,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     descales = (descale_q, descale_k, descale_v)
     key = None if compiling else call_key(
         (q, k, v, sinks, *descales),
-        (is_causal, scale, enable_gqa, precision, softcap, deterministic), window)
+        (is_causal, scale, enable_gqa, precision, softcap, deterministic), window,
+        aliases((q, k, v)))
     call = _CALLS.get(key) if key is not None else None
     if call is None:
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
@@ -444,9 +477,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                                       *call.options[3:6]))
         if key is not None:
             _CALLS.put(key, call)
-    out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v), as_sinks(sinks),
-                       *call.options, fp8_descale(q, descales, *_heads(q, k)),
-                       grad=call.grad)
+    if call.grad or compiling:
+        out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v),
+                           as_sinks(sinks), *call.options,
+                           fp8_descale(q, descales, *_heads(q, k)), grad=call.grad)
+    else:
+        out, lse = _untracked_forward(call, *_as_4d(q, k, v), as_sinks(sinks),
+                                      fp8_descale(q, descales, *_heads(q, k)))
     if q.dim() != 4:
         out = out.reshape(*q.shape[:-1], v.shape[-1])
     if not return_lse:

@@ -205,27 +205,49 @@ def current_backend() -> str:
 _PLANS = Plans()
 
 
+def forward_inputs(q, k, v, out, lse, *, varlen=None, cache=None, sinks=None,
+                   descale=None) -> tuple:
+    """A forward's tensors in the order its plans record them (`launch.Recording`) and
+    replay them."""
+    return (q, k, v, out, lse, *((varlen.cu_q, varlen.cu_k) if varlen is not None
+                                 else (None, None)),
+            *((cache.seqlens, cache.block_table) if cache is not None else (None, None)),
+            sinks, descale)
+
+
+def plan_context() -> tuple:
+    """What decides a launch beyond the call's own tensors and options: the forced backend
+    (`use_backend`), the tuning overrides, the Hopper kernel's A/B switches. Part of every
+    forward plan's key; a caller that keeps a plan of its own (`api.attention`) keeps this
+    with it and replays only while it is unchanged."""
+    return _BACKEND.get(), configs.OVERRIDES, hopper_knobs.switches()
+
+
 def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen=None,
-            cache=None, splits=1, pack_gqa=False, config=None, sinks=None, descale=None):
+            cache=None, splits=1, pack_gqa=False, config=None, sinks=None, descale=None,
+            keep: list | None = None):
     """The forward behind every entry point: the path `forward_path` picks, launched on
     validated `[B, H, S, D]` tensors (`tiles.flash.flash_forward`'s arguments; `sinks`:
     `[H]` float32 attention sinks, both paths; `descale`: float8 inputs' factors, both
-    paths). A call whose key was seen replays that call's plan (`launch.Plan`)."""
+    paths). A call whose key was seen replays that call's plan (`launch.Plan`). `keep`, a
+    list, receives the plan replayed or recorded (nothing where the call has none), for a
+    caller whose own key settles this one's: it calls the plan on the same `inputs` tuple
+    (below) while `plan_context` is unchanged."""
     from fusedattn.tiles.common import Mask
 
     mask = mask or Mask(causal=is_causal)
-    inputs = (q, k, v, out, lse, *((varlen.cu_q, varlen.cu_k) if varlen is not None
-                                   else (None, None)),
-              *((cache.seqlens, cache.block_table) if cache is not None else (None, None)),
-              sinks, descale)
+    inputs = forward_inputs(q, k, v, out, lse, varlen=varlen, cache=cache, sinks=sinks,
+                            descale=descale)
     key = None
     if config is None:
-        key = (_BACKEND.get(), configs.OVERRIDES, hopper_knobs.switches(), is_causal, scale,
-               precision, mask, splits, pack_gqa, inputs_key(inputs),
+        key = (*plan_context(), is_causal, scale, precision, mask, splits, pack_gqa,
+               inputs_key(inputs),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
         plan = _PLANS.get(key)
         if plan is not None:
             plan(inputs)
+            if keep is not None:
+                keep.append(plan)
             return out, None
     path, _ = forward_path(q, k, v, varlen=varlen, mask=mask, cache=cache, splits=splits,
                            pack_gqa=pack_gqa, config=config)
@@ -246,4 +268,6 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
     plan = recording.plan()
     if key is not None and plan is not None:
         _PLANS.put(key, plan)
+        if keep is not None:
+            keep.append(plan)
     return out, compiled

@@ -193,12 +193,17 @@ def tensor_key(t):
 
 def inputs_key(inputs) -> tuple:
     """A plan key's part for the call's tensors: each one's `tensor_key`, and which of them
-    are one object. A replay finds its tensors by position, recorded by identity: a plan
-    recorded on `attention(x, x, x)` maps q, k and v to one position, and must not serve
-    a call with three tensors."""
+    are one object (`aliases`)."""
+    return (*map(tensor_key, inputs), aliases(inputs))
+
+
+def aliases(tensors) -> tuple:
+    """Which of `tensors` are one object: for each, the position of its first occurrence.
+    A replay finds its tensors by position, recorded by identity: a plan recorded on
+    `attention(x, x, x)` maps q, k and v to one position, and must not serve a call with
+    three tensors."""
     first: dict[int, int] = {}
-    return (*map(tensor_key, inputs),
-            tuple(first.setdefault(id(t), i) for i, t in enumerate(inputs) if t is not None))
+    return tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors) if t is not None)
 
 
 class Plans:
