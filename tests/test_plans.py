@@ -167,6 +167,42 @@ def test_split_kv_decode_replays_with_its_partials_made_anew():
             passes(out[b], attention_ref(q[b], kc[b, :, :n], vc[b, :, :n]))
 
 
+def test_decode_keeps_its_plan_per_key_and_context(monkeypatch):
+    """A check_lengths=False decode call replays the plan its key keeps, right on new
+    lengths and caches; a plan recorded with one cache passed as both K and V does not serve
+    two caches (the key holds the caches' addresses, and which tensors are one object); a
+    changed `dispatch.plan_context` (here a Hopper switch) goes through the
+    dispatch again, which records a plan of its own."""
+    from fusedattn import attention_with_kvcache
+    from fusedattn.hopper import forward as knobs
+
+    def call(q, kc, vc, lengths):
+        return attention_with_kvcache(q, kc, vc, cache_seqlens=i32(lengths), splits=2,
+                                      check_lengths=False)
+
+    dispatch._PLANS.clear()
+    for seed, lengths in ((0, [40, 7]), (1, [13, 50]), (2, [50, 1])):
+        q = rand(2, 4, 1, 16, seed=seed)
+        kc, vc = (rand(2, 2, 50, 16, seed=10 + seed + i) for i in range(2))
+        out = call(q, kc, vc, lengths)
+        for b, n in enumerate(lengths):
+            passes(out[b], attention_ref(q[b], kc[b, :, :n], vc[b, :, :n]))
+    assert len(dispatch._PLANS) == 1  # recorded once, then replayed from the call's key
+    _CALLS.clear()
+    dispatch._PLANS.clear()
+    from fusedattn import kvcache
+
+    kvcache._DECIDED.clear()
+    call(q, kc, kc, [50, 1])  # K's cache as V too: recorded with V at K's position
+    apart = call(q, kc, vc, [50, 1])  # must not replay that
+    for b, n in enumerate([50, 1]):
+        passes(apart[b], attention_ref(q[b], kc[b, :, :n], vc[b, :, :n]))
+    plans = len(dispatch._PLANS)
+    monkeypatch.setattr(knobs, "THREAD_ARRIVES", not knobs.THREAD_ARRIVES)
+    call(q, kc, vc, [3, 4])
+    assert len(dispatch._PLANS) == plans + 1
+
+
 def test_decode_checks_kept_per_key_still_refuse_what_they_refused():
     """`check_lengths=False` calls keep their checks per key; the key holds the caches'
     addresses, so one cache passed as both K and V is checked (and refused) again."""

@@ -60,7 +60,7 @@ import torch
 import triton
 
 from fusedattn.api import DTYPES, as_sinks, call_key, check_options
-from fusedattn.launch import Plans
+from fusedattn.launch import Plans, aliases
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -211,9 +211,9 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, s
     `check_lengths=True` reads the lengths' values each call."""
     if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
         return None
-    return call_key((q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks),
-                    options[:1] + options[2:], options[1], k_cache.data_ptr(),
-                    v_cache.data_ptr())
+    tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks)
+    return call_key(tensors, options[:1] + options[2:], options[1], k_cache.data_ptr(),
+                    v_cache.data_ptr(), aliases(tensors))
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
@@ -227,7 +227,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sinks: torch.Tensor | None = None):
     """Attention of new queries over a KV cache; see the module docstring."""
     from fusedattn.configs import decode_splits, tuned_table
-    from fusedattn.dispatch import forward
+    from fusedattn.dispatch import forward, forward_inputs, plan_context
     from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
 
@@ -249,11 +249,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             rows = q.shape[2] * (q.shape[1] // k_cache.shape[1])
             splits = decode_splits(programs=q.shape[0] * k_cache.shape[1]
                                    * triton.cdiv(rows, 64), seq_k=capacity)
-        decided = (capacity, s_new, window, softcap, splits)
+        # the last: [(plan_context, plan)] once a call of this key made one (`_launch`)
+        decided = (capacity, s_new, window, softcap, splits, [])
         if key is not None:
             _DECIDED.put(key, decided)
     else:  # checked before, on the same metadata (and no values to check)
-        capacity, s_new, window, softcap, splits = decided
+        capacity, s_new, window, softcap, splits, _ = decided
         cache_seqlens = cache_seqlens.contiguous()
         block_table = block_table.contiguous() if block_table is not None else None
     if s_new:
@@ -267,11 +268,23 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = q.new_empty((*q.shape[:3], v_cache.shape[3]))  # O has V's head dim
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None
+    cache = KVCache(seqlens, block_table)
+    kept = decided[-1] if key is not None else None
+    plan = kept[0] if kept else None  # one read: another thread may replace it
+    context = plan_context()
+    if plan is not None and plan[0] == context:
+        # the key settled the dispatch's plan key but for the context: the tensors made
+        # here are fresh (O, the LSE, the clamped lengths and table), the rest are the key's
+        plan[1](forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
+                               sinks=as_sinks(sinks)))
+        return (out, lse) if return_lse else out
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+    plans = []
     forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=resolve(q.dtype, precision).op,
             mask=Mask(causal=is_causal, window=window, softcap=softcap,
                       bottom_right=True),
-            cache=KVCache(seqlens, block_table), splits=splits, pack_gqa=True,
-            sinks=as_sinks(sinks))
+            cache=cache, splits=splits, pack_gqa=True, sinks=as_sinks(sinks), keep=plans)
+    if kept is not None and plans:
+        kept[:] = [(context, plans[0])]
     return (out, lse) if return_lse else out
