@@ -140,6 +140,33 @@ def test_varlen_reads_an_offsets_tensor_once_until_it_changes(monkeypatch):
     assert len(reads) == before + 4
 
 
+def test_varlen_keeps_its_plan_per_key_and_context(monkeypatch):
+    """An untracked varlen call replays the plan its key keeps (check_lengths either way),
+    right on new offsets and tensors, after a call on `(x, x, x)` (the kernels get packed
+    views, distinct objects either way); a changed `dispatch.plan_context` goes through the
+    dispatch again."""
+    from fusedattn import varlen
+    from fusedattn.hopper import forward as knobs
+
+    dispatch._PLANS.clear()
+    varlen._DECIDED.clear()
+    x = rand(30, 2, 16, seed=9)
+    cu = i32([0, 12, 30])
+    passes(attention_varlen(x, x, x, cu, cu, 27, 27, is_causal=True),
+           varlen_ref(x, x, x, cu, cu, causal=True))
+    for seed, bounds in enumerate(([0, 10, 30], [0, 20, 30], [0, 3, 30])):
+        q, k, v = (rand(30, 2, 16, seed=3 * seed + i) for i in range(3))
+        cu = i32(bounds)
+        for checked in (True, False):
+            passes(attention_varlen(q, k, v, cu, cu, 27, 27, is_causal=True,
+                                    check_lengths=checked),
+                   varlen_ref(q, k, v, cu, cu, causal=True))
+    assert len(dispatch._PLANS) == 1  # recorded by the first call, replayed since
+    monkeypatch.setattr(knobs, "THREAD_ARRIVES", not knobs.THREAD_ARRIVES)
+    attention_varlen(q, k, v, cu, cu, 27, 27, is_causal=True)
+    assert len(dispatch._PLANS) == 2
+
+
 def test_varlen_check_lengths_false_still_checks_what_needs_no_copy():
     q, k, v = (rand(30, 2, 16, seed=i) for i in range(3))
     cu = i32([0, 10, 30])

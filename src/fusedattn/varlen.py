@@ -56,7 +56,7 @@ from fusedattn.api import (
     typed,
     wants_grads,
 )
-from fusedattn.launch import Plans
+from fusedattn.launch import Plans, aliases
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -88,14 +88,51 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
                    precision: str, window_left: int, window_right: int,
                    softcap: float, descale: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision,
+                        window_left, window_right, softcap, descale)
+
+
+def _outputs(q, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """O (V's head dim; bf16 for FP8) and the LSE, `[H, total_q]`."""
+    return new_out(q, v), torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32,
+                                      device=q.device)
+
+
+def _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision,
+                 window_left, window_right, softcap, descale, keep: list | None = None):
+    """`_varlen_fwd`'s work (`dispatch.forward` on the packed views; `keep` receives its
+    plan)."""
     from fusedattn.dispatch import forward
 
-    out = new_out(q, v)  # O has V's head dim (and bf16 for FP8)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    out, lse = _outputs(q, v)
     forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
             is_causal=is_causal, scale=scale, precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap, True),
-            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale)
+            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale,
+            keep=keep)
+    return out, lse
+
+
+def _untracked_varlen(kept: list, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
+                      descale):
+    """The eager forward of a call autograd does not record: the plan its call key keeps
+    (`kept`: [(plan_context, plan)]) replayed while `dispatch.plan_context` is unchanged,
+    as `api._untracked_forward` does; else `_varlen_into`, keeping its plan."""
+    from fusedattn.dispatch import forward_inputs, plan_context
+
+    context = plan_context()
+    plan = kept[0] if kept else None  # one read: another thread may replace it
+    if plan is not None and plan[0] == context:
+        out, lse = _outputs(q, v)
+        plan[1](forward_inputs(_packed(q), _packed(k), _packed(v), _packed(out), lse[None],
+                               varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks,
+                               descale=descale))
+        return out, lse
+    plans = []
+    out, lse = _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options, descale,
+                            keep=plans)
+    if plans:
+        kept[:] = [(context, plans[0])]
     return out, lse
 
 
@@ -252,8 +289,8 @@ def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scal
     return max(1, max_q), max(1, max_k), scale, window, softcap
 
 
-# `call_key` -> what `_checked` gave, for check_lengths=False calls (True reads the
-# offsets' values each call)
+# `call_key` -> what `_checked` gave (check_lengths=True calls check the offsets' values
+# again: `check_cu_seqlens` reads those it has not seen at their version)
 _DECIDED = Plans()
 
 
@@ -272,23 +309,33 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not isinstance(check_lengths, bool):
         raise ProblemError("check_lengths", check_lengths, "True or False")
     descales = (descale_q, descale_k, descale_v)
-    key = None if check_lengths or torch.compiler.is_compiling() else call_key(
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else call_key(
         (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, *descales),
-        (is_causal, softcap, scale, precision), window, typed(max_seqlen_q),
-        typed(max_seqlen_k))
+        (is_causal, softcap, scale, precision, check_lengths), window, typed(max_seqlen_q),
+        typed(max_seqlen_k), aliases((q, k, v)))
     decided = _DECIDED.get(key) if key is not None else None
     if decided is None:
-        decided = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           is_causal, window, softcap, scale, precision, check_lengths, sinks,
-                           descales)
+        max_q, max_k, scale, window, softcap = _checked(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+            window, softcap, scale, precision, check_lengths, sinks, descales)
+        # the op's arguments after the sinks, and [(plan_context, plan)] once a call of
+        # this key that autograd does not record made one (`_untracked_varlen`)
+        decided = ((max_q, max_k, is_causal, scale, resolve(q.dtype, precision).op,
+                    *kernel_options(window, softcap)), [])
         if key is not None:
             _DECIDED.put(key, decided)
-    max_seqlen_q, max_seqlen_k, scale, window, softcap = decided
+    elif check_lengths:  # the metadata's checks passed on this key; the offsets' values
+        # are checked per tensor and version (`check_cu_seqlens`: read where they are new)
+        check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
+        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], None, max_seqlen_k)
+    options, kept = decided
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    grad = wants_grads((q, k, v, sinks))
-    out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
-                       cu_seqlens_k, as_sinks(sinks), max_seqlen_q, max_seqlen_k, is_causal,
-                       scale,
-                       resolve(q.dtype, precision).op, *kernel_options(window, softcap),
-                       fp8_descale(q, descales, q.shape[1], k.shape[1]), grad=grad)
+    descale = fp8_descale(q, descales, q.shape[1], k.shape[1])
+    if compiling or wants_grads((q, k, v, sinks)):
+        out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
+                           cu_seqlens_k, as_sinks(sinks), *options, descale, grad=True)
+    else:
+        out, lse = _untracked_varlen(kept, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                     as_sinks(sinks), *options, descale=descale)
     return (out, lse) if return_lse else out
