@@ -249,7 +249,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             rows = q.shape[2] * (q.shape[1] // k_cache.shape[1])
             splits = decode_splits(programs=q.shape[0] * k_cache.shape[1]
                                    * triton.cdiv(rows, 64), seq_k=capacity)
-        # the last: [(plan_context, plan)] once a call of this key made one (`_launch`)
+        # the last: [(plan_context, plan)] once a call of this key made one (below)
         decided = (capacity, s_new, window, softcap, splits, [])
         if key is not None:
             _DECIDED.put(key, decided)
