@@ -16,7 +16,7 @@
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
-#               path, with SHARED_KV, cuDNN, FA4)
+#               path, with SHARED_KV, cuDNN, FA4), rows $ROWIDX (indices, default all)
 #   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged;
 #               $PROVIDERS, comma-separated, to choose)
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
@@ -76,7 +76,7 @@ while [ $# -gt 0 ]; do
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
-    rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
+    rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" --rows "${ROWIDX:-}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
              varlen|window|decode|sinks|mla|fp8) providers=${PROVIDERS:-all} ;;

@@ -11,6 +11,7 @@ GPU tier's, `tests/test_hopper.py`; the bench rows of record are `fusedattn benc
   call), the measurement behind `dispatch.HOPPER_MIN_KEYS`.
 
     python3 scripts/hopper_check.py [--out DIR] [--sweep | --sweep-only] [--only A,B]
+                                    [--rows I,J]
 
 Prints one line per row; writes `hopper_check.json` under --out."""
 
@@ -125,10 +126,13 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="also the short-sequence sweep")
     ap.add_argument("--sweep-only", action="store_true", help="the sweep alone")
     ap.add_argument("--only", default="", help="the rows' providers, comma-separated")
+    ap.add_argument("--rows", default="", help="indices into ROWS, comma-separated (default: "
+                    "all; a short A/B call)")
     args = ap.parse_args()
+    rows = [ROWS[int(i)] for i in args.rows.split(",")] if args.rows else ROWS
     args.sweep |= args.sweep_only
     t0 = time.time()
-    results = [] if args.sweep_only else bench(ROWS, only=tuple(filter(None,
+    results = [] if args.sweep_only else bench(rows, only=tuple(filter(None,
                                                                        args.only.split(","))))
     sweep = bench(SWEEP, only=("hopper", "portable", "cudnn")) if args.sweep else []
     with open(f"{args.out}/hopper_check.json", "w") as f:
