@@ -72,7 +72,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedattn.launch import Plans, aliases, tensor_key
+from fusedattn.launch import KeptPlan, Plans, aliases, tensor_key
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -137,24 +137,22 @@ def _forward_into(q, k, v, sinks, is_causal, scale, precision, window_left, wind
 
 def _untracked_forward(call, q, k, v, sinks, descale):
     """The eager forward of a call autograd does not record (`_Call.grad` False): the plan
-    its call key keeps (`_Call.plan`) replayed on this call's tensors while
-    `dispatch.plan_context` is unchanged, with no other key to make; else `_forward_into`,
-    keeping the plan it replays or records. The call key settles the dispatch's plan key but
-    for that context: O and the LSE are made here as there (fresh, dense, aligned), and
-    the key holds which of the tensors are one object."""
+    its call key keeps (`_Call.plan`, `launch.KeptPlan`) replayed on this call's tensors;
+    else `_forward_into`, keeping the plan it replays or records. O and the LSE are made
+    here as there (fresh, dense, aligned), and the call key holds which of the tensors are
+    one object, so it settles the dispatch's plan key but for `dispatch.plan_context`."""
     from fusedattn.dispatch import forward_inputs, plan_context
 
     context = plan_context()
-    kept = call.plan[0] if call.plan else None  # one read: another thread may replace it
-    if kept is not None and kept[0] == context:
+    plan = call.plan.get(context)
+    if plan is not None:
         out = new_out(q, v)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        kept[1](forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale))
+        plan(forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale))
         return out, lse
     plans = []
     out, lse = _forward_into(q, k, v, sinks, *call.options[:6], descale, keep=plans)
-    if plans:
-        call.plan[:] = [(context, plans[0])]
+    call.plan.keep(context, plans)
     return out, lse
 
 
@@ -391,7 +389,7 @@ class _Call(NamedTuple):
 
     options: tuple  # the ops' arguments after q, k, v: is_causal, scale, precision, ...
     grad: bool      # autograd records the call
-    plan: list      # [(plan_context, plan)] once a call autograd does not record made one
+    plan: KeptPlan  # the plan of its calls that autograd does not record
 
 
 def typed(x):
@@ -435,7 +433,7 @@ def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     options = (is_causal, scale, resolve(q.dtype, precision).op,
                *kernel_options(window, softcap), deterministic)
-    return _Call(options, wants_grads((q, k, v, sinks)), [])
+    return _Call(options, wants_grads((q, k, v, sinks)), KeptPlan())
 
 
 def autocast_inputs(q, k, v, precision) -> tuple:

@@ -60,7 +60,7 @@ import torch
 import triton
 
 from fusedattn.api import DTYPES, as_sinks, call_key, check_options
-from fusedattn.launch import Plans, aliases
+from fusedattn.launch import KeptPlan, Plans, aliases
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -249,8 +249,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             rows = q.shape[2] * (q.shape[1] // k_cache.shape[1])
             splits = decode_splits(programs=q.shape[0] * k_cache.shape[1]
                                    * triton.cdiv(rows, 64), seq_k=capacity)
-        # the last: [(plan_context, plan)] once a call of this key made one (below)
-        decided = (capacity, s_new, window, softcap, splits, [])
+        # the last: the plan of this key's calls (below)
+        decided = (capacity, s_new, window, softcap, splits, KeptPlan())
         if key is not None:
             _DECIDED.put(key, decided)
     else:  # checked before, on the same metadata (and no values to check)
@@ -269,14 +269,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None
     cache = KVCache(seqlens, block_table)
-    kept = decided[-1] if key is not None else None
-    plan = kept[0] if kept else None  # one read: another thread may replace it
-    context = plan_context()
-    if plan is not None and plan[0] == context:
+    kept = decided[-1] if key is not None else None  # check_lengths=True: not kept
+    context = plan_context() if kept is not None else None
+    plan = kept.get(context) if kept is not None else None
+    if plan is not None:
         # the key settled the dispatch's plan key but for the context: the tensors made
         # here are fresh (O, the LSE, the clamped lengths and table), the rest are the key's
-        plan[1](forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
-                               sinks=as_sinks(sinks)))
+        plan(forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
+                            sinks=as_sinks(sinks)))
         return (out, lse) if return_lse else out
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     plans = []
@@ -285,6 +285,6 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             mask=Mask(causal=is_causal, window=window, softcap=softcap,
                       bottom_right=True),
             cache=cache, splits=splits, pack_gqa=True, sinks=as_sinks(sinks), keep=plans)
-    if kept is not None and plans:
-        kept[:] = [(context, plans[0])]
+    if kept is not None:
+        kept.keep(context, plans)
     return (out, lse) if return_lse else out

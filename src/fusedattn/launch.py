@@ -233,3 +233,26 @@ class Plans:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class KeptPlan:
+    """A plan an entry point keeps for one of its call keys, with the context it was made in
+    (`dispatch.plan_context`): the call key settles the dispatch's plan key but for that
+    context, so a call of the key replays the plan while the context is unchanged, with no
+    other key to make (`api.attention`, `attention_varlen`, `attention_with_kvcache`). One
+    attribute holds both: a thread that replaces them replaces them together."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self):
+        self._kept = None
+
+    def get(self, context):
+        """The plan kept under `context`, or None."""
+        kept = self._kept
+        return kept[1] if kept is not None and kept[0] == context else None
+
+    def keep(self, context, plans: list) -> None:
+        """Keep the plan that `dispatch.forward(keep=plans)` gave under `context`, if any."""
+        if plans:
+            self._kept = (context, plans[0])

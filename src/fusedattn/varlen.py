@@ -56,7 +56,7 @@ from fusedattn.api import (
     typed,
     wants_grads,
 )
-from fusedattn.launch import Plans, aliases
+from fusedattn.launch import KeptPlan, Plans, aliases
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -113,26 +113,25 @@ def _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, pre
     return out, lse
 
 
-def _untracked_varlen(kept: list, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
+def _untracked_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
                       descale):
     """The eager forward of a call autograd does not record: the plan its call key keeps
-    (`kept`: [(plan_context, plan)]) replayed while `dispatch.plan_context` is unchanged,
-    as `api._untracked_forward` does; else `_varlen_into`, keeping its plan."""
+    (`launch.KeptPlan`) replayed, as `api._untracked_forward` does; else `_varlen_into`,
+    keeping its plan."""
     from fusedattn.dispatch import forward_inputs, plan_context
 
     context = plan_context()
-    plan = kept[0] if kept else None  # one read: another thread may replace it
-    if plan is not None and plan[0] == context:
+    plan = kept.get(context)
+    if plan is not None:
         out, lse = _outputs(q, v)
-        plan[1](forward_inputs(_packed(q), _packed(k), _packed(v), _packed(out), lse[None],
-                               varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks,
-                               descale=descale))
+        plan(forward_inputs(_packed(q), _packed(k), _packed(v), _packed(out), lse[None],
+                            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks,
+                            descale=descale))
         return out, lse
     plans = []
     out, lse = _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options, descale,
                             keep=plans)
-    if plans:
-        kept[:] = [(context, plans[0])]
+    kept.keep(context, plans)
     return out, lse
 
 
@@ -319,10 +318,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k, scale, window, softcap = _checked(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
             window, softcap, scale, precision, check_lengths, sinks, descales)
-        # the op's arguments after the sinks, and [(plan_context, plan)] once a call of
-        # this key that autograd does not record made one (`_untracked_varlen`)
+        # the op's arguments after the sinks, and the plan of this key's calls that
+        # autograd does not record (`_untracked_varlen`)
         decided = ((max_q, max_k, is_causal, scale, resolve(q.dtype, precision).op,
-                    *kernel_options(window, softcap)), [])
+                    *kernel_options(window, softcap)), KeptPlan())
         if key is not None:
             _DECIDED.put(key, decided)
     elif check_lengths:  # the metadata's checks passed on this key; the offsets' values
