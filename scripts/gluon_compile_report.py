@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNEL = ROOT / "src/fusedattn/hopper/forward_kernel.py"
 BACKWARD = ROOT / "src/fusedattn/hopper/backward_kernel.py"
 COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|STL|MUFU\.EX2|"
-           r"REDG\.E\.ADD\.F32|SHFL\.IDX|PRMT|F2FP\.SATFINITE\.E4M3)")
+           r"REDG\.E\.ADD\.F32|SHFL\.IDX|SHFL\.BFLY|PRMT|F2FP\.SATFINITE\.E4M3)")
 # what the launcher (`hopper.forward`) passes by default, beside each configuration's own
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
-                THREAD_ARRIVES=False, CONSUMERS=2)
+                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=False)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
@@ -67,15 +67,20 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 # the backward's launcher's (`hopper.backward`) defaults and configurations
 BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
-                    WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False)
+                    WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
+                    DQ_VEC=False, EARLY_POLL=False, VARLEN=False)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
     dict(name="bwd D128 causal GQA", D=128, HAS_RIGHT=True, GQA=True),
     dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
+    dict(name="bwd D128 vector adds", D=128, DQ_VEC=True),
+    dict(name="bwd D128 early poll", D=128, EARLY_POLL=True),
+    dict(name="bwd D128 vector adds, early poll", D=128, DQ_VEC=True, EARLY_POLL=True),
     dict(name="bwd D128 softcap", D=128, SOFTCAP=True),
     dict(name="bwd D128 writer 64 regs", D=128, WRITER_REGS=64),
     dict(name="bwd D64 causal", D=64, HAS_RIGHT=True),
+    dict(name="bwd D128 causal varlen", D=128, HAS_RIGHT=True, VARLEN=True),
     dict(name="bwd D64 window bottom-right", D=64, HAS_LEFT=True, HAS_RIGHT=True,
          BOTTOM_RIGHT=True),
 ]
@@ -95,6 +100,7 @@ def _backward_types(c: dict) -> dict:
     return {"q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
             "v_desc": _desc(bn, d), "dk_desc": _desc(bn, d), "dv_desc": _desc(bn, d),
             "p_lse": "*fp32", "p_delta": "*fp32", "p_dq": "*fp32", "p_sem": "*i32",
+            "p_dk": "*bf16", "p_dv": "*bf16", "p_cu_q": "*i32", "p_cu_k": "*i32",
             "scale": "fp32", "qk_scale": "fp32", "cap": "fp32"}
 
 
@@ -131,7 +137,8 @@ def _compile(fn, c: dict, types: dict, num_warps: int):
             signature[name] = "constexpr"
             constants[(i,)] = c[name]
         else:  # strides i64, counts and window sides i32 (as the launcher's values are)
-            signature[name] = types.get(name, "i64" if name[:3] in ("so_", "sl_") else "i32")
+            wide = name[:3] in ("so_", "sl_", "sdk", "sdv")
+            signature[name] = types.get(name, "i64" if wide else "i32")
     source = GluonASTSource(fn, signature, constants)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps})

@@ -5,6 +5,7 @@ then `autograd.grad` timed), each provider's gradients checked against the first
 
     hopper        the Hopper backward, deterministic (the default)
     hopper-race   the same with the dQ adds racing (`attention(..., deterministic=False)`)
+    hopper-*      A/Bs of `hopper.backward`'s switches (the dQ writer's: PROVIDERS)
     portable      the portable kernels (two passes)
     cudnn, fa4    SDPA's cuDNN backend; FlashAttention-4 where it imports
 
@@ -95,6 +96,11 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-w1": _ours("hopper", WRITER_WARPS=1),
              "hopper-buf1": _ours("hopper", DQ_BUFS=1),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
+             # the writer's adds as 16-byte vector reds; the next counter read early
+             "hopper-vec": _ours("hopper", DQ_VEC=True),
+             "hopper-early": _ours("hopper", EARLY_POLL=True),
+             "hopper-vec-early": _ours("hopper", DQ_VEC=True, EARLY_POLL=True),
+             "hopper-race-vec": _ours("hopper", deterministic=False, DQ_VEC=True),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

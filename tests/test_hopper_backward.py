@@ -9,12 +9,12 @@ bits on every run; the racing (non-deterministic) variant within the same bound.
 import pytest
 import torch
 
-from fusedattn import attention
+from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import backward_path, hopper_backward_refusal, use_backend
 from fusedattn.mode import DEVICE
-from fusedattn.reference import attention_ref_grads
+from fusedattn.reference import attention_ref_grads, varlen_ref_grads
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, rand
+from inputs import ON_HOPPER, ragged, rand
 
 KERNEL = "_flash_bwd_sm90"
 
@@ -41,7 +41,6 @@ class Launches:
     (dict(dtype=torch.float32), "float32"),
     (dict(dim=96), "head dims 96"),
     (dict(dim_v=64), "and 64 (v)"),
-    (dict(varlen=True), "packed sequences"),
     (dict(strided=True), "TMA-aligned"),
 ])
 def test_the_hopper_backward_says_why_it_refuses(change, reason):
@@ -50,8 +49,7 @@ def test_the_hopper_backward_says_why_it_refuses(change, reason):
     if change.get("strided"):
         q = rand(1, 2, 16, 2 * dim, dtype=torch.bfloat16)[..., ::2]
     v = rand(1, 2, 16, change["dim_v"], dtype=q.dtype) if "dim_v" in change else q
-    why = hopper_backward_refusal(q, q, v, mask=Mask(),
-                                  varlen=object() if change.get("varlen") else None)
+    why = hopper_backward_refusal(q, q, v, mask=Mask())
     assert why is not None and reason in why
 
 
@@ -75,6 +73,14 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch):
     # forced at the forward, the choice reaches the backward's thread as `backend`
     assert backward_path(short, short, short, backend="hopper", mask=Mask())[0] == "hopper"
 
+    class Packed:  # varlen: the longest sequence decides, not the packed total
+        max_seqlen_k = keys - 1
+
+    path, why = backward_path(long, long, long, mask=Mask(), varlen=Packed())
+    assert path == "portable" and f"{keys - 1} keys a row" in why
+    Packed.max_seqlen_k = keys
+    assert backward_path(short, short, short, mask=Mask(), varlen=Packed())[0] == "hopper"
+
 
 @pytest.mark.emulation_only("the CPU's answer: the portable backward, and why")
 def test_emulation_runs_the_portable_backward():
@@ -90,21 +96,27 @@ def _grads(q, k, v, dout, backend, **kw):
     return torch.autograd.grad(out, leaves, dout)
 
 
-def _within_portable(q, k, v, dout, ref_kw=None, **kw):
-    """The Hopper backward's dQ, dK, dV (its kernel seen) each within twice the portable
-    backward's error on the same inputs plus a floor, against float64 autograd; returns
-    the Hopper gradients."""
+def _within_portable(grads, ref):
+    """The Hopper backward's dQ, dK, dV (`grads("hopper")`, its kernel seen) each within
+    twice the portable backward's error (`grads("portable")`) on the same inputs plus a
+    floor, against float64 `ref`; returns the Hopper gradients."""
     with Launches() as seen:
-        got = _grads(q, k, v, dout, "hopper", **kw)
+        got = grads("hopper")
         torch.cuda.synchronize()
     assert KERNEL in seen.names, seen.names
-    portable = _grads(q, k, v, dout, "portable", **kw)
-    ref = attention_ref_grads(q, k, v, dout, device=DEVICE, **(ref_kw or {}))
+    portable = grads("portable")
     for name, g, p, r in zip(("dq", "dk", "dv"), got, portable, ref, strict=True):
         assert g.shape == r.shape and torch.isfinite(g).all(), name
         err, err_p = ((x.double() - r).abs().max().item() for x in (g, p))
         assert err <= 2 * err_p + 1e-3, (name, err, err_p)
     return got
+
+
+def _dense(q, k, v, dout, ref_kw=None, **kw):
+    """`_within_portable` for `attention(q, k, v, **kw)` against float64 autograd."""
+    return _within_portable(lambda backend: _grads(q, k, v, dout, backend, **kw),
+                            attention_ref_grads(q, k, v, dout, device=DEVICE,
+                                                **(ref_kw or {})))
 
 
 CASES = [
@@ -139,9 +151,32 @@ def test_hopper_gradients_against_the_reference(case, dtype):
     q, k, v = (rand(b, hh, s, d, dtype=dtype, seed=i) for i, (hh, s) in
                enumerate(((h, sq), (hk, sk), (hk, sk))))
     dout = rand(b, h, sq, d, dtype=dtype, seed=3)
-    got = _within_portable(q, k, v, dout, _ref_kw(options), **options)
+    got = _dense(q, k, v, dout, _ref_kw(options), **options)
     if options.get("is_causal") and sk > sq:  # keys past the last query's: no gradient
         assert not got[1][:, :, sq:].any() and not got[2][:, :, sq:].any()
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("options", [dict(is_causal=False), dict(is_causal=True),
+                                     dict(is_causal=True, window=(200, 0))])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_hopper_varlen_gradients_with_empty_and_one_token_sequences(dim, options):
+    # empty query and key sequences, one token, Sq < Sk and Sq > Sk (bottom-right), GQA
+    # 4/2: the rows past a sequence's end are the next sequence's, never written
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(dim)
+    dout = rand(*q.shape, dtype=q.dtype, seed=3)
+
+    def grads(backend):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        with use_backend(backend):
+            out = attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, **options)
+        return torch.autograd.grad(out, leaves, dout)
+
+    ref = varlen_ref_grads(q, k, v, dout, cu_q, cu_k, causal=options["is_causal"],
+                           window=options.get("window"), device=DEVICE)
+    got = _within_portable(grads, ref)
+    assert all(torch.equal(a, b) for a, b in zip(got, grads("hopper"), strict=True))
 
 
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
@@ -188,7 +223,7 @@ def test_hopper_backward_gives_the_same_bits_every_run(causal):
 def test_the_racing_variant_is_right_too():
     q, k, v = (rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=i) for i in range(3))
     dout = rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=3)
-    _within_portable(q, k, v, dout, dict(causal=True), is_causal=True, deterministic=False)
+    _dense(q, k, v, dout, dict(causal=True), is_causal=True, deterministic=False)
 
 
 def test_deterministic_takes_a_bool_and_reaches_the_backward(monkeypatch):

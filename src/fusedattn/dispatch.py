@@ -168,8 +168,6 @@ def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str 
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in TILES:
         return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper backward "
                 f"takes {', '.join(f'{d}/{d}' for d in TILES)})")
-    if varlen is not None:
-        return "packed sequences (varlen: the portable backward)"
     if configs is not None:
         return "explicit portable configs"
     return _device_refusal(q, k, v)
@@ -182,13 +180,15 @@ def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, st
     choice the forward ran under (autograd may run the backward on a thread of its own,
     where the context is not set); default the current."""
     def short():
-        if k.shape[2] < HOPPER_BWD_MIN_KEYS:
-            return (f"{k.shape[2]} keys a row, under HOPPER_BWD_MIN_KEYS = "
-                    f"{HOPPER_BWD_MIN_KEYS} (the portable backward is as fast there)")
+        varlen = kw.get("varlen")
+        keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
+        if keys < HOPPER_BWD_MIN_KEYS:
+            return (f"{keys} keys a row, under HOPPER_BWD_MIN_KEYS = {HOPPER_BWD_MIN_KEYS} "
+                    f"(the portable backward is as fast there)")
         return None
 
     # forced, a forward the Hopper forward serves may still need the portable backward
-    # (D96, D192, varlen): that backward is the portable one, and says why
+    # (D96, D192, D256): that backward is the portable one, and says why
     return _choose(lambda: hopper_backward_refusal(q, k, v, **kw), short, strict=False,
                    what="backward", backend=backend)
 

@@ -22,32 +22,41 @@ LOADER_REGS, WRITER_REGS = 24, 24
 WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
+DQ_VEC = False  # the writer's adds as 16-byte vector reds (`backward_kernel._red_add_v4`)
+EARLY_POLL = False  # the next step's counter read before this step's release
 
 
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return WRITER_WARPS, DQ_BUFS, DQ_ADDS
+    return WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_VEC, EARLY_POLL
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
     """How many int32 counters (zeros) the deterministic adds take: one per (batch, head,
-    query tile)."""
+    query tile); varlen: batch the sequences, seq_q the longest."""
     return batch * heads * triton.cdiv(seq_q, TILES[dim][0])
 
 
 def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, scale, mask,
-                           deterministic: bool = True):
+                           deterministic: bool = True, varlen=None):
     """The Gluon kernel's launch as (kernel, grid, args, keyword args), for
-    `flash_backward` to run (and record): `dq_acc` the fp32 zeros `[B, H, Sq, D]`
-    (contiguous) it adds dQ into, scaled; `sem` `counters(...)` int32 zeros. dO, like q, k
-    and v, must be TMA-ready (`dispatch._tma_ready`). `deterministic`: the dQ adds in
-    key-tile order (`backward_kernel`: the same bits every run); False races them (fp32
-    atomics in any order: faster, bits may differ by run)."""
+    `flash_backward` to run (and record): `dq_acc` the fp32 zeros shaped as q (contiguous)
+    it adds dQ into, scaled; `sem` `counters(...)` int32 zeros. dO, like q, k and v, must
+    be TMA-ready (`dispatch._tma_ready`). `deterministic`: the dQ adds in key-tile order
+    (`backward_kernel`: the same bits every run); False races them (fp32 atomics in any
+    order: faster, bits may differ by run). `varlen` (`tiles.common.Varlen`): the packed
+    `[1, H, total, D]` views of its sequences."""
     from fusedattn.hopper.backward_kernel import _flash_bwd_sm90
 
-    batch, heads, seq_q, dim = q.shape
-    heads_kv, seq_k = k.shape[1], k.shape[2]
+    rows_b, heads, rows_q, dim = q.shape
+    heads_kv = k.shape[1]
+    if varlen is not None:
+        batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+        cu_q, cu_k = varlen.cu_q, varlen.cu_k
+    else:
+        batch, seq_q, seq_k = rows_b, rows_q, k.shape[2]
+        cu_q = cu_k = sem  # unused pointers
     block_m, block_n, stages = TILES[dim]
     qk_scale, cap, left, right = mask.kernel_args(scale)
     descs = [_descriptor(t, rows, dim) for t, rows in
@@ -56,12 +65,15 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
     grid = (tiles_n * batch * heads_kv,)
-    args = (*descs, lse, delta, dq_acc, sem, lse.stride(0), lse.stride(1), tiles_n, tiles_m,
-            heads_kv, heads // heads_kv, seq_q, seq_k, scale, qk_scale, cap, left, right)
+    args = (*descs, dk, dv, lse, delta, dq_acc, sem, cu_q, cu_k, dk.stride(1), dk.stride(2),
+            dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n, tiles_m,
+            heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap, left,
+            right)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, GQA=heads != heads_kv,
+                  DQ_ADDS=DQ_ADDS, GQA=heads != heads_kv, DQ_VEC=DQ_VEC,
+                  EARLY_POLL=EARLY_POLL, VARLEN=varlen is not None,
                   num_warps=8)
     return _flash_bwd_sm90, grid, args, kwargs

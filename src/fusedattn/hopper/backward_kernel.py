@@ -53,16 +53,28 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left, right, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-              BOTTOM_RIGHT: gl.constexpr):
-    """This program's (key tile n, batch, kv head, first key, diagonal offset, query rows
-    m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M)."""
+def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+    """This program's (key tile n, sequence b, its batch row, kv head, first key k0 in the
+    sequence, the sequence's first query and key rows, Sq, Sk, diagonal offset, query rows
+    m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M). VARLEN: sequence b is
+    rows cu[b]..cu[b+1] of batch row 0, and a key tile past its sequence's end sees no
+    query (m_hi = m_lo: no steps, nothing loaded or stored)."""
     pid = gl.program_id(0)
     n = pid % n_tiles_n
     bh = pid // n_tiles_n
     b = bh // n_heads_kv
     h_kv = bh % n_heads_kv
+    b_row = b
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        q_start = gl.load(p_cu_q + b)
+        seq_q = gl.load(p_cu_q + b + 1) - q_start
+        k_start = gl.load(p_cu_k + b)
+        seq_k = gl.load(p_cu_k + b + 1) - k_start
+        b_row = b * 0
     k0 = n * BLOCK_N
     diag = 0
     if BOTTOM_RIGHT:
@@ -74,8 +86,10 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left, right, BLOCK_M: gl.cons
         m_lo = gl.maximum(k0 - diag - right, 0) // BLOCK_M * BLOCK_M
     if HAS_LEFT:
         m_hi = gl.minimum(k0 + BLOCK_N + left - diag, seq_q)
+    if VARLEN:  # (0 past the sequence's keys: then m_hi = m_lo below)
+        m_hi = m_hi * (k0 < seq_k).to(gl.int32)
     m_hi = gl.maximum(m_hi, m_lo)
-    return n, b, h_kv, k0, diag, m_lo, m_hi
+    return n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k
 
 
 @gluon.jit
@@ -96,71 +110,137 @@ def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m, n_heads_kv,
-               group, seq_q, seq_k, left, right, BLOCK_M: gl.constexpr,
+def _red_add_v4(ptrs, vals, keep):
+    """`*ptr += val` for 4 consecutive fp32 of a thread in one 16-byte
+    `red.global.add.v4.f32` (sm90), where `keep` (int32, 1 or 0) is set: a quarter of the
+    scalar atomics' instructions. `ptrs`' first of each 4 is the 16-byte-aligned address;
+    the result is a dummy (inline asm must return one)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        setp.ne.b32 p, $12, 0;
+        @p red.relaxed.gpu.global.add.v4.f32 [$4], {$8, $9, $10, $11};
+        mov.b32 $0, 0;
+        mov.b32 $1, 0;
+        mov.b32 $2, 0;
+        mov.b32 $3, 0;
+        }""",
+        constraints="=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r",
+        args=[ptrs.to(gl.int64), vals, keep], dtype=gl.int32, is_pure=False, pack=4)
+
+
+@gluon.jit
+def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, diag, left,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+              GQA: gl.constexpr):
+    """Step t's counter (batch, head, query tile) and how many key tiles add before this
+    one: n - first, `first` the lowest key tile that reaches the query tile."""
+    j, hh = _step(t, group, GQA)
+    m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+    bh = b.to(gl.int64) * n_heads + h_kv * group + hh
+    first = 0
+    if HAS_LEFT:
+        first = gl.maximum(m0 + diag - left, 0) // BLOCK_N
+    return p_sem + bh * n_tiles_m + m0 // BLOCK_M, n - first
+
+
+@gluon.jit
+def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n, n_tiles_m,
+               n_heads_kv, group, seq_q, seq_k, rows_q, left, right, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, D: gl.constexpr, HAS_LEFT: gl.constexpr,
                HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                DETERMINISTIC: gl.constexpr, DQ_BUFS: gl.constexpr, WARPS: gl.constexpr,
-               DQ_ADDS: gl.constexpr, GQA: gl.constexpr):
+               DQ_ADDS: gl.constexpr, GQA: gl.constexpr, DQ_VEC: gl.constexpr,
+               EARLY_POLL: gl.constexpr, VARLEN: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
-    tiles before this one (the module docstring), then counted."""
+    tiles before this one (the module docstring), then counted. DQ_VEC: 16-byte vector
+    adds (`_red_add_v4`) in place of scalar atomics. EARLY_POLL: the next step's counter
+    read before this step's release, so that its round trip overlaps the release's wait
+    for the adds (else one after the other)."""
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
     COLS: gl.constexpr = 32
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
-    n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
-                                                 right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                                 BOTTOM_RIGHT)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
+    n_total = n_steps * group if GQA else n_steps
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
-    for t in range(n_steps * group if GQA else n_steps):
+    counter = p_sem
+    need = 0
+    seen = 0
+    if DETERMINISTIC:
+        counter, need = _dq_order(p_sem, 0, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
+                                  n_steps, diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
+        if EARLY_POLL:
+            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    for t in range(n_total):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
-        bh = b.to(gl.int64) * n_heads + h_kv * group + hh
+        # the accumulator's rows (rows_q a head: Sq, or the packed total)
+        row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
         mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
         if DETERMINISTIC:
-            first = 0
-            if HAS_LEFT:
-                first = gl.maximum(m0 + diag - left, 0) // BLOCK_N
-            counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
-            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-            while seen != n - first:
+            if not EARLY_POLL:
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-        base = p_dq + (bh * seq_q + m0) * D
+            while seen != need:
+                seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+        base = p_dq + (row_bh * rows_q + q_start + m0) * D
         tile = dq_smem.index(buf)
         if DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
             for r in gl.static_range(0, BLOCK_M, ROWS):
                 keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
                 for c in gl.static_range(0, D, COLS):
                     vals = tile.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
-                    gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
-                                  sem="relaxed", scope="gpu")
+                    if DQ_VEC:
+                        keep_all = (keep & (offs >= 0)).to(gl.int32)
+                        _red_add_v4(base + r * D + c + offs, vals, keep_all)
+                    else:
+                        gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
+                                      sem="relaxed", scope="gpu")
+        next_counter = counter
+        next_need = need
+        if DETERMINISTIC and EARLY_POLL:
+            if t + 1 < n_total:
+                next_counter, next_need = _dq_order(
+                    p_sem, t + 1, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps,
+                    diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
+                seen = gl.atomic_add(next_counter, 0, sem="acquire", scope="gpu")
         gl.thread_barrier()  # the partition's adds and reads of the buffer are done
         if DETERMINISTIC:
             gl.atomic_add(counter, 1, sem="release", scope="gpu")
+            if EARLY_POLL:
+                counter = next_counter
+                need = next_need
+            elif t + 1 < n_total:
+                counter, need = _dq_order(
+                    p_sem, t + 1, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps,
+                    diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
         mbarrier.arrive(dq_free.index(buf), count=1)
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
-            free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
+            free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            GQA: gl.constexpr):
+            GQA: gl.constexpr, VARLEN: gl.constexpr):
     """The producer: K and V once, then Q and dO of each step t into slot t % STAGES, once
     the compute partition released the slot's last use."""
-    n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
-                                                 right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                                 BOTTOM_RIGHT)
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _load_rows(k_desc, k_desc, b, h_kv, k0, kv_bar, k_smem, k_smem, D, 0)
-    _load_rows(v_desc, v_desc, b, h_kv, k0, kv_bar, v_smem, v_smem, D, 0)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+    if k0 < seq_k:  # (varlen: a tile past its sequence's keys loads nothing)
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _load_rows(k_desc, k_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k_smem, D, 0)
+        _load_rows(v_desc, v_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v_smem, D, 0)
     step_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
@@ -171,20 +251,21 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
         # a fresh barrier counts as having completed the phase before its first
         mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), step_bytes)
-        _load_rows(q_desc, q_desc, b, h, m0, ready.index(slot), q_smem.index(slot),
-                   q_smem.index(slot), D, 0)
-        _load_rows(do_desc, do_desc, b, h, m0, ready.index(slot), do_smem.index(slot),
-                   do_smem.index(slot), D, 0)
+        _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot),
+                   q_smem.index(slot), q_smem.index(slot), D, 0)
+        _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
+                   do_smem.index(slot), do_smem.index(slot), D, 0)
 
 
 @gluon.jit
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
-             dq_ready, dq_free, dk_desc, dv_desc, p_lse, p_delta, sl_b, sl_h, n_tiles_n,
-             n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
+             dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, p_lse,
+             p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
+             scale, qk_scale, cap, left, right,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-             GQA: gl.constexpr):
+             GQA: gl.constexpr, VARLEN: gl.constexpr):
     """The 8 warps' steps (the module docstring), then dK and dV's stores."""
     # S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -199,19 +280,21 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = q_smem.dtype
 
-    n, b, h_kv, k0, diag, m_lo, m_hi = _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, left,
-                                                 right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                                 BOTTOM_RIGHT)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     k_t = k_smem.permute((1, 0))
-    mbarrier.wait(kv_bar, 0)
+    live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
+    if live:
+        mbarrier.wait(kv_bar, 0)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
         h = h_kv * group + hh
-        lse_base = b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
+        lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
         slot = t % STAGES
         rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
         # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
@@ -276,42 +359,70 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
         mbarrier.arrive(free.index(slot), count=1)
 
     # dK and dV out through K's and V's tiles (every warp is done reading them)
-    gl.thread_barrier()
-    k_smem.store((dk * scale).to(dtype))
-    v_smem.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(
-        dk_desc, [b, h_kv, k0, 0],
-        k_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dk_desc.layout))
-    tma.async_copy_shared_to_global(
-        dv_desc, [b, h_kv, k0, 0],
-        v_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dv_desc.layout))
-    tma.store_wait(0)
+    if live:
+        gl.thread_barrier()
+        k_smem.store((dk * scale).to(dtype))
+        v_smem.store(dv.to(dtype))
+        if VARLEN:  # masked: the rows past the sequence's keys are the next sequence's
+            _store_rows(k_smem, p_dk + h_kv.to(gl.int64) * sdk_h, sdk_s, k_start + k0,
+                        seq_k - k0, BLOCK_N, D)
+            _store_rows(v_smem, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0,
+                        seq_k - k0, BLOCK_N, D)
+        else:
+            fence_async_shared()
+            tma.async_copy_shared_to_global(
+                dk_desc, [b, h_kv, k0, 0],
+                k_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dk_desc.layout))
+            tma.async_copy_shared_to_global(
+                dv_desc, [b, h_kv, k0, 0],
+                v_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dv_desc.layout))
+            tma.store_wait(0)
+
+
+@gluon.jit
+def _store_rows(tile, p_head, s_row, first, n_rows, ROWS: gl.constexpr, D: gl.constexpr):
+    """The compute warps' shared `tile` ([ROWS, D]) into rows first.. of a head (`p_head`,
+    rows `s_row` apart, columns contiguous), its rows from n_rows on left out: 16 bytes a
+    thread."""
+    TPC: gl.constexpr = D // 8  # threads across a row
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [8, 1], [1, 0])
+    gl.thread_barrier()  # every warp's store into the tile is done
+    vals = tile.load(layout)
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    offs = gl.expand_dims((first + rows).to(gl.int64) * s_row, 1) + gl.expand_dims(cols, 0)
+    gl.store(p_head + offs, vals, mask=gl.expand_dims(rows < n_rows, 1))
 
 
 # sizes that change with the call, unspecialised (the forward's `UNSPECIALISED`: a new
 # length, batch or head count compiles nothing)
-UNSPECIALISED = ("sl_b", "sl_h", "n_tiles_n", "n_tiles_m", "n_heads_kv", "group", "seq_q",
-                 "seq_k", "left", "right")
+UNSPECIALISED = ("sl_b", "sl_h", "sdk_h", "sdk_s", "sdv_h", "sdv_s", "n_tiles_n", "n_tiles_m",
+                 "n_heads_kv", "group", "seq_q", "seq_k", "rows_q", "left", "right")
 
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
-def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_delta, p_dq,
-                    p_sem, sl_b, sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k,
+def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_dv, p_lse,
+                    p_delta, p_dq, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
+                    sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q,
                     scale, qk_scale, cap, left, right, D: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
-                    DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr):
+                    DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
+                    DQ_VEC: gl.constexpr, EARLY_POLL: gl.constexpr,
+                    VARLEN: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
     `[B, H, Sq, D]` (contiguous, zeros, scaled in here); `p_sem` int32 zeros
     `[B, H, n_tiles_m]` (DETERMINISTIC). The mask as the forward's (`left`/`right` >= 0
     bound the keys; qk_scale and cap from `common.Mask.kernel_args`); `scale` is the
-    softmax scale dK and dQ take."""
+    softmax scale dK and dQ take. VARLEN: sequence b is rows cu[b]..cu[b+1] (`p_cu_q`,
+    `p_cu_k`) of the packed `[1, H, total, D]` tensors, seq_q and seq_k the longest; dK and
+    dV go out by masked stores (`p_dk`, `p_dv`, head and row strides `sdk_*`, `sdv_*`) and
+    dQ's accumulator has `rows_q` rows a head (Sq, or the packed total)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
@@ -345,15 +456,17 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_lse, p_
     fence_async_shared()
     gl.warp_specialize([
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
-                    free, dq_ready, dq_free, dk_desc, dv_desc, p_lse, p_delta, sl_b, sl_h,
-                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
-                    right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                    SOFTCAP, DQ_BUFS, GQA)),
+                    free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
+                    sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
+                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N,
+                    D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
+                    VARLEN)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
-                   ready, free, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
-                   BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, GQA)),
-        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, n_tiles_n, n_tiles_m,
-                      n_heads_kv, group, seq_q, seq_k, left, right, BLOCK_M, BLOCK_N, D,
-                      HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS,
-                      WRITER_WARPS, DQ_ADDS, GQA)),
+                   ready, free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
+                   left, right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
+                   BOTTOM_RIGHT, GQA, VARLEN)),
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
+                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right,
+                      BLOCK_M, BLOCK_N, D, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC,
+                      DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, DQ_VEC, EARLY_POLL, VARLEN)),
     ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])

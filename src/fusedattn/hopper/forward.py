@@ -86,6 +86,9 @@ SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # either way: evidence/nvidia-h200/20261202T0446Z-hopper-ab, 0453Z, 0508Z): the warps'
 # lining up at each release pays (A/B)
 THREAD_ARRIVES = False
+# the row sums kept per lane through the key loop, their shuffles once at the end
+# (`forward_kernel._lane_sums`, as FA4's softmax defers its row sum's all-reduce) (A/B)
+LANE_SUM = False
 
 
 def switches() -> tuple:
@@ -95,7 +98,7 @@ def switches() -> tuple:
     THREAD_ARRIVES and WARPGROUPS in `scripts/hopper_check.py` replayed the default's
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
-            WARPGROUPS_MIN_ROWS)
+            WARPGROUPS_MIN_ROWS, LANE_SUM)
 
 
 @functools.cache
@@ -179,5 +182,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
-        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, num_warps=4)
+        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM, num_warps=4)
     return out

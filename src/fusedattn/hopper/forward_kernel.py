@@ -213,11 +213,13 @@ def _softcap(x):
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap, left,
                   right, BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
-                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr):
+                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, LANE_SUM: gl.constexpr):
     """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
     where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
     exponent (m is kept scaled). SOFTCAP: the scores are cap * tanh(s * qk_scale) first
-    (`common.Mask.kernel_args`: qk_scale = scale / c, cap = c * log2(e))."""
+    (`common.Mask.kernel_args`: qk_scale = scale / c, cap = c * log2(e)). LANE_SUM: l is
+    `_lane_sums`' [BLOCK_M, 4], each of a row's four lanes summing its own columns (no
+    shuffles a tile; `_row_sums` adds them once, after the loop)."""
     if SOFTCAP:
         s = _softcap(s * qk_scale) * cap
         scale = 1.0
@@ -244,8 +246,30 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
     p = gl.exp2(s * scale - gl.expand_dims(m_use, 1))
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    if LANE_SUM:
+        lane_alpha = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
+                                       assert_trivial=True)
+        l_i = l_i * gl.expand_dims(lane_alpha, 1) + _lane_sums(p, BLOCK_N)
+    else:
+        l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _lane_sums(p, BLOCK_N: gl.constexpr):
+    """A wgmma accumulator's [BLOCK_M, BLOCK_N] summed along its rows within each thread:
+    [BLOCK_M, 4], the four lanes that share a row keeping their own sums. The accumulator
+    gives a lane columns 8j + 2(lane % 4) + {0, 1}, so the reshape's axes 1 and 3 are the
+    thread's own registers and axis 2 the lanes."""
+    return gl.sum(gl.sum(gl.reshape(p, [p.shape[0], BLOCK_N // 8, 4, 2]), axis=3), axis=1)
+
+
+@gluon.jit
+def _row_sums(l_i, row_layout: gl.constexpr, LANE_SUM: gl.constexpr):
+    """l as `[BLOCK_M]` in `row_layout`: LANE_SUM's four lanes' sums added (2 shuffles)."""
+    if LANE_SUM:
+        l_i = gl.convert_layout(gl.sum(l_i, axis=1), row_layout, assert_trivial=True)
+    return l_i
 
 
 @gluon.jit
@@ -314,7 +338,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
               VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
-              P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr):
+              P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
+              LANE_SUM: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -385,7 +410,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             first_pos = first + diag
             last_pos = gl.minimum(first + BLOCK_M - 1, sq - 1) + diag
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-            l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
+            if LANE_SUM:
+                l_i = _lane_sums(zero_s, BLOCK_N)
+            else:
+                l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
             acc = gl.zeros([BLOCK_M, DV_A], gl.float32, layout=o_layout)
             if DV_B > 0:
                 acc2 = gl.zeros([BLOCK_M, DV_B], gl.float32, layout=o2_layout)
@@ -406,7 +434,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     _release(k_free.index(slot), THREAD_ARRIVES)
                 p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
-                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM)
                 p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
@@ -439,7 +467,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
-                        SOFTCAP)
+                        SOFTCAP, LANE_SUM)
                     if DV_B > 0:
                         both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
                                                            v_smem.index(prev),
@@ -478,6 +506,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             turns += gl.maximum(n_tiles - 1, 0)
             items += 1
 
+            l_i = _row_sums(l_i, row_s, LANE_SUM)
             # rows that saw no key: l = 0, O = 0, LSE = -inf
             o_base = (b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h
                       + q_start.to(gl.int64) * so_s)
@@ -539,7 +568,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
-                    CONSUMERS: gl.constexpr):
+                    CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x
     batch x heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
     right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
@@ -633,13 +662,16 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
+                         LANE_SUM)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
+                         LANE_SUM)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
+                         LANE_SUM)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
@@ -648,10 +680,12 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
+                         LANE_SUM)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
-                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS)),
+                         PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
+                         LANE_SUM)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),

@@ -77,7 +77,8 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
 
         return [*launches, hopper_backward_launch(dout, q, k, v, lse, delta, *hopper, dk, dv,
                                                   scale=scale, mask=mask,
-                                                  deterministic=deterministic)]
+                                                  deterministic=deterministic,
+                                                  varlen=varlen)]
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
         dim=max(dim, dim_v), itemsize=q.element_size(), precision=dot_precision,
         causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
@@ -216,6 +217,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         if not dispatch._tma_ready(dout):
             dout = dout.contiguous()
         batch, heads, seq_q, dim = q.shape
+        if varlen is not None:
+            batch, seq_q = varlen.batch, varlen.max_seqlen_q
         hopper = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
                   torch.zeros(hopper_knobs.counters(batch, heads, seq_q, dim),
                               dtype=torch.int32, device=q.device))
