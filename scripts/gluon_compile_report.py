@@ -32,7 +32,7 @@ COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
-                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=False)
+                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
@@ -68,15 +68,12 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    DQ_VEC=False, EARLY_POLL=False, VARLEN=False)
+                    VARLEN=False)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
     dict(name="bwd D128 causal GQA", D=128, HAS_RIGHT=True, GQA=True),
     dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
-    dict(name="bwd D128 vector adds", D=128, DQ_VEC=True),
-    dict(name="bwd D128 early poll", D=128, EARLY_POLL=True),
-    dict(name="bwd D128 vector adds, early poll", D=128, DQ_VEC=True, EARLY_POLL=True),
     dict(name="bwd D128 softcap", D=128, SOFTCAP=True),
     dict(name="bwd D128 writer 64 regs", D=128, WRITER_REGS=64),
     dict(name="bwd D64 causal", D=64, HAS_RIGHT=True),

@@ -21,7 +21,7 @@ import time
 import torch
 import triton
 
-from fusedattn import attention
+from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import use_backend
 from fusedattn.hopper import backward as knobs
 from fusedattn_lab.evidence import REPO, environment, sha256_file, write_json
@@ -32,7 +32,10 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (1, 32, 8, 8192, 128, True), (4, 32, 32, 4096, 64, False),
         # short rows, 16k tokens a call: where the Hopper backward starts to pay
         (16, 16, 16, 1024, 128, True), (32, 16, 16, 512, 64, False),
-        (64, 16, 16, 256, 128, False)]
+        (64, 16, 16, 256, 128, False),
+        # issue 33's varlen row: 24 documents (`serving._lengths`, the varlen suite's
+        # batch), H16 D128, causal; B is the count and S the longest
+        ("varlen", 16, 16, 0, 128, True)]
 
 
 def sources() -> dict:
@@ -45,11 +48,18 @@ def sources() -> dict:
 
 def _ours(backend, deterministic=True, **switches):
     """Our backward on `backend`, with `hopper.backward`'s A/B switches set for the call."""
-    def make(q, k, v, dout, causal):
+    def make(q, k, v, dout, causal, packed=None):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         with use_backend(backend):
-            out = attention(*leaves, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1],
-                            deterministic=deterministic)
+            if packed is not None:  # [total, H, D] and (cu_seqlens, longest)
+                if not deterministic:
+                    return None  # (attention_varlen has no racing option)
+                cu, longest = packed
+                out = attention_varlen(*leaves, cu, cu, longest, longest, is_causal=causal)
+            else:
+                out = attention(*leaves, is_causal=causal,
+                                enable_gqa=q.shape[1] != k.shape[1],
+                                deterministic=deterministic)
 
         def call():
             before = {name: getattr(knobs, name) for name in switches}
@@ -64,10 +74,12 @@ def _ours(backend, deterministic=True, **switches):
     return make
 
 
-def _cudnn(q, k, v, dout, causal):
+def _cudnn(q, k, v, dout, causal, packed=None):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if packed is not None:
+        return None
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     if q.shape[1] != k.shape[1]:  # cuDNN's SDPA takes GQA as repeated heads here
         return None
@@ -76,9 +88,16 @@ def _cudnn(q, k, v, dout, causal):
     return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
 
 
-def _fa4(q, k, v, dout, causal):
-    from flash_attn.cute import flash_attn_func
+def _fa4(q, k, v, dout, causal, packed=None):
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
+    if packed is not None:  # FA4's packed layout is ours: [total, H, D]
+        cu, longest = packed
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attn_varlen_func(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                     max_seqlen_q=longest, max_seqlen_k=longest, causal=causal)
+        out = out[0] if isinstance(out, tuple) else out
+        return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
     leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
     out = flash_attn_func(*leaves, causal=causal)
     out = out[0] if isinstance(out, tuple) else out
@@ -96,11 +115,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-w1": _ours("hopper", WRITER_WARPS=1),
              "hopper-buf1": _ours("hopper", DQ_BUFS=1),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
-             # the writer's adds as 16-byte vector reds; the next counter read early
-             "hopper-vec": _ours("hopper", DQ_VEC=True),
-             "hopper-early": _ours("hopper", EARLY_POLL=True),
-             "hopper-vec-early": _ours("hopper", DQ_VEC=True, EARLY_POLL=True),
-             "hopper-race-vec": _ours("hopper", deterministic=False, DQ_VEC=True),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 
@@ -109,18 +123,32 @@ def bench(rows, only=()):
     results = []
     for b, h, hk, s, d, causal in rows:
         g = torch.Generator(device="cuda").manual_seed(1)
-        q = torch.randn(b, h, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
-        k, v = (torch.randn(b, hk, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
+        packed = None
+        if b == "varlen":
+            from fusedattn_lab.serving import _lengths
+
+            lengths = _lengths(24, 32768, 0)
+            b, s = len(lengths), max(lengths)
+            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                              dtype=torch.int32, device="cuda")
+            packed = (cu, s)
+            shapes = ((sum(lengths), h, d), (sum(lengths), hk, d))
+            pairs = sum(n * n for n in lengths)
+        else:
+            shapes = ((b, h, s, d), (b, hk, s, d))
+            pairs = b * s * s
+        q = torch.randn(*shapes[0], device="cuda", generator=g, dtype=torch.bfloat16)
+        k, v = (torch.randn(*shapes[1], device="cuda", generator=g, dtype=torch.bfloat16)
                 for _ in range(2))
-        dout = torch.randn(b, h, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
-        flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+        dout = torch.randn(*shapes[0], device="cuda", generator=g, dtype=torch.bfloat16)
+        flops = 2.5 * 4 * h * pairs * d / (2 if causal else 1)
         ref = None
         line = {}
         for name, make in PROVIDERS.items():
             if only and name not in only:
                 continue
             try:
-                call = make(q, k, v, dout, causal)
+                call = make(q, k, v, dout, causal, packed)
                 if call is None:
                     continue
                 torch.cuda.reset_peak_memory_stats()
@@ -146,10 +174,11 @@ def bench(rows, only=()):
                               tflops=flops / ms.median_ms / 1e9, err=max(err, err2),
                               peak_mib=extra)
             del call, grads
-        results.append(dict(row=[b, h, hk, s, d, causal], **line))
+        results.append(dict(row=[b, h, hk, s, d, causal], varlen=packed is not None, **line))
         cells = " ".join(f"{n}={v['tflops']:.0f}" if isinstance(v, dict) else f"{n}=-"
                          for n, v in line.items())
-        print(f"B{b} H{h}/{hk} S{s} D{d} causal={causal}: {cells}", flush=True)
+        print(f"{'varlen ' if packed else ''}B{b} H{h}/{hk} S{s} D{d} causal={causal}: "
+              f"{cells}", flush=True)
         for n, v in line.items():
             if not isinstance(v, dict):
                 print(f"  {n}: {v}")

@@ -5,9 +5,9 @@ GPU tier's, `tests/test_hopper.py`; the bench rows of record are `fusedattn benc
   Hopper path, the same without ping-pong (`forward.PINGPONG`), with K and V on one
   barrier a slot (`forward.SHARED_KV`), with each thread's own arrivals
   (`forward.THREAD_ARRIVES` on), with two consumer warpgroups at D64
-  (`forward.WARPGROUPS`) and with the row sums kept per lane (`forward.LANE_SUM`), the
-  portable kernel, SDPA cuDNN and flash, FA4 where it imports
-  (`--only` keeps some);
+  (`forward.WARPGROUPS`) and with the row sums reduced across lanes each tile
+  (`forward.LANE_SUM` off), the portable kernel, SDPA cuDNN and flash, FA4 where it
+  imports (`--only` keeps some);
 - `--sweep`: the Hopper path against the portable kernel over short sequences (16k tokens a
   call), the measurement behind `dispatch.HOPPER_MIN_KEYS`.
 
@@ -62,7 +62,7 @@ def providers(q, k, v, causal):
     calls["hopper-sharedkv"] = knob("SHARED_KV", True)     # K and V on one mbarrier a slot
     calls["hopper-threadarrive"] = knob("THREAD_ARRIVES", True)  # each thread's arrivals
     calls["hopper-2wg"] = knob("WARPGROUPS", {})  # two consumers at D64 too
-    calls["hopper-lanesum"] = knob("LANE_SUM", True)  # row sums per lane until the end
+    calls["hopper-rowsum"] = knob("LANE_SUM", False)  # row sums shuffled every tile
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):

@@ -82,6 +82,32 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch):
     assert backward_path(short, short, short, mask=Mask(), varlen=Packed())[0] == "hopper"
 
 
+@pytest.mark.parametrize("entry", ["attention", "attention_varlen"])
+def test_the_forwards_backend_reaches_a_backward_run_outside_its_block(entry, monkeypatch):
+    # autograd runs the backward after the `with use_backend` block (and maybe on a thread
+    # of its own): the forward's choice must travel with the graph, for either entry point
+    from fusedattn.tiles import flash_bwd
+
+    seen, real = [], flash_bwd.flash_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("backend"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flash_bwd, "flash_backward", spy)
+    q, k, v = (rand(1, 2, 24, 64, dtype=torch.float32, seed=i).requires_grad_()
+               for i in range(3))
+    with use_backend("portable"):
+        if entry == "attention":
+            out = attention(q, k, v, is_causal=True)
+        else:
+            cu = torch.tensor([0, 10, 24], dtype=torch.int32, device=q.device)
+            packed = [t[0].transpose(0, 1) for t in (q, k, v)]  # [total, H, D]
+            out = attention_varlen(*packed, cu, cu, 14, 14, is_causal=True)
+    out.sum().backward()
+    assert seen == ["portable"]
+
+
 @pytest.mark.emulation_only("the CPU's answer: the portable backward, and why")
 def test_emulation_runs_the_portable_backward():
     q = rand(1, 2, 16, 128, dtype=torch.bfloat16)

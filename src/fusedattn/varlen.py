@@ -149,15 +149,18 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                    out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                    cu_q: torch.Tensor, cu_k: torch.Tensor, sinks: torch.Tensor | None,
                    max_q: int, max_k: int, is_causal: bool, scale: float, precision: str,
-                   window_left: int, window_right: int, softcap: float
+                   window_left: int, window_right: int, softcap: float,
+                   backend: str = "auto"
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward op's body; `backend` is the `use_backend` choice the forward ran under
+    (as `api._flash_bwd`'s)."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
     dq, dk, dv, *dsinks = flash_backward(
         _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out), lse[None],
         dlse[None] if dlse is not None else None, is_causal=is_causal, scale=scale,
         precision=precision, mask=_mask(is_causal, window_left, window_right, softcap, True),
-        varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks)
+        varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, backend=backend)
     return sink_grads((*(g[0].permute(1, 0, 2) for g in (dq, dk, dv)), *dsinks), lse)
 
 
@@ -166,7 +169,7 @@ _varlen_bwd_op = torch.library.custom_op("fusedattn::varlen_bwd", _varlen_bwd, m
 
 @_varlen_bwd_op.register_fake
 def _(dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale,
-      precision, window_left, window_right, softcap):
+      precision, window_left, window_right, softcap, backend="auto"):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             lse.new_empty(0 if sinks is None else sinks.shape[0]))
 
@@ -182,6 +185,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, sinks)
     ctx.set_materialize_grads(False)  # an unused LSE: dLSE None, not zeros (as in api)
     ctx.options = options[:len(BACKWARD_OPTIONS)]
+    from fusedattn.dispatch import current_backend
+
+    ctx.backend = current_backend()  # (as `api._setup_context`: autograd's own thread)
 
 
 def _backward(ctx, dout, dlse):
@@ -189,7 +195,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, dsinks = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)(
-        dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options)
+        dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options, ctx.backend)
     return (dq, dk, dv, None, None, dsinks if sinks is not None else None,
             *(None for _ in ctx.options), None)
 

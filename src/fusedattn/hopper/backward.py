@@ -22,14 +22,12 @@ LOADER_REGS, WRITER_REGS = 24, 24
 WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
-DQ_VEC = False  # the writer's adds as 16-byte vector reds (`backward_kernel._red_add_v4`)
-EARLY_POLL = False  # the next step's counter read before this step's release
 
 
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_VEC, EARLY_POLL
+    return WRITER_WARPS, DQ_BUFS, DQ_ADDS
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
@@ -73,7 +71,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, GQA=heads != heads_kv, DQ_VEC=DQ_VEC,
-                  EARLY_POLL=EARLY_POLL, VARLEN=varlen is not None,
+                  DQ_ADDS=DQ_ADDS, GQA=heads != heads_kv, VARLEN=varlen is not None,
                   num_warps=8)
     return _flash_bwd_sm90, grid, args, kwargs

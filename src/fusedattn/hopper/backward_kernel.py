@@ -110,26 +110,6 @@ def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _red_add_v4(ptrs, vals, keep):
-    """`*ptr += val` for 4 consecutive fp32 of a thread in one 16-byte
-    `red.global.add.v4.f32` (sm90), where `keep` (int32, 1 or 0) is set: a quarter of the
-    scalar atomics' instructions. `ptrs`' first of each 4 is the 16-byte-aligned address;
-    the result is a dummy (inline asm must return one)."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .pred p;
-        setp.ne.b32 p, $12, 0;
-        @p red.relaxed.gpu.global.add.v4.f32 [$4], {$8, $9, $10, $11};
-        mov.b32 $0, 0;
-        mov.b32 $1, 0;
-        mov.b32 $2, 0;
-        mov.b32 $3, 0;
-        }""",
-        constraints="=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r",
-        args=[ptrs.to(gl.int64), vals, keep], dtype=gl.int32, is_pure=False, pack=4)
-
-
-@gluon.jit
 def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, diag, left,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
               GQA: gl.constexpr):
@@ -150,14 +130,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
                BLOCK_N: gl.constexpr, D: gl.constexpr, HAS_LEFT: gl.constexpr,
                HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                DETERMINISTIC: gl.constexpr, DQ_BUFS: gl.constexpr, WARPS: gl.constexpr,
-               DQ_ADDS: gl.constexpr, GQA: gl.constexpr, DQ_VEC: gl.constexpr,
-               EARLY_POLL: gl.constexpr, VARLEN: gl.constexpr):
+               DQ_ADDS: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
-    tiles before this one (the module docstring), then counted. DQ_VEC: 16-byte vector
-    adds (`_red_add_v4`) in place of scalar atomics. EARLY_POLL: the next step's counter
-    read before this step's release, so that its round trip overlaps the release's wait
-    for the adds (else one after the other)."""
+    tiles before this one (the module docstring), then counted."""
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
@@ -168,19 +144,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    n_total = n_steps * group if GQA else n_steps
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
-    counter = p_sem
-    need = 0
-    seen = 0
-    if DETERMINISTIC:
-        counter, need = _dq_order(p_sem, 0, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
-                                  n_steps, diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
-        if EARLY_POLL:
-            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-    for t in range(n_total):
+    for t in range(n_steps * group if GQA else n_steps):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
         # the accumulator's rows (rows_q a head: Sq, or the packed total)
@@ -188,8 +155,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         buf = t % DQ_BUFS
         mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
         if DETERMINISTIC:
-            if not EARLY_POLL:
-                seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
+                                      n_steps, diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
+            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
             while seen != need:
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
         base = p_dq + (row_bh * rows_q + q_start + m0) * D
@@ -199,30 +167,11 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
                 keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
                 for c in gl.static_range(0, D, COLS):
                     vals = tile.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
-                    if DQ_VEC:
-                        keep_all = (keep & (offs >= 0)).to(gl.int32)
-                        _red_add_v4(base + r * D + c + offs, vals, keep_all)
-                    else:
-                        gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
-                                      sem="relaxed", scope="gpu")
-        next_counter = counter
-        next_need = need
-        if DETERMINISTIC and EARLY_POLL:
-            if t + 1 < n_total:
-                next_counter, next_need = _dq_order(
-                    p_sem, t + 1, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps,
-                    diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
-                seen = gl.atomic_add(next_counter, 0, sem="acquire", scope="gpu")
+                    gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
+                                  sem="relaxed", scope="gpu")
         gl.thread_barrier()  # the partition's adds and reads of the buffer are done
         if DETERMINISTIC:
             gl.atomic_add(counter, 1, sem="release", scope="gpu")
-            if EARLY_POLL:
-                counter = next_counter
-                need = next_need
-            elif t + 1 < n_total:
-                counter, need = _dq_order(
-                    p_sem, t + 1, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps,
-                    diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
         mbarrier.arrive(dq_free.index(buf), count=1)
 
 
@@ -411,7 +360,6 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    DQ_VEC: gl.constexpr, EARLY_POLL: gl.constexpr,
                     VARLEN: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
@@ -468,5 +416,5 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
                       n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right,
                       BLOCK_M, BLOCK_N, D, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC,
-                      DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, DQ_VEC, EARLY_POLL, VARLEN)),
+                      DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN)),
     ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
