@@ -23,7 +23,8 @@
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
 #   ncubwd ROW  Nsight Compute of our backward's kernels against cuDNN's on ROW
-#               "dim,batch,heads,seq[,causal]" (scripts/ncu_vs_cudnn.py, its bwd ranges)
+#               "dim,batch,heads,seq[,causal]" (scripts/ncu_vs_cudnn.py --bwd-only; the
+#               kernels told apart by name), the Hopper backward forced
 #   ncusrc ROW  Nsight Compute's source view of our forward alone on ROW (as ncu's), with
 #               $KNOB (NAME=VALUE, `hopper.forward`'s A/B switch) if set: warp stalls
 #               sampled per SASS instruction, as CSV (ncusrc-*-sass.csv) and the report
@@ -50,14 +51,16 @@ ev=/tmp/ev
 mkdir -p "$ev"
 log=$ev/round-$(date -u +%H%M%S).log
 rc=0
-# Nsight Compute of scripts/ncu_vs_cudnn.py's NVTX ranges fusedattn-$PASS and PEER-$PASS
-# (PASS fwd, or bwd for the backward's kernels):
+# Nsight Compute of scripts/ncu_vs_cudnn.py's NVTX ranges fusedattn-fwd and PEER-fwd, or
+# with PEER "-" every kernel between its profiler start and stop (--bwd-only: autograd's
+# thread runs outside NVTX ranges):
 # profile NAME PEER ARGS... writes $ev/ncu/NAME.csv
 profile() {
-  local name=$1 peer=$2 pass=${PASS:-fwd}; shift 2
+  local name=$1 peer=$2; shift 2
+  local only=(--nvtx --nvtx-include fusedattn-fwd/ --nvtx-include "$peer-fwd/")
+  [ "$peer" = - ] && only=()
   mkdir -p $ev/ncu
-  ncu --profile-from-start off --clock-control none --nvtx --nvtx-include "fusedattn-$pass/" \
-    --nvtx-include "$peer-$pass/" --section SpeedOfLight --section LaunchStats --section Occupancy \
+  ncu --profile-from-start off --clock-control none "${only[@]}" --section SpeedOfLight --section LaunchStats --section Occupancy \
     --section WarpStateStats \
     --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active' \
     --csv --page details python3 scripts/ncu_vs_cudnn.py "$@" > $ev/ncu/$name.csv 2>>"$log"
@@ -92,7 +95,7 @@ while [ $# -gt 0 ]; do
          profile ncu-d$d-b$b-h$h-s$s${c:+-$c} fa4 --peer fa4 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" $extra ;;
     ncubwd) IFS=, read -r d b h s c <<<"$1"; shift
-         PASS=bwd profile ncu-bwd-d$d-b$b-h$h-s$s${c:+-$c} cudnn --dim "$d" --batch "$b" \
+         profile ncu-bwd-d$d-b$b-h$h-s$s${c:+-$c} - --bwd-only --backend hopper --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" ${c:+--causal} ;;
     ncusrc) IFS=, read -r d b h s c <<<"$1"; shift
          case $c in causal) extra=--causal ;; *) extra= ;; esac

@@ -11,6 +11,13 @@ off` profiles exactly those kernels (NVTX ranges name them).
     ... scripts/ncu_vs_cudnn.py --peer fa4 --fwd-only --dim 64    # FA4 (staged) as the peer
     ... scripts/ncu_vs_cudnn.py --dtype fp8 --dim 128   # FP8 forward; cuDNN in bf16 on the
                                                       # same values (SDPA takes no FP8)
+    ... scripts/ncu_vs_cudnn.py --bwd-only --dim 128    # the backwards alone: no --nvtx
+                                                      # filter (below)
+
+`--bwd-only` profiles the backwards alone, each one `autograd.grad` between the profiler's
+start and stop. Autograd runs a CUDA backward on a thread of its own, outside the main
+thread's NVTX ranges, so ncu's `--nvtx-include` finds none of its kernels: run it without
+one and tell the kernels apart by name.
 """
 
 import argparse
@@ -20,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from fusedattn.api import attention
+from fusedattn.dispatch import use_backend
 
 
 def main() -> None:
@@ -35,6 +43,9 @@ def main() -> None:
     parser.add_argument("--peer", default="sdpa", choices=("sdpa", "fa4"),
                         help="SDPA (cuDNN; efficient for fp32) or FA4 (forward only)")
     parser.add_argument("--fwd-only", action="store_true", help="profile forwards only")
+    parser.add_argument("--bwd-only", action="store_true", help="profile backwards only")
+    parser.add_argument("--backend", default="auto", choices=("auto", "hopper", "portable"),
+                        help="fusedattn's path (`use_backend`)")
     parser.add_argument("--varlen", action="store_true",
                         help="the varlen suite's packed batch (24 documents, 32k tokens, "
                              "causal) at --heads and --dim, against FA4")
@@ -68,8 +79,9 @@ def main() -> None:
     gqa = heads_kv != args.heads
 
     def ours():
-        return attention(q, k, v, is_causal=args.causal, precision=args.precision,
-                         enable_gqa=gqa)
+        with use_backend(args.backend):
+            return attention(q, k, v, is_causal=args.causal, precision=args.precision,
+                             enable_gqa=gqa)
 
     def theirs():
         if peer == "fa4":  # [B, S, H, D] views of the same tensors (strided: TMA takes them)
@@ -95,6 +107,15 @@ def main() -> None:
             f"fusedattn differs from {peer} by {err}"
     if args.fwd_only:
         return _profiled({"fusedattn": ours, peer: theirs})
+    if args.bwd_only:  # the forwards first, unprofiled; their graphs kept
+        outs = {name: fwd() for name, fwd in (("fusedattn", ours), (peer, theirs))}
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        for out in outs.values():
+            torch.autograd.grad(out, (q, k, v), dout)
+            torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        return None
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     for name, fwd in (("fusedattn", ours), (peer, theirs)):

@@ -65,21 +65,23 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch):
     from fusedattn import dispatch
 
     monkeypatch.setattr(dispatch, "hopper_backward_refusal", lambda *a, **kw: None)
-    keys = dispatch.HOPPER_BWD_MIN_KEYS
-    short, long = (rand(1, 2, n, 128, dtype=torch.bfloat16) for n in (keys - 1, keys))
-    path, why = backward_path(short, short, short, mask=Mask(causal=True))
-    assert path == "portable" and f"HOPPER_BWD_MIN_KEYS = {keys}" in why
-    assert backward_path(long, long, long, mask=Mask())[0] == "hopper"
-    # forced at the forward, the choice reaches the backward's thread as `backend`
-    assert backward_path(short, short, short, backend="hopper", mask=Mask())[0] == "hopper"
+    for dim, keys in dispatch.HOPPER_BWD_MIN_KEYS.items():
+        short, long = (torch.empty(1, 2, n, dim, dtype=torch.bfloat16) for n in (keys - 1, keys))
+        path, why = backward_path(short, short, short, mask=Mask(causal=True))
+        assert path == "portable" and f"HOPPER_BWD_MIN_KEYS[{dim}] = {keys}" in why
+        assert backward_path(long, long, long, mask=Mask())[0] == "hopper"
+        # forced at the forward, the choice reaches the backward's thread as `backend`
+        assert backward_path(short, short, short, backend="hopper", mask=Mask())[0] == "hopper"
 
-    class Packed:  # varlen: the longest sequence decides, not the packed total
-        max_seqlen_k = keys - 1
+        class Packed:  # varlen: keys a sequence on average (the packed total over the count)
+            batch = 3
 
-    path, why = backward_path(long, long, long, mask=Mask(), varlen=Packed())
-    assert path == "portable" and f"{keys - 1} keys a row" in why
-    Packed.max_seqlen_k = keys
-    assert backward_path(short, short, short, mask=Mask(), varlen=Packed())[0] == "hopper"
+        packed = torch.empty(1, 2, 3 * keys - 1, dim, dtype=torch.bfloat16)
+        path, why = backward_path(packed, packed, packed, mask=Mask(), varlen=Packed())
+        assert path == "portable" and f"{keys - 1} keys a row (a sequence on average)" in why
+        packed = torch.empty(1, 2, 3 * keys, dim, dtype=torch.bfloat16)
+        assert backward_path(packed, packed, packed, mask=Mask(),
+                             varlen=Packed())[0] == "hopper"
 
 
 @pytest.mark.parametrize("entry", ["attention", "attention_varlen"])

@@ -24,11 +24,14 @@ from fusedattn.launch import Plans, Recording, inputs_key
 from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
-# The Hopper backward under "auto" from this many keys a row: below it the portable
-# backward was as fast or faster on the H200 (B16 H16 S1024 D128 causal: 205 against 234
-# TFLOP/s; S512 and S256: ties), above it faster or as fast in every row measured but
-# one (scripts/hopper_bwd_check.py, evidence/nvidia-h200/20261201T1844Z-hopper-bwd)
-HOPPER_BWD_MIN_KEYS = 2048
+# The Hopper backward under "auto" from this many keys a row, by head dim (varlen: keys a
+# sequence on average, its packed total over its count). D64: the Hopper kernel was as fast
+# or faster from S512 on (S8192 causal +15%, S4096 +3%). D128: slower than the portable
+# passes at S4096 (-2 to -6% in two runs, causal or not), tied under GQA at S8192 (+2%),
+# faster at S16384 causal (+19%); 24 documents averaging 1365 keys ran 11% slower
+# (scripts/hopper_bwd_check.py, evidence/nvidia-h200/20261201T1901Z-hopper-bwd and
+# 20261202T0626Z-ab). Under S1024 the portable passes won at either head dim
+HOPPER_BWD_MIN_KEYS = {64: 2048, 128: 8192}
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k
@@ -181,10 +184,13 @@ def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, st
     where the context is not set); default the current."""
     def short():
         varlen = kw.get("varlen")
-        keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
-        if keys < HOPPER_BWD_MIN_KEYS:
-            return (f"{keys} keys a row, under HOPPER_BWD_MIN_KEYS = {HOPPER_BWD_MIN_KEYS} "
-                    f"(the portable backward is as fast there)")
+        # (varlen: k is the packed [1, H, total, D])
+        keys = k.shape[2] // max(varlen.batch, 1) if varlen is not None else k.shape[2]
+        least = HOPPER_BWD_MIN_KEYS[q.shape[-1]]  # (a head dim the refusal let through)
+        if keys < least:
+            return (f"{keys} keys a row{' (a sequence on average)' if varlen else ''}, under "
+                    f"HOPPER_BWD_MIN_KEYS[{q.shape[-1]}] = {least} (the portable backward is "
+                    f"as fast there)")
         return None
 
     # forced, a forward the Hopper forward serves may still need the portable backward
