@@ -114,7 +114,10 @@ def compile_config(fn, config: dict, backward: bool = False):
     types = {}
     for t, (rows, which) in pieces.items():
         fp8 = c["FP8"] and t != "o"
-        for suffix, width in (("", c[f"{which}_A"]), ("2", c[f"{which}_B"] or c[f"{which}_A"])):
+        for suffix, width in (("", c[f"{which}_A"]), ("2", c[f"{which}_B"])):
+            if not width:  # one piece: no second descriptor (None, as the launcher passes)
+                c[f"{t}{suffix}_desc"] = None
+                continue
             shape = (width, rows) if fp8 and t == "v" else (rows, width)  # FP8: V^T's boxes
             types[f"{t}{suffix}_desc"] = _desc(*shape, fp8)
     types |= {"p_o": "*bf16", "p_lse": "*fp32", "p_cu_q": "*i32", "p_cu_k": "*i32",

@@ -266,7 +266,7 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
 
 
 @pytest.mark.parametrize("name, value", [("PINGPONG", False), ("SHARED_KV", True),
-                                         ("THREAD_ARRIVES", True),
+                                         ("THREAD_ARRIVES", True), ("LANE_SUM", False),
                                          ("WARPGROUPS", {}), ("WARPGROUPS_MIN_ROWS", 1)])
 def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch):
     """An A/B switch of `hopper.forward` changed after a call makes the next call record a
@@ -284,3 +284,38 @@ def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch)
     monkeypatch.setattr(knobs, name, value)
     attention(q, k, v)
     assert len(dispatch._PLANS) == plans + 1, f"{name} is not in the plan key"
+
+
+def test_a_replay_passes_empty_launch_hooks_as_none_and_registered_ones_as_they_are():
+    # Triton 3.6 keeps its launch hooks in chains that are never None: a replay hands its
+    # launcher None for an empty chain (no metadata built, no empty chain called), and a
+    # registered hook (a profiler's, the GPU tests' `Launches`) as it is
+    from triton import knobs
+
+    from fusedattn.launch import _hooks
+
+    assert _hooks() == (None, None)
+    seen = []
+    hook = seen.append
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert _hooks() == (knobs.runtime.launch_enter_hook, None)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert _hooks() == (None, None)
+
+
+@pytest.mark.parametrize("entry, bad", [
+    ("attention", dict(scale=[1.0])), ("attention", dict(window=([1], 0))),
+    ("attention", dict(softcap={})), ("varlen", dict(max_seqlen_q=[8])),
+])
+def test_an_unhashable_option_gets_the_full_paths_error_not_the_caches(entry, bad):
+    # the call key hashes the options alone (the tensors' parts always hash); one that
+    # cannot be hashed takes the full path, whose checks say what is wrong with it
+    q = rand(1, 2, 8, 16, dtype=torch.float32)
+    with pytest.raises(ProblemError, match=next(iter(bad))):
+        if entry == "attention":
+            attention(q, q, q, **bad)
+        else:
+            packed, cu = q[0].transpose(0, 1), i32([0, 8])
+            attention_varlen(packed, packed, packed, cu, cu, bad["max_seqlen_q"], 8)

@@ -162,11 +162,12 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
-    # the second head-dim pieces' descriptors (columns d_a / dv_a on); a head dim in one
-    # piece repeats its first's
-    seconds = [(t, rows, second) if second else first for first, (t, rows, _), second in
-               zip(firsts, firsts, (d_b, d_b, dv_b, dv_b), strict=True)]
-    descs = [_descriptor(*d) for d in firsts + seconds]
+    # the second head-dim pieces' descriptors (columns d_a / dv_a on); None for a head dim
+    # in one piece (a constexpr the kernel never reads: Triton's launcher then encodes four
+    # TMA descriptors a call, not eight, issue 31)
+    seconds = [(t, rows, second) if second else None for (t, rows, _), second in
+               zip(firsts, (d_b, d_b, dv_b, dv_b), strict=True)]
+    descs = [None if d is None else _descriptor(*d) for d in firsts + seconds]
     tiles_m = triton.cdiv(seq_q, consumers * block_m)
     items = tiles_m * batch * heads
     # causal (dense): one program per item, which the hardware hands out as SMs free up; a

@@ -569,21 +569,20 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr):
-    """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x
-    batch x heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal:
-    right = 0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows
-    cu[b]..cu[b+1] of the packed `[1, H, total, D]` tensors, seq_q the longest. SINKS:
-    `p_sinks[h]` (float32, natural-log units) joins each row's denominator and LSE. The head
-    dim is D_A + D_B, both powers of two (TMA boxes and Gluon's tensors are): 96 = 64 + 32
-    and 192 = 128 + 64 are two pieces, each with its own descriptors (`*2_desc`, columns D_A
-    on) and shared buffers; D_B = 0 is one piece (the `*2` arguments repeat the first's and
-    are not used). V's and O's head dim is DV_A + DV_B, D_A + D_B unless it differs (MLA's
-    192 and 128). FP8: q, k in float8 e4m3 and v_desc over V^T (`[B, H_kv, Dv, S]`, its
-    boxes [DV_A, BLOCK_N]), `p_descale` the factors (`api.fp8_descale`: q's per head, then
-    k's and v's per kv head), O bfloat16; one head-dim piece; with VARLEN, `p_cu_t` the
-    sequences' first columns of V^T. `dim_v` is O's head dim: less than DV_A + DV_B where
-    the kernel runs a head dim padded (`forward.kernel_pair`; the descriptors' boxes read
-    zeros past the last column, and their stores stop there)"""
+    """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
+    heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
+    0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
+    packed `[1, H, total, D]` tensors, seq_q the longest. SINKS: `p_sinks[h]` (float32, natural-log
+    units) joins each row's denominator and LSE. The head dim is D_A + D_B, both powers of two (TMA
+    boxes and Gluon's tensors are): 96 = 64 + 32 and 192 = 128 + 64 are two pieces, each with its
+    own descriptors (`*2_desc`, columns D_A on) and shared buffers; D_B = 0 is one piece (the `*2`
+    descriptors None, constexprs never read; the `*2` shared buffers stand for the first's). V's and
+    O's head dim is DV_A + DV_B, D_A + D_B unless it differs (MLA's 192 and 128). FP8: q, k in
+    float8 e4m3 and v_desc over V^T (`[B, H_kv, Dv, S]`, its boxes [DV_A, BLOCK_N]), `p_descale` the
+    factors (`api.fp8_descale`: q's per head, then k's and v's per kv head), O bfloat16; one
+    head-dim piece; with VARLEN, `p_cu_t` the sequences' first columns of V^T. `dim_v` is O's head
+    dim: less than DV_A + DV_B where the kernel runs a head dim padded (`forward.kernel_pair`; the
+    descriptors' boxes read zeros past the last column, and their stores stop there)"""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [CONSUMERS, BLOCK_M, D_A],
@@ -604,7 +603,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             dtype, [STAGES, BLOCK_N, DV_A],
             gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_A], dtype))
         o_smem = q_smem  # O goes out through Q's tiles: never read
-    # one piece: the second piece's names stand for the first's, never read
+    # one piece: the second piece's buffer names stand for the first's, never read
     q2_smem = q_smem
     k2_smem = k_smem
     v2_smem = v_smem
