@@ -63,3 +63,79 @@ def test_the_coldstart_table_renders_verified_and_failed_rows():
     text = console.export_text()
     assert "True" in text and "1.58" in text and "0.50" in text
     assert "OutOfResources: " + "x" * 44 in text and "x" * 46 not in text
+
+
+def _key_calls(monkeypatch, tmp_path):
+    """`launch.remembered_triton_key` over a counting stand-in for Triton's key, kept in
+    tmp_path; returns (call it, the count, the file)."""
+    from pathlib import Path
+
+    import triton
+
+    from fusedattn import launch
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return f"key-{len(calls)}"
+
+    root = Path(triton.__file__).parent
+    return (lambda: launch.remembered_triton_key(compute, tmp_path, root), calls,
+            tmp_path / launch.TRITON_KEY_FILE)
+
+
+def test_triton_key_is_computed_once_then_read_until_triton_changes(monkeypatch, tmp_path):
+    import json
+
+    from fusedattn import launch
+
+    key, calls, path = _key_calls(monkeypatch, tmp_path)
+    assert key() == "key-1" and len(calls) == 1
+    assert key() == "key-1" and len(calls) == 1  # a later process: read, not computed
+    assert json.loads(path.read_text())["key"] == "key-1"
+    assert not list(tmp_path.glob("*.tmp"))  # written whole, through a renamed temporary
+    # another Triton (a file's size or time, its version): computed again, and kept
+    monkeypatch.setattr(launch, "_triton_fingerprint", lambda root: "another")
+    assert key() == "key-2" and len(calls) == 2
+    assert key() == "key-2" and len(calls) == 2
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"fingerprint": 3}', '["a list"]', ""])
+def test_a_broken_triton_key_file_is_computed_over_never_trusted(content, monkeypatch,
+                                                                 tmp_path):
+    key, calls, path = _key_calls(monkeypatch, tmp_path)
+    path.write_text(content)
+    assert key() == "key-1" and len(calls) == 1
+    assert key() == "key-1" and len(calls) == 1  # and rewritten whole
+
+
+def test_an_unwritable_cache_folder_still_gives_the_key(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    import triton
+
+    from fusedattn import launch
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a folder that cannot be made: a file is in the way
+    got = launch.remembered_triton_key(lambda: "k", blocked / "cache",
+                                       Path(triton.__file__).parent)
+    assert got == "k"
+
+
+def test_fusedattn_puts_its_remembered_key_in_place_of_tritons(monkeypatch, tmp_path):
+    from triton.runtime import cache
+
+    import fusedattn.launch  # noqa: F401  (installs it at import)
+
+    assert getattr(cache.triton_key, "remembered", False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    cache.triton_key.cache_clear()
+    try:  # the same key as Triton's own, computed, then read back
+        assert cache.triton_key() == cache.triton_key.original()
+        cache.triton_key.cache_clear()
+        assert cache.triton_key() == cache.triton_key.original()
+        assert (tmp_path / fusedattn.launch.TRITON_KEY_FILE).exists()
+    finally:
+        cache.triton_key.cache_clear()

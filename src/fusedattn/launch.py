@@ -20,9 +20,14 @@ arguments; the key is theirs to make complete (`dispatch.forward`, `flash_bwd`).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+import json
+import os
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
@@ -269,3 +274,83 @@ class KeptPlan:
         """Keep the plan that `dispatch.forward(keep=plans)` gave under `context`, if any."""
         if plans:
             self._kept = (context, plans[0])
+
+
+# Triton's cache key starts with `triton_key()`, a hash of its own sources and of libtriton
+# that each process computes on its first compile or cache lookup: 0.35 s of a first call
+# on the H200 (evidence/nvidia-h200/20261201T1725Z-first-call). The key only changes with
+# those files, so it is kept in Triton's cache folder under a fingerprint of their names,
+# sizes and modification times (a few ms to take), and computed again, by Triton, when the
+# fingerprint differs (Triton's own warmup pool hands its workers the key the same way).
+TRITON_KEY_FILE = "fusedattn-triton-key.json"
+
+
+def _triton_fingerprint(root: Path) -> str:
+    """A hash of the names, sizes and modification times of what `triton_key` reads
+    (a superset: every .py under compiler/, backends/ and language/, runtime/cache.py,
+    libtriton) and of Triton's version."""
+    import triton
+
+    parts = [triton.__version__]
+    files = [root / "runtime" / "cache.py", *sorted((root / "_C").glob("libtriton*"))]
+    for sub in ("compiler", "backends", "language"):
+        files += sorted(p for p in (root / sub).rglob("*.py"))
+    for path in files:
+        stat = path.stat()
+        parts.append(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def remembered_triton_key(compute, folder: Path, root: Path) -> str:
+    """`compute()` (Triton's `triton_key`) as kept in `folder`/TRITON_KEY_FILE under the
+    fingerprint of `root` (Triton's package folder): read where the fingerprint matches,
+    else computed and written whole (a temporary file renamed over it) where the folder
+    lets it. An unreadable or foreign file is computed over, never trusted."""
+    fingerprint = _triton_fingerprint(root)
+    path = folder / TRITON_KEY_FILE
+    try:
+        saved = json.loads(path.read_text())
+        if saved["fingerprint"] == fingerprint and isinstance(saved["key"], str):
+            return saved["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    key = compute()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps({"fingerprint": fingerprint, "key": key}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: the next process computes it again
+    return key
+
+
+def remember_triton_key() -> None:
+    """Put `remembered_triton_key` in place of `triton.runtime.cache.triton_key` (once a
+    process; a Triton without it is left alone). FUSEDATTN_TRITON_KEY=compute leaves
+    Triton's own."""
+    if os.environ.get("FUSEDATTN_TRITON_KEY") == "compute":
+        return
+    try:
+        import triton
+        from triton import knobs
+        from triton.runtime import cache
+    except ImportError:
+        return
+    original = getattr(cache, "triton_key", None)
+    if original is None or getattr(original, "remembered", False):
+        return
+
+    @functools.cache
+    def triton_key() -> str:
+        try:
+            return remembered_triton_key(original, Path(knobs.cache.dir),
+                                         Path(triton.__file__).parent)
+        except Exception:  # a Triton laid out otherwise: its own key
+            return original()
+
+    triton_key.remembered, triton_key.original = True, original
+    cache.triton_key = triton_key
+
+
+remember_triton_key()
