@@ -32,6 +32,9 @@
 #               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, V's
 #               transpose alone, portable, cuDNN bf16; --sweep of short lengths
+#   hostab D    fusedattn bench --suite host (ours and SDPA cuDNN) with D/src's library,
+#               then with this tree's, back to back on one machine (D: an ignored folder
+#               the device tool carries, holding an older commit's src/)
 #   coldstart   fusedattn bench --suite coldstart
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes)
@@ -118,6 +121,12 @@ while [ $# -gt 0 ]; do
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
           torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \
           $ev/cp/cp-$n-gpus.csv --layouts "$layouts" 2>&1 | grep -v Warning | tail -20 | tee -a "$log" ;;
+    hostab) other=$1; shift  # an older tree's src/ (e.g. `git archive REV src | tar -x -C D`)
+        for side in "$other" .; do
+          PYTHONPATH=/tmp/site:$side/src python3 -m fusedattn_lab bench --suite host \
+            --out $ev/hostab-$(basename "$(realpath "$side")") \
+            --providers flash,sdpa-cudnn 2>&1 | grep "│" | tee -a "$log"
+        done ;;
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     firstcall) python3 scripts/first_call_profile.py --out $ev/first-call 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
