@@ -122,6 +122,14 @@ def test_an_unwritable_cache_folder_still_gives_the_key(monkeypatch, tmp_path):
     got = launch.remembered_triton_key(lambda: "k", blocked / "cache",
                                        Path(triton.__file__).parent)
     assert got == "k"
+    # a write that fails half-way (a full disk) leaves no file behind, the key still given
+
+    def fail(*args):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(launch.os, "replace", fail)
+    got = launch.remembered_triton_key(lambda: "k2", tmp_path, Path(triton.__file__).parent)
+    assert got == "k2" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_fusedattn_puts_its_remembered_key_in_place_of_tritons(monkeypatch, tmp_path):

@@ -315,13 +315,16 @@ def remembered_triton_key(compute, folder: Path, root: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     key = compute()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({"fingerprint": fingerprint, "key": key}))
         os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache: the next process computes it again
+    except OSError:  # a read-only or full cache: the next process computes it again
+        try:
+            tmp.unlink(missing_ok=True)  # (no partial file left behind)
+        except OSError:
+            pass
     return key
 
 
