@@ -38,24 +38,37 @@ def _data():
     return ids, labels, torch.arange(SEQ).expand(BATCH, SEQ)
 
 
-def _loss_sum(model, ids, labels, positions):
-    logits = model(ids, position_ids=positions).logits
+def _loss_sum(model, ids, labels, positions, **kw):
+    logits = model(ids, position_ids=positions, **kw).logits
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
                                              ignore_index=-100, reduction="sum")
 
 
-def _step(rank: int, world: int, device, results: str, kind: str) -> list[str]:
-    """One rank: a training step on its shard; loss and gradients summed over ranks."""
+def _step(rank: int, world: int, device, results: str, kind: str, **kw) -> list[str]:
+    """One rank: a training step on its shard; loss and gradients summed over ranks. `kw`
+    goes to the model (use_cache=False: no cache, so transformers reads each jump in a
+    zigzag shard's positions as a new packed document and makes a mask of it)."""
     import torch.distributed as dist
 
     from fusedattn.distributed import contiguous_shard, zigzag_shard
     from fusedattn.integrations.transformers import sequence_parallel
 
     model = _model(device, kind)
-    shard = zigzag_shard if kind == "ring" else contiguous_shard
-    shards = [shard(t, rank, world, dim=1).contiguous().to(device) for t in _data()]
-    with sequence_parallel(kind=kind):
-        loss = _loss_sum(model, *shards)
+    if kind == "usp":  # a 2x2 DeviceMesh: dim 0 Ulysses, dim 1 the ring
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from fusedattn.distributed import usp_shard
+
+        mesh = init_device_mesh(device.type, (2, world // 2))
+        shards = [usp_shard(t, rank // (world // 2), 2, rank % (world // 2), world // 2,
+                            dim=1).contiguous().to(device) for t in _data()]
+        context = sequence_parallel(mesh=mesh)
+    else:
+        shard = zigzag_shard if kind == "ring" else contiguous_shard
+        shards = [shard(t, rank, world, dim=1).contiguous().to(device) for t in _data()]
+        context = sequence_parallel(kind=kind)
+    with context:
+        loss = _loss_sum(model, *shards, **kw)
     loss.backward()
     dist.all_reduce(loss.detach())
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -72,10 +85,21 @@ def _ulysses_step(rank, world, device, results):
     return _step(rank, world, device, results, "ulysses")
 
 
-@pytest.mark.parametrize("kind, body", [("ring", _ring_step), ("ulysses", _ulysses_step)])
-def test_a_training_step_over_sequence_shards_matches_one_process(tmp_path, kind, body):
-    need_gpus(2)
-    for lines in spawn(body, 2, tmp_path):
+def _ring_step_without_cache(rank, world, device, results):
+    return _step(rank, world, device, results, "ring", use_cache=False)
+
+
+def _usp_step_without_cache(rank, world, device, results):
+    return _step(rank, world, device, results, "usp", use_cache=False)
+
+
+@pytest.mark.parametrize("kind, body, world", [
+    ("ring", _ring_step, 2), ("ulysses", _ulysses_step, 2),
+    ("ring", _ring_step_without_cache, 2), ("usp", _usp_step_without_cache, 4)])
+def test_a_training_step_over_sequence_shards_matches_one_process(tmp_path, kind, body,
+                                                                  world):
+    need_gpus(world)
+    for lines in spawn(body, world, tmp_path):
         assert not "".join(lines).strip(), lines
     got = torch.load(tmp_path / "r.0.pt")
     from fusedattn.mode import DEVICE
@@ -102,3 +126,56 @@ def test_sequence_parallel_takes_known_kinds_only():
     with pytest.raises(ProblemError, match="mesh"):
         with sequence_parallel(object(), mesh=object()):
             pass
+
+
+def _refusals(rank: int, world: int, device, results: str) -> list[str]:
+    """One rank: calls under `sequence_parallel` that every rank must refuse together."""
+    from fusedattn.distributed import zigzag_shard
+    from fusedattn.integrations.transformers import sequence_parallel
+    from ranks import refusal
+
+    model = _model(device)
+    ids, _, positions = (zigzag_shard(t, rank, world, dim=1).contiguous().to(device)
+                         for t in _data())
+    two_docs = torch.arange(SEQ).remainder(SEQ // 2).expand(BATCH, SEQ)  # restarts at 0
+    padding = torch.ones(BATCH, SEQ // world, dtype=torch.long, device=device)
+    padding[0, :2] = 0 if rank == 1 else 1  # left padding in one rank's shard only
+    calls = {
+        # packed documents: positions that restart (with a cache and without one)
+        "packed": lambda: model(ids, position_ids=zigzag_shard(two_docs, rank, world,
+                                                               dim=1).to(device)),
+        "packed-nocache": lambda: model(ids, use_cache=False, position_ids=zigzag_shard(
+            two_docs, rank, world, dim=1).to(device)),
+        # each shard's own positions, not the whole sequence's
+        "unsharded": lambda: model(ids, position_ids=torch.arange(SEQ // world).expand(
+            BATCH, -1).to(device)),
+        # a padding mask on one rank: the other, with nothing wrong, refuses too
+        "one-rank-padding": lambda: model(ids, position_ids=positions,
+                                          attention_mask=padding),
+    }
+    lines = []
+    with sequence_parallel():
+        for label, call in calls.items():
+            lines.append(refusal(label, call))
+    return lines
+
+
+def test_every_rank_refuses_what_one_rank_cannot_run_under_sequence_parallel(tmp_path):
+    # packed documents, positions not sharded like the tokens, a mask on one rank: a
+    # ProblemError on every rank (none left waiting in the ring), never a wrong number
+    need_gpus(2)
+    ranks = spawn(_refusals, 2, tmp_path)
+    for rank, lines in enumerate(ranks):
+        assert not any(line.startswith("ERROR") for line in lines), lines
+        got = dict(line.split(" ", 1) for line in lines)
+        assert set(got) == {"packed", "packed-nocache", "unsharded", "one-rank-padding"}
+        for label, outcome in got.items():
+            assert outcome.startswith("refused"), (rank, label, outcome)
+        assert "position_ids" in got["packed"]  # (each rank's shard restarts)
+    # rank 1's own positions 0..7 are its zigzag positions 4..11 less a constant (allowed:
+    # an offset), rank 0's are not: rank 0 says why, rank 1 that another rank refused;
+    # so for the padding on rank 1 alone
+    unsharded = [dict(line.split(" ", 1) for line in lines)["unsharded"] for lines in ranks]
+    assert "position_ids" in unsharded[0] and "another rank" in unsharded[1]
+    assert "attention_mask" in dict(line.split(" ", 1) for line in ranks[1])["one-rank-padding"]
+    assert "another rank" in dict(line.split(" ", 1) for line in ranks[0])["one-rank-padding"]

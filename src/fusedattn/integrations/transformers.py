@@ -36,15 +36,21 @@ the sequence (zigzag shards when causal):
         logits = model(zigzag_shard(ids, rank, world, dim=1),
                        position_ids=zigzag_shard(positions, rank, world, dim=1)).logits
 
-The position ids must be sharded like the tokens (RoPE sees true positions), and the labels
-shifted on the whole sequence before sharding (the model's own loss shifts within a shard,
-which is wrong at the shard's seams): compute the loss from the logits, sum it over the
-ranks and all-reduce the parameters' gradients (`tests/test_distributed_hf.py` does a
-training step this way and matches one process on the whole sequence). Windows and softcap
-are refused there (the ring has neither); sinks run. `sequence_parallel(group,
-kind="ulysses")` runs `ulysses_attention` instead, on contiguous shards
-(`contiguous_shard`), with windows, softcap and sinks; `sequence_parallel(mesh=mesh)` runs
-USP over a 2-D DeviceMesh (Ulysses x ring) on `usp_shard` shards.
+The position ids must be sharded like the tokens (RoPE sees true positions): each rank
+checks that its own are its shard of one sequence a row (the layout's positions plus a
+constant), and the ranks agree, once a model call, so that a rank with packed documents
+(positions that restart), unsharded positions or a padding mask makes every rank raise
+`ProblemError` instead of one raising while the others wait in the ring. Without a cache
+(`use_cache=False`) transformers takes each jump in a zigzag shard's positions for a new
+packed document and makes a mask of it; that mask, checked to say nothing else, is dropped.
+The labels must be shifted on the whole sequence before sharding (the model's own loss
+shifts within a shard, which is wrong at the shard's seams): compute the loss from the
+logits, sum it over the ranks and all-reduce the parameters' gradients
+(`tests/test_distributed_hf.py` does a training step this way and matches one process on the
+whole sequence). Windows and softcap are refused there (the ring has neither); sinks run.
+`sequence_parallel(group, kind="ulysses")` runs `ulysses_attention` instead, on contiguous
+shards (`contiguous_shard`), with windows, softcap and sinks; `sequence_parallel(mesh=mesh)`
+runs USP over a 2-D DeviceMesh (Ulysses x ring) on `usp_shard` shards.
 """
 
 from __future__ import annotations
@@ -114,6 +120,10 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
         raise ProblemError("output_attentions", True, "False: fusedattn never forms P")
     ring = _RING.get()
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, a logit per head
+    if ring:
+        attention_mask = _sharded_mask(attention_mask, kwargs.get("position_ids"), ring[-1],
+                                       getattr(module, "is_causal", True)
+                                       if is_causal is None else is_causal)
     if attention_mask is not None and not ring:
         # planned once per model call by the mask hook (None: not runnable); else here
         plan = getattr(attention_mask, "fusedattn_plan", False)
@@ -167,6 +177,109 @@ def _context_parallel(query, key, value, spec, causal, scaling, window, sinks, k
         out = ring_attention(query, key, value, group=group, is_causal=causal, scale=scaling,
                              sinks=sinks)
     return out.transpose(1, 2).contiguous()
+
+
+def _shard_positions(spec, length: int, causal: bool) -> list[torch.Tensor]:
+    """The positions, from 0, that this rank's shard of one sequence holds under `spec`
+    (group, kind, mesh), `length` of them: the ring's zigzag shard (non-causal: contiguous
+    too), Ulysses' contiguous one, USP's `usp_shard`."""
+    import torch.distributed as dist
+
+    from fusedattn.distributed import contiguous_shard, usp_shard, zigzag_shard
+
+    group, kind, mesh = spec
+    if kind == "usp":
+        ulysses, ring = mesh.size(0), mesh.size(1)
+        full = torch.arange(length * ulysses * ring)
+        if full.numel() % (2 * ulysses * ring):
+            return []  # (odd shards: the ring refuses them itself)
+        return [usp_shard(full, mesh.get_local_rank(0), ulysses, mesh.get_local_rank(1),
+                          ring, dim=0)]
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    full = torch.arange(length * world)
+    layouts = [contiguous_shard(full, rank, world, dim=0)]
+    if kind == "ring":
+        zigzag = [zigzag_shard(full, rank, world, dim=0)] if length % 2 == 0 else []
+        layouts = zigzag if causal else zigzag + layouts
+    return layouts
+
+
+def _segments_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The mask transformers makes from `positions` alone when it takes every jump in them
+    for a new packed document (`find_packed_sequence_indices`): causal within each run of
+    consecutive positions, `[B, 1, L, L]`."""
+    runs = (torch.diff(positions, prepend=positions[:, :1] - 1) != 1).cumsum(-1)
+    length = positions.shape[-1]
+    tril = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
+    return (tril & (runs[:, :, None] == runs[:, None, :]))[:, None]
+
+
+def _same_mask(mask: torch.Tensor, segments: torch.Tensor) -> bool:
+    """`mask` says what `segments` says (either may be one batch row for all)."""
+    try:
+        torch.broadcast_shapes(mask.shape, segments.shape)
+    except RuntimeError:
+        return False
+    return mask.dim() == 4 and bool((mask == segments).all())
+
+
+def _agreed(ok: bool, spec) -> bool:
+    """`ok` and every other rank's under `spec` (one all_reduce a group): every rank raises,
+    or none, so no rank waits in the ring for one that raised."""
+    import torch.distributed as dist
+
+    group, kind, mesh = spec
+    groups = [mesh.get_group(0), mesh.get_group(1)] if kind == "usp" else [group]
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(groups[0]) == "nccl" else torch.device("cpu"))
+    flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
+    for g in groups:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=g)
+    return bool(flag.item())
+
+
+def _sharded_mask(mask, positions, spec, causal) -> torch.Tensor | None:
+    """Under `sequence_parallel`: the layer's mask once this rank's `position_ids` are checked
+    to be its shard of one sequence per batch row (the layout's positions plus a constant).
+    A mask that says only what transformers reads into such positions with no 2D mask and
+    no cache (each jump of a zigzag or USP shard taken for a new document:
+    `_segments_mask`) is dropped; any other mask stays, for `_other_mask` to refuse. The
+    verdict is agreed by every rank and kept on the mask (or, with none, on the positions)
+    with what it read, so the layers of one model call share one check and one collective;
+    a tensor written in place since is checked again. Positions that restart (packed
+    documents) or are not sharded like the tokens (RoPE would see a shard's own positions)
+    raise `ProblemError` on every rank."""
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2:
+        return mask
+    holder = mask if isinstance(mask, torch.Tensor) else positions
+    try:
+        read = (positions, positions._version, holder._version, bool(causal))
+    except RuntimeError:  # inference tensors keep no version: checked every layer
+        read = None
+    kept = getattr(holder, "fusedattn_sharded", None)
+    if read is None or kept is None or kept[0] is not positions or kept[1:4] != read[1:]:
+        layouts = [p.to(positions.device) for p in
+                   _shard_positions(spec, positions.shape[-1], bool(causal))]
+        one = any(bool(((positions - p) == (positions[:, :1] - p[0])).all()) for p in layouts)
+        artifact = (one and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                    and _same_mask(mask, _segments_mask(positions)))
+        kept = (positions, *(read[1:] if read else (None,) * 3), one,
+                _agreed(one and (mask is None or artifact), spec), artifact)
+        if read is not None:
+            holder.fusedattn_sharded = kept
+    one, agreed, artifact = kept[4:]
+    if not one:
+        raise ProblemError(
+            "position_ids", "a shard that is not one sequence's (positions that restart, as "
+            "packed documents', or not sharded like the tokens)",
+            "one sequence a batch row, its positions sharded like the tokens (zigzag_shard, "
+            "contiguous_shard or usp_shard of the whole sequence's); for packed documents "
+            "call fusedattn.distributed.ring_attention_varlen or usp_attention_varlen on "
+            "varlen_shard shards")
+    if not agreed and (mask is None or artifact):
+        raise ProblemError("shards", "another rank refused its inputs",
+                           "runnable inputs on every rank (the refusing rank raised why)")
+    return None if artifact else mask
 
 
 def _packed_plan(position_ids, query, key, causal, window, ring) -> MaskPlan | None:
