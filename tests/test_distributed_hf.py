@@ -120,12 +120,102 @@ def test_sequence_parallel_takes_known_kinds_only():
     from fusedattn.integrations.transformers import sequence_parallel
     from fusedattn.problem import ProblemError
 
+    for bad in ([0.0, 4.0], [2, 6], [0, 8, 4], [0], torch.zeros(2, 2, dtype=torch.int32), "0,8"):
+        with pytest.raises(ProblemError, match="cu_seqlens"):
+            with sequence_parallel(cu_seqlens=bad):
+                pass
+
     with pytest.raises(ProblemError, match="kind"):
         with sequence_parallel(kind="tree"):
             pass
     with pytest.raises(ProblemError, match="mesh"):
         with sequence_parallel(object(), mesh=object()):
             pass
+
+
+DOCS = [0, 8, 12, 16]  # packed documents' offsets: lengths 8, 4, 4 (each a multiple of 2P)
+
+
+def _packed_data():
+    """One row of packed documents: ids, labels shifted within each document (-100 at its
+    last token, as DataCollatorWithFlattening makes them) and positions from 0 each."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, VOCAB, (1, SEQ), generator=g)
+    labels = torch.full((1, SEQ), -100)
+    positions = torch.zeros(1, SEQ, dtype=torch.long)
+    for a, b in zip(DOCS[:-1], DOCS[1:], strict=True):
+        labels[0, a:b - 1] = ids[0, a + 1:b]
+        positions[0, a:b] = torch.arange(b - a)
+    return ids, labels, positions
+
+
+def _packed_step(rank: int, world: int, device, results: str, kind: str) -> list[str]:
+    """One rank: a training step on its rows of the packed documents
+    (`sequence_parallel(cu_seqlens=...)`), loss and gradients summed over ranks."""
+    import torch.distributed as dist
+
+    from fusedattn.distributed import contiguous_shard, varlen_shard
+    from fusedattn.integrations.transformers import sequence_parallel
+
+    model = _model(device, kind)
+    if kind == "usp":  # a 2x2 DeviceMesh: dim 0 Ulysses, dim 1 the ring
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from fusedattn.distributed import usp_varlen_shard
+
+        ring = world // 2
+        shards = [usp_varlen_shard(t[0], DOCS, rank // ring, 2, rank % ring, ring)[None]
+                  for t in _packed_data()]
+        context = sequence_parallel(mesh=init_device_mesh(device.type, (2, ring)),
+                                    cu_seqlens=DOCS)
+    else:
+        shard = ((lambda x: varlen_shard(x, DOCS, rank, world)) if kind == "ring"
+                 else (lambda x: contiguous_shard(x, rank, world, dim=0)))
+        shards = [shard(t[0])[None] for t in _packed_data()]
+        context = sequence_parallel(kind=kind, cu_seqlens=DOCS)
+    shards = [t.contiguous().to(device) for t in shards]
+    with context:
+        loss = _loss_sum(model, *shards)
+    loss.backward()
+    dist.all_reduce(loss.detach())
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(grads)
+    torch.save({"loss": loss.detach().cpu(), "grads": grads.cpu()}, f"{results}.{rank}.pt")
+    return []
+
+
+def _packed_ring_step(rank, world, device, results):
+    return _packed_step(rank, world, device, results, "ring")
+
+
+def _packed_ulysses_step(rank, world, device, results):
+    return _packed_step(rank, world, device, results, "ulysses")
+
+
+def _packed_usp_step(rank, world, device, results):
+    return _packed_step(rank, world, device, results, "usp")
+
+
+@pytest.mark.parametrize("kind, body, world", [("ring", _packed_ring_step, 2),
+                                               ("ulysses", _packed_ulysses_step, 2),
+                                               ("usp", _packed_usp_step, 4)])
+def test_packed_documents_over_sequence_shards_match_one_process(tmp_path, kind, body,
+                                                                 world):
+    # one process runs the packed row through position_ids that restart (attention_varlen
+    # per document; Mistral's window per document under Ulysses)
+    need_gpus(world)
+    for lines in spawn(body, world, tmp_path):
+        assert not "".join(lines).strip(), lines
+    got = torch.load(tmp_path / "r.0.pt")
+    from fusedattn.mode import DEVICE
+    device = DEVICE if EMULATION else torch.device("cuda", 0)
+    model = _model(device, kind)
+    loss = _loss_sum(model, *(t.to(device) for t in _packed_data()))
+    loss.backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu()
+    assert torch.allclose(got["loss"], loss.detach().cpu(), rtol=1e-5, atol=1e-4)
+    assert torch.allclose(got["grads"], grads, rtol=1e-4, atol=1e-5), \
+        float((got["grads"] - grads).abs().max())
 
 
 def _refusals(rank: int, world: int, device, results: str) -> list[str]:
@@ -157,6 +247,10 @@ def _refusals(rank: int, world: int, device, results: str) -> list[str]:
     with sequence_parallel():
         for label, call in calls.items():
             lines.append(refusal(label, call))
+    # packed documents declared, but the positions are one sequence's zigzag shard
+    with sequence_parallel(cu_seqlens=DOCS):
+        lines.append(refusal("packed-mismatch", lambda: model(ids[:1],
+                                                              position_ids=positions[:1])))
     return lines
 
 
@@ -168,7 +262,8 @@ def test_every_rank_refuses_what_one_rank_cannot_run_under_sequence_parallel(tmp
     for rank, lines in enumerate(ranks):
         assert not any(line.startswith("ERROR") for line in lines), lines
         got = dict(line.split(" ", 1) for line in lines)
-        assert set(got) == {"packed", "packed-nocache", "unsharded", "one-rank-padding"}
+        assert set(got) == {"packed", "packed-nocache", "unsharded", "one-rank-padding",
+                            "packed-mismatch"}
         for label, outcome in got.items():
             assert outcome.startswith("refused"), (rank, label, outcome)
         assert "position_ids" in got["packed"]  # (each rank's shard restarts)

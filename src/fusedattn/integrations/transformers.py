@@ -51,6 +51,14 @@ whole sequence). Windows and softcap are refused there (the ring has neither); s
 `sequence_parallel(group, kind="ulysses")` runs `ulysses_attention` instead, on contiguous
 shards (`contiguous_shard`), with windows, softcap and sinks; `sequence_parallel(mesh=mesh)`
 runs USP over a 2-D DeviceMesh (Ulysses x ring) on `usp_shard` shards.
+
+Packed documents (one row, `DataCollatorWithFlattening`'s layout) under any of them:
+`sequence_parallel(..., cu_seqlens=offsets)` with the whole row's document offsets, the same
+on every rank, and each rank's tokens, position ids (each document's from 0) and labels its
+`varlen_shard` (ring), `contiguous_shard` (Ulysses) or `usp_varlen_shard` (USP) of the row:
+the layers run `ring_attention_varlen`, `ulysses_attention_varlen` or
+`usp_attention_varlen`, attention within each document, and the positions are checked
+against that layout as above.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import NamedTuple
 
 import torch
 from transformers import AttentionInterface
@@ -76,20 +85,59 @@ _RING: ContextVar[tuple] = ContextVar("fusedattn_sequence_parallel", default=())
 SEQUENCE_PARALLEL = ("ring", "ulysses")
 
 
+class _Spec(NamedTuple):
+    """A `sequence_parallel` block: its group, kind ("ring", "ulysses", "usp"), mesh, and
+    for packed documents the whole batch's offsets (int32, on the CPU), the longest
+    document, and the offsets per device the layers met (one copy each)."""
+
+    group: object
+    kind: str
+    mesh: object
+    cu_seqlens: torch.Tensor | None = None
+    longest: int = 0
+    on_device: dict | None = None
+
+    def offsets(self, device: torch.device) -> torch.Tensor:
+        if device not in self.on_device:
+            self.on_device[device] = self.cu_seqlens.to(device)
+        return self.on_device[device]
+
+
+def _offsets(cu_seqlens) -> tuple[torch.Tensor, int]:
+    """`sequence_parallel`'s cu_seqlens checked: int32 on the CPU, and the longest length."""
+    cu = torch.as_tensor(cu_seqlens) if isinstance(cu_seqlens, list | tuple) else cu_seqlens
+    if (not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2
+            or cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool):
+        raise ProblemError("cu_seqlens", cu_seqlens, "the packed batch's document offsets, "
+                           "an integer tensor or list [D + 1] from 0, the same on every rank")
+    cu = cu.detach().to("cpu", torch.int32)
+    lengths = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0 or bool((lengths < 0).any()):
+        raise ProblemError("cu_seqlens", cu.tolist()[:8], "offsets from 0, never decreasing")
+    return cu, int(lengths.max())
+
+
 @contextmanager
-def sequence_parallel(group=None, *, kind: str = "ring", mesh=None):
+def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=None):
     """Inside: "fusedattn" layers run context-parallel attention on sequence shards; see the
     module docstring. `kind="ring"`: `ring_attention` over `group` (default: the world;
     zigzag shards when causal); `kind="ulysses"`: `ulysses_attention` over `group`
     (contiguous shards; windows, softcap and sinks run too); `mesh=` (a 2-D DeviceMesh,
-    Ulysses x ring): `usp_attention` (`usp_shard` shards). It holds for the thread (or
-    asyncio task) that enters it, not for others."""
+    Ulysses x ring): `usp_attention` (`usp_shard` shards). `cu_seqlens`: the model's batch is
+    one row of packed documents at these offsets (the whole batch's, the same on every rank),
+    each rank's tokens and positions its `varlen_shard` (ring), `contiguous_shard` (Ulysses)
+    or `usp_varlen_shard` (USP) of them; the layers run the `*_attention_varlen` functions.
+    It holds for the thread (or asyncio task) that enters it, not for others."""
     if kind not in SEQUENCE_PARALLEL:
         raise ProblemError("kind", kind, " or ".join(map(repr, SEQUENCE_PARALLEL)))
     if mesh is not None and (group is not None or kind != "ring"):
         raise ProblemError("mesh", mesh, "a mesh alone (USP: its dim 0 Ulysses, dim 1 the "
                            "ring), not with a group or kind")
-    token = _RING.set((*_RING.get(), (group, "usp" if mesh is not None else kind, mesh)))
+    spec = _Spec(group, "usp" if mesh is not None else kind, mesh)
+    if cu_seqlens is not None:
+        spec = spec._replace(cu_seqlens=(offsets := _offsets(cu_seqlens))[0],
+                             longest=offsets[1], on_device={})
+    token = _RING.set((*_RING.get(), spec))
     try:
         yield
     finally:
@@ -155,11 +203,14 @@ def fusedattn_attention_forward(module, query, key, value, attention_mask, dropo
 
 
 def _context_parallel(query, key, value, spec, causal, scaling, window, sinks, kwargs):
-    """A layer under `sequence_parallel`: the ring, Ulysses or USP (`spec`: group, kind,
-    mesh) on this rank's shard; `[B, S/P, H, D]` back."""
+    """A layer under `sequence_parallel`: the ring, Ulysses or USP (`spec`, a `_Spec`) on
+    this rank's shard; `[B, S/P, H, D]` back."""
     from fusedattn.distributed import ring_attention, ulysses_attention, usp_attention
 
-    group, kind, mesh = spec
+    group, kind, mesh = spec.group, spec.kind, spec.mesh
+    if spec.cu_seqlens is not None:
+        return _packed_context_parallel(query, key, value, spec, causal, scaling, window,
+                                        sinks, kwargs)
     if kind == "ulysses":
         out = ulysses_attention(query, key, value, group=group, is_causal=causal,
                                 scale=scaling, window=window, softcap=kwargs.get("softcap"),
@@ -179,15 +230,74 @@ def _context_parallel(query, key, value, spec, causal, scaling, window, sinks, k
     return out.transpose(1, 2).contiguous()
 
 
+def _packed_context_parallel(query, key, value, spec, causal, scaling, window, sinks,
+                             kwargs):
+    """A layer under `sequence_parallel(cu_seqlens=...)`: one row of packed documents, this
+    rank's rows of them, through `ring_attention_varlen`, `ulysses_attention_varlen` or
+    `usp_attention_varlen`; `[1, rows, H, D]` back."""
+    from fusedattn.distributed import (
+        ring_attention_varlen,
+        ulysses_attention_varlen,
+        usp_attention_varlen,
+    )
+
+    if query.shape[0] != 1:
+        raise ProblemError("batch", query.shape[0], "1 under sequence_parallel(cu_seqlens="
+                           "...): the documents packed into one row")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [rows, H, D]
+    cu, longest = spec.offsets(query.device), spec.longest
+    if spec.kind == "ulysses":
+        out = ulysses_attention_varlen(q, k, v, cu, cu, longest, longest, group=spec.group,
+                                       is_causal=causal, scale=scaling, window=window,
+                                       softcap=kwargs.get("softcap"), sinks=sinks)
+        return out[None]
+    for name in ("sliding_window", "softcap"):
+        if kwargs.get(name) is not None:
+            raise ProblemError(name, kwargs[name], f"None under sequence_parallel(kind="
+                               f"{spec.kind!r}) (the ring has no windows or softcap; "
+                               "kind='ulysses' has them)")
+    if spec.kind == "usp":
+        out = usp_attention_varlen(q, k, v, cu, longest, mesh=spec.mesh, is_causal=causal,
+                                   scale=scaling, sinks=sinks)
+    else:
+        out = ring_attention_varlen(q, k, v, cu, longest, group=spec.group,
+                                    is_causal=causal, scale=scaling, sinks=sinks)
+    return out[None]
+
+
 def _shard_positions(spec, length: int, causal: bool) -> list[torch.Tensor]:
     """The positions, from 0, that this rank's shard of one sequence holds under `spec`
     (group, kind, mesh), `length` of them: the ring's zigzag shard (non-causal: contiguous
     too), Ulysses' contiguous one, USP's `usp_shard`."""
     import torch.distributed as dist
 
-    from fusedattn.distributed import contiguous_shard, usp_shard, zigzag_shard
+    from fusedattn.distributed import (
+        contiguous_shard,
+        usp_shard,
+        usp_varlen_shard,
+        varlen_shard,
+        zigzag_shard,
+    )
 
-    group, kind, mesh = spec
+    group, kind, mesh = spec.group, spec.kind, spec.mesh
+    if spec.cu_seqlens is not None:  # packed: each document's positions from 0, sharded
+        cu = spec.cu_seqlens
+        if int(cu[-1]) != length * (dist.get_world_size(group) if kind != "usp"
+                                     else mesh.size(0) * mesh.size(1)):
+            return []
+        docs = torch.cat([torch.arange(int(b - a)) for a, b in zip(cu[:-1], cu[1:],
+                                                                    strict=True)])
+        try:
+            if kind == "usp":
+                return [usp_varlen_shard(docs, cu, mesh.get_local_rank(0), mesh.size(0),
+                                         mesh.get_local_rank(1), mesh.size(1),
+                                         causal=causal)]
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            if kind == "ulysses":
+                return [contiguous_shard(docs, rank, world, dim=0)]
+            return [varlen_shard(docs, cu, rank, world, causal=causal)]
+        except ProblemError:
+            return []  # (documents the kind cannot cut: its own call says why)
     if kind == "usp":
         ulysses, ring = mesh.size(0), mesh.size(1)
         full = torch.arange(length * ulysses * ring)
@@ -228,8 +338,8 @@ def _agreed(ok: bool, spec) -> bool:
     or none, so no rank waits in the ring for one that raised."""
     import torch.distributed as dist
 
-    group, kind, mesh = spec
-    groups = [mesh.get_group(0), mesh.get_group(1)] if kind == "usp" else [group]
+    groups = ([spec.mesh.get_group(0), spec.mesh.get_group(1)] if spec.kind == "usp"
+              else [spec.group])
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend(groups[0]) == "nccl" else torch.device("cpu"))
     flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
@@ -253,29 +363,40 @@ def _sharded_mask(mask, positions, spec, causal) -> torch.Tensor | None:
         return mask
     holder = mask if isinstance(mask, torch.Tensor) else positions
     try:
-        read = (positions, positions._version, holder._version, bool(causal))
+        read = (positions._version, holder._version, bool(causal))
     except RuntimeError:  # inference tensors keep no version: checked every layer
         read = None
     kept = getattr(holder, "fusedattn_sharded", None)
-    if read is None or kept is None or kept[0] is not positions or kept[1:4] != read[1:]:
+    if (read is None or kept is None or kept[0] is not positions or kept[1] is not spec
+            or kept[2:5] != read):
         layouts = [p.to(positions.device) for p in
                    _shard_positions(spec, positions.shape[-1], bool(causal))]
-        one = any(bool(((positions - p) == (positions[:, :1] - p[0])).all()) for p in layouts)
+        if spec.cu_seqlens is not None:  # packed: the positions exactly, one row
+            one = positions.shape[0] == 1 and any(bool((positions == p).all())
+                                                  for p in layouts)
+        else:  # one sequence: the layout's positions plus a constant
+            one = any(bool(((positions - p) == (positions[:, :1] - p[0])).all())
+                      for p in layouts)
         artifact = (one and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
                     and _same_mask(mask, _segments_mask(positions)))
-        kept = (positions, *(read[1:] if read else (None,) * 3), one,
+        kept = (positions, spec, *(read or (None,) * 3), one,
                 _agreed(one and (mask is None or artifact), spec), artifact)
         if read is not None:
             holder.fusedattn_sharded = kept
-    one, agreed, artifact = kept[4:]
-    if not one:
+    one, agreed, artifact = kept[5:]
+    if not one and spec.cu_seqlens is None:
         raise ProblemError(
             "position_ids", "a shard that is not one sequence's (positions that restart, as "
             "packed documents', or not sharded like the tokens)",
             "one sequence a batch row, its positions sharded like the tokens (zigzag_shard, "
-            "contiguous_shard or usp_shard of the whole sequence's); for packed documents "
-            "call fusedattn.distributed.ring_attention_varlen or usp_attention_varlen on "
-            "varlen_shard shards")
+            "contiguous_shard or usp_shard of the whole sequence's); packed documents: "
+            "sequence_parallel(cu_seqlens=...)")
+    if not one:
+        raise ProblemError(
+            "position_ids", "not this rank's shard of the documents at cu_seqlens",
+            "one row of the packed documents, each document's positions from 0, sharded "
+            "like the tokens (varlen_shard for the ring, contiguous_shard for Ulysses, "
+            "usp_varlen_shard for USP; documents as those take them)")
     if not agreed and (mask is None or artifact):
         raise ProblemError("shards", "another rank refused its inputs",
                            "runnable inputs on every rank (the refusing rank raised why)")
