@@ -48,8 +48,6 @@ def _step(rank: int, world: int, device, results: str, kind: str, **kw) -> list[
     """One rank: a training step on its shard; loss and gradients summed over ranks. `kw`
     goes to the model (use_cache=False: no cache, so transformers reads each jump in a
     zigzag shard's positions as a new packed document and makes a mask of it)."""
-    import torch.distributed as dist
-
     from fusedattn.distributed import contiguous_shard, zigzag_shard
     from fusedattn.integrations.transformers import sequence_parallel
 
@@ -67,6 +65,15 @@ def _step(rank: int, world: int, device, results: str, kind: str, **kw) -> list[
         shard = zigzag_shard if kind == "ring" else contiguous_shard
         shards = [shard(t, rank, world, dim=1).contiguous().to(device) for t in _data()]
         context = sequence_parallel(kind=kind)
+    return _sharded_step(model, shards, context, rank, results, **kw)
+
+
+def _sharded_step(model, shards, context, rank: int, results: str, **kw) -> list[str]:
+    """A training step of `model` on this rank's `shards` (ids, labels, positions) inside
+    `context`: the loss summed over ranks and the gradients all-reduced, saved for the
+    test to compare with one process."""
+    import torch.distributed as dist
+
     with context:
         loss = _loss_sum(model, *shards, **kw)
     loss.backward()
@@ -98,6 +105,13 @@ def _usp_step_without_cache(rank, world, device, results):
     ("ring", _ring_step_without_cache, 2), ("usp", _usp_step_without_cache, 4)])
 def test_a_training_step_over_sequence_shards_matches_one_process(tmp_path, kind, body,
                                                                   world):
+    _matches_one_process(tmp_path, kind, body, world, _data())
+
+
+def _matches_one_process(tmp_path, kind: str, body, world: int, data) -> None:
+    """`body`'s step on `world` ranks against one process's on the whole `data`: the loss
+    and every parameter's gradient. fp32 on both sides; the ring merges partial softmaxes
+    in another order (Ulysses runs the same kernels on the whole sequence)."""
     need_gpus(world)
     for lines in spawn(body, world, tmp_path):
         assert not "".join(lines).strip(), lines
@@ -105,12 +119,9 @@ def test_a_training_step_over_sequence_shards_matches_one_process(tmp_path, kind
     from fusedattn.mode import DEVICE
     device = DEVICE if EMULATION else torch.device("cuda", 0)
     model = _model(device, kind)
-    ids, labels, positions = (t.to(device) for t in _data())
-    loss = _loss_sum(model, ids, labels, positions)
+    loss = _loss_sum(model, *(t.to(device) for t in data))
     loss.backward()
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu()
-    # fp32 on both sides; the ring merges partial softmaxes in another order (Ulysses runs
-    # the same kernels on the whole sequence)
     assert torch.allclose(got["loss"], loss.detach().cpu(), rtol=1e-5, atol=1e-4)
     assert torch.allclose(got["grads"], grads, rtol=1e-4, atol=1e-5), \
         float((got["grads"] - grads).abs().max())
@@ -152,8 +163,6 @@ def _packed_data():
 def _packed_step(rank: int, world: int, device, results: str, kind: str) -> list[str]:
     """One rank: a training step on its rows of the packed documents
     (`sequence_parallel(cu_seqlens=...)`), loss and gradients summed over ranks."""
-    import torch.distributed as dist
-
     from fusedattn.distributed import contiguous_shard, varlen_shard
     from fusedattn.integrations.transformers import sequence_parallel
 
@@ -174,14 +183,7 @@ def _packed_step(rank: int, world: int, device, results: str, kind: str) -> list
         shards = [shard(t[0])[None] for t in _packed_data()]
         context = sequence_parallel(kind=kind, cu_seqlens=DOCS)
     shards = [t.contiguous().to(device) for t in shards]
-    with context:
-        loss = _loss_sum(model, *shards)
-    loss.backward()
-    dist.all_reduce(loss.detach())
-    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    dist.all_reduce(grads)
-    torch.save({"loss": loss.detach().cpu(), "grads": grads.cpu()}, f"{results}.{rank}.pt")
-    return []
+    return _sharded_step(model, shards, context, rank, results)
 
 
 def _packed_ring_step(rank, world, device, results):
@@ -203,19 +205,7 @@ def test_packed_documents_over_sequence_shards_match_one_process(tmp_path, kind,
                                                                  world):
     # one process runs the packed row through position_ids that restart (attention_varlen
     # per document; Mistral's window per document under Ulysses)
-    need_gpus(world)
-    for lines in spawn(body, world, tmp_path):
-        assert not "".join(lines).strip(), lines
-    got = torch.load(tmp_path / "r.0.pt")
-    from fusedattn.mode import DEVICE
-    device = DEVICE if EMULATION else torch.device("cuda", 0)
-    model = _model(device, kind)
-    loss = _loss_sum(model, *(t.to(device) for t in _packed_data()))
-    loss.backward()
-    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu()
-    assert torch.allclose(got["loss"], loss.detach().cpu(), rtol=1e-5, atol=1e-4)
-    assert torch.allclose(got["grads"], grads, rtol=1e-4, atol=1e-5), \
-        float((got["grads"] - grads).abs().max())
+    _matches_one_process(tmp_path, kind, body, world, _packed_data())
 
 
 def _refusals(rank: int, world: int, device, results: str) -> list[str]:
