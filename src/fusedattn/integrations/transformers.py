@@ -135,8 +135,8 @@ def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=N
                            "ring), not with a group or kind")
     spec = _Spec(group, "usp" if mesh is not None else kind, mesh)
     if cu_seqlens is not None:
-        spec = spec._replace(cu_seqlens=(offsets := _offsets(cu_seqlens))[0],
-                             longest=offsets[1], on_device={})
+        offsets, longest = _offsets(cu_seqlens)
+        spec = spec._replace(cu_seqlens=offsets, longest=longest, on_device={})
     token = _RING.set((*_RING.get(), spec))
     try:
         yield
