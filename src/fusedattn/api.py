@@ -403,13 +403,8 @@ def call_key(tensors, options, window, *extra):
     their types (`typed`), the window's sides, and `extra` as it is. None for a call that
     takes the full path each time: tensor subclasses, a window that is not a pair,
     unhashable options (the full path says what is wrong with them)."""
-    parts, grad = [], False
-    for t in tensors:  # (one pass: this runs on every call)
-        if t is not None:
-            if type(t) is not torch.Tensor:
-                return None
-            grad = grad or t.requires_grad  # (and grad mode on: `wants_grads`)
-        parts.append(tensor_key(t))
+    if any(t is not None and type(t) is not torch.Tensor for t in tensors):
+        return None
     if window is not None:
         if type(window) not in (tuple, list) or len(window) != 2:
             return None
@@ -419,7 +414,7 @@ def call_key(tensors, options, window, *extra):
         hash((options, window, extra))
     except TypeError:
         return None
-    return (*parts, grad and torch.is_grad_enabled(), *options, window, *extra)
+    return (*map(tensor_key, tensors), wants_grads(tensors), *options, window, *extra)
 
 
 _CALLS = Plans()

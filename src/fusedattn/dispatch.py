@@ -30,7 +30,9 @@ from fusedattn.problem import ProblemError
 # passes at S4096 (-2 to -6% in two runs, causal or not), tied under GQA at S8192 (+2%),
 # faster at S16384 causal (+19%); 24 documents averaging 1365 keys ran 11% slower
 # (scripts/hopper_bwd_check.py, evidence/nvidia-h200/20261201T1901Z-hopper-bwd and
-# 20261202T0626Z-ab). Under S1024 the portable passes won at either head dim
+# 20261202T0626Z-ab). Shorter rows: the portable passes won at S1024 D128 causal (235
+# against 214); S512 D64 and S256 D128 went the Hopper kernel's way by 5-7%, within the
+# short rows' noise, and stay portable (D64's 2048 is the earlier run's, 1844Z)
 HOPPER_BWD_MIN_KEYS = {64: 2048, 128: 8192}
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,

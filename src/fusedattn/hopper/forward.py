@@ -88,8 +88,9 @@ SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 THREAD_ARRIVES = False
 # the row sums kept per lane through the key loop, their shuffles once at the end
 # (`forward_kernel._lane_sums`, as FA4's softmax defers its row sum's all-reduce). Faster
-# in each of the 10 hopper_check rows at 892cb05 (+0.5 to +7%; evidence/nvidia-h200/
-# 20261202T0616Z-hopper-ab), each row within the run's noise alone (A/B)
+# in 10 of 10 hopper_check rows at 892cb05 and 7 of 10 in the other order at 5e881fb,
+# about +2%, each row within a run's noise alone (evidence/nvidia-h200/
+# 20261202T0616Z-hopper-ab, 20261202T0626Z-ab) (A/B)
 LANE_SUM = True
 
 
