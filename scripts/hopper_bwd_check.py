@@ -110,10 +110,12 @@ def _fa4(q, k, v, dout, causal, packed=None):
 
 
 PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", deterministic=False),
-             # A/Bs of the dQ writer: one warp; one buffer; no adds (dQ wrong: the rest's
-             # time, its error not checked)
+             # A/Bs: P and dS through shared memory (S not transposed), with the dQ
+             # writer's 4 warps or 2; the writer on one warp; no adds (dQ wrong: the
+             # rest's time, its error not checked)
+             "hopper-smem": _ours("hopper", SWAP_SDP=False, WRITER_WARPS=4),
+             "hopper-smem-w2": _ours("hopper", SWAP_SDP=False),
              "hopper-w1": _ours("hopper", WRITER_WARPS=1),
-             "hopper-buf1": _ours("hopper", DQ_BUFS=1),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)

@@ -207,15 +207,122 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
 
 
 @gluon.jit
-def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
-             dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, p_lse,
-             p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
-             scale, qk_scale, cap, left, right,
-             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-             GQA: gl.constexpr, VARLEN: gl.constexpr):
-    """The 8 warps' steps (the module docstring), then dK and dV's stores."""
+def _steps_rs(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
+              free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
+              n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
+              GQA: gl.constexpr, VARLEN: gl.constexpr):
+    """The 8 warps' steps with the scores transposed (FA3's SdP_swapAB): S^T = K Q^T and
+    dP^T = V dO^T, each warpgroup its 64 keys' rows, so that P^T and dS^T are the A
+    operands of dV += P^T dO and dK += dS^T Q straight from registers (no shared memory,
+    no barrier); dS^T goes through shared memory for dQ = dS K alone. Returns dK, dV."""
+    # S^T, dP^T, P^T, dS^T: [BLOCK_N keys, BLOCK_M queries], each warpgroup BLOCK_N / 2 keys
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, BLOCK_M, 16])
+    # dK, dV: [BLOCK_N keys, D], each warpgroup the same BLOCK_N / 2 keys
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout,
+                                                  k_width=2)
+    # a step's dQ: [BLOCK_M, D], each warpgroup D / 2 columns
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+    key_s: gl.constexpr = gl.SliceLayout(1, st_layout)
+    query_s: gl.constexpr = gl.SliceLayout(0, st_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+    dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
+    live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
+    if live:
+        mbarrier.wait(kv_bar, 0)
+    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
+    for t in range(n_steps * group if GQA else n_steps):
+        j, hh = _step(t, group, GQA)
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        h = h_kv * group + hh
+        lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
+        slot = t % STAGES
+        cols = m0 + gl.arange(0, BLOCK_M, layout=query_s)
+        # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
+        lse = gl.load(p_lse + lse_base + cols, mask=cols < seq_q, other=float("inf"))
+        lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        delta = gl.load(p_delta + lse_base + cols, mask=cols < seq_q, other=0.0)
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        q_t = q_smem.index(slot)
+        do_t = do_smem.index(slot)
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        s_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        dp_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
+        if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
+            s = _softcap(s * qk_scale) * cap
+        else:
+            s = s * qk_scale
+        p = gl.exp2(s - gl.expand_dims(lse, 0))
+        pos = m0 + diag  # the tile's first query's position among the keys
+        edge = k0 + BLOCK_N > seq_k
+        if HAS_RIGHT:
+            edge = edge | (k0 + BLOCK_N - 1 > pos + right)
+        if HAS_LEFT:
+            edge = edge | (k0 < pos + BLOCK_M - 1 - left)
+        if edge:  # (the key rows made here: no registers held for them)
+            keys = gl.expand_dims(k0 + gl.arange(0, BLOCK_N, layout=key_s), 1)
+            qpos = gl.expand_dims(cols + diag, 0)
+            valid = keys < seq_k
+            if HAS_RIGHT:
+                valid = valid & (keys <= qpos + right)
+            if HAS_LEFT:
+                valid = valid & (keys >= qpos - left)
+            p = gl.where(valid, p, 0.0)
+        p_op = gl.convert_layout(p.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
+        ds = p * (dp - gl.expand_dims(delta, 0))
+        if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
+            th = s / cap
+            ds = ds * (1.0 - th * th)
+        ds = ds.to(dtype)
+        ds_smem.store(ds)
+        ds_op = gl.convert_layout(ds, op_layout)
+        dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+        fence_async_shared()
+        gl.thread_barrier()  # both warpgroups' dS^T are in (dQ takes every key)
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem,
+                               gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout),
+                               use_acc=False, is_async=True)
+        done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op, ds_op, ds_smem, q_t,
+                                           do_t, k_smem])
+        dv = done[0]
+        dk = done[1]
+        buf = t % DQ_BUFS
+        mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
+        dq_smem.index(buf).store(done[2] * scale)
+        # every warp is past its products' reads of the slot and dS, and its dQ stores
+        # (one thread arrives for all)
+        gl.thread_barrier()
+        mbarrier.arrive(dq_ready.index(buf), count=1)
+        mbarrier.arrive(free.index(slot), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _steps_smem(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
+                free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
+                n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
+                GQA: gl.constexpr, VARLEN: gl.constexpr):
+    """The 8 warps' steps (the module docstring), P and dS through shared memory. Returns
+    dK, dV."""
     # S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
@@ -306,7 +413,36 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
         gl.thread_barrier()
         mbarrier.arrive(dq_ready.index(buf), count=1)
         mbarrier.arrive(free.index(slot), count=1)
+    return dk, dv
 
+
+@gluon.jit
+def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
+             dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, p_lse,
+             p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
+             scale, qk_scale, cap, left, right,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+             BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
+             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
+    """The 8 warps' steps, then dK and dV's stores."""
+    dtype: gl.constexpr = q_smem.dtype
+    if SWAP_SDP:
+        dk, dv = _steps_rs(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
+                           ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
+                           p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
+                           qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
+                           HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN)
+    else:
+        dk, dv = _steps_smem(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem,
+                             kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b,
+                             sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
+                             scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D, STAGES,
+                             HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+    live = k0 < seq_k
     # dK and dV out through K's and V's tiles (every warp is done reading them)
     if live:
         gl.thread_barrier()
@@ -360,7 +496,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    VARLEN: gl.constexpr):
+                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -380,12 +516,18 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         dtype, [BLOCK_N, D], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype))
     v_smem = gl.allocate_shared_memory(
         dtype, [BLOCK_N, D], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype))
-    p_smem = gl.allocate_shared_memory(
-        dtype, [BLOCK_M, BLOCK_N],
-        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
-    ds_smem = gl.allocate_shared_memory(
-        dtype, [BLOCK_M, BLOCK_N],
-        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+    if SWAP_SDP:  # dS^T alone (P stays in registers)
+        ds_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_N, BLOCK_M],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+        p_smem = ds_smem  # (unused)
+    else:
+        p_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_M, BLOCK_N],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+        ds_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_M, BLOCK_N],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     dq_smem = gl.allocate_shared_memory(
         gl.float32, [DQ_BUFS, BLOCK_M, D],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32))
@@ -408,7 +550,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
                     group, seq_q, seq_k, scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N,
                     D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
-                    VARLEN)),
+                    VARLEN, SWAP_SDP)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
                    left, right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
