@@ -110,12 +110,15 @@ def _fa4(q, k, v, dout, causal, packed=None):
 
 
 PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", deterministic=False),
-             # A/Bs: P and dS through shared memory (S not transposed), with the dQ
-             # writer's 4 warps or 2; the writer on one warp; no adds (dQ wrong: the
-             # rest's time, its error not checked)
-             "hopper-smem": _ours("hopper", SWAP_SDP=False, WRITER_WARPS=4),
-             "hopper-smem-w2": _ours("hopper", SWAP_SDP=False),
-             "hopper-w1": _ours("hopper", WRITER_WARPS=1),
+             # A/Bs: P and dS through shared memory (S not transposed), the loader a
+             # warp of its own (the design before, compute at 232 registers) or in the dQ
+             # writer's warpgroup; S transposed with the loader apart (232: ptxas
+             # serialises its wgmmas at D128); the writer on two warps; no adds (dQ
+             # wrong: the rest's time, its error not checked)
+             "hopper-smem": _ours("hopper", SWAP_SDP=False, MERGED=False),
+             "hopper-smem-merged": _ours("hopper", SWAP_SDP=False),
+             "hopper-apart": _ours("hopper", MERGED=False),
+             "hopper-w2": _ours("hopper", WRITER_WARPS=2),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)

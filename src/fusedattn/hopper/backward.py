@@ -19,10 +19,11 @@ TILES = {
     128: (64, 128, 2),
 }
 LOADER_REGS, WRITER_REGS = 24, 24
-# the dQ writer's warps (`backward_kernel._dq_writer`): with the loader's warp, one
-# warpgroup at 24 registers, so that the compute warpgroups get 240 (with 4, 232: too few
-# for P and dS as register operands at D128, where ptxas serialises the wgmmas)
-WRITER_WARPS = 2
+WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
+# the loader's work in the writer's warpgroup: 3 warpgroups, not 4, so that the compute
+# warpgroups get 240 registers (with 4, 232: too few for P and dS as register operands at
+# D128, where ptxas serialises the wgmmas)
+MERGED = True
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 SWAP_SDP = True  # S^T and dP^T: P and dS the register operands of dV and dK (FA3's swapAB)
@@ -31,7 +32,7 @@ SWAP_SDP = True  # S^T and dP^T: P and dS the register operands of dV and dK (FA
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP
+    return WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
@@ -75,6 +76,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, SWAP_SDP=SWAP_SDP, GQA=heads != heads_kv, VARLEN=varlen is not None,
+                  DQ_ADDS=DQ_ADDS, SWAP_SDP=SWAP_SDP, MERGED=MERGED, GQA=heads != heads_kv, VARLEN=varlen is not None,
                   num_warps=8)
     return _flash_bwd_sm90, grid, args, kwargs

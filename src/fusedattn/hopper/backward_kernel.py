@@ -125,15 +125,67 @@ def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, di
 
 
 @gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k,
+             D: gl.constexpr):
+    """The program's K and V tiles, once (varlen: a tile past its sequence's keys loads
+    nothing)."""
+    if k0 < seq_k:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _load_rows(k_desc, k_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k_smem, D, 0)
+        _load_rows(v_desc, v_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v_smem, D, 0)
+
+
+@gluon.jit
+def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
+               m_lo, n_steps, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+               GQA: gl.constexpr):
+    """Step t's Q and dO into slot t % STAGES, once the compute partition released the
+    slot's last use."""
+    j, hh = _step(t, group, GQA)
+    m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+    h = h_kv * group + hh
+    slot = t % STAGES
+    # a fresh barrier counts as having completed the phase before its first
+    mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot), q_smem.index(slot),
+               q_smem.index(slot), D, 0)
+    _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
+               do_smem.index(slot), do_smem.index(slot), D, 0)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
+            free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+            GQA: gl.constexpr, VARLEN: gl.constexpr):
+    """The producer warp (without MERGED): K and V once, then each step's Q and dO."""
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
+    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
+    for t in range(n_steps * group if GQA else n_steps):
+        _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
+                   q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA)
+
+
+@gluon.jit
 def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n, n_tiles_m,
-               n_heads_kv, group, seq_q, seq_k, rows_q, left, right, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, D: gl.constexpr, HAS_LEFT: gl.constexpr,
-               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-               DETERMINISTIC: gl.constexpr, DQ_BUFS: gl.constexpr, WARPS: gl.constexpr,
-               DQ_ADDS: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr):
+               n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc, k_desc, v_desc,
+               do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+               STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+               BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
+               DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
+               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
-    tiles before this one (the module docstring), then counted."""
+    tiles before this one (the module docstring), then counted. MERGED: these warps are the
+    loader too (one warpgroup for both, so that the compute warpgroups get 240 registers):
+    K, V and the first STAGES steps' Q and dO up front, then step t + STAGES's as soon as
+    step t is done (its slot is free then), before step t's adds."""
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
@@ -144,16 +196,27 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
+    n_total = n_steps * group if GQA else n_steps
+    if MERGED:
+        _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
+        for t in gl.static_range(STAGES):
+            if t < n_total:
+                _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
+                           group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
-    for t in range(n_steps * group if GQA else n_steps):
+    for t in range(n_total):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
         # the accumulator's rows (rows_q a head: Sq, or the packed total)
         row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
         mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
+        if MERGED:
+            if t + STAGES < n_total:
+                _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row,
+                           h_kv, group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
                                       n_steps, diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
@@ -173,37 +236,6 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         if DETERMINISTIC:
             gl.atomic_add(counter, 1, sem="release", scope="gpu")
         mbarrier.arrive(dq_free.index(buf), count=1)
-
-
-@gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
-            free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            GQA: gl.constexpr, VARLEN: gl.constexpr):
-    """The producer: K and V once, then Q and dO of each step t into slot t % STAGES, once
-    the compute partition released the slot's last use."""
-    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
-    if k0 < seq_k:  # (varlen: a tile past its sequence's keys loads nothing)
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _load_rows(k_desc, k_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k_smem, D, 0)
-        _load_rows(v_desc, v_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v_smem, D, 0)
-    step_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
-    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    for t in range(n_steps * group if GQA else n_steps):
-        j, hh = _step(t, group, GQA)
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
-        h = h_kv * group + hh
-        slot = t % STAGES
-        # a fresh barrier counts as having completed the phase before its first
-        mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), step_bytes)
-        _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot),
-                   q_smem.index(slot), q_smem.index(slot), D, 0)
-        _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
-                   do_smem.index(slot), do_smem.index(slot), D, 0)
 
 
 @gluon.jit
@@ -496,7 +528,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
+                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -544,7 +576,23 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=1)
     fence_async_shared()
-    gl.warp_specialize([
+    # (the partitions written out twice: Gluon takes no (function, args) tuple in a name)
+    if MERGED:  # the loader's work in the writer's warpgroup
+        gl.warp_specialize([
+        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
+                    free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
+                    sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
+                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N,
+                    D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
+                    VARLEN, SWAP_SDP)),
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
+                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc,
+                      k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
+                      free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED)),
+        ], [WRITER_WARPS], [WRITER_REGS])
+    else:
+        gl.warp_specialize([
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
                     free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
@@ -556,7 +604,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                    left, right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                    BOTTOM_RIGHT, GQA, VARLEN)),
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
-                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right,
-                      BLOCK_M, BLOCK_N, D, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, DETERMINISTIC,
-                      DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN)),
-    ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
+                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc,
+                      k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
+                      free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED)),
+        ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
