@@ -273,3 +273,20 @@ def test_deterministic_takes_a_bool_and_reaches_the_backward(monkeypatch):
     assert seen == [True, False]
     # the portable backward is deterministic either way: the same bits
     assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("mask, swapped", [
+    (Mask(), True), (Mask(causal=True), False), (Mask(window=(8, 0)), False),
+    (Mask(softcap=30.0), False)])
+def test_scores_are_transposed_only_where_no_mask_bounds_a_key(mask, swapped):
+    """`hopper.backward`'s launch picks S^T (P and dS as register operands) for unmasked
+    rows alone: under masks and softcaps that kernel spilled and ran 19-34% slower."""
+    from fusedattn.hopper import backward as knobs
+
+    q = rand(1, 2, 128, 128, dtype=torch.bfloat16)
+    zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
+    launch = knobs.hopper_backward_launch(
+        q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
+        torch.zeros(knobs.counters(1, 2, 128, 128), dtype=torch.int32), q, q, scale=0.1,
+        mask=mask)
+    assert launch[3]["SWAP_SDP"] is swapped and launch[3]["MERGED"] is True

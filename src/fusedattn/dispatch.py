@@ -26,14 +26,15 @@ from fusedattn.problem import ProblemError
 
 # The Hopper backward under "auto" from this many keys a row, by head dim (varlen: keys a
 # sequence on average, its packed total over its count). D64: the Hopper kernel was as fast
-# or faster from S512 on (S8192 causal +15%, S4096 +3%). D128: slower than the portable
-# passes at S4096 (-2 to -6% in two runs, causal or not), tied under GQA at S8192 (+2%),
-# faster at S16384 causal (+19%); 24 documents averaging 1365 keys ran 11% slower
-# (scripts/hopper_bwd_check.py, evidence/nvidia-h200/20261201T1901Z-hopper-bwd and
-# 20261202T0626Z-ab). Shorter rows: the portable passes won at S1024 D128 causal (235
-# against 214); S512 D64 and S256 D128 went the Hopper kernel's way by 5-7%, within the
-# short rows' noise, and stay portable (D64's 2048 is the earlier run's, 1844Z)
-HOPPER_BWD_MIN_KEYS = {64: 2048, 128: 8192}
+# or faster from S512 on (S8192 causal +15%, S4096 +3%). D128, since the kernel's compute
+# warpgroups have 240 registers (8cba653, evidence/nvidia-h200/20261202T0813Z-bwd-merged-ab):
+# faster than the portable passes at S4096 (+3% with S transposed, causal +4%) and GQA
+# S8192 causal (+20%); 24 documents averaging 1365 keys still ran 10% slower, as did S1024
+# causal before (235 against 214, 1901Z); nothing measured between, so 4096 (it was 8192:
+# the kernel lost at S4096 by 2-6%, 20261202T0626Z-ab). Shorter rows: S512 D64 and S256
+# D128 went the Hopper kernel's way by 5-7%, within the short rows' noise, and stay
+# portable (D64's 2048 is the earlier run's, 1844Z)
+HOPPER_BWD_MIN_KEYS = {64: 2048, 128: 4096}
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k

@@ -5,7 +5,8 @@ portable preprocess (delta = rowsum(dO * O) - dLSE): one launch for dK, dV and d
 summed in an fp32 accumulator that `flash_backward` then casts into dQ. Tiles per head dim
 (`TILES`): BLOCK_M query rows a step, BLOCK_N keys a program, STAGES slots of Q and dO.
 Shared memory: STAGES * 2 * BLOCK_M * D * 2 bytes of Q and dO, 2 * BLOCK_N * D * 2 of K and
-V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS, DQ_BUFS * BLOCK_M * D * 4 of dQ (D128: 224 KB)."""
+V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS (dS alone with S transposed), DQ_BUFS * BLOCK_M *
+D * 4 of dQ (D128: 224 KB, 208 KB)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 MERGED = True
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
-SWAP_SDP = True  # S^T and dP^T: P and dS the register operands of dV and dK (FA3's swapAB)
+# S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
+# bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
+# +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136-148 bytes there against
+# 28), so those keep P and dS in shared memory
+SWAP_SDP = True
 
 
 def switches() -> tuple:
@@ -62,6 +67,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
         cu_q = cu_k = sem  # unused pointers
     block_m, block_n, stages = TILES[dim]
     qk_scale, cap, left, right = mask.kernel_args(scale)
+    swap = SWAP_SDP and left < 0 and right < 0 and cap == 0
     descs = [_descriptor(t, rows, dim) for t, rows in
              ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
               (dv, block_n))]
@@ -76,6 +82,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, SWAP_SDP=SWAP_SDP, MERGED=MERGED, GQA=heads != heads_kv, VARLEN=varlen is not None,
-                  num_warps=8)
+                  DQ_ADDS=DQ_ADDS, SWAP_SDP=swap, MERGED=MERGED, GQA=heads != heads_kv,
+                  VARLEN=varlen is not None, num_warps=8)
     return _flash_bwd_sm90, grid, args, kwargs

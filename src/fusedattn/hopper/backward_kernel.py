@@ -1,12 +1,10 @@
 """The Hopper backward kernel (`backward.py` launches it): dK, dV and dQ in one pass.
 
-One program (CTA) per key tile of BLOCK_N keys of one (batch, K/V head); three partitions
-of warps share its shared memory:
+One program (CTA) per key tile of BLOCK_N keys of one (batch, K/V head); two partitions of
+warps share its shared memory (three without MERGED, the loader a warp of its own):
 
-    loader (1 warp, few registers)   the tile's K and V once, then each step's Q and dO by
-                                     TMA into a ring of STAGES slots (one ready and one
-                                     free mbarrier per slot)
-    compute (8 warps: 2 warpgroups)  per step, a query tile of BLOCK_M rows of one head:
+    compute (8 warps: 2 warpgroups,  per step, a query tile of BLOCK_M rows of one head:
+      240 registers)
         S  = Q K^T, dP = dO V^T       async wgmmas, S and dP split by keys over the two
                                      warpgroups (each its 64 keys)
         P  = exp2(S * scale - LSE)    the forward's LSE (base 2), masked on the mask's edges
@@ -15,8 +13,15 @@ of warps share its shared memory:
         dK += dS^T Q                  dS through shared memory
         dQ  = dS K                    each warpgroup half of dQ's columns, scaled, into one
                                      of DQ_BUFS shared buffers for the writer
-    dQ writer (a warpgroup)          each step's dQ added into an fp32 accumulator in global
-                                     memory (atomics), off the compute warps' path
+      or, SWAP_SDP (`_steps_rs`),     S^T = K Q^T and dP^T = V dO^T, each warpgroup its 64
+                                     keys' rows: P^T and dS^T are dV's and dK's A operands
+                                     from registers, and dS^T goes through shared memory
+                                     for dQ alone (one barrier a step, not two)
+    loader and dQ writer (a          the tile's K and V once, each step's Q and dO by TMA
+      warpgroup, 24 registers)       into a ring of STAGES slots (one ready and one free
+                                     mbarrier per slot), and each step's dQ added into an
+                                     fp32 accumulator in global memory (atomics), off the
+                                     compute warps' path
     and at the end dK (scaled) and dV go out through K's and V's shared tiles by TMA.
 
 So P and dP are computed once (5 GEMMs a step, the FLOP convention's count), where the
