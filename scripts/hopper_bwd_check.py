@@ -119,6 +119,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-smem-merged": _ours("hopper", SWAP_SDP=False),
              "hopper-apart": _ours("hopper", MERGED=False),
              "hopper-w2": _ours("hopper", WRITER_WARPS=2),
+             # D64 with 128-row steps (P and dS through shared memory: 224 KB)
+             "hopper-d64m128": _ours("hopper", SWAP_SDP=False,
+                                     TILES={64: (128, 128, 2), 128: (64, 128, 2)}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)

@@ -37,7 +37,7 @@ SWAP_SDP = True
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED
+    return WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED, tuple(sorted(TILES.items()))
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
