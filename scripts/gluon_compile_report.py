@@ -68,7 +68,7 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False, SWAP_SDP=True, MERGED=True)
+                    VARLEN=False, MERGED=True)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
@@ -76,6 +76,7 @@ BWD_CONFIGS = [
     dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
     dict(name="bwd D128 softcap", D=128, SOFTCAP=True),
     dict(name="bwd D128 P and dS in shared memory", D=128, SWAP_SDP=False),
+    dict(name="bwd D128 causal, S transposed", D=128, HAS_RIGHT=True, SWAP_SDP=True),
     dict(name="bwd D128 loader apart", D=128, MERGED=False),
     dict(name="bwd D64 causal", D=64, HAS_RIGHT=True),
     dict(name="bwd D128 causal varlen", D=128, HAS_RIGHT=True, VARLEN=True),
@@ -106,6 +107,8 @@ def compile_config(fn, config: dict, backward: bool = False):
     """The compiled kernel for one configuration (bf16, or float8 under FP8)."""
     if backward:
         c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
+        # S transposed where no mask bounds a key and no softcap, as the launcher decides
+        c.setdefault("SWAP_SDP", not (c["HAS_LEFT"] or c["HAS_RIGHT"] or c["SOFTCAP"]))
         return _compile(fn, c, _backward_types(c), 8)
     c = DEFAULTS | {k: v for k, v in config.items() if k != "name"}
     c.setdefault("DV_A", c["D_A"])
