@@ -3,7 +3,7 @@
 its shared memory, its registers and stack (cuobjdump), ptxas' spill bytes and whether it
 serialised the wgmmas (its "C7512" note: too few registers), and its SASS counts of the
 instructions that matter here (wgmma, TMA loads, mbarrier waits and arrives, named
-barriers, spills, exp2, atomics).
+barriers, spills, exp2, atomics), and a digest of its SASS instructions (`sass_digest`).
 
     python3 scripts/gluon_compile_report.py [--backward] [--kernel FILE] [--configs JSON]
                                             [--out F]
@@ -82,6 +82,11 @@ BWD_CONFIGS = [
     dict(name="bwd D128 causal varlen", D=128, HAS_RIGHT=True, VARLEN=True),
     dict(name="bwd D64 window bottom-right", D=64, HAS_LEFT=True, HAS_RIGHT=True,
          BOTTOM_RIGHT=True),
+    dict(name="bwd D128 causal window softcap, S transposed", D=128, HAS_LEFT=True,
+         HAS_RIGHT=True, SOFTCAP=True, SWAP_SDP=True),
+    dict(name="bwd D64 softcap varlen GQA", D=64, SOFTCAP=True, VARLEN=True, GQA=True),
+    dict(name="bwd D128 varlen GQA (S transposed)", D=128, VARLEN=True, GQA=True),
+    dict(name="bwd D64 window, loader apart", D=64, HAS_LEFT=True, MERGED=False),
 ]
 
 
@@ -209,8 +214,20 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> li
                          # consumers), as the SASS sets them
                          setmaxnreg=sorted({int(x, 16) for x in re.findall(
                              r"USETMAXREG\.\S+ (?:UP0, )?(0x[0-9a-f]+)", sass)}),
-                         **collections.Counter(re.findall(COUNTED, sass))))
+                         **collections.Counter(re.findall(COUNTED, sass)),
+                         sass_digest=sass_digest(sass)))
     return rows
+
+
+def sass_digest(sass: str) -> str:
+    """sha256 (16 hex digits) of the SASS instructions alone, addresses and encodings
+    left out: two versions of a kernel file with the same digest in every configuration
+    compile to the same machine code (a refactor that needs no new GPU run)."""
+    import hashlib
+
+    ins = [re.sub(r"/\*[0-9a-f]{4,}\*/", "", line.split(";")[0]).strip()
+           for line in sass.splitlines() if "/*" in line and ";" in line]
+    return hashlib.sha256("\n".join(ins).encode()).hexdigest()[:16]
 
 
 def main() -> int:

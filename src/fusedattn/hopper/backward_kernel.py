@@ -244,21 +244,42 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
 
 
 @gluon.jit
-def _steps_rs(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
-              free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
-              n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-              GQA: gl.constexpr, VARLEN: gl.constexpr):
-    """The 8 warps' steps with the scores transposed (FA3's SdP_swapAB): S^T = K Q^T and
-    dP^T = V dO^T, each warpgroup its 64 keys' rows, so that P^T and dS^T are the A
-    operands of dV += P^T dO and dK += dS^T Q straight from registers (no shared memory,
-    no barrier); dS^T goes through shared memory for dQ = dS K alone. Returns dK, dV."""
-    # S^T, dP^T, P^T, dS^T: [BLOCK_N keys, BLOCK_M queries], each warpgroup BLOCK_N / 2 keys
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, BLOCK_M, 16])
-    # dK, dV: [BLOCK_N keys, D], each warpgroup the same BLOCK_N / 2 keys
+def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr):
+    """Which (key, query) pairs of a tile the mask keeps: `keys` and `qpos` (the queries'
+    positions among the keys) expanded along S's two axes."""
+    valid = keys < seq_k
+    if HAS_RIGHT:
+        valid = valid & (keys <= qpos + right)
+    if HAS_LEFT:
+        valid = valid & (keys >= qpos - left)
+    return valid
+
+
+@gluon.jit
+def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
+           dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n,
+           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
+           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+           STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+           BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
+           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
+    """The 8 warps' steps (the module docstring). Returns dK, dV.
+
+    S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
+    columns, P and dS through shared memory for their products. SWAP_SDP (FA3's
+    SdP_swapAB): S^T = K Q^T and dP^T = V dO^T, [BLOCK_N keys, BLOCK_M queries], each
+    warpgroup its keys' rows, so that P^T and dS^T are the A operands of dV += P^T dO and
+    dK += dS^T Q straight from registers; dS^T goes through shared memory for dQ = dS K
+    alone (one barrier a step)."""
+    if SWAP_SDP:
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, BLOCK_M, 16])
+    else:
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+    QX: gl.constexpr = 0 if SWAP_SDP else 1  # the axis a query vector is expanded along
+    # dK, dV: [BLOCK_N keys, D], each warpgroup BLOCK_N / 2 keys
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout,
@@ -266,8 +287,6 @@ def _steps_rs(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
     # a step's dQ: [BLOCK_M, D], each warpgroup D / 2 columns
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
-    key_s: gl.constexpr = gl.SliceLayout(1, st_layout)
-    query_s: gl.constexpr = gl.SliceLayout(0, st_layout)
     dtype: gl.constexpr = q_smem.dtype
 
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
@@ -285,160 +304,75 @@ def _steps_rs(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         h = h_kv * group + hh
         lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
         slot = t % STAGES
-        cols = m0 + gl.arange(0, BLOCK_M, layout=query_s)
+        queries = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(QX, s_layout))
         # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
-        lse = gl.load(p_lse + lse_base + cols, mask=cols < seq_q, other=float("inf"))
+        lse = gl.load(p_lse + lse_base + queries, mask=queries < seq_q, other=float("inf"))
         lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        delta = gl.load(p_delta + lse_base + cols, mask=cols < seq_q, other=0.0)
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        q_t = q_smem.index(slot)
-        do_t = do_smem.index(slot)
-        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
-        s_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False,
-                              is_async=True)
-        dp_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False,
-                               is_async=True)
-        s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
-        if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
-            s = _softcap(s * qk_scale) * cap
-        else:
-            s = s * qk_scale
-        p = gl.exp2(s - gl.expand_dims(lse, 0))
-        pos = m0 + diag  # the tile's first query's position among the keys
-        edge = k0 + BLOCK_N > seq_k
-        if HAS_RIGHT:
-            edge = edge | (k0 + BLOCK_N - 1 > pos + right)
-        if HAS_LEFT:
-            edge = edge | (k0 < pos + BLOCK_M - 1 - left)
-        if edge:  # (the key rows made here: no registers held for them)
-            keys = gl.expand_dims(k0 + gl.arange(0, BLOCK_N, layout=key_s), 1)
-            qpos = gl.expand_dims(cols + diag, 0)
-            valid = keys < seq_k
-            if HAS_RIGHT:
-                valid = valid & (keys <= qpos + right)
-            if HAS_LEFT:
-                valid = valid & (keys >= qpos - left)
-            p = gl.where(valid, p, 0.0)
-        p_op = gl.convert_layout(p.to(dtype), op_layout)
-        dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)
-        dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
-        ds = p * (dp - gl.expand_dims(delta, 0))
-        if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
-            th = s / cap
-            ds = ds * (1.0 - th * th)
-        ds = ds.to(dtype)
-        ds_smem.store(ds)
-        ds_op = gl.convert_layout(ds, op_layout)
-        dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
-        fence_async_shared()
-        gl.thread_barrier()  # both warpgroups' dS^T are in (dQ takes every key)
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem,
-                               gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout),
-                               use_acc=False, is_async=True)
-        done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op, ds_op, ds_smem, q_t,
-                                           do_t, k_smem])
-        dv = done[0]
-        dk = done[1]
-        buf = t % DQ_BUFS
-        mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
-        dq_smem.index(buf).store(done[2] * scale)
-        # every warp is past its products' reads of the slot and dS, and its dQ stores
-        # (one thread arrives for all)
-        gl.thread_barrier()
-        mbarrier.arrive(dq_ready.index(buf), count=1)
-        mbarrier.arrive(free.index(slot), count=1)
-    return dk, dv
-
-
-@gluon.jit
-def _steps_smem(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
-                free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
-                n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-                GQA: gl.constexpr, VARLEN: gl.constexpr):
-    """The 8 warps' steps (the module docstring), P and dS through shared memory. Returns
-    dK, dV."""
-    # S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
-    # dK, dV: [BLOCK_N keys, D], each warpgroup BLOCK_N / 2 keys
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
-    # a step's dQ: [BLOCK_M, D], each warpgroup D / 2 columns
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    dtype: gl.constexpr = q_smem.dtype
-
-    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
-    dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
-    dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
-    k_t = k_smem.permute((1, 0))
-    live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
-    if live:
-        mbarrier.wait(kv_bar, 0)
-    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    for t in range(n_steps * group if GQA else n_steps):
-        j, hh = _step(t, group, GQA)
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
-        h = h_kv * group + hh
-        lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
-        slot = t % STAGES
-        rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
-        # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
-        lse = gl.load(p_lse + lse_base + rows, mask=rows < seq_q, other=float("inf"))
-        lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        delta = gl.load(p_delta + lse_base + rows, mask=rows < seq_q, other=0.0)
+        delta = gl.load(p_delta + lse_base + queries, mask=queries < seq_q, other=0.0)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         q_t = q_smem.index(slot)
         do_t = do_smem.index(slot)
         # (the zeros made here, not before the loop: no registers held for them)
-        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        s_tok = warpgroup_mma(q_t, k_t, zero_s, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
-                               is_async=True)
+        if SWAP_SDP:
+            zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+            s_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            dp_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
+        else:
+            zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+            s_tok = warpgroup_mma(q_t, k_smem.permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
         s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
         if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
             s = _softcap(s * qk_scale) * cap
         else:
             s = s * qk_scale
-        p = gl.exp2(s - gl.expand_dims(lse, 1))
+        p = gl.exp2(s - gl.expand_dims(lse, QX))
         pos = m0 + diag  # the tile's first query's position among the keys
         edge = k0 + BLOCK_N > seq_k
         if HAS_RIGHT:
             edge = edge | (k0 + BLOCK_N - 1 > pos + right)
         if HAS_LEFT:
             edge = edge | (k0 < pos + BLOCK_M - 1 - left)
-        if edge:  # (the key columns made here: no registers held for them)
-            cols = k0 + gl.arange(0, BLOCK_N, layout=col_s)
-            qpos = gl.expand_dims(rows + diag, 1)
-            valid = gl.expand_dims(cols < seq_k, 0)
-            if HAS_RIGHT:
-                valid = valid & (gl.expand_dims(cols, 0) <= qpos + right)
-            if HAS_LEFT:
-                valid = valid & (gl.expand_dims(cols, 0) >= qpos - left)
-            p = gl.where(valid, p, 0.0)
-        p_smem.store(p.to(dtype))
-        fence_async_shared()
-        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
+        if edge:  # (the key indices made here: no registers held for them)
+            keys = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1 - QX, s_layout))
+            p = gl.where(_key_mask(gl.expand_dims(keys, 1 - QX),
+                                   gl.expand_dims(queries + diag, QX), seq_k, left, right,
+                                   HAS_LEFT, HAS_RIGHT), p, 0.0)
+        if SWAP_SDP:
+            p_op = gl.convert_layout(p.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)
+        else:
+            p_smem.store(p.to(dtype))
+            fence_async_shared()
+            dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
-        ds = p * (dp - gl.expand_dims(delta, 1))
+        ds = p * (dp - gl.expand_dims(delta, QX))
         if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
             th = s / cap
             ds = ds * (1.0 - th * th)
-        ds_smem.store(ds.to(dtype))
-        fence_async_shared()
-        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
-        dq_tok = warpgroup_mma(ds_smem, k_smem,
-                               gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout),
-                               use_acc=False, is_async=True)
-        done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
-                                           do_t, k_smem])
+        zero_dq = gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout)
+        if SWAP_SDP:
+            ds = ds.to(dtype)
+            ds_smem.store(ds)
+            ds_op = gl.convert_layout(ds, op_layout)
+            dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+            fence_async_shared()
+            gl.thread_barrier()  # both warpgroups' dS^T are in (dQ takes every key)
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False,
+                                   is_async=True)
+            done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op, ds_op, ds_smem,
+                                               q_t, do_t, k_smem])
+        else:
+            ds_smem.store(ds.to(dtype))
+            fence_async_shared()
+            dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
+            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+            done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
+                                               do_t, k_smem])
         dv = done[0]
         dk = done[1]
         # this step's dQ to the writer, once it is done with the last one's
@@ -464,18 +398,11 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
              GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
-    if SWAP_SDP:
-        dk, dv = _steps_rs(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
-                           ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
-                           p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
-                           qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
-                           HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN)
-    else:
-        dk, dv = _steps_smem(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem,
-                             kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b,
-                             sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
-                             scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N, D, STAGES,
-                             HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN)
+    dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
+                    free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
+                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
+                    right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                    SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
         HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
