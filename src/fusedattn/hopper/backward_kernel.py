@@ -13,7 +13,7 @@ warps share its shared memory (three without MERGED, the loader a warp of its ow
         dK += dS^T Q                  dS through shared memory
         dQ  = dS K                    each warpgroup half of dQ's columns, scaled, into one
                                      of DQ_BUFS shared buffers for the writer
-      or, SWAP_SDP (`_steps_rs`),     S^T = K Q^T and dP^T = V dO^T, each warpgroup its 64
+      or, SWAP_SDP (`_steps`),        S^T = K Q^T and dP^T = V dO^T, each warpgroup its 64
                                      keys' rows: P^T and dS^T are dV's and dK's A operands
                                      from registers, and dS^T goes through shared memory
                                      for dQ alone (one barrier a step, not two)
