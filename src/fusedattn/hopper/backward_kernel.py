@@ -247,7 +247,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
 def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr):
     """Which (key, query) pairs of a tile the mask keeps: `keys` and `qpos` (the queries'
-    positions among the keys) expanded along S's two axes."""
+    positions among the keys) expanded along S's two axes. The rule of the portable
+    kernels' `tiles.common._visible` (a `triton.jit` function, which Gluon cannot call);
+    the forward kernel has it inline (moving it here changed the forward's SASS in 5 of 16
+    configurations, not run on a GPU)."""
     valid = keys < seq_k
     if HAS_RIGHT:
         valid = valid & (keys <= qpos + right)
