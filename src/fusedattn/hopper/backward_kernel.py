@@ -511,7 +511,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(free.index(s), count=1)
     fence_async_shared()
-    # (the partitions written out twice: Gluon takes no (function, args) tuple in a name)
+    # (the partitions written out twice: Gluon takes no (function, args) tuple in a name,
+    # and a tuple of the arguments alone loses their constexprs)
     if MERGED:  # the loader's work in the writer's warpgroup
         gl.warp_specialize([
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
