@@ -28,6 +28,8 @@
 #   ncusrc ROW  Nsight Compute's source view of our forward alone on ROW (as ncu's), with
 #               $KNOB (NAME=VALUE, `hopper.forward`'s A/B switch) if set: warp stalls
 #               sampled per SASS instruction, as CSV (ncusrc-*-sass.csv) and the report
+#   ncusrcbwd ROW  the same source view of the Hopper backward kernel alone (forced), ROW
+#               "dim,batch,heads,seq[,causal]", $KNOB as backward.NAME=VALUE if set
 #   ncufp8 ROW  Nsight Compute of the FP8 forward (V's transpose and the Hopper kernel)
 #               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, V's
@@ -112,6 +114,18 @@ while [ $# -gt 0 ]; do
          ncu -i $ev/ncu/$name.ncu-rep --page source --csv --print-source sass \
            > $ev/ncu/$name-sass.csv 2>>"$log"
          echo "ncusrc $name: rc=$? $(wc -l < $ev/ncu/$name-sass.csv) lines" | tee -a "$log" ;;
+    ncusrcbwd) IFS=, read -r d b h s c <<<"$1"; shift
+         name=ncusrc-bwd-d$d-b$b-h$h-s$s${c:+-$c}${KNOB:+-${KNOB##*.}}
+         name=${name%%=*}
+         mkdir -p $ev/ncu
+         ncu --profile-from-start off --clock-control none -k regex:_flash_bwd_sm90 \
+           --section SourceCounters --section WarpStateStats --section SpeedOfLight \
+           --import-source no -f -o $ev/ncu/$name python3 scripts/ncu_vs_cudnn.py --bwd-only \
+           --backend hopper --dim "$d" --batch "$b" --heads "$h" --seq "$s" ${c:+--causal} \
+           ${KNOB:+--knob "$KNOB"} >>"$log" 2>&1
+         ncu -i $ev/ncu/$name.ncu-rep --page source --csv --print-source sass \
+           > $ev/ncu/$name-sass.csv 2>>"$log"
+         echo "ncusrcbwd $name: rc=$? $(wc -l < $ev/ncu/$name-sass.csv) lines" | tee -a "$log" ;;
     ncufp8) IFS=, read -r d b h s c <<<"$1"; shift
          profile ncu-fp8-d$d-b$b-h$h-s$s${c:+-$c} cudnn --dtype fp8 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" ${c:+--causal} ;;

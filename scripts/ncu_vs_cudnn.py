@@ -51,16 +51,20 @@ def main() -> None:
                              "causal) at --heads and --dim, against FA4")
     parser.add_argument("--knob", action="append", default=[],
                         help="NAME=VALUE: set one of `hopper.forward`'s A/B switches "
-                             "(a Python literal) before the first call")
+                             "(a Python literal) before the first call; backward.NAME=VALUE "
+                             "one of `hopper.backward`'s")
     args = parser.parse_args()
     for knob in args.knob:
         import ast
 
-        from fusedattn.hopper import forward
+        from fusedattn.hopper import backward, forward
 
         name, value = knob.split("=", 1)
-        assert hasattr(forward, name), f"hopper.forward has no {name}"
-        setattr(forward, name, ast.literal_eval(value))
+        module = forward
+        if name.startswith("backward."):
+            module, name = backward, name.removeprefix("backward.")
+        assert hasattr(module, name), f"{module.__name__} has no {name}"
+        setattr(module, name, ast.literal_eval(value))
     if args.varlen:
         return _varlen(args)
     if args.dtype == "fp8":
