@@ -215,8 +215,26 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> li
                          setmaxnreg=sorted({int(x, 16) for x in re.findall(
                              r"USETMAXREG\.\S+ (?:UP0, )?(0x[0-9a-f]+)", sass)}),
                          **collections.Counter(re.findall(COUNTED, sass)),
-                         sass_digest=sass_digest(sass)))
+                         sass_digest=sass_digest(sass), loop=loop_mix(sass)))
     return rows
+
+
+def loop_mix(sass: str) -> dict:
+    """The main loop's instruction mix: the loop (a branch back to a lower address) holding
+    the most wgmmas, its length and its counts by opcode (what a step costs each warp,
+    spills included: LDL/STL inside the loop)."""
+    ins = [(int(m[1], 16), m[2].strip()) for m in re.finditer(
+        r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = [(int(b[1], 16), addr) for addr, text in ins
+             if (b := re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text))
+             and int(b[1], 16) < addr]
+    if not loops:
+        return {}
+    start, end = max(loops, key=lambda se: sum("GMMA" in t for a, t in ins
+                                                if se[0] <= a <= se[1]))
+    ops = collections.Counter(t.split()[1] if t.startswith("@") else t.split()[0]
+                              for a, t in ins if start <= a <= end)
+    return dict(length=sum(ops.values()), **dict(ops.most_common()))
 
 
 def sass_digest(sass: str) -> str:
