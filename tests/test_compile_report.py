@@ -1,0 +1,35 @@
+"""`scripts/gluon_compile_report.py`'s SASS digest and loop mix, on canned SASS: the digest
+is what lets a kernel refactor stand on an earlier GPU tier run (the same instructions in
+every configuration), so it must ignore addresses and encodings and see every opcode and
+operand."""
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts/gluon_compile_report.py"
+spec = importlib.util.spec_from_file_location("gluon_compile_report", SCRIPT)
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;          /* 0x00000a0000017a02 */
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;    /* 0x0000000404027981 */
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ ; /* 0x0 */
+        /*0030*/                   LDL R3, [R1+0x2c] ;             /* 0x00002c0001037983 */
+        /*0040*/               @P0 BRA 0x10 ;                      /* 0xfffffffc00f08947 */
+        /*0050*/                   EXIT ;                          /* 0x000000000000794d */
+"""
+
+
+def test_the_digest_ignores_addresses_and_encodings_but_not_instructions():
+    moved = SASS.replace("/*00", "/*01").replace("0x00002c0001037983", "0x1234")
+    assert report.sass_digest(moved) == report.sass_digest(SASS)
+    assert report.sass_digest(SASS.replace("0x2c]", "0x30]")) != report.sass_digest(SASS)
+    assert report.sass_digest(SASS.replace("LDL R3", "LDS R3")) != report.sass_digest(SASS)
+
+
+def test_the_loop_mix_counts_the_loop_that_holds_the_wgmmas():
+    mix = report.loop_mix(SASS)
+    # the loop is 0x10..0x40: LDG, HGMMA, LDL and the predicated branch back
+    assert mix == {"length": 4, "LDG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "LDL": 1, "BRA": 1}
+    assert report.loop_mix(SASS.replace("0x10 ;", "0x60 ;")) == {}  # no branch back
