@@ -29,7 +29,7 @@ from fusedattn.problem import ProblemError
 # or faster from S512 on (S8192 causal +15%, S4096 +3%). D128, since the kernel's compute
 # warpgroups have 240 registers (8cba653, evidence/nvidia-h200/20261202T0813Z-bwd-merged-ab):
 # faster than the portable passes at S4096 (+3% with S transposed, causal +4%) and GQA
-# S8192 causal (+20%); 24 documents averaging 1365 keys still ran 10% slower, as did S1024
+# S8192 causal (+20%); 24 documents averaging 1365 keys still ran 9% slower, as did S1024
 # causal before (235 against 214, 1901Z); nothing measured between, so 4096 (it was 8192:
 # the kernel lost at S4096 by 2-6%, 20261202T0626Z-ab). Shorter rows: S512 D64 and S256
 # D128 went the Hopper kernel's way by 5-7%, within the short rows' noise, and stay

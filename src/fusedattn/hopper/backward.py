@@ -29,8 +29,8 @@ DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
-# +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136-148 bytes there against
-# 28), so those keep P and dS in shared memory
+# +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
+# against 28), so those keep P and dS in shared memory
 SWAP_SDP = True
 
 
