@@ -319,3 +319,42 @@ def test_an_unhashable_option_gets_the_full_paths_error_not_the_caches(entry, ba
         else:
             packed, cu = q[0].transpose(0, 1), i32([0, 8])
             attention_varlen(packed, packed, packed, cu, cu, bad["max_seqlen_q"], 8)
+
+
+def test_a_seen_untracked_call_replays_its_kept_plan_without_the_dispatch(monkeypatch):
+    """`dispatch.kept_forward`: the entry points' untracked calls of a seen key replay the
+    plan their key keeps and never reach `dispatch.forward`; a new key, or a changed
+    `plan_context`, does reach it."""
+    from fusedattn import attention_with_kvcache, kvcache, varlen
+    from fusedattn.hopper import forward as knobs
+
+    _CALLS.clear()
+    varlen._DECIDED.clear()
+    kvcache._DECIDED.clear()
+    reached = []
+    real = dispatch.forward
+    monkeypatch.setattr(dispatch, "forward", lambda *a, **kw: reached.append(1) or real(
+        *a, **kw))
+    q, k, v = (rand(1, 2, 21, 16, seed=i) for i in range(3))
+    x = rand(21, 2, 16, seed=4)
+    cu = i32([0, 8, 21])
+    kc, vc = (rand(1, 2, 30, 16, seed=5 + i) for i in range(2))
+    calls = [
+        lambda: attention(q, k, v, is_causal=True),
+        lambda: attention_varlen(x, x, x, cu, cu, 13, 13, is_causal=True),
+        lambda: attention_with_kvcache(q[:, :, :1], kc, vc, cache_seqlens=i32([17]),
+                                       check_lengths=False),
+    ]
+    for call in calls:
+        before = len(reached)
+        first = call()
+        assert len(reached) == before + 1  # a new key: dispatched, its plan kept
+        before = len(reached)
+        for _ in range(2):
+            assert torch.equal(call(), first)
+        assert len(reached) == before, "a seen key went through the dispatch again"
+    monkeypatch.setattr(knobs, "THREAD_ARRIVES", not knobs.THREAD_ARRIVES)
+    for call in calls:
+        before = len(reached)
+        call()
+        assert len(reached) == before + 1, "a changed plan_context was not dispatched"

@@ -116,43 +116,39 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     what eager calls directly (no dispatcher on the way: issue 31's host cost).
     `deterministic` is the backward's (it rides with the forward's options to it);
     `descale` float8 inputs' factors (`fp8_descale`), O then bfloat16."""
-    return _forward_into(q, k, v, sinks, is_causal, scale, precision, window_left,
-                         window_right, softcap, descale)
+    out, lse = _outputs(q, v)
+    _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
+            softcap, descale)
+    return out, lse
 
 
-def _forward_into(q, k, v, sinks, is_causal, scale, precision, window_left, window_right,
-                  softcap, descale, keep: list | None = None):
-    """`_flash_fwd`'s work: O and the LSE made, the forward launched (`dispatch.forward`;
-    `keep` receives its plan)."""
+def _outputs(q, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """O (`new_out`) and the LSE `[B, H, Sq]`, made fresh (dense, aligned)."""
+    return new_out(q, v), torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+
+
+def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
+            softcap, descale, keep: list | None = None):
+    """`dispatch.forward` into `out` and `lse` (`keep` receives its plan)."""
     from fusedattn.dispatch import forward
 
-    out = new_out(q, v)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
             descale=descale, keep=keep)
-    return out, lse
 
 
 def _untracked_forward(call, q, k, v, sinks, descale):
-    """The eager forward of a call autograd does not record (`_Call.grad` False): the plan
-    its call key keeps (`_Call.plan`, `launch.KeptPlan`) replayed on this call's tensors;
-    else `_forward_into`, keeping the plan it replays or records. O and the LSE are made
-    here as there (fresh, dense, aligned), and the call key holds which of the tensors are
-    one object, so it settles the dispatch's plan key but for `dispatch.plan_context`."""
-    from fusedattn.dispatch import forward_inputs, plan_context
+    """The eager forward of a call autograd does not record (`_Call.grad` False), by
+    `dispatch.kept_forward` with the plan its call key keeps (`_Call.plan`). The call key
+    holds which of the tensors are one object, so it settles the dispatch's plan key but
+    for `dispatch.plan_context`."""
+    from fusedattn.dispatch import forward_inputs, kept_forward
 
-    context = plan_context()
-    plan = call.plan.get(context)
-    if plan is not None:
-        out = new_out(q, v)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        plan(forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale))
-        return out, lse
-    plans = []
-    out, lse = _forward_into(q, k, v, sinks, *call.options[:6], descale, keep=plans)
-    call.plan.keep(context, plans)
+    out, lse = _outputs(q, v)
+    kept_forward(call.plan, forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale),
+                 lambda keep: _launch(q, k, v, out, lse, sinks, *call.options[:6], descale,
+                                      keep))
     return out, lse
 
 

@@ -232,6 +232,23 @@ def plan_context() -> tuple:
     return _BACKEND.get(), configs.OVERRIDES, hopper_knobs.switches()
 
 
+def kept_forward(kept, inputs: tuple, launch) -> None:
+    """A forward for a caller whose own call key settles the plan key but for
+    `plan_context` (`api.attention`, `attention_varlen`, `attention_with_kvcache` on calls
+    autograd does not record): the plan `kept` (`launch.KeptPlan`) holds under the current
+    context replayed on `inputs` (`forward_inputs`' tuple: the call's tensors, O and the
+    LSE made fresh); else `launch(keep)`, the caller's `forward(..., keep=keep)`, and the
+    plan it replays or records kept."""
+    context = plan_context()
+    plan = kept.get(context)
+    if plan is not None:
+        plan(inputs)
+        return
+    plans = []
+    launch(plans)
+    kept.keep(context, plans)
+
+
 def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen=None,
             cache=None, splits=1, pack_gqa=False, config=None, sinks=None, descale=None,
             keep: list | None = None):

@@ -227,7 +227,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sinks: torch.Tensor | None = None):
     """Attention of new queries over a KV cache; see the module docstring."""
     from fusedattn.configs import decode_splits, tuned_table
-    from fusedattn.dispatch import forward, forward_inputs, plan_context
+    from fusedattn.dispatch import forward, forward_inputs, kept_forward
     from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
 
@@ -269,22 +269,19 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None
     cache = KVCache(seqlens, block_table)
-    kept = decided[-1] if key is not None else None  # check_lengths=True: not kept
-    context = plan_context() if kept is not None else None
-    plan = kept.get(context) if kept is not None else None
-    if plan is not None:
-        # the key settled the dispatch's plan key but for the context: the tensors made
+
+    def launch(keep=None):
+        forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal,
+                scale=1.0 / math.sqrt(dim) if scale is None else float(scale),
+                precision=resolve(q.dtype, precision).op,
+                mask=Mask(causal=is_causal, window=window, softcap=softcap,
+                          bottom_right=True),
+                cache=cache, splits=splits, pack_gqa=True, sinks=as_sinks(sinks), keep=keep)
+
+    if key is None:  # check_lengths=True: no plan kept
+        launch()
+    else:  # the key settled the dispatch's plan key but for the context: the tensors made
         # here are fresh (O, the LSE, the clamped lengths and table), the rest are the key's
-        plan(forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
-                            sinks=as_sinks(sinks)))
-        return (out, lse) if return_lse else out
-    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
-    plans = []
-    forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal, scale=scale,
-            precision=resolve(q.dtype, precision).op,
-            mask=Mask(causal=is_causal, window=window, softcap=softcap,
-                      bottom_right=True),
-            cache=cache, splits=splits, pack_gqa=True, sinks=as_sinks(sinks), keep=plans)
-    if kept is not None:
-        kept.keep(context, plans)
+        kept_forward(decided[-1], forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
+                                                 sinks=as_sinks(sinks)), launch)
     return (out, lse) if return_lse else out

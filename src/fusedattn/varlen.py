@@ -88,8 +88,10 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
                    precision: str, window_left: int, window_right: int,
                    softcap: float, descale: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision,
-                        window_left, window_right, softcap, descale)
+    out, lse = _outputs(q, v)
+    _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale,
+                   precision, window_left, window_right, softcap, descale)
+    return out, lse
 
 
 def _outputs(q, v) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,40 +100,32 @@ def _outputs(q, v) -> tuple[torch.Tensor, torch.Tensor]:
                                       device=q.device)
 
 
-def _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision,
-                 window_left, window_right, softcap, descale, keep: list | None = None):
-    """`_varlen_fwd`'s work (`dispatch.forward` on the packed views; `keep` receives its
+def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale,
+                   precision, window_left, window_right, softcap, descale,
+                   keep: list | None = None):
+    """`dispatch.forward` on the packed views, into `out` and `lse` (`keep` receives its
     plan)."""
     from fusedattn.dispatch import forward
 
-    out, lse = _outputs(q, v)
     forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
             is_causal=is_causal, scale=scale, precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap, True),
             varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale,
             keep=keep)
-    return out, lse
 
 
 def _untracked_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
                       descale):
-    """The eager forward of a call autograd does not record: the plan its call key keeps
-    (`launch.KeptPlan`) replayed, as `api._untracked_forward` does; else `_varlen_into`,
-    keeping its plan."""
-    from fusedattn.dispatch import forward_inputs, plan_context
+    """The eager forward of a call autograd does not record, by `dispatch.kept_forward`
+    with the plan its call key keeps (as `api._untracked_forward`)."""
+    from fusedattn.dispatch import forward_inputs, kept_forward
 
-    context = plan_context()
-    plan = kept.get(context)
-    if plan is not None:
-        out, lse = _outputs(q, v)
-        plan(forward_inputs(_packed(q), _packed(k), _packed(v), _packed(out), lse[None],
-                            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks,
-                            descale=descale))
-        return out, lse
-    plans = []
-    out, lse = _varlen_into(q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options, descale,
-                            keep=plans)
-    kept.keep(context, plans)
+    out, lse = _outputs(q, v)
+    kept_forward(kept, forward_inputs(_packed(q), _packed(k), _packed(v), _packed(out),
+                                      lse[None], varlen=_varlen(cu_q, cu_k, max_q, max_k),
+                                      sinks=sinks, descale=descale),
+                 lambda keep: _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q,
+                                             max_k, *options, descale, keep))
     return out, lse
 
 
