@@ -123,6 +123,8 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-d64m128": _ours("hopper", SWAP_SDP=False,
                                      TILES={64: (128, 128, 2), 128: (64, 128, 2)}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
+             # the deterministic adds' order before UPWARD (query tiles from the last down)
+             "hopper-down": _ours("hopper", UPWARD=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

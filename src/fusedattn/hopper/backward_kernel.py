@@ -25,22 +25,33 @@ warps share its shared memory (three without MERGED, the loader a warp of its ow
     and at the end dK (scaled) and dV go out through K's and V's shared tiles by TMA.
 
 So P and dP are computed once (5 GEMMs a step, the FLOP convention's count), where the
-portable backward's two passes compute them twice (7). The steps take the query tiles from
-the last down, each for every query head of the GQA group in turn (dK and dV sum over the
-group in registers).
+portable backward's two passes compute them twice (7). Each query tile is taken for every
+query head of the GQA group in turn (dK and dV sum over the group in registers).
 
-Determinism (DETERMINISTIC): the adds into a (batch, head, query tile)'s dQ are made in the
-order of the key tiles (CUTLASS's semaphore): a counter each; the writer of key tile n
-waits until the counter shows that the n - first key tiles before it (`first`, the lowest
-key tile that reaches the query tile) have added, adds, and counts itself (a release after
-a barrier of its warps). The same inputs give the same bits on every run; without it the
-adds race (fp32 sums in any order: bits may differ by run). Under a causal mask or a window
-key tile n - 1's tiles end lower, so walking them from the last down it reaches each query
-tile before key tile n does: the order the counters want, with little waiting.
+Determinism (DETERMINISTIC): the adds into a (batch, head, query tile)'s dQ are made in a
+fixed order of the key tiles (CUTLASS's semaphore): a counter each; the writer of key tile
+n waits until the counter shows that the key tiles before it in that order have added,
+adds, and counts itself (a release after a barrier of its warps). The same inputs give the
+same bits on every run; without it the adds race (fp32 sums in any order: bits may differ
+by run). The order is chosen so that a tile's turn comes when it gets there anyway:
 
-Programs are ordered key tile first within each (batch, head): under a causal mask the
-longest (key tile 0 sees every query tile) starts first, and a key tile's program never
-waits on a later one's (no deadlock whatever the residency)."""
+    UPWARD (the default)  each program walks its query tiles up from its first, and the
+                          adds into a query tile go from the highest key tile that reaches
+                          it down (`last` - n before key tile n). Under a causal mask key
+                          tile n + 1 starts BLOCK_N / BLOCK_M query tiles higher, so it is
+                          that many steps ahead of key tile n at every query tile: no
+                          waiting once the programs run. Programs of a (batch, head) launch
+                          highest key tile first, so a program only waits on programs
+                          launched before it (no deadlock whatever the residency); the
+                          shortest programs (causal) go first.
+    else                  from the last query tile down, the adds from the lowest key tile
+                          up (n - `first`), key tile 0 launched first: under a causal mask
+                          every program starts at the last query tile, so each waits on all
+                          the lower key tiles' adds there (ncu at 5803e75: 14% of the
+                          samples were compute warps waiting for the writer's buffers).
+
+Unmasked, every program meets every query tile in the same order either way, and key tile
+n's adds wait on n (or n_tiles - 1 - n) others at the first tile, once."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -60,7 +71,8 @@ LOG2E = gl.constexpr(1.4426950408889634)
 @gluon.jit
 def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+              UPWARD: gl.constexpr):
     """This program's (key tile n, sequence b, its batch row, kv head, first key k0 in the
     sequence, the sequence's first query and key rows, Sq, Sk, diagonal offset, query rows
     m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M). VARLEN: sequence b is
@@ -68,6 +80,8 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
     query (m_hi = m_lo: no steps, nothing loaded or stored)."""
     pid = gl.program_id(0)
     n = pid % n_tiles_n
+    if UPWARD:  # the last key tile of a (batch, head) first (the module docstring)
+        n = n_tiles_n - 1 - n
     bh = pid // n_tiles_n
     b = bh // n_heads_kv
     h_kv = bh % n_heads_kv
@@ -107,26 +121,37 @@ def _step(t, group, GQA: gl.constexpr):
 
 
 @gluon.jit
-def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr):
-    """The first query row of a program's j-th query tile: from the last down, so that
-    key tile n - 1 reaches each query tile before key tile n does (causal, windows: its
-    tiles end lower), the order the deterministic adds take."""
+def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr, UPWARD: gl.constexpr):
+    """The first query row of a program's j-th query tile: UPWARD from the first (under a
+    causal mask, from the diagonal), else from the last down (the module docstring)."""
+    if UPWARD:
+        return m_lo + j * BLOCK_M
     return m_lo + (n_steps - 1 - j) * BLOCK_M
 
 
 @gluon.jit
 def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, diag, left,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-              GQA: gl.constexpr):
+              right, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, GQA: gl.constexpr,
+              UPWARD: gl.constexpr):
     """Step t's counter (batch, head, query tile) and how many key tiles add before this
-    one: n - first, `first` the lowest key tile that reaches the query tile."""
+    one: UPWARD, last - n, `last` the highest key tile that reaches the query tile (the
+    highest first); else n - first, `first` the lowest (the lowest first)."""
     j, hh = _step(t, group, GQA)
-    m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+    m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
     bh = b.to(gl.int64) * n_heads + h_kv * group + hh
+    counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
+    if UPWARD:
+        # key tile n reaches the tile when n * BLOCK_N <= m0 + BLOCK_M - 1 + diag + right
+        # (`_key_tile`'s m_lo), and this sequence has cdiv(seq_k, BLOCK_N) of them
+        last = gl.cdiv(seq_k, BLOCK_N) - 1
+        if HAS_RIGHT:
+            last = gl.minimum(last, (m0 + BLOCK_M - 1 + diag + right) // BLOCK_N)
+        return counter, last - n
     first = 0
     if HAS_LEFT:
         first = gl.maximum(m0 + diag - left, 0) // BLOCK_N
-    return p_sem + bh * n_tiles_m + m0 // BLOCK_M, n - first
+    return counter, n - first
 
 
 @gluon.jit
@@ -143,11 +168,11 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, s
 @gluon.jit
 def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
                m_lo, n_steps, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-               GQA: gl.constexpr):
+               GQA: gl.constexpr, UPWARD: gl.constexpr):
     """Step t's Q and dO into slot t % STAGES, once the compute partition released the
     slot's last use."""
     j, hh = _step(t, group, GQA)
-    m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+    m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
     h = h_kv * group + hh
     slot = t % STAGES
     # a fresh barrier counts as having completed the phase before its first
@@ -164,16 +189,16 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
             free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            GQA: gl.constexpr, VARLEN: gl.constexpr):
+            GQA: gl.constexpr, VARLEN: gl.constexpr, UPWARD: gl.constexpr):
     """The producer warp (without MERGED): K and V once, then each step's Q and dO."""
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
     _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
         _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
-                   q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA)
+                   q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA, UPWARD)
 
 
 @gluon.jit
@@ -184,7 +209,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
-               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr):
+               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr,
+               UPWARD: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
     tiles before this one (the module docstring), then counted. MERGED: these warps are the
@@ -198,7 +224,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
@@ -207,13 +233,14 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         for t in gl.static_range(STAGES):
             if t < n_total:
                 _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
-                           group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA)
+                           group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA,
+                           UPWARD)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
     for t in range(n_total):
         j, hh = _step(t, group, GQA)
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
         # the accumulator's rows (rows_q a head: Sq, or the packed total)
         row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
@@ -221,10 +248,12 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         if MERGED:
             if t + STAGES < n_total:
                 _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row,
-                           h_kv, group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA)
+                           h_kv, group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA,
+                           UPWARD)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
-                                      n_steps, diag, left, BLOCK_M, BLOCK_N, HAS_LEFT, GQA)
+                                      n_steps, diag, left, right, seq_k, BLOCK_M, BLOCK_N,
+                                      HAS_LEFT, HAS_RIGHT, GQA, UPWARD)
             seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
             while seen != need:
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
@@ -266,7 +295,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
+           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
+           UPWARD: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV.
 
     S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
@@ -294,7 +324,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
 
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
@@ -303,15 +333,29 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
         j, hh = _step(t, group, GQA)
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M)
+        m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
         h = h_kv * group + hh
         lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
         slot = t % STAGES
-        queries = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(QX, s_layout))
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(QX, s_layout))
+        queries = m0 + rows
+        if SWAP_SDP:  # 16 queries a thread: the tile's first row a scalar and the rows
+            # offsets from it (each address a register and a constant, each mask a 32-bit
+            # compare; `queries` instead made 64-bit sums of each, 160 more instructions
+            # a step in the compile report's loop at D128 once UPWARD changed m0's form)
+            lse_ptr = p_lse + (lse_base + m0)
+            delta_ptr = p_delta + (lse_base + m0)
+            offs = rows
+            here = rows < seq_q - m0
+        else:  # 2 a thread: the form above costs 20-30 instructions a step here
+            lse_ptr = p_lse + lse_base
+            delta_ptr = p_delta + lse_base
+            offs = queries
+            here = queries < seq_q
         # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
-        lse = gl.load(p_lse + lse_base + queries, mask=queries < seq_q, other=float("inf"))
+        lse = gl.load(lse_ptr + offs, mask=here, other=float("inf"))
         lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        delta = gl.load(p_delta + lse_base + queries, mask=queries < seq_q, other=0.0)
+        delta = gl.load(delta_ptr + offs, mask=here, other=0.0)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         q_t = q_smem.index(slot)
         do_t = do_smem.index(slot)
@@ -398,17 +442,18 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
+             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
+             UPWARD: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
                     free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                    SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP)
+                    SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, UPWARD)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
     live = k0 < seq_k
     # dK and dV out through K's and V's tiles (every warp is done reading them)
     if live:
@@ -463,7 +508,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr):
+                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr,
+                    UPWARD: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -520,12 +566,13 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
                     group, seq_q, seq_k, scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N,
                     D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
-                    VARLEN, SWAP_SDP)),
+                    VARLEN, SWAP_SDP, UPWARD)),
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
                       n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc,
                       k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
                       free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED)),
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
+                      UPWARD)),
         ], [WRITER_WARPS], [WRITER_REGS])
     else:
         gl.warp_specialize([
@@ -534,14 +581,15 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
                     group, seq_q, seq_k, scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N,
                     D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
-                    VARLEN, SWAP_SDP)),
+                    VARLEN, SWAP_SDP, UPWARD)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
                    left, right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                   BOTTOM_RIGHT, GQA, VARLEN)),
+                   BOTTOM_RIGHT, GQA, VARLEN, UPWARD)),
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
                       n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc,
                       k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
                       free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED)),
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
+                      UPWARD)),
         ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
