@@ -35,7 +35,10 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (64, 16, 16, 256, 128, False),
         # issue 33's varlen row: 24 documents (`serving._lengths`, the varlen suite's
         # batch), H16 D128, causal; B is the count and S the longest
-        ("varlen", 16, 16, 0, 128, True)]
+        ("varlen", 16, 16, 0, 128, True),
+        # GQA causal at more programs a wave (B1 above: 512 programs on 132 SMs), where
+        # `hopper.backward.order` turns from "down" to "up" (UP_MIN_WAVES)
+        (2, 32, 8, 8192, 128, True), (4, 32, 8, 8192, 128, True)]
 
 
 def sources() -> dict:
@@ -123,8 +126,10 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-d64m128": _ours("hopper", SWAP_SDP=False,
                                      TILES={64: (128, 128, 2), 128: (64, 128, 2)}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
-             # the deterministic adds' order before UPWARD (query tiles from the last down)
-             "hopper-down": _ours("hopper", UPWARD=False),
+             # the deterministic adds' orders forced (`hopper.backward.order`)
+             "hopper-down": _ours("hopper", ORDER="down"),
+             "hopper-up": _ours("hopper", ORDER="up"),
+             "hopper-rotated": _ours("hopper", ORDER="rotated"),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -246,6 +246,49 @@ def test_hopper_backward_gives_the_same_bits_every_run(causal):
             assert torch.equal(a, b)
 
 
+ORDER_MASKS = [dict(is_causal=True), {}, dict(window=(100, 30)), dict(window=(150, None)),
+               dict(window=(None, 40))]
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("options", ORDER_MASKS)
+@pytest.mark.parametrize("order", ["down", "up", "rotated"])
+def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, options,
+                                                                    monkeypatch):
+    # each order forced (the rule picks by mask and size: these shapes would not reach
+    # "up"; "rotated" under a mask falls back to the rule), GQA 6/2 with Sq != Sk: right
+    # against the reference and the same bits again
+    from fusedattn.hopper import backward as knobs
+
+    monkeypatch.setattr(knobs, "ORDER", order)
+    q = rand(1, 6, 777, 128, dtype=torch.bfloat16)
+    k, v = (rand(1, 2, 1290, 128, dtype=torch.bfloat16, seed=i) for i in (1, 2))
+    dout = rand(1, 6, 777, 128, dtype=torch.bfloat16, seed=3)
+    got = _dense(q, k, v, dout, _ref_kw(options), **options)
+    again = _grads(q, k, v, dout, "hopper", **options)
+    assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+
+
+@pytest.mark.parametrize("tiles_n, programs, left, right, want", [
+    (32, 4096, -1, 0, "up"),          # causal, 31 programs an SM
+    (64, 512, -1, 0, "down"),         # causal, 3.9 an SM: "up"'s tail would cost more
+    (32, 4096, 100, 30, "up"),        # a window with a right bound: as causal
+    (32, 4096, 100, -1, "down"),      # a left bound alone: the mirror image
+    (32, 4096, -1, -1, "rotated"),    # unmasked, a head's key tiles fit on the SMs
+    (133, 4256, -1, -1, "down"),      # ... they do not: a program could wait forever
+])
+def test_the_adds_order_follows_the_mask_and_the_machine(tiles_n, programs, left, right,
+                                                         want, monkeypatch):
+    from fusedattn.hopper import backward as knobs
+
+    assert knobs.order(tiles_n, programs, left, right, sms=132) == want
+    monkeypatch.setattr(knobs, "ORDER", "rotated")  # forced, but only where it can run
+    assert knobs.order(tiles_n, programs, left, right, sms=132) == want
+    monkeypatch.setattr(knobs, "ORDER", "up")
+    assert knobs.order(tiles_n, programs, left, right, sms=132) == "up"
+
+
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
 def test_the_racing_variant_is_right_too():
@@ -278,11 +321,12 @@ def test_deterministic_takes_a_bool_and_reaches_the_backward(monkeypatch):
 @pytest.mark.parametrize("mask, swapped", [
     (Mask(), True), (Mask(causal=True), False), (Mask(window=(8, 0)), False),
     (Mask(softcap=30.0), False)])
-def test_scores_are_transposed_only_where_no_mask_bounds_a_key(mask, swapped):
+def test_scores_are_transposed_only_where_no_mask_bounds_a_key(mask, swapped, monkeypatch):
     """`hopper.backward`'s launch picks S^T (P and dS as register operands) for unmasked
     rows alone: under masks and softcaps that kernel spilled and ran 19-34% slower."""
     from fusedattn.hopper import backward as knobs
 
+    monkeypatch.setattr(knobs, "_sm_count", lambda index: 132)  # (no GPU in CI)
     q = rand(1, 2, 128, 128, dtype=torch.bfloat16)
     zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
     launch = knobs.hopper_backward_launch(

@@ -10,6 +10,8 @@ D * 4 of dQ (D128: 224 KB, 208 KB)."""
 
 from __future__ import annotations
 
+import functools
+
 import triton
 
 from fusedattn.hopper.forward import _descriptor
@@ -32,19 +34,48 @@ DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
 # against 28), so those keep P and dS in shared memory
 SWAP_SDP = True
-# the deterministic adds' order (`backward_kernel`): UPWARD walks each program's query tiles
-# up from its first and orders each query tile's adds from the highest key tile down, the
-# programs of a head launched highest key tile first; else the tiles from the last down,
-# the adds from the lowest key tile up (ncu at 5803e75, D128 S4096 causal: the compute
-# warps waited on the writer's free buffers 14% of all samples, the writer on the order)
-UPWARD = True
+# the deterministic adds' order (`backward_kernel`'s docstring; `order` below): None picks
+# by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
+ORDER = None
+# "up" (causal) launches a head's shortest programs first: with few programs a wave the
+# longest ones form a tail (0.89x "down" at B1 H32/8 S8192 causal, 512 programs on 132 SMs;
+# 1.06-1.25x at 4096 programs, evidence 1151Z), so it needs this many programs an SM
+UP_MIN_WAVES = 8
 
 
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED, UPWARD,
+    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED, ORDER, UP_MIN_WAVES,
             tuple(sorted(TILES.items())))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def order(tiles_n: int, programs: int, left: int, right: int, sms: int) -> str:
+    """The deterministic adds' order for a launch of `programs` programs of `tiles_n` key
+    tiles a (batch, head) on `sms` SMs (`backward_kernel`'s docstring has why):
+
+    - a right bound (causal): "up", each key tile a step ahead of the one below it at
+      every query tile, where there are UP_MIN_WAVES programs an SM; else "down";
+    - a left bound alone: "down", the mirror image (each key tile ends lower);
+    - no bound: "rotated", every program starting on its own query tile, where a head's
+      key tiles all fit on the SMs at once (a program may wait on one launched after
+      it); else "down".
+
+    `ORDER` forces one, but "rotated" only where it can run (every program meets every
+    query tile, and a head's key tiles fit on the SMs)."""
+    rotated = left < 0 and right < 0 and tiles_n <= sms
+    if ORDER is not None and (ORDER != "rotated" or rotated):
+        return ORDER
+    if right >= 0:
+        return "up" if programs >= UP_MIN_WAVES * sms else "down"
+    return "rotated" if rotated else "down"
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
@@ -62,7 +93,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     (`backward_kernel`: the same bits every run); False races them (fp32 atomics in any
     order: faster, bits may differ by run). `varlen` (`tiles.common.Varlen`): the packed
     `[1, H, total, D]` views of its sequences."""
-    from fusedattn.hopper.backward_kernel import _flash_bwd_sm90
+    from fusedattn.hopper import backward_kernel as kernel
 
     rows_b, heads, rows_q, dim = q.shape
     heads_kv = k.shape[1]
@@ -81,14 +112,16 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
     grid = (tiles_n * batch * heads_kv,)
+    how = order(tiles_n, grid[0], left, right, _sm_count(q.device.index or 0))
+    code = {"down": kernel.DOWN, "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs, dk, dv, lse, delta, dq_acc, sem, cu_q, cu_k, dk.stride(1), dk.stride(2),
             dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n, tiles_m,
             heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap, left,
-            right)
+            right, code.value)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
                   DQ_ADDS=DQ_ADDS, SWAP_SDP=swap, MERGED=MERGED, GQA=heads != heads_kv,
-                  VARLEN=varlen is not None, UPWARD=UPWARD, num_warps=8)
-    return _flash_bwd_sm90, grid, args, kwargs
+                  VARLEN=varlen is not None, num_warps=8)
+    return kernel._flash_bwd_sm90, grid, args, kwargs

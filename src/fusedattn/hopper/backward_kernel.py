@@ -33,25 +33,30 @@ fixed order of the key tiles (CUTLASS's semaphore): a counter each; the writer o
 n waits until the counter shows that the key tiles before it in that order have added,
 adds, and counts itself (a release after a barrier of its warps). The same inputs give the
 same bits on every run; without it the adds race (fp32 sums in any order: bits may differ
-by run). The order is chosen so that a tile's turn comes when it gets there anyway:
+by run). `order` (`backward.py` picks it) chooses the order so that a key tile's turn comes
+about when its program gets there anyway:
 
-    UPWARD (the default)  each program walks its query tiles up from its first, and the
-                          adds into a query tile go from the highest key tile that reaches
-                          it down (`last` - n before key tile n). Under a causal mask key
-                          tile n + 1 starts BLOCK_N / BLOCK_M query tiles higher, so it is
-                          that many steps ahead of key tile n at every query tile: no
-                          waiting once the programs run. Programs of a (batch, head) launch
-                          highest key tile first, so a program only waits on programs
-                          launched before it (no deadlock whatever the residency); the
-                          shortest programs (causal) go first.
-    else                  from the last query tile down, the adds from the lowest key tile
-                          up (n - `first`), key tile 0 launched first: under a causal mask
-                          every program starts at the last query tile, so each waits on all
-                          the lower key tiles' adds there (ncu at 5803e75: 14% of the
-                          samples were compute warps waiting for the writer's buffers).
-
-Unmasked, every program meets every query tile in the same order either way, and key tile
-n's adds wait on n (or n_tiles - 1 - n) others at the first tile, once."""
+    "up"       each program walks its query tiles up from its first, and the adds into a
+               query tile go from the highest key tile that reaches it down (`last` - n
+               before key tile n). Under a causal mask key tile n + 1 starts BLOCK_N /
+               BLOCK_M query tiles higher, so it is that many steps ahead of key tile n at
+               every query tile: no waiting once the programs run. Programs of a (batch,
+               head) launch highest key tile first, so a program only waits on programs
+               launched before it (no deadlock whatever the residency), and the shortest
+               programs (causal) go first: a tail where programs are few.
+    "rotated"  (no mask) key tile i of N starts at query tile i * T // N of T and wraps
+               around, so the programs of a head start on different query tiles and each
+               reaches a tile after the ones that started at or below it, the highest
+               first, then the ones above it, the highest first: that order, with no wait
+               at a program's start. A program can wait on one launched after it, so all
+               the key tiles of a head must be resident at once: the launcher takes it
+               only where N is at most the SM count (one program an SM).
+    "down"     from the last query tile down, the adds from the lowest key tile up (n -
+               `first`), key tile 0 launched first. Under a causal mask every program
+               starts at the last query tile and waits there on all the lower key tiles'
+               adds (ncu at 5803e75, D128 S4096 causal: compute warps waiting for the
+               writer's buffers in 14% of the samples); unmasked, key tile n waits on n
+               others at its first tile."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -66,22 +71,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fusedattn.hopper.forward_kernel import _load_rows, _softcap
 
 LOG2E = gl.constexpr(1.4426950408889634)
+# the deterministic adds' orders (`order`, the module docstring), a runtime argument: which
+# one a call takes changes with its sizes, and a new size must compile nothing
+DOWN = gl.constexpr(0)
+UP = gl.constexpr(1)
+ROTATED = gl.constexpr(2)
 
 
 @gluon.jit
-def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-              UPWARD: gl.constexpr):
+              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
     """This program's (key tile n, sequence b, its batch row, kv head, first key k0 in the
     sequence, the sequence's first query and key rows, Sq, Sk, diagonal offset, query rows
-    m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M). VARLEN: sequence b is
+    m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M, and ROTATED the query
+    tile its steps start from, `rot`). VARLEN: sequence b is
     rows cu[b]..cu[b+1] of batch row 0, and a key tile past its sequence's end sees no
     query (m_hi = m_lo: no steps, nothing loaded or stored)."""
     pid = gl.program_id(0)
     n = pid % n_tiles_n
-    if UPWARD:  # the last key tile of a (batch, head) first (the module docstring)
-        n = n_tiles_n - 1 - n
+    # the last key tile of a (batch, head) first, but in the order "down"
+    n = gl.where(order == DOWN, n, n_tiles_n - 1 - n)
     bh = pid // n_tiles_n
     b = bh // n_heads_kv
     h_kv = bh % n_heads_kv
@@ -108,7 +118,10 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
     if VARLEN:  # (0 past the sequence's keys: then m_hi = m_lo below)
         m_hi = m_hi * (k0 < seq_k).to(gl.int32)
     m_hi = gl.maximum(m_hi, m_lo)
-    return n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k
+    # "rotated" (no mask: m_lo = 0, m_hi = Sq): the query tile its steps start from
+    rot = n * gl.cdiv(seq_q, BLOCK_M) // gl.maximum(gl.cdiv(seq_k, BLOCK_N), 1)
+    rot = gl.where(order == ROTATED, rot, 0)
+    return n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot
 
 
 @gluon.jit
@@ -121,37 +134,44 @@ def _step(t, group, GQA: gl.constexpr):
 
 
 @gluon.jit
-def _step_row(m_lo, n_steps, j, BLOCK_M: gl.constexpr, UPWARD: gl.constexpr):
-    """The first query row of a program's j-th query tile: UPWARD from the first (under a
-    causal mask, from the diagonal), else from the last down (the module docstring)."""
-    if UPWARD:
-        return m_lo + j * BLOCK_M
-    return m_lo + (n_steps - 1 - j) * BLOCK_M
+def _step_row(m_lo, n_steps, j, rot, order, BLOCK_M: gl.constexpr):
+    """The first query row of a program's j-th query tile (the module docstring): "up" from
+    its first, "rotated" from its `rot`-th round to the first, "down" from the last."""
+    turned = rot + j
+    turned = gl.where(turned >= n_steps, turned - n_steps, turned)
+    tile = gl.where(order == UP, j, gl.where(order == ROTATED, turned, n_steps - 1 - j))
+    return m_lo + tile * BLOCK_M
 
 
 @gluon.jit
-def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, diag, left,
-              right, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, GQA: gl.constexpr,
-              UPWARD: gl.constexpr):
+def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, rot, order,
+              diag, left, right, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, GQA: gl.constexpr):
     """Step t's counter (batch, head, query tile) and how many key tiles add before this
-    one: UPWARD, last - n, `last` the highest key tile that reaches the query tile (the
-    highest first); else n - first, `first` the lowest (the lowest first)."""
+    one (the module docstring): "up", last - n, `last` the highest key tile that reaches
+    the query tile; "rotated", n's place in the order the programs reach it; "down", n -
+    first, `first` the lowest key tile that reaches it."""
     j, hh = _step(t, group, GQA)
-    m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
+    m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
     bh = b.to(gl.int64) * n_heads + h_kv * group + hh
     counter = p_sem + bh * n_tiles_m + m0 // BLOCK_M
-    if UPWARD:
-        # key tile n reaches the tile when n * BLOCK_N <= m0 + BLOCK_M - 1 + diag + right
-        # (`_key_tile`'s m_lo), and this sequence has cdiv(seq_k, BLOCK_N) of them
-        last = gl.cdiv(seq_k, BLOCK_N) - 1
-        if HAS_RIGHT:
-            last = gl.minimum(last, (m0 + BLOCK_M - 1 + diag + right) // BLOCK_N)
-        return counter, last - n
+    n_tiles = gl.cdiv(seq_k, BLOCK_N)  # this sequence's
+    # "up": key tile n reaches the tile when n * BLOCK_N <= m0 + BLOCK_M - 1 + diag + right
+    # (`_key_tile`'s m_lo)
+    last = n_tiles - 1
+    if HAS_RIGHT:
+        last = gl.minimum(last, (m0 + BLOCK_M - 1 + diag + right) // BLOCK_N)
+    # "rotated": key tile i starts at query tile i * T // N (T = n_steps: every query tile),
+    # so tile m meets first those that start at or below it, the highest (`mine`) first,
+    # then those above it, the highest first
+    mine = gl.minimum(n_tiles - 1, gl.cdiv((m0 // BLOCK_M + 1) * n_tiles, n_steps) - 1)
+    turned = gl.where(n <= mine, mine - n, mine + n_tiles - n)
+    # "down"
     first = 0
     if HAS_LEFT:
         first = gl.maximum(m0 + diag - left, 0) // BLOCK_N
-    return counter, n - first
+    return counter, gl.where(order == UP, last - n,
+                             gl.where(order == ROTATED, turned, n - first))
 
 
 @gluon.jit
@@ -167,12 +187,12 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, s
 
 @gluon.jit
 def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
-               m_lo, n_steps, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-               GQA: gl.constexpr, UPWARD: gl.constexpr):
+               m_lo, n_steps, rot, order, BLOCK_M: gl.constexpr, D: gl.constexpr,
+               STAGES: gl.constexpr, GQA: gl.constexpr):
     """Step t's Q and dO into slot t % STAGES, once the compute partition released the
     slot's last use."""
     j, hh = _step(t, group, GQA)
-    m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
+    m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
     h = h_kv * group + hh
     slot = t % STAGES
     # a fresh barrier counts as having completed the phase before its first
@@ -187,30 +207,29 @@ def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, gr
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
             free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-            HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-            GQA: gl.constexpr, VARLEN: gl.constexpr, UPWARD: gl.constexpr):
+            order, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+            BOTTOM_RIGHT: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr):
     """The producer warp (without MERGED): K and V once, then each step's Q and dO."""
-    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
         _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
-                   q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA, UPWARD)
+                   q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
 
 
 @gluon.jit
 def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n, n_tiles_m,
-               n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc, k_desc, v_desc,
-               do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
+               n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order, q_desc, k_desc,
+               v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
-               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr,
-               UPWARD: gl.constexpr):
+               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
     tiles before this one (the module docstring), then counted. MERGED: these warps are the
@@ -222,9 +241,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
     COLS: gl.constexpr = 32
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
-    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
@@ -233,14 +252,14 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         for t in gl.static_range(STAGES):
             if t < n_total:
                 _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
-                           group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA,
-                           UPWARD)
+                           group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES,
+                           GQA)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
     for t in range(n_total):
         j, hh = _step(t, group, GQA)
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
+        m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
         # the accumulator's rows (rows_q a head: Sq, or the packed total)
         row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
@@ -248,12 +267,12 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
         if MERGED:
             if t + STAGES < n_total:
                 _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row,
-                           h_kv, group, q_start, m_lo, n_steps, BLOCK_M, D, STAGES, GQA,
-                           UPWARD)
+                           h_kv, group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES,
+                           GQA)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
-                                      n_steps, diag, left, right, seq_k, BLOCK_M, BLOCK_N,
-                                      HAS_LEFT, HAS_RIGHT, GQA, UPWARD)
+                                      n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
+                                      BLOCK_N, HAS_LEFT, HAS_RIGHT, GQA)
             seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
             while seen != need:
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
@@ -291,12 +310,11 @@ def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
 @gluon.jit
 def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
            dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n,
-           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right,
+           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
-           UPWARD: gl.constexpr):
+           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV.
 
     S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
@@ -322,9 +340,9 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     dtype: gl.constexpr = q_smem.dtype
 
-    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
@@ -333,7 +351,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
         j, hh = _step(t, group, GQA)
-        m0 = _step_row(m_lo, n_steps, j, BLOCK_M, UPWARD)
+        m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
         h = h_kv * group + hh
         lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
         slot = t % STAGES
@@ -438,22 +456,21 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
              dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, p_lse,
              p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
-             scale, qk_scale, cap, left, right,
+             scale, qk_scale, cap, left, right, order,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
-             UPWARD: gl.constexpr):
+             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
                     free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
-                    right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                    SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, UPWARD)
-    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, BLOCK_M, BLOCK_N,
-        HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, UPWARD)
+                    right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
+                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP)
+    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
     live = k0 < seq_k
     # dK and dV out through K's and V's tiles (every warp is done reading them)
     if live:
@@ -494,22 +511,21 @@ def _store_rows(tile, p_head, s_row, first, n_rows, ROWS: gl.constexpr, D: gl.co
 # sizes that change with the call, unspecialised (the forward's `UNSPECIALISED`: a new
 # length, batch or head count compiles nothing)
 UNSPECIALISED = ("sl_b", "sl_h", "sdk_h", "sdk_s", "sdv_h", "sdv_s", "n_tiles_n", "n_tiles_m",
-                 "n_heads_kv", "group", "seq_q", "seq_k", "rows_q", "left", "right")
+                 "n_heads_kv", "group", "seq_q", "seq_k", "rows_q", "left", "right", "order")
 
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
 def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_dv, p_lse,
                     p_delta, p_dq, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
                     sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q,
-                    scale, qk_scale, cap, left, right, D: gl.constexpr,
+                    scale, qk_scale, cap, left, right, order, D: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr,
-                    UPWARD: gl.constexpr):
+                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -564,32 +580,32 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
                     free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
-                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N,
-                    D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
-                    VARLEN, SWAP_SDP, UPWARD)),
+                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, BLOCK_M,
+                    BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS,
+                    GQA, VARLEN, SWAP_SDP)),
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
-                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc,
-                      k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
-                      free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
-                      UPWARD)),
+                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order,
+                      q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
+                      ready, free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
+                      BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
+                      MERGED)),
         ], [WRITER_WARPS], [WRITER_REGS])
     else:
         gl.warp_specialize([
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
                     free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
-                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, BLOCK_M, BLOCK_N,
-                    D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
-                    VARLEN, SWAP_SDP, UPWARD)),
+                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, BLOCK_M,
+                    BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS,
+                    GQA, VARLEN, SWAP_SDP)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
-                   left, right, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                   BOTTOM_RIGHT, GQA, VARLEN, UPWARD)),
+                   left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
+                   BOTTOM_RIGHT, GQA, VARLEN)),
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
-                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, q_desc,
-                      k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
-                      free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
-                      UPWARD)),
+                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order,
+                      q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
+                      ready, free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
+                      BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
+                      MERGED)),
         ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
