@@ -270,23 +270,30 @@ def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, optio
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
-@pytest.mark.parametrize("tiles_n, programs, left, right, want", [
-    (32, 4096, -1, 0, "up"),          # causal, 31 programs an SM
-    (64, 512, -1, 0, "down"),         # causal, 3.9 an SM: "up"'s tail would cost more
-    (32, 4096, 100, 30, "up"),        # a window with a right bound: as causal
-    (32, 4096, 100, -1, "down"),      # a left bound alone: the mirror image
-    (32, 4096, -1, -1, "rotated"),    # unmasked, a head's key tiles fit on the SMs
-    (133, 4256, -1, -1, "down"),      # ... they do not: a program could wait forever
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("tiles_n, programs, left, right, spread, want", [
+    (32, 4096, -1, 0, 2 * MIB, "up"),          # causal, 31 programs an SM
+    (64, 512, -1, 0, 2 * MIB, "down"),         # causal, 3.9 an SM: "up"'s tail costs more
+    (64, 2048, -1, 0, 16 * MIB, "down"),       # GQA 32/8 S8192: Q and dO too big to spread
+    (32, 4096, 100, 30, 2 * MIB, "up"),        # a window with a right bound: as causal
+    (32, 4096, 100, -1, 2 * MIB, "down"),      # a left bound alone: the mirror image
+    (32, 4096, -1, -1, 2 * MIB, "rotated"),    # unmasked, a head's key tiles fit the SMs
+    (133, 4256, -1, -1, 2 * MIB, "down"),      # ... they do not: a program could hang
 ])
 def test_the_adds_order_follows_the_mask_and_the_machine(tiles_n, programs, left, right,
-                                                         want, monkeypatch):
+                                                         spread, want, monkeypatch):
     from fusedattn.hopper import backward as knobs
 
-    assert knobs.order(tiles_n, programs, left, right, sms=132) == want
+    def picked():
+        return knobs.order(tiles_n, programs, left, right, sms=132, spread_bytes=spread)
+
+    assert picked() == want
     monkeypatch.setattr(knobs, "ORDER", "rotated")  # forced, but only where it can run
-    assert knobs.order(tiles_n, programs, left, right, sms=132) == want
+    assert picked() == ("rotated" if left < 0 and right < 0 and tiles_n <= 132 else want)
     monkeypatch.setattr(knobs, "ORDER", "up")
-    assert knobs.order(tiles_n, programs, left, right, sms=132) == "up"
+    assert picked() == "up"
 
 
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")

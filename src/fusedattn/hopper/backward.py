@@ -38,15 +38,21 @@ SWAP_SDP = True
 # by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
 ORDER = None
 # "up" (causal) launches a head's shortest programs first: with few programs a wave the
-# longest ones form a tail (0.89x "down" at B1 H32/8 S8192 causal, 512 programs on 132 SMs;
-# 1.06-1.25x at 4096 programs, evidence 1151Z), so it needs this many programs an SM
+# longest ones form a tail, so it needs this many programs an SM (B4 H32 S4096 causal,
+# 4096 programs on 132 SMs: 1.25x "down"; evidence 1151Z, 1202Z)
 UP_MIN_WAVES = 8
+# "up" and "rotated" spread a head's programs over its query tiles where "down" keeps them
+# on one: past this many bytes of Q and dO a K/V head (its GQA group's), "down" won (GQA
+# 32/8 S8192 D128 causal, 16 MiB: "up" 0.85-0.87x at 1024-2048 programs; at 2 and 8 MiB
+# "up" and "rotated" won), likely L2 reuse (not profiled)
+SPREAD_MAX_BYTES = 8 << 20
 
 
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED, ORDER, UP_MIN_WAVES,
+            SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
 
@@ -57,22 +63,27 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def order(tiles_n: int, programs: int, left: int, right: int, sms: int) -> str:
+def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
+          spread_bytes: int) -> str:
     """The deterministic adds' order for a launch of `programs` programs of `tiles_n` key
-    tiles a (batch, head) on `sms` SMs (`backward_kernel`'s docstring has why):
+    tiles a (batch, K/V head) on `sms` SMs, `spread_bytes` of Q and dO a K/V head
+    (`backward_kernel`'s docstring has why):
 
     - a right bound (causal): "up", each key tile a step ahead of the one below it at
-      every query tile, where there are UP_MIN_WAVES programs an SM; else "down";
-    - a left bound alone: "down", the mirror image (each key tile ends lower);
+      every query tile, where there are UP_MIN_WAVES programs an SM;
     - no bound: "rotated", every program starting on its own query tile, where a head's
       key tiles all fit on the SMs at once (a program may wait on one launched after
-      it); else "down".
+      it);
+    - else, or past SPREAD_MAX_BYTES, "down" (a left bound alone: its mirror image, each
+      key tile ends lower).
 
     `ORDER` forces one, but "rotated" only where it can run (every program meets every
     query tile, and a head's key tiles fit on the SMs)."""
     rotated = left < 0 and right < 0 and tiles_n <= sms
     if ORDER is not None and (ORDER != "rotated" or rotated):
         return ORDER
+    if spread_bytes > SPREAD_MAX_BYTES:
+        return "down"
     if right >= 0:
         return "up" if programs >= UP_MIN_WAVES * sms else "down"
     return "rotated" if rotated else "down"
@@ -112,7 +123,8 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
     grid = (tiles_n * batch * heads_kv,)
-    how = order(tiles_n, grid[0], left, right, _sm_count(q.device.index or 0))
+    how = order(tiles_n, grid[0], left, right, _sm_count(q.device.index or 0),
+                spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
     code = {"down": kernel.DOWN, "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs, dk, dv, lse, delta, dq_acc, sem, cu_q, cu_k, dk.stride(1), dk.stride(2),
             dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n, tiles_m,
