@@ -140,7 +140,7 @@ def _compile(fn, c: dict, types: dict, num_warps: int):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    signature, constants = {}, {}
+    signature, constants, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in c:
             signature[name] = "constexpr"
@@ -148,7 +148,11 @@ def _compile(fn, c: dict, types: dict, num_warps: int):
         else:  # strides i64, counts and window sides i32 (as the launcher's values are)
             wide = name[:3] in ("so_", "sl_", "sdk", "sdv")
             signature[name] = types.get(name, "i64" if wide else "i32")
-    source = GluonASTSource(fn, signature, constants)
+            if signature[name].startswith("*"):  # 16-byte aligned, as torch allocates and
+                # the launch specialises (the dQ adds then compile to 16-byte reds, as on
+                # the GPU; without it they were scalar here alone)
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = GluonASTSource(fn, signature, constants, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps})
 
