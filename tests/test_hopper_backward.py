@@ -296,6 +296,41 @@ def test_the_adds_order_follows_the_mask_and_the_machine(tiles_n, programs, left
     assert picked() == "up"
 
 
+def _order_model():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts/bwd_order_model.py"
+    spec = importlib.util.spec_from_file_location("bwd_order_model", path)
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    return model
+
+
+@pytest.mark.parametrize("seq_q, seq_k, left, right, bottom", [
+    (777, 1290, -1, -1, False), (40, 3000, -1, -1, False), (3000, 130, -1, -1, False),
+    (2000, 2000, -1, 0, False), (500, 2900, -1, 0, True), (2900, 500, -1, 0, True),
+    (1500, 1700, 300, 40, True), (1500, 1700, 300, -1, False), (900, 2100, -1, 250, False),
+])
+def test_the_orders_model_counts_every_program_once_and_never_hangs(seq_q, seq_k, left,
+                                                                    right, bottom):
+    # `scripts/bwd_order_model.py`: the kernel's walk and places transcribed, run with
+    # programs launched in order onto few SMs ("rotated": a head's key tiles resident)
+    model = _order_model()
+    tiles = -(-seq_k // model.BLOCK_N)
+    for order in ("down", "up", "rotated"):
+        if order == "rotated" and (left >= 0 or right >= 0):
+            continue
+        sms = tiles if order == "rotated" else 1
+        assert model.run(order, seq_q, seq_k, left, right, bottom, sms) == "ok", order
+    # the model sees a wrong launch order: "up" with the lowest key tile first hangs
+    if right >= 0 and seq_k > 2 * model.BLOCK_N:
+        assert model.run("up", seq_q, seq_k, left, right, bottom, 1) == "ok"
+        wrong = model.program
+        model.program = lambda pid, n, order, *rest: wrong(n - 1 - pid, n, order, *rest)
+        assert "hangs" in model.run("up", seq_q, seq_k, left, right, bottom, 1)
+
+
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
 def test_the_racing_variant_is_right_too():

@@ -1,0 +1,123 @@
+"""A model of the Hopper backward's deterministic dQ adds (`hopper/backward_kernel.py`),
+run on the CPU: for random shapes, masks and SM counts, each order's walk and its place in
+line (`_key_tile`, `_step_row`, `_dq_order`, transcribed here) are checked to
+
+- give every query tile's counter each program that adds into it once, its places
+  0 .. k-1 (a gap or a repeat would hang the kernel or race it);
+- run to the end when programs launch in order onto `sms` slots and each step waits for
+  its place ("up" and "down" on any number of SMs; "rotated" with a head's key tiles all
+  resident, as `hopper.backward.order` takes it).
+
+The GPU tier runs the kernel itself under each order (`test_every_order_of_the_
+deterministic_adds_is_right_and_repeats`); this covers the shapes it does not (Sq far from
+Sk, windows in both alignments, one SM). It checks the formulas as transcribed: change
+both together.
+
+    python3 scripts/bwd_order_model.py [--cases N] [--seed S]"""
+
+import argparse
+import random
+
+BLOCK_M, BLOCK_N = 64, 128
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def program(pid, n_tiles, order, seq_q, seq_k, left, right, bottom):
+    """Key tile pid's (its query tiles' first rows in walk order, its place at each)."""
+    n = pid if order == "down" else n_tiles - 1 - pid
+    k0 = n * BLOCK_N
+    diag = seq_k - seq_q if bottom else 0
+    m_lo, m_hi = 0, seq_q
+    if right >= 0:
+        m_lo = max(k0 - diag - right, 0) // BLOCK_M * BLOCK_M
+    if left >= 0:
+        m_hi = min(k0 + BLOCK_N + left - diag, seq_q)
+    m_hi = max(m_hi, m_lo)
+    n_steps = cdiv(m_hi - m_lo, BLOCK_M)
+    rot = n * cdiv(seq_q, BLOCK_M) // max(n_tiles, 1) if order == "rotated" else 0
+    rows, places = [], []
+    for j in range(n_steps):
+        turned = rot + j - (n_steps if rot + j >= n_steps else 0)
+        tile = {"up": j, "rotated": turned}.get(order, n_steps - 1 - j)
+        m0 = m_lo + tile * BLOCK_M
+        last = n_tiles - 1
+        if right >= 0:  # (never negative for a tile this program reaches)
+            last = min(last, (m0 + BLOCK_M - 1 + diag + right) // BLOCK_N)
+        mine = min(n_tiles - 1, cdiv((m0 // BLOCK_M + 1) * n_tiles, n_steps) - 1)
+        first = max(m0 + diag - left, 0) // BLOCK_N if left >= 0 else 0
+        rows.append(m0)
+        places.append({"up": last - n, "down": n - first,
+                       "rotated": mine - n if n <= mine else mine + n_tiles - n}[order])
+    return rows, places
+
+
+def run(order, seq_q, seq_k, left, right, bottom, sms) -> str:
+    n_tiles = cdiv(seq_k, BLOCK_N)
+    progs = [program(p, n_tiles, order, seq_q, seq_k, left, right, bottom)
+             for p in range(n_tiles)]
+    places = {}
+    for rows, mine in progs:
+        for m0, place in zip(rows, mine, strict=True):
+            places.setdefault(m0, []).append(place)
+    for m0, got in places.items():
+        if sorted(got) != list(range(len(got))):
+            return f"query tile {m0 // BLOCK_M}: places {sorted(got)}"
+    counter = dict.fromkeys(places, 0)
+    at, resident, launched, done = [0] * n_tiles, [], 0, 0
+    while done < n_tiles:
+        while len(resident) < sms and launched < n_tiles:
+            resident.append(launched)
+            launched += 1
+        moved = False
+        for pid in list(resident):
+            rows, mine = progs[pid]
+            if at[pid] == len(rows):
+                resident.remove(pid)
+                done, moved = done + 1, True
+            elif counter[rows[at[pid]]] == mine[at[pid]]:
+                counter[rows[at[pid]]] += 1
+                at[pid], moved = at[pid] + 1, True
+        if not moved:
+            return f"hangs with programs {resident} waiting"
+    return "ok"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    runs = failures = 0
+    for _ in range(args.cases):
+        seq_q, seq_k = rng.randint(1, 3000), rng.randint(1, 3000)
+        mask = rng.choice(["none", "causal", "causal bottom-right", "window", "left", "right"])
+        left = right = -1
+        bottom = mask == "causal bottom-right" or (mask == "window" and rng.random() < 0.5)
+        if mask.startswith("causal"):
+            right = 0
+        elif mask == "window":
+            left, right = rng.randint(0, 500), rng.randint(0, 300)
+        elif mask == "left":
+            left = rng.randint(0, 500)
+        elif mask == "right":
+            right = rng.randint(0, 500)
+        for order in ("down", "up", "rotated"):
+            if order == "rotated" and mask != "none":
+                continue  # (the launcher takes it unmasked only)
+            sms = cdiv(seq_k, BLOCK_N) if order == "rotated" else rng.choice([1, 2, 5, 132])
+            verdict = run(order, seq_q, seq_k, left, right, bottom, sms)
+            runs += 1
+            if verdict != "ok":
+                failures += 1
+                print(f"{order}, {mask}, Sq {seq_q}, Sk {seq_k}, window ({left}, {right}), "
+                      f"{sms} SMs: {verdict}")
+    print(f"{runs} runs, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
