@@ -43,8 +43,9 @@ ORDER = None
 UP_MIN_WAVES = 8
 # "up" and "rotated" spread a head's programs over its query tiles where "down" keeps them
 # on one: past this many bytes of Q and dO a K/V head (its GQA group's), "down" won (GQA
-# 32/8 S8192 D128 causal, 16 MiB: "up" 0.85-0.87x at 1024-2048 programs; at 2 and 8 MiB
-# "up" and "rotated" won), likely L2 reuse (not profiled)
+# 32/8 S8192 D128 causal, 16 MiB: "up" 0.84-0.86x at 1024-2048 programs; at 2 and 8 MiB
+# "up" and "rotated" won). Not profiled: L2 reuse, or the tail of GQA's longer programs
+# (notes/issue-33.md says how to tell)
 SPREAD_MAX_BYTES = 8 << 20
 
 
