@@ -84,10 +84,10 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, 
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
     """This program's (key tile n, sequence b, its batch row, kv head, first key k0 in the
     sequence, the sequence's first query and key rows, Sq, Sk, diagonal offset, query rows
-    m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M, and ROTATED the query
-    tile its steps start from, `rot`). VARLEN: sequence b is
-    rows cu[b]..cu[b+1] of batch row 0, and a key tile past its sequence's end sees no
-    query (m_hi = m_lo: no steps, nothing loaded or stored)."""
+    m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M, and under "rotated"
+    the query tile its steps start from, `rot`). VARLEN: sequence b is rows cu[b]..cu[b+1]
+    of batch row 0, and a key tile past its sequence's end sees no query (m_hi = m_lo: no
+    steps, nothing loaded or stored)."""
     pid = gl.program_id(0)
     n = pid % n_tiles_n
     # the last key tile of a (batch, head) first, but in the order "down"
@@ -360,7 +360,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
         if SWAP_SDP:  # 16 queries a thread: the tile's first row a scalar and the rows
             # offsets from it (each address a register and a constant, each mask a 32-bit
             # compare; `queries` instead made 64-bit sums of each, 160 more instructions
-            # a step in the compile report's loop at D128 once UPWARD changed m0's form)
+            # a step in the compile report's loop at D128 once the orders changed m0's form)
             lse_ptr = p_lse + (lse_base + m0)
             delta_ptr = p_delta + (lse_base + m0)
             offs = rows
