@@ -1,6 +1,6 @@
 """Small helpers the tests share: seeded inputs on the mode's device, int32 index
-tensors, the one check against the float64 reference, the two forward paths side by side,
-and tiny Hugging Face configs."""
+tensors, the scripts as modules, the one check against the float64 reference, the two
+forward paths side by side, and tiny Hugging Face configs."""
 
 import torch
 
@@ -19,6 +19,18 @@ def rand(*shape, dtype=torch.float32, seed=0, grad=False):
 
 def i32(values):
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def script(name: str):
+    """`scripts/NAME.py` loaded as a module (the scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # a ragged packed batch for the Hopper varlen tests: empty query and key sequences, one

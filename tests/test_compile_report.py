@@ -3,13 +3,9 @@ is what lets a kernel refactor stand on an earlier GPU tier run (the same instru
 every configuration), so it must ignore addresses and encodings and see every opcode and
 operand."""
 
-import importlib.util
-from pathlib import Path
+from inputs import script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts/gluon_compile_report.py"
-spec = importlib.util.spec_from_file_location("gluon_compile_report", SCRIPT)
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+report = script("gluon_compile_report")
 
 SASS = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;          /* 0x00000a0000017a02 */

@@ -14,7 +14,7 @@ from fusedattn.dispatch import backward_path, hopper_backward_refusal, use_backe
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref_grads, varlen_ref_grads
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, ragged, rand
+from inputs import ON_HOPPER, ragged, rand, script
 
 KERNEL = "_flash_bwd_sm90"
 
@@ -296,17 +296,6 @@ def test_the_adds_order_follows_the_mask_and_the_machine(tiles_n, programs, left
     assert picked() == "up"
 
 
-def _order_model():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts/bwd_order_model.py"
-    spec = importlib.util.spec_from_file_location("bwd_order_model", path)
-    model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model)
-    return model
-
-
 @pytest.mark.parametrize("seq_q, seq_k, left, right, bottom", [
     (777, 1290, -1, -1, False), (40, 3000, -1, -1, False), (3000, 130, -1, -1, False),
     (2000, 2000, -1, 0, False), (500, 2900, -1, 0, True), (2900, 500, -1, 0, True),
@@ -316,7 +305,7 @@ def test_the_orders_model_counts_every_program_once_and_never_hangs(seq_q, seq_k
                                                                     right, bottom):
     # `scripts/bwd_order_model.py`: the kernel's walk and places transcribed, run with
     # programs launched in order onto few SMs ("rotated": a head's key tiles resident)
-    model = _order_model()
+    model = script("bwd_order_model")
     tiles = -(-seq_k // model.BLOCK_N)
     for order in ("down", "up", "rotated"):
         if order == "rotated" and (left >= 0 or right >= 0):

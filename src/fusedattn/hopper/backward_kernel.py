@@ -359,13 +359,13 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
         queries = m0 + rows
         if SWAP_SDP:  # 16 queries a thread: the tile's first row a scalar and the rows
             # offsets from it (each address a register and a constant, each mask a 32-bit
-            # compare; `queries` instead made 64-bit sums of each, 160 more instructions
-            # a step in the compile report's loop at D128 once the orders changed m0's form)
+            # compare; with `queries` ptxas made 64-bit sums of each once the orders
+            # changed m0's form: a longer loop in the CPU compile report, not committed)
             lse_ptr = p_lse + (lse_base + m0)
             delta_ptr = p_delta + (lse_base + m0)
             offs = rows
             here = rows < seq_q - m0
-        else:  # 2 a thread: the form above costs 20-30 instructions a step here
+        else:  # 2 a thread: here the form above compiled to a longer loop (the same report)
             lse_ptr = p_lse + lse_base
             delta_ptr = p_delta + lse_base
             offs = queries
