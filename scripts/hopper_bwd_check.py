@@ -130,10 +130,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-down": _ours("hopper", ORDER="down"),
              "hopper-up": _ours("hopper", ORDER="up"),
              "hopper-rotated": _ours("hopper", ORDER="rotated"),
-             # LSE and delta from global memory in the compute warps (before LSE_SMEM);
-             # S transposed under masks too
-             "hopper-lseglobal": _ours("hopper", LSE_SMEM=False),
-             "hopper-swapmasked": _ours("hopper", SWAP_MASKED=True),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -34,13 +34,6 @@ DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
 # against 28), so those keep P and dS in shared memory
 SWAP_SDP = True
-# each step's LSE and delta loaded by the loader (the dQ writer's warpgroup, MERGED) into
-# shared memory beside Q and dO (FA3's way), not by the compute warps from global memory
-# (ncu at 94bd0de: 3.8% of the samples waited on the LSE's load at its first use)
-LSE_SMEM = True
-# S transposed under masks too (FA3 transposes under causal masks at D128): with LSE_SMEM
-# the compile report has the causal step's spills at 0 bytes there (136 before); A/B it
-SWAP_MASKED = False
 # the deterministic adds' order (`backward_kernel`'s docstring; `order` below): None picks
 # by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
 ORDER = None
@@ -59,8 +52,7 @@ SPREAD_MAX_BYTES = 8 << 20
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, SWAP_MASKED, MERGED, LSE_SMEM, ORDER,
-            UP_MIN_WAVES,
+    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED, ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
@@ -125,7 +117,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
         cu_q = cu_k = sem  # unused pointers
     block_m, block_n, stages = TILES[dim]
     qk_scale, cap, left, right = mask.kernel_args(scale)
-    swap = SWAP_SDP and cap == 0 and (SWAP_MASKED or (left < 0 and right < 0))
+    swap = SWAP_SDP and left < 0 and right < 0 and cap == 0
     descs = [_descriptor(t, rows, dim) for t, rows in
              ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
               (dv, block_n))]
@@ -143,7 +135,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, SWAP_SDP=swap, MERGED=MERGED, LSE_SMEM=LSE_SMEM,
-                  GQA=heads != heads_kv,
+                  DQ_ADDS=DQ_ADDS, SWAP_SDP=swap, MERGED=MERGED, GQA=heads != heads_kv,
                   VARLEN=varlen is not None, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs
