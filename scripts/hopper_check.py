@@ -62,8 +62,6 @@ def providers(q, k, v, causal):
     calls["hopper-sharedkv"] = knob("SHARED_KV", True)     # K and V on one mbarrier a slot
     calls["hopper-threadarrive"] = knob("THREAD_ARRIVES", True)  # each thread's arrivals
     calls["hopper-2wg"] = knob("WARPGROUPS", {})  # two consumers at D64 too
-    # three at D96 too (P through shared memory there, the kernel's P_SMEM)
-    calls["hopper-3wg96"] = knob("WARPGROUPS", {(64, 64): 3, (96, 96): 3})
     calls["hopper-rowsum"] = knob("LANE_SUM", False)  # row sums shuffled every tile
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):

@@ -160,8 +160,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # two with softcap (its tanh spilled 2.8 KB at 160 registers) and FP8
     consumers = (2 if fp8 or cap > 0 or seq_q < WARPGROUPS_MIN_ROWS
                  else WARPGROUPS.get(pair, 2))
-    if consumers == 3 and d_b > 0:  # P through shared memory (the kernel's P_SMEM): 48 KB
-        stages = min(stages, 2)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]

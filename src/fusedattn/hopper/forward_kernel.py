@@ -148,7 +148,7 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and `args` the consumers'."""
     q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc = descs
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
-     v_free, o_smem, o_desc, o2_desc, p_smem) = bufs
+     v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
      dim_v) = args
@@ -274,16 +274,10 @@ def _row_sums(l_i, row_layout: gl.constexpr, LANE_SUM: gl.constexpr):
 
 @gluon.jit
 def _p_operand(p, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
-               P_SCALE: gl.constexpr, p_tile, P_SMEM: gl.constexpr):
+               P_SCALE: gl.constexpr):
     """P as the P V wgmma takes it from registers: in the inputs' dtype, or under FP8 times
-    P_SCALE rounded to e4m3 (the portable kernel's `_p_as`; O's epilogue divides it out).
-    P_SMEM: stored in the warpgroup's `p_tile` instead, which is the operand (the caller
-    waited for the last P V)."""
-    if P_SMEM:
-        p_tile.store(p.to(dtype))
-        fence_async_shared()
-        operand = p_tile
-    elif FP8:
+    P_SCALE rounded to e4m3 (the portable kernel's `_p_as`; O's epilogue divides it out)."""
+    if FP8:
         p = p * P_SCALE
         # keys relabelled within each 16 (`transpose.py` writes V^T's columns in this
         # order): k = a0 + 2 a1 + 4 a2 + 8 a3 becomes a0 + 2 a3 + 4 a1 + 8 a2, so that the
@@ -296,19 +290,8 @@ def _p_operand(p, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
         # (in fp32: the layouts now differ by the order of a thread's registers alone;
         # Triton 3.6 still unpacks and repacks the float8 bytes: PRMTs, 575 -> ~346 a
         # loop in the compile report, and the 64 SHFLs gone)
-        operand = gl.convert_layout(p, layout).to(dtype)
-    else:
-        operand = gl.convert_layout(p.to(dtype), layout)
-    return operand
-
-
-@gluon.jit
-def _p2_operand(p_op, layout: gl.constexpr, P_SMEM: gl.constexpr):
-    """P for V's second piece: the same shared tile, or the registers in its layout."""
-    operand = p_op
-    if not P_SMEM:
-        operand = gl.convert_layout(p_op, layout)
-    return operand
+        return gl.convert_layout(p, layout).to(dtype)
+    return gl.convert_layout(p.to(dtype), layout)
 
 
 @gluon.jit
@@ -380,9 +363,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     runtime arguments (`_flash_fwd_sm90`); the ping-pong waits on `my_turn` and hands
     `next_turn` over."""
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
-     v_free, o_smem, o_desc, o2_desc, p_smem) = bufs
-    P_SMEM: gl.constexpr = CONSUMERS == 3 and D_B > 0 and not FP8  # (the kernel's)
-    p_tile = p_smem.index(c)
+     v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
      dim_v) = args
@@ -466,7 +447,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                 p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
                     right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM)
-                p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE, p_tile, P_SMEM)
+                p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
                     # runs while the second product does
@@ -487,7 +468,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     acc_tok = warpgroup_mma(p_op, _v_operand(v_smem.index(prev), FP8), acc,
                                             is_async=True)
                     if DV_B > 0:
-                        acc2_tok = warpgroup_mma(_p2_operand(p_op, p2_layout, P_SMEM),
+                        acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
                                                  v2_smem.index(prev), acc2, is_async=True)
                     if PINGPONG:
                         _release(next_turn, THREAD_ARRIVES)
@@ -513,14 +494,14 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     else:
                         _release(v_free.index(prev), THREAD_ARRIVES)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                    p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE, p_tile, P_SMEM)
+                    p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
                 last = (n + n_tiles - 1) % STAGES
                 if not SHARED_KV:
                     mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
                 acc_tok = warpgroup_mma(p_op, _v_operand(v_smem.index(last), FP8), acc,
                                         is_async=True)
                 if DV_B > 0:
-                    acc2_tok = warpgroup_mma(_p2_operand(p_op, p2_layout, P_SMEM),
+                    acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
                                              v2_smem.index(last), acc2, is_async=True)
                     both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
                                                        v_smem.index(last),
@@ -649,14 +630,6 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
         v2_smem = gl.allocate_shared_memory(
             dtype, [STAGES, BLOCK_N, DV_B],
             gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_B], dtype))
-    # P through shared memory where three warpgroups run two-piece head dims (D96): its
-    # registers are what they lack (FA4 runs D96 that way)
-    P_SMEM: gl.constexpr = CONSUMERS == 3 and D_B > 0 and not FP8
-    p_smem = q_smem  # (never read unless P_SMEM)
-    if P_SMEM:
-        p_smem = gl.allocate_shared_memory(
-            dtype, [CONSUMERS, BLOCK_M, BLOCK_N],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -691,7 +664,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     # held in a variable reach the partition as tensors (Triton 3.6); the rest travel as two
     # tuples. Consumer c waits on its turn and hands the next one over (c + 1, cyclically)
     bufs = (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
-            k_free, v_free, o_smem, o_desc, o2_desc, p_smem)
+            k_free, v_free, o_smem, o_desc, o2_desc)
     args = (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
             n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
             dim_v)
