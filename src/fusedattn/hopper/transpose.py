@@ -1,8 +1,6 @@
 """V^T for the Hopper FP8 forward: Hopper's wgmma takes float8 operands K-major only, and
 P V's K is the key, so V (`[B, H_kv, S, Dv]`, Dv contiguous) goes to the kernel as
-`[B, H_kv, Dv, S']` with the keys contiguous, each 16 of them in the order the kernel's P
-holds them (key a0 + 2 a1 + 4 a2 + 8 a3 at column a0 + 2 a3 + 4 a1 + 8 a2: then P needs no
-shuffle between threads on its way to the P V wgmma).
+`[B, H_kv, Dv, S']` with the keys contiguous.
 
 A TMA box's first column must start on 16 bytes (the H200 faults with an illegal
 instruction otherwise), and its row stride be a multiple of 16 bytes. So S' is S rounded
@@ -67,11 +65,8 @@ def _transpose_v(p_v, p_vt, p_cu_k, p_cu_t, sv_b, sv_h, sv_s, sv_d, svt_b, svt_h
     tile = tl.load(p_v + row_b.to(tl.int64) * sv_b + h.to(tl.int64) * sv_h
                    + (first + offs[:, None]).to(tl.int64) * sv_s + dims[None, :] * sv_d,
                    mask=(offs < length)[:, None], other=0.0)
-    # key k of each 16 to column a0 + 2 a3 + 4 a1 + 8 a2 (k's bits a0..a3): the order
-    # the attention kernel's P holds them in (`forward_kernel._p_operand`)
-    cols = (offs & ~15) | (offs & 1) | (((offs >> 3) & 1) << 1) | (((offs >> 1) & 3) << 2)
     tl.store(p_vt + row_b.to(tl.int64) * svt_b + h.to(tl.int64) * svt_h
-             + dims[:, None].to(tl.int64) * svt_d + (start + cols)[None, :], tl.trans(tile),
+             + dims[:, None].to(tl.int64) * svt_d + (start + offs)[None, :], tl.trans(tile),
              mask=(offs < padded)[None, :])
 
 
