@@ -25,16 +25,14 @@ from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
 # The Hopper backward under "auto" from this many keys a row, by head dim (varlen: keys a
-# sequence on average, its packed total over its count). D64: the Hopper kernel was as fast
-# or faster from S512 on (S8192 causal +15%, S4096 +3%). D128, since the kernel's compute
-# warpgroups have 240 registers (8cba653, evidence/nvidia-h200/20261202T0813Z-bwd-merged-ab):
-# faster than the portable passes at S4096 (+3% with S transposed, causal +4%) and GQA
-# S8192 causal (+20%); 24 documents averaging 1365 keys still ran 9% slower, as did S1024
-# causal before (235 against 214, 1901Z); nothing measured between, so 4096 (it was 8192:
-# the kernel lost at S4096 by 2-6%, 20261202T0626Z-ab). Shorter rows: S512 D64 and S256
-# D128 went the Hopper kernel's way by 5-7%, within the short rows' noise, and stay
-# portable (D64's 2048 is the earlier run's, 1844Z)
-HOPPER_BWD_MIN_KEYS = {64: 2048, 128: 4096}
+# sequence on average, its packed total over its count): the shortest rows measured. Since
+# the deterministic adds' order (998da80) it beat the portable passes on every row from
+# S256 at D128 and S512 at D64, by 8-33% with no overlap of the spreads (S256 D128 +10%,
+# S1024 causal +15%, S2048 causal +33%, 24 documents averaging 1365 keys +8%; S512 D64
+# +12%, S1024 D64 causal +9%: evidence/nvidia-h200/20261202T1335Z-bwd-short-rows-d96-fp8).
+# Nothing shorter was run. (It was {64: 2048, 128: 4096} before, when the kernel lost
+# at D128 S1024 causal and on the varlen row.)
+HOPPER_BWD_MIN_KEYS = {64: 512, 128: 256}
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k
