@@ -13,6 +13,8 @@
 #               all: the Hopper backward, its racing variant, portable, cuDNN, FA4)
 #   losscurves  scripts/hf_loss_curves.py: 100 training steps of a small Mistral, fusedattn
 #               (the Hopper path) against sdpa and eager, and the plot
+#   varlengrid  scripts/varlen_grid_ab.py: the varlen forward's grid, one program per item
+#               against the persistent grid (`hopper.forward.VARLEN_DYNAMIC`), alternately
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
@@ -85,6 +87,7 @@ while [ $# -gt 0 ]; do
     hopperbwd) python3 -m pytest -q -x -p no:cacheprovider -o addopts= tests/test_hopper_backward.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     bwd) python3 scripts/hopper_bwd_check.py --out $ev --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;
+    varlengrid) python3 scripts/varlen_grid_ab.py --out $ev 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" --rows "${ROWIDX:-}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;

@@ -92,6 +92,13 @@ THREAD_ARRIVES = False
 # about +2%, each row within a run's noise alone (evidence/nvidia-h200/
 # 20261202T0616Z-hopper-ab, 20261202T0626Z-ab) (A/B)
 LANE_SUM = True
+# varlen under a plain causal mask launches one program per item too (the dense causal
+# rule below), where False keeps the persistent grid. ncu of the varlen row at f8dfd10
+# (24 documents of 64-3848 tokens, H16 D128): the SMs were active 88% of the kernel's
+# cycles against FA4's 98%, the persistent grid's fixed shares ending apart
+# (evidence/nvidia-h200/20261202T1348Z-ncu-varlen-vs-fa4). One program per item pays for
+# the items past a sequence's end instead, which exit at once (A/B)
+VARLEN_DYNAMIC = True
 
 
 def switches() -> tuple:
@@ -101,7 +108,7 @@ def switches() -> tuple:
     THREAD_ARRIVES and WARPGROUPS in `scripts/hopper_check.py` replayed the default's
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
-            WARPGROUPS_MIN_ROWS, LANE_SUM)
+            WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC)
 
 
 @functools.cache
@@ -171,10 +178,11 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     descs = [None if d is None else _descriptor(*d) for d in firsts + seconds]
     tiles_m = triton.cdiv(seq_q, consumers * block_m)
     items = tiles_m * batch * heads
-    # causal (dense): one program per item, which the hardware hands out as SMs free up; a
+    # causal: one program per item, which the hardware hands out as SMs free up; a
     # persistent grid's fixed share per program (items p, p + programs, ...) gave some
-    # programs a fifth more work (S4096: 0.85x FA4, against 0.92x)
-    dynamic = right == 0 and left < 0 and varlen is None
+    # programs a fifth more work (S4096: 0.85x FA4, against 0.92x); varlen too where
+    # VARLEN_DYNAMIC says
+    dynamic = right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
     programs = items if dynamic else min(items, _sm_count(q.device))
     recording.launch(
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale, cu_t,
