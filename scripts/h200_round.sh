@@ -30,6 +30,10 @@
 #   ncusrc ROW  Nsight Compute's source view of our forward alone on ROW (as ncu's), with
 #               $KNOB (NAME=VALUE, `hopper.forward`'s A/B switch) if set: warp stalls
 #               sampled per SASS instruction, as CSV (ncusrc-*-sass.csv) and the report
+#   ncuorder ROW  Nsight Compute of the Hopper backward kernel alone under each dQ adds'
+#               order forced ("down", "up"), ROW "dim,batch,heads,heads_kv,seq[,causal]":
+#               L2 hit rate and DRAM bytes (does "up" lose L2 reuse under GQA?) and the
+#               SMs' active cycles against elapsed (or a tail?), one CSV per order
 #   ncusrcbwd ROW  the same source view of the Hopper backward kernel alone (forced), ROW
 #               "dim,batch,heads,seq[,causal]", $KNOB as backward.NAME=VALUE if set
 #   ncufp8 ROW  Nsight Compute of the FP8 forward (V's transpose and the Hopper kernel)
@@ -117,6 +121,18 @@ while [ $# -gt 0 ]; do
          ncu -i $ev/ncu/$name.ncu-rep --page source --csv --print-source sass \
            > $ev/ncu/$name-sass.csv 2>>"$log"
          echo "ncusrc $name: rc=$? $(wc -l < $ev/ncu/$name-sass.csv) lines" | tee -a "$log" ;;
+    ncuorder) IFS=, read -r d b h hk s c <<<"$1"; shift
+         mkdir -p $ev/ncu
+         for order in down up; do
+           name=ncuorder-d$d-b$b-h$h-hk$hk-s$s${c:+-$c}-$order
+           ncu --profile-from-start off --clock-control none -k regex:_flash_bwd_sm90 \
+             --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+             --metrics lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max \
+             --csv --page details python3 scripts/ncu_vs_cudnn.py --bwd-only --backend hopper \
+             --dim "$d" --batch "$b" --heads "$h" --heads-kv "$hk" --seq "$s" ${c:+--causal} \
+             --knob "backward.ORDER='$order'" > $ev/ncu/$name.csv 2>>"$log"
+           echo "ncuorder $name: rc=$?" | tee -a "$log"
+         done ;;
     ncusrcbwd) IFS=, read -r d b h s c <<<"$1"; shift
          name=ncusrc-bwd-d$d-b$b-h$h-s$s${c:+-$c}${KNOB:+-${KNOB##*.}}
          name=${name%%=*}
