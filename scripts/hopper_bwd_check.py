@@ -39,8 +39,8 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         # GQA causal at more programs a wave (B1 above: 512 programs on 132 SMs), where
         # `hopper.backward.order` turns from "down" to "up" (UP_MIN_WAVES)
         (2, 32, 8, 8192, 128, True), (4, 32, 8, 8192, 128, True),
-        # between the short rows and S4096 (HOPPER_BWD_MIN_KEYS: 4096 at D128, 2048 at
-        # D64), 16k-32k tokens a call
+        # between the short rows and S4096, where HOPPER_BWD_MIN_KEYS was 4096 at D128 and
+        # 2048 at D64 before 1335Z's run retuned it; 16k-32k tokens a call
         (16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, False),
         (8, 16, 16, 2048, 128, True), (16, 16, 16, 1024, 64, True),
         (8, 16, 16, 2048, 64, True)]

@@ -6,8 +6,8 @@ Each row: both settings called alternately (ABAB...), the first output of each c
 against the float64 reference (`fusedattn_lab.verify.check`, the portable path's error as
 the peer's), every output after timing compared bit for bit with that first one, and the
 two settings' outputs with each other (the grid moves items between programs, never the
-arithmetic of one). The median and spread of each, by
-`fusedattn_lab.timing.time_gpu`. The GPU only (the Hopper kernel runs on sm90).
+arithmetic of one). Each round's median of 30 calls (`fusedattn_lab.timing.time_gpu`), and
+the median of the rounds. The GPU only (the Hopper kernel runs on sm90).
 
     python3 scripts/varlen_grid_ab.py --out DIR   (writes DIR/varlen_grid_ab.json)
 """
@@ -50,6 +50,7 @@ def row(dim: int, causal: bool) -> dict:
     longest = max(lengths)
     flops = sum(4 * n * n * dim * HEADS // (2 if causal else 1) for n in lengths)
     outs, errs, times = {}, {}, {True: [], False: []}
+    default = knobs.VARLEN_DYNAMIC
 
     def call(backend="hopper"):
         with use_backend(backend):
@@ -73,7 +74,7 @@ def row(dim: int, causal: bool) -> dict:
             if not torch.equal(call(), outs[setting]):
                 raise SystemExit(f"D{dim} causal={causal} VARLEN_DYNAMIC={setting}: "
                                  "the output changed between calls")
-    knobs.VARLEN_DYNAMIC = True
+    knobs.VARLEN_DYNAMIC = default
     same = torch.equal(outs[True], outs[False])
     result = {"dim": dim, "causal": causal, "heads": HEADS, "lengths": lengths,
               "bit_identical": same}

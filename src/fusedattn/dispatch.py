@@ -28,7 +28,7 @@ from fusedattn.problem import ProblemError
 # sequence on average, its packed total over its count): the shortest rows measured. Since
 # the deterministic adds' order (998da80) it beat the portable passes on every row from
 # S256 at D128 and S512 at D64, by 8-33% with no overlap of the spreads (S256 D128 +10%,
-# S1024 causal +15%, S2048 causal +33%, 24 documents averaging 1365 keys +8%; S512 D64
+# D128 S1024 causal +15%, S2048 causal +33%, 24 documents averaging 1365 keys +8%; S512 D64
 # +12%, S1024 D64 causal +9%: evidence/nvidia-h200/20261202T1335Z-bwd-short-rows-d96-fp8).
 # Nothing shorter was run. (It was {64: 2048, 128: 4096} before, when the kernel lost
 # at D128 S1024 causal and on the varlen row.)

@@ -97,9 +97,10 @@ LANE_SUM = True
 # (24 documents of 64-3848 tokens, H16 D128): the SMs were active 88% of the kernel's
 # cycles against FA4's 98%, the persistent grid's fixed shares ending apart
 # (evidence/nvidia-h200/20261202T1348Z-ncu-varlen-vs-fa4). One program per item pays for
-# the items past a sequence's end instead, which exit at once. It lost: D128 401 against
-# 444 TFLOP/s, D64 256 against 243 (non-causal rows, the same code either way, moved 2%:
-# evidence/nvidia-h200/20261202T1354Z-varlen-grid-ab), so off (A/B)
+# the items past a sequence's end instead, which exit at once. It lost 10% at D128 (401
+# against 444 TFLOP/s) and gained 5% at D64 (256 against 243; the non-causal rows, the
+# same launch either way, moved up to 3%: evidence/nvidia-h200/20261202T1354Z-varlen-grid-ab),
+# so off (A/B)
 VARLEN_DYNAMIC = False
 
 
