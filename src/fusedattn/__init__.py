@@ -22,9 +22,11 @@ _PUBLIC = {"attention": "fusedattn.api", "attention_varlen": "fusedattn.varlen",
 
 
 def __getattr__(name: str):
-    # `fusedattn.attention` and its siblings without importing Triton at package import time
+    # `fusedattn.attention` and its siblings without importing Triton at package import time;
+    # kept in the module once found, so that later lookups skip this function (issue 31)
     if name in _PUBLIC:
         import importlib
 
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
+        value = globals()[name] = getattr(importlib.import_module(_PUBLIC[name]), name)
+        return value
     raise AttributeError(f"module 'fusedattn' has no attribute {name!r}")
