@@ -29,3 +29,22 @@ def test_the_loop_mix_counts_the_loop_that_holds_the_wgmmas():
     # the loop is 0x10..0x40: LDG, HGMMA, LDL and the predicated branch back
     assert mix == {"length": 4, "LDG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "LDL": 1, "BRA": 1}
     assert report.loop_mix(SASS.replace("0x10 ;", "0x60 ;")) == {}  # no branch back
+
+
+def test_the_transpose_report_tells_store_widths_apart():
+    # `scripts/transpose_compile_report.py`: a byte store is not a 16-byte one (what showed
+    # why the FP8 relabel lost, evidence/sm90-compile/20261202T1422Z-fp8-transpose-stores)
+    import collections
+    import re
+
+    transpose = script("transpose_compile_report")
+    sass = SASS + """
+        /*0060*/                   STG.E.U8 desc[UR4][R2.64], R5 ;  /* 0x0 */
+        /*0070*/                   STG.E.128 desc[UR4][R2.64], R8 ; /* 0x0 */
+        /*0080*/                   STS.U16 [R3], R6 ;              /* 0x0 */
+"""
+    found = collections.Counter(re.findall(transpose.MEMORY, sass))
+    assert found == {"LDG.E": 1, "STG.E.U8": 1, "STG.E.128": 1, "STS.U16": 1}
+    # and it takes the kernel alone from a transpose.py (no torch import needed there)
+    fn = transpose._kernel(transpose.ROOT / "src/fusedattn/hopper/transpose.py")
+    assert fn.arg_names[:2] == ["p_v", "p_vt"]
