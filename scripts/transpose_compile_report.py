@@ -35,7 +35,8 @@ def _kernel(path: Path):
 
     spec = importlib.util.spec_from_file_location(f"transpose_{abs(hash(f.name))}", f.name)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    spec.loader.exec_module(module)  # (the decorator has read the source: the file can go)
+    os.unlink(f.name)
     return module._transpose_v
 
 
