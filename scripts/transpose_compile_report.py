@@ -15,10 +15,12 @@ import collections
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gluon_compile_report import cubin_facts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY = r"\b((?:STG|LDG|STS|LDS|LDSM|STSM)(?:\.[\w.]+)?)"
@@ -65,12 +67,7 @@ def compile_one(fn, dim: int, varlen: bool):
 def memory_ops(compiled) -> dict:
     import triton
 
-    tools = Path(triton.__file__).parent / "backends/nvidia/bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(compiled.asm["cubin"])
-    sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True,
-                          text=True, check=True).stdout
-    os.unlink(f.name)
+    _, sass = cubin_facts(Path(triton.__file__).parent / "backends/nvidia/bin", compiled)
     return dict(sorted(collections.Counter(re.findall(MEMORY, sass)).items()))
 
 

@@ -357,7 +357,7 @@ def test_scores_are_transposed_only_where_no_mask_bounds_a_key(mask, swapped, mo
     rows alone: under masks and softcaps that kernel spilled and ran 19-34% slower."""
     from fusedattn.hopper import backward as knobs
 
-    monkeypatch.setattr(knobs, "_sm_count", lambda index: 132)  # (no GPU in CI)
+    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
     q = rand(1, 2, 128, 128, dtype=torch.bfloat16)
     zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
     launch = knobs.hopper_backward_launch(

@@ -10,11 +10,9 @@ D * 4 of dQ (D128: 224 KB, 208 KB)."""
 
 from __future__ import annotations
 
-import functools
-
 import triton
 
-from fusedattn.hopper.forward import _descriptor
+from fusedattn.hopper.forward import _descriptor, _sm_count
 
 # head dim (q, k and v alike) -> (BLOCK_M, BLOCK_N, STAGES)
 TILES = {
@@ -55,13 +53,6 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED, ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -124,7 +115,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
     grid = (tiles_n * batch * heads_kv,)
-    how = order(tiles_n, grid[0], left, right, _sm_count(q.device.index or 0),
+    how = order(tiles_n, grid[0], left, right, _sm_count(q.device),
                 spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
     code = {"down": kernel.DOWN, "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs, dk, dv, lse, delta, dq_acc, sem, cu_q, cu_k, dk.stride(1), dk.stride(2),
