@@ -16,7 +16,7 @@ from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, varlen_ref
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, both_paths, within_portable
+from inputs import ON_HOPPER, both_paths, script, within_portable
 
 
 def _rand(*shape, dtype=torch.bfloat16, seed=0):
@@ -161,6 +161,43 @@ def test_hopper_varlen_with_empty_and_one_token_sequences(causal, dim):
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=causal, device=DEVICE)
     within_portable(*both_paths(lambda: attention_varlen(
         q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal)), ref)
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_hopper_varlen_over_many_documents(causal, dim):
+    # 70 documents: the kernel's prefix sum over the documents' tiles takes three steps of
+    # 32 (`forward_kernel._document`); empty, one-token and long ones between; D64 runs
+    # three consumer warpgroups (192-row items) where the longest has 2048 rows
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    g = torch.Generator().manual_seed(dim)
+    lens = [int(n) for n in torch.randint(0, 400, (70,), generator=g)]
+    lens[3], lens[40], lens[41], lens[69] = 0, 1, 2100, 0
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                      device=DEVICE)
+    q, k, v = (_rand(sum(lens), 4, dim, seed=i) for i in range(3))
+    ref = varlen_ref(q, k, v, cu, cu, causal=causal, device=DEVICE)
+    within_portable(*both_paths(lambda: attention_varlen(
+        q, k, v, cu, cu, max(lens), max(lens), is_causal=causal)), ref)
+
+
+def test_the_varlen_items_model_gives_every_tile_once():
+    # `scripts/varlen_items_model.py`: the kernel's varlen item map transcribed
+    model = script("varlen_items_model")
+    for lengths, heads, tile in (([5, 0, 1, 300, 129, 1000, 64], 4, 128),
+                                 ([0] * 40 + [3000] + [1] * 30, 2, 192), ([0], 3, 128),
+                                 ([128] * 33, 16, 128)):
+        for causal in (False, True):
+            assert model.check(lengths, heads, tile, causal) == "ok"
+    # it sees a wrong map: each document's items start one later
+    right = model.document
+    model.document = lambda *a: (lambda b, first: (b, first + 1))(*right(*a))
+    try:
+        assert model.check([300, 5], 2, 128, False) != "ok"
+    finally:
+        model.document = right
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")

@@ -96,12 +96,12 @@ LANE_SUM = True
 # rule below), where False keeps the persistent grid. ncu of the varlen row at f8dfd10
 # (24 documents of 64-3848 tokens, H16 D128): the SMs were active 88% of the kernel's
 # cycles against FA4's 98%, the persistent grid's fixed shares ending apart
-# (evidence/nvidia-h200/20261202T1348Z-ncu-varlen-vs-fa4). One program per item pays for
-# the items past a sequence's end instead, which exit at once. It lost 10% at D128 (401
-# against 444 TFLOP/s) and gained 5% at D64 (256 against 243; the non-causal rows, the
-# same launch either way, moved up to 3%: evidence/nvidia-h200/20261202T1354Z-varlen-grid-ab),
-# so off (A/B)
-VARLEN_DYNAMIC = False
+# (evidence/nvidia-h200/20261202T1348Z-ncu-varlen-vs-fa4). Over max_seqlen's tiles for
+# every document, one program per item lost 10% at D128 and gained 5% at D64
+# (evidence/nvidia-h200/20261202T1354Z-varlen-grid-ab): most of its programs were empty.
+# Items now go document by document over the documents' own tiles (`forward_kernel.
+# _document`, FA4's varlen grid), at most one empty item a document and head (A/B)
+VARLEN_DYNAMIC = True
 
 
 def switches() -> tuple:
@@ -179,8 +179,15 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     seconds = [(t, rows, second) if second else None for (t, rows, _), second in
                zip(firsts, (d_b, d_b, dv_b, dv_b), strict=True)]
     descs = [None if d is None else _descriptor(*d) for d in firsts + seconds]
-    tiles_m = triton.cdiv(seq_q, consumers * block_m)
+    tile = consumers * block_m
+    tiles_m = triton.cdiv(seq_q, tile)
     items = tiles_m * batch * heads
+    if varlen is not None:
+        # items document by document (`forward_kernel._document`): at most (total + B * (tile
+        # - 1)) // tile tiles a head over all documents, so at most B - 1 empty items a head;
+        # the kernel takes the documents' count where the dense grid takes tiles_m
+        tiles_m = batch
+        items = (q.shape[2] + batch * (tile - 1)) // tile * heads
     # causal: one program per item, which the hardware hands out as SMs free up; a
     # persistent grid's fixed share per program (items p, p + programs, ...) gave some
     # programs a fifth more work (S4096: 0.85x FA4, against 0.92x); varlen too where

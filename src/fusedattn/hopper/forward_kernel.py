@@ -97,27 +97,70 @@ def _release(bar, THREAD_ARRIVES: gl.constexpr):
 
 
 @gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _document(t, n_docs, n_heads, p_cu_q, TILE_M: gl.constexpr, WARPS: gl.constexpr):
+    """Varlen's item t: (document b, the first item of b). Items run document by document,
+    each document's ceil(len / TILE_M) tiles x n_heads of them (FA4's varlen grid: no item
+    past a document's end, so at most n_docs - 1 empty items a head at the grid's end,
+    whose b is n_docs). b counts the documents whose items all come before t: a prefix sum
+    of the item counts, 32 documents a step (`WARPS`: the calling partition's warps)."""
+    lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    lane = gl.arange(0, 32, layout=lanes)
+    before = t * 0  # items of the documents of the steps before
+    b = t * 0
+    first = t * 0
+    for c in range(0, n_docs, 32):
+        i = c + lane
+        inside = i < n_docs
+        lo = gl.load(p_cu_q + i, mask=inside, other=0)
+        hi = gl.load(p_cu_q + i + 1, mask=inside, other=0)
+        items = gl.where(inside, (hi - lo + TILE_M - 1) // TILE_M, 0) * n_heads
+        ends = before + gl.associative_scan(items, 0, _add)
+        done = inside & (ends <= t)
+        b += gl.sum(done.to(gl.int32), 0)
+        first = gl.maximum(first, gl.max(gl.where(done, ends, 0), 0))
+        before += gl.sum(items, 0)
+    return b, first
+
+
+@gluon.jit
 def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
           TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-          HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+          HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+          WARPS: gl.constexpr):
     """Work item t: (live, batch row, head, kv head, first q row, first k row, the tile's
-    first row in its sequence, Sq, Sk, diagonal offset, key span lo..hi). `live` is False
-    for a tile past its sequence's end (varlen)."""
-    bh = t // n_tiles_m
-    tile_m = t % n_tiles_m
-    if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles of a head first
-        tile_m = n_tiles_m - 1 - tile_m
-    b = bh // n_heads
-    h = bh % n_heads
-    q_start = 0
-    k_start = 0
-    b_row = b
+    first row in its sequence, Sq, Sk, diagonal offset, key span lo..hi, batch or document
+    index). Dense: t = (b * n_heads + h) * n_tiles_m + tile. VARLEN: `n_tiles_m` is the
+    documents' count and items go document by document (`_document`), each document's
+    heads one after another; `live` is False for the grid's last, empty items."""
     if VARLEN:  # one batch row, sequences along the rows
-        q_start = gl.load(p_cu_q + b)
-        seq_q = gl.load(p_cu_q + b + 1) - q_start
-        k_start = gl.load(p_cu_k + b)
-        seq_k = gl.load(p_cu_k + b + 1) - k_start
+        b, first = _document(t, n_tiles_m, n_heads, p_cu_q, TILE_M, WARPS)
+        live = b < n_tiles_m
+        safe = gl.minimum(b, n_tiles_m - 1)  # (cu has n_docs + 1 entries)
+        q_start = gl.load(p_cu_q + safe)
+        seq_q = gl.load(p_cu_q + safe + 1) - q_start
+        k_start = gl.load(p_cu_k + safe)
+        seq_k = gl.load(p_cu_k + safe + 1) - k_start
+        tiles = gl.maximum(gl.cdiv(seq_q, TILE_M), 1)
+        h = (t - first) // tiles
+        tile_m = (t - first) % tiles
+        if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles of a head first
+            tile_m = tiles - 1 - tile_m
         b_row = 0
+    else:
+        bh = t // n_tiles_m
+        tile_m = t % n_tiles_m
+        if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles of a head first
+            tile_m = n_tiles_m - 1 - tile_m
+        b = bh // n_heads
+        h = bh % n_heads
+        q_start = 0
+        k_start = 0
+        b_row = b
     m_start = tile_m * TILE_M
     diag = 0
     if BOTTOM_RIGHT:
@@ -130,8 +173,10 @@ def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, righ
     if HAS_RIGHT:
         hi = gl.minimum(gl.minimum(m_start + TILE_M, seq_q) - 1 + diag + right + 1, seq_k)
     hi = gl.maximum(hi, lo)
-    return (m_start < seq_q, b_row, h, h // group, q_start, k_start, m_start, seq_q, seq_k,
-            diag, lo, hi)
+    ok = m_start < seq_q
+    if VARLEN:
+        ok = ok & live
+    return (ok, b_row, h, h // group, q_start, k_start, m_start, seq_q, seq_k, diag, lo, hi, b)
 
 
 @gluon.jit
@@ -161,9 +206,9 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     n = 0       # key tiles loaded so far
     items = 0   # live items so far
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi = _item(
+        live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
             t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 1)
         if live:
             # a fresh barrier counts as having completed the phase before its first: the
             # first waits on the free barriers pass at once
@@ -174,7 +219,7 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
                            q_smem.index(c), q2_smem.index(c), D_A, D_B)
             v_start = k_start
             if FP8 and VARLEN:  # V^T's sequence b starts on a 16-byte column of its own
-                v_start = gl.load(p_cu_t + t // n_tiles_m // n_heads)
+                v_start = gl.load(p_cu_t + b)
             for j in range(gl.cdiv(hi - lo, BLOCK_N)):
                 slot = n % STAGES
                 phase = ((n // STAGES) & 1) ^ 1
@@ -396,9 +441,9 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     items = 0   # live items so far (Q's phase)
     turns = 0   # ping-pong hand-overs so far
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi = _item(
+        live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
             t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 4)
         if live:
             item_scale = qk_scale
             if FP8:  # the factors of this head's q and of its kv head's k
@@ -582,7 +627,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     factors (`api.fp8_descale`: q's per head, then k's and v's per kv head), O bfloat16; one
     head-dim piece; with VARLEN, `p_cu_t` the sequences' first columns of V^T. `dim_v` is O's head
     dim: less than DV_A + DV_B where the kernel runs a head dim padded (`forward.kernel_pair`; the
-    descriptors' boxes read zeros past the last column, and their stores stop there)"""
+    descriptors' boxes read zeros past the last column, and their stores stop there). VARLEN:
+    n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`)"""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [CONSUMERS, BLOCK_M, D_A],
