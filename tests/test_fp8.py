@@ -185,6 +185,19 @@ def test_fp8_on_the_hopper_path_takes_its_head_dims_and_says_why_not_others():
         assert attention(q8, k8, v8).shape == (1, 2, 16, 64)
 
 
+def _kernel_order(keys: int) -> torch.Tensor:
+    """Where V^T puts each of `keys` keys (a multiple of 16): key a0 + 2 a1 + 4 a2 + 8 a3
+    of each 16 at column a0 + 2 a3 + 4 a1 + 8 a2 (`hopper/transpose.py`)."""
+    k = torch.arange(keys)
+    bit = [(k >> i) & 1 for i in range(4)]
+    return (k - k % 16) + bit[0] + 2 * bit[3] + 4 * bit[1] + 8 * bit[2]
+
+
+def _in_kernel_order(vt: torch.Tensor) -> torch.Tensor:
+    """V^T's columns (keys) back in key order."""
+    return vt[..., _kernel_order(vt.shape[-1])]
+
+
 @pytest.mark.parametrize("seq, dim", [(1, 64), (70, 128), (129, 256)])
 def test_fp8_v_transposed_for_the_hopper_kernel(seq, dim):
     from fusedattn.hopper.transpose import v_transposed
@@ -194,10 +207,12 @@ def test_fp8_v_transposed_for_the_hopper_kernel(seq, dim):
     vt, cu_t = v_transposed(v8)
     padded = -(-seq // 16) * 16
     assert cu_t is None and vt.shape == (2, 3, dim, padded) and vt.is_contiguous()
-    assert torch.equal(vt[..., :seq].view(torch.uint8),
-                       v8.transpose(2, 3).contiguous().view(torch.uint8))
+    keys = _in_kernel_order(vt.view(torch.uint8))
+    assert torch.equal(keys[..., :seq], v8.transpose(2, 3).contiguous().view(torch.uint8))
     # the padding is zeros (the kernel's last key tile reads it: 0 * P, never a NaN)
-    assert (vt[..., seq:].view(torch.uint8) == 0).all()
+    assert (keys[..., seq:] == 0).all()
+    if seq > 8:  # the order is not the keys': key 8 of a tile is its column 2
+        assert torch.equal(vt.view(torch.uint8)[..., 2], v8.view(torch.uint8)[:, :, 8])
 
 
 def test_fp8_v_transposed_of_a_packed_batch_starts_each_sequence_on_16_columns():
@@ -211,7 +226,7 @@ def test_fp8_v_transposed_of_a_packed_batch_starts_each_sequence_on_16_columns()
     starts = [0, 16, 16, 32, 48, 128]  # each length rounded up to 16, summed
     # V^T's width a multiple of 16 (its row stride in bytes, as TMA needs): 92 -> 96, + 16 B
     assert cu_t.tolist() == starts and vt.shape == (1, 2, 64, 96 + 16 * 5)
-    bits, want = vt.view(torch.uint8), v8.transpose(2, 3).view(torch.uint8)
+    bits, want = _in_kernel_order(vt.view(torch.uint8)), v8.transpose(2, 3).view(torch.uint8)
     written = torch.zeros(vt.shape[-1], dtype=torch.bool)
     for b, n in enumerate(lengths):
         first = cu[b].item()

@@ -324,6 +324,18 @@ def _p_operand(p, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
     P_SCALE rounded to e4m3 (the portable kernel's `_p_as`; O's epilogue divides it out)."""
     if FP8:
         p = p * P_SCALE
+        # keys relabelled within each 16 (`transpose.py` writes V^T's columns in this
+        # order): k = a0 + 2 a1 + 4 a2 + 8 a3 becomes a0 + 2 a3 + 4 a1 + 8 a2, so that the
+        # keys each thread holds in the accumulator are the ones the float8 operand layout
+        # wants of it (the accumulator: a0, a3 in registers, a1, a2 the lane's; the
+        # operand: its two low key bits in registers, the next two the lane's)
+        M: gl.constexpr = p.shape[0]
+        N: gl.constexpr = p.shape[1]
+        p = p.reshape([M, N // 16, 2, 4, 2]).permute((0, 1, 3, 2, 4)).reshape([M, N])
+        # (in fp32: the layouts now differ by the order of a thread's registers alone;
+        # Triton 3.6 still unpacks and repacks the float8 bytes: PRMTs, 575 -> ~346 a
+        # loop in the compile report, and the 64 SHFLs gone)
+        return gl.convert_layout(p, layout).to(dtype)
     return gl.convert_layout(p.to(dtype), layout)
 
 

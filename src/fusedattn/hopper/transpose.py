@@ -1,6 +1,8 @@
 """V^T for the Hopper FP8 forward: Hopper's wgmma takes float8 operands K-major only, and
 P V's K is the key, so V (`[B, H_kv, S, Dv]`, Dv contiguous) goes to the kernel as
-`[B, H_kv, Dv, S']` with the keys contiguous.
+`[B, H_kv, Dv, S']` with the keys contiguous, each 16 of them in the order the kernel's P
+holds them (key a0 + 2 a1 + 4 a2 + 8 a3 at column a0 + 2 a3 + 4 a1 + 8 a2: then P needs no
+shuffle between threads on its way to the P V wgmma).
 
 A TMA box's first column must start on 16 bytes (the H200 faults with an illegal
 instruction otherwise), and its row stride be a multiple of 16 bytes. So S' is S rounded
@@ -62,9 +64,16 @@ def _transpose_v(p_v, p_vt, p_cu_k, p_cu_t, sv_b, sv_h, sv_s, sv_d, svt_b, svt_h
             tl.store(p_cu_t + b, start)
             if b == batch - 1:
                 tl.store(p_cu_t + batch, start + padded)
+    # key k of each 16 goes to column a0 + 2 a3 + 4 a1 + 8 a2 (k's bits a0..a3), the order
+    # the attention kernel's P holds them in (`forward_kernel._p_operand`): column j takes
+    # key b0 + 2 b2 + 4 b3 + 8 b1 (j's bits), gathered on the load so that the store stays
+    # 16 bytes wide (a permuted store compiled to one byte a store:
+    # evidence/sm90-compile/20261202T1422Z-fp8-transpose-stores)
+    keys = ((offs & ~15) | (offs & 1) | (((offs >> 2) & 1) << 1) | (((offs >> 3) & 1) << 2)
+            | (((offs >> 1) & 1) << 3))
     tile = tl.load(p_v + row_b.to(tl.int64) * sv_b + h.to(tl.int64) * sv_h
-                   + (first + offs[:, None]).to(tl.int64) * sv_s + dims[None, :] * sv_d,
-                   mask=(offs < length)[:, None], other=0.0)
+                   + (first + keys[:, None]).to(tl.int64) * sv_s + dims[None, :] * sv_d,
+                   mask=(keys < length)[:, None], other=0.0)
     tl.store(p_vt + row_b.to(tl.int64) * svt_b + h.to(tl.int64) * svt_h
              + dims[:, None].to(tl.int64) * svt_d + (start + offs)[None, :], tl.trans(tile),
              mask=(offs < padded)[None, :])
