@@ -46,6 +46,9 @@
 #   coldstart   fusedattn bench --suite coldstart
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes)
+#   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
+#               and SDPA's) by thread and op under torch.profiler, the backward's Python
+#               under cProfile in autograd's thread
 #   hostprof    scripts/host_profile.py --sweep: host time a call by layer, SDPA's, the
 #               layers one by one, and the kernels a sweep of lengths compiles
 #   cp L        (a multi-GPU kind) scripts/context_parallel_bench.py on every GPU of the
@@ -150,6 +153,7 @@ while [ $# -gt 0 ]; do
            --heads "$h" --seq "$s" ${c:+--causal} ;;
     fp8check) python3 scripts/hopper_fp8_check.py --out $ev ${FP8SWEEP:+--sweep} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
+    train) python3 scripts/host_profile.py --train --out $ev/train_profile.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     cp) layouts=$1; shift; n=$(nvidia-smi -L | wc -l); mkdir -p $ev/cp
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
           torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \

@@ -191,14 +191,108 @@ def sweep_compiles(dim: int, causal: bool) -> dict:
             "first_call_s": firsts}
 
 
+def train_profile(calls: int) -> dict:
+    """A training step's host cost taken apart (issue 31: fwd+bwd was the row furthest from
+    SDPA's): `attention` fwd+bwd and SDPA's on `_sdpa_problems`' shapes, each under
+    torch.profiler (CPU and CUDA: every thread's CPU time, autograd's own included, and the
+    GPU's kernel time a step), and fusedattn's backward under cProfile inside autograd's
+    thread (`_Flash.backward` wrapped: cProfile sees one thread, the one that enables it)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    import fusedattn.api as api
+
+    g = tuple(torch.randn(4, 8, 256, 64, device=DEVICE, dtype=torch.bfloat16,
+                          requires_grad=True) for _ in range(3))
+
+    def ours():
+        attention(*g, is_causal=True).sum().backward()
+
+    def peer(backend):
+        def step():
+            with sdpa_kernel(backend):
+                sdpa(*g, is_causal=True).sum().backward()
+        return step
+
+    result = {}
+    steps = {"fusedattn": ours, "sdpa cudnn": peer(SDPBackend.CUDNN_ATTENTION),
+             "sdpa flash": peer(SDPBackend.FLASH_ATTENTION)}
+    for name, step in steps.items():
+        wall = wall_us(step, 300)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                step()
+            torch.cuda.synchronize()
+        threads: dict[int, float] = {}
+        for e in prof.events():
+            threads[e.thread] = threads.get(e.thread, 0.0) + e.self_cpu_time_total / calls
+        table = prof.key_averages()
+        gpu = sum(e.self_device_time_total for e in table) / calls
+        top = sorted(table, key=lambda e: -e.self_cpu_time_total)[:20]
+        result[name] = {
+            "us_per_step_no_profiler": round(wall, 1),
+            "gpu_kernel_us_per_step": round(gpu, 1),
+            "cpu_self_us_per_step_by_thread": sorted((round(v, 1) for v in threads.values()),
+                                                     reverse=True),
+            "top_cpu_ops": [f"{e.self_cpu_time_total / calls:7.1f} us {e.count / calls:4.1f}x "
+                            f"{e.key}" for e in top]}
+        print(f"{name}: {wall:.1f} us a step (no profiler); GPU kernels {gpu:.1f} us a step; "
+              f"CPU self us a step by thread {result[name]['cpu_self_us_per_step_by_thread']}",
+              flush=True)
+        print("\n".join("   " + line for line in result[name]["top_cpu_ops"][:12]), flush=True)
+    # the backward's Python alone, inside autograd's thread
+    backward = api._Flash.backward
+    prof = cProfile.Profile()
+
+    def profiled(ctx, *grads):
+        prof.enable()
+        try:
+            return backward(ctx, *grads)
+        finally:
+            prof.disable()
+    api._Flash.backward = staticmethod(profiled)
+    try:
+        for _ in range(calls):
+            ours()
+        torch.cuda.synchronize()
+    finally:
+        api._Flash.backward = staticmethod(backward)
+    stats = pstats.Stats(prof).stats
+    layers: dict[str, float] = {}
+    for (path, _line, _fn), (_cc, _nc, tottime, _ct, _callers) in stats.items():
+        layers[_layer(path)] = layers.get(_layer(path), 0.0) + tottime / calls * 1e6
+    result["fusedattn backward under cProfile"] = {
+        "layers_us": {k: round(v, 2) for k, v in sorted(layers.items(), key=lambda kv: -kv[1])},
+        "top_us": [f"{tt / calls * 1e6:7.2f} {cc / calls:5.1f}x "
+                   f"{path.split('site-packages/')[-1]}:{ln} {fn}"
+                   for (path, ln, fn), (_pc, cc, tt, _ct, _c)
+                   in sorted(stats.items(), key=lambda kv: -kv[1][2])[:25]]}
+    print("fusedattn backward (autograd's thread) under cProfile, us a step:",
+          result["fusedattn backward under cProfile"]["layers_us"])
+    print("\n".join(result["fusedattn backward under cProfile"]["top_us"]), flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", default=None)
     parser.add_argument("--sweep", action="store_true",
                         help="also count the kernels forward calls over S=100..16384 compile")
+    parser.add_argument("--train", action="store_true",
+                        help="only a training step's host cost taken apart (a GPU)")
     args = parser.parse_args()
     result = {"device": str(DEVICE), "emulation": EMULATION, "torch": torch.__version__}
+    if args.train:
+        if DEVICE.type != "cuda":
+            parser.error("--train profiles the GPU's host cost: it needs a GPU")
+        result["train"] = train_profile(min(args.calls, 100))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     for name, call in _problems().items():
         result[name] = profile(call, args.calls)
         layers = ", ".join(f"{k} {v:.1f}" for k, v in result[name]["layers_us"].items())
