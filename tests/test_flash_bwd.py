@@ -156,13 +156,13 @@ def test_an_unused_lse_reaches_the_backward_as_none(monkeypatch):
     import fusedattn.api as api
 
     seen = []
-    real = api._flash_bwd  # the backward's body, which eager calls without the op
+    real = api._kept_backward  # the backward's body, which eager calls without the op
 
-    def spy(dout, q, k, v, out, lse, dlse, *options):
+    def spy(kept, dout, q, k, v, out, lse, dlse, *options):
         seen.append((dout, dlse))
-        return real(dout, q, k, v, out, lse, dlse, *options)
+        return real(kept, dout, q, k, v, out, lse, dlse, *options)
 
-    monkeypatch.setattr(api, "_flash_bwd", spy)
+    monkeypatch.setattr(api, "_kept_backward", spy)
     q, k, v = _leaves(1, 2, 2, 21, 19, 16)
     dout = _rand(1, 2, 21, 16, seed=3)
     out = attention(q, k, v, is_causal=True)

@@ -358,3 +358,72 @@ def test_a_seen_untracked_call_replays_its_kept_plan_without_the_dispatch(monkey
         before = len(reached)
         call()
         assert len(reached) == before + 1, "a changed plan_context was not dispatched"
+
+
+def test_a_recorded_call_keeps_its_forward_and_backward_plans(monkeypatch):
+    """A call autograd records (`api._FlashCall`) replays the forward plan its key keeps
+    and, in its backward, the plan kept beside it: neither reaches the dispatch again
+    while dO's layout, which of the tensors are one object, and the context stay the
+    same. Each of those changing is dispatched anew, and every gradient matches the
+    float64 reference and, bit for bit, the full path's."""
+    from fusedattn.hopper import backward as bwd_knobs
+
+    _CALLS.clear()
+    reached = {"forward": [], "backward": []}
+    real_forward, real_path = dispatch.forward, dispatch.backward_path
+    monkeypatch.setattr(dispatch, "forward", lambda *a, **kw: reached["forward"].append(1)
+                        or real_forward(*a, **kw))
+    monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: reached[
+        "backward"].append(1) or real_path(*a, **kw))
+
+    def step(seed, dout=None):
+        q, k, v = (rand(1, 2, 21, 16, seed=seed + i, grad=True) for i in range(3))
+        out = attention(q, k, v, is_causal=True)
+        dout = rand(1, 2, 21, 16, seed=seed + 3) if dout is None else dout(out)
+        got = torch.autograd.grad(out, (q, k, v), dout)
+        want = attention_ref_grads(q, k, v, dout.detach(), causal=True)
+        for g, w in zip(got, want, strict=True):
+            passes(g, w)
+        return got
+
+    def counts():
+        return len(reached["forward"]), len(reached["backward"])
+
+    step(0)
+    assert counts() == (1, 1)
+    for seed in (10, 20):  # new values, the same metadata: both plans replayed
+        got = step(seed)
+        assert counts() == (1, 1), "a seen call went through the dispatch again"
+    full = _fresh(lambda: step(20))  # every plan forgotten: the full path
+    for a, b in zip(got, full, strict=True):
+        assert torch.equal(a, b)
+    # dO in another layout (a transposed view): the backward is decided again
+    before = counts()
+    step(30, lambda out: rand(1, 2, 16, 21, seed=33).transpose(-1, -2))
+    assert counts()[1] == before[1] + 1
+    # dO as O itself, then apart again (the plans find their tensors by position: one
+    # recorded where dO is O must not serve a call where it is not)
+    step(40, lambda out: out)
+    step(50)
+    # a changed backward switch (part of the kept key's context)
+    before = counts()
+    monkeypatch.setattr(bwd_knobs, "UP_MIN_WAVES", bwd_knobs.UP_MIN_WAVES + 1)
+    step(60)
+    assert counts() == (before[0], before[1] + 1)
+
+
+def test_a_kept_backward_plan_recorded_with_do_as_o_does_not_serve_them_apart():
+    """`flash_backward(kept=)` keys its kept plan by which tensors are one object: a plan
+    recorded with dO passed as O itself (one position) must not replay for a dO of its
+    own, nor the other way round."""
+    from fusedattn.launch import KeptPlan
+    from fusedattn.precision import resolve
+
+    q, k, v = (rand(1, 2, 19, 16, seed=70 + i) for i in range(3))
+    out, lse = attention(q, k, v, return_lse=True)
+    kept = KeptPlan()
+    opts = dict(is_causal=False, scale=0.25, precision=resolve(q.dtype, None).op, kept=kept)
+    for dout in (out, rand(1, 2, 19, 16, seed=80), out):
+        got = flash_bwd.flash_backward(dout, q, k, v, out, lse, None, **opts)
+        for g, w in zip(got, attention_ref_grads(q, k, v, dout, scale=0.25), strict=True):
+            passes(g, w)

@@ -66,6 +66,7 @@ exception out of a traced region as itself); without fullgraph it is the `Proble
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import NamedTuple
@@ -138,11 +139,11 @@ def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, 
             descale=descale, keep=keep)
 
 
-def _untracked_forward(call, q, k, v, sinks, descale):
-    """The eager forward of a call autograd does not record (`_Call.grad` False), by
-    `dispatch.kept_forward` with the plan its call key keeps (`_Call.plan`). The call key
-    holds which of the tensors are one object, so it settles the dispatch's plan key but
-    for `dispatch.plan_context`."""
+def _kept_forward(call, q, k, v, sinks, descale):
+    """`attention`'s eager forward, by `dispatch.kept_forward` with the plan its call key
+    keeps (`_Call.plan`). The call key holds which of the tensors are one object, so it
+    settles the dispatch's plan key but for `dispatch.plan_context`. A call autograd
+    records runs it inside `_FlashCall`."""
     from fusedattn.dispatch import forward_inputs, kept_forward
 
     out, lse = _outputs(q, v)
@@ -182,12 +183,21 @@ def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """The backward's kernels: (dQ, dK, dV, dsinks), dsinks empty without sinks (an op
     returns tensors only). The backward op's body; `backend` is the `use_backend` choice
     the forward ran under."""
+    return _kept_backward(None, dout, q, k, v, out, lse, dlse, sinks, is_causal, scale,
+                          precision, window_left, window_right, softcap, deterministic,
+                          backend)
+
+
+def _kept_backward(kept, dout, q, k, v, out, lse, dlse, sinks, is_causal, scale, precision,
+                   window_left, window_right, softcap, deterministic, backend):
+    """`_flash_bwd` with `kept` (`launch.KeptPlan` or None), the backward's plan kept with
+    the forward call's key (`_Call.backward`), passed on to `flash_backward`."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
     return sink_grads(flash_backward(
         dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale, precision=precision,
         mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
-        backend=backend, deterministic=deterministic), lse)
+        backend=backend, deterministic=deterministic, kept=kept), lse)
 
 
 def sink_grads(grads: tuple, like: torch.Tensor) -> tuple:
@@ -229,6 +239,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, sinks, out, lse)
     ctx.options = options
+    ctx.kept = None  # `_FlashCall` gives its call's backward plans
     from fusedattn.dispatch import current_backend
 
     # the path's choice now: autograd may run the backward on a thread of its own
@@ -239,8 +250,10 @@ def _backward(ctx, dout, dlse):
     q, k, v, sinks, out, lse = ctx.saved_tensors
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
-    dq, dk, dv, dsinks = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)(
-        dout, q, k, v, out, lse, dlse, sinks, *ctx.options, ctx.backend)
+    body = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)
+    if body is _flash_bwd and ctx.kept is not None:
+        body = functools.partial(_kept_backward, ctx.kept)
+    dq, dk, dv, dsinks = body(dout, q, k, v, out, lse, dlse, sinks, *ctx.options, ctx.backend)
     return (dq, dk, dv, dsinks if sinks is not None else None,
             *(None for _ in ctx.options), None)
 
@@ -294,6 +307,26 @@ def eager_backward(op, body, *tensors):
 
 
 _Flash = eager_autograd("_Flash", _flash_fwd, _setup_context, _backward)
+
+
+class _FlashCall(torch.autograd.Function):
+    """`attention`'s eager forward on a call autograd records, with the op's autograd
+    (`_setup_context`, `_backward`): the forward replays the plan its call key keeps
+    (`_kept_forward`), and the backward keeps its plan beside it (`_Call.backward`), so
+    neither takes a plan key of every tensor again (issue 31: a training step's Python,
+    evidence/nvidia-h200/20261202T1504Z-train-host-bwd-order). The options ride in `call`,
+    one argument (autograd's `apply` costs host time by argument)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, call, descale):
+        output = _kept_forward(call, q, k, v, sinks, descale)
+        _setup_context(ctx, (q, k, v, sinks, *call.options), output)
+        ctx.kept = call.backward
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)[:6]  # (dq, dk, dv, dsinks, None, None)
 
 
 def check_options(q, k, v, is_causal, scale, precision, window, softcap):
@@ -385,7 +418,8 @@ class _Call(NamedTuple):
 
     options: tuple  # the ops' arguments after q, k, v: is_causal, scale, precision, ...
     grad: bool      # autograd records the call
-    plan: KeptPlan  # the plan of its calls that autograd does not record
+    plan: KeptPlan  # the forward's plan (`_kept_forward`)
+    backward: KeptPlan  # the backward's plan where autograd records it (`flash_backward`)
 
 
 def typed(x):
@@ -428,7 +462,7 @@ def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     options = (is_causal, scale, resolve(q.dtype, precision).op,
                *kernel_options(window, softcap), deterministic)
-    return _Call(options, wants_grads((q, k, v, sinks)), KeptPlan())
+    return _Call(options, wants_grads((q, k, v, sinks)), KeptPlan(), KeptPlan())
 
 
 def autocast_inputs(q, k, v, precision) -> tuple:
@@ -470,13 +504,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                                       *call.options[3:6]))
         if key is not None:
             _CALLS.put(key, call)
-    if call.grad or compiling:
+    if compiling:
         out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v),
                            as_sinks(sinks), *call.options,
                            fp8_descale(q, descales, *_heads(q, k)), grad=call.grad)
+    elif call.grad:
+        out, lse = _FlashCall.apply(*_as_4d(q, k, v), as_sinks(sinks), call,
+                                    fp8_descale(q, descales, *_heads(q, k)))
     else:
-        out, lse = _untracked_forward(call, *_as_4d(q, k, v), as_sinks(sinks),
-                                      fp8_descale(q, descales, *_heads(q, k)))
+        out, lse = _kept_forward(call, *_as_4d(q, k, v), as_sinks(sinks),
+                                 fp8_descale(q, descales, *_heads(q, k)))
     if q.dim() != 4:
         out = out.reshape(*q.shape[:-1], v.shape[-1])
     if not return_lse:

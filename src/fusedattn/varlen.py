@@ -117,7 +117,7 @@ def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal
 def _untracked_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
                       descale):
     """The eager forward of a call autograd does not record, by `dispatch.kept_forward`
-    with the plan its call key keeps (as `api._untracked_forward`)."""
+    with the plan its call key keeps (as `api._kept_forward`)."""
     from fusedattn.dispatch import forward_inputs, kept_forward
 
     out, lse = _outputs(q, v)

@@ -41,7 +41,7 @@ import triton
 
 from fusedattn import configs as tuning
 from fusedattn.configs import backward_configs, backward_single_loop
-from fusedattn.launch import Plans, Recording, inputs_key
+from fusedattn.launch import KeptPlan, Plans, Recording, aliases, inputs_key, tensor_key
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import Mask, Varlen, emulation_operands, index_dtype
@@ -178,7 +178,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    is_causal: bool, scale: float, precision: str, configs=None,
                    mask: Mask | None = None, varlen: Varlen | None = None,
                    sinks: torch.Tensor | None = None, backend: str | None = None,
-                   deterministic: bool = True):
+                   deterministic: bool = True, kept: KeptPlan | None = None):
     """Gradients of `attention` on validated `[B, H, S, D]` tensors (any strides).
 
     `lse: [B, H, Sq] float32` is the forward's natural-log LSE; `dlse` its gradient or None.
@@ -199,19 +199,35 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     (`hopper.backward`: one launch after the preprocess, dQ summed in fp32 and cast here)
     or the portable kernels above. `deterministic=False` lets the Hopper kernel race its
     dQ adds (faster; bits may differ by run); the portable kernels are deterministic
-    either way."""
+    either way.
+
+    `kept` (`launch.KeptPlan`): the plan a caller keeps for one forward call's key
+    (`api._Call.backward`), which fixes every argument here but dO and dLSE. The plan and
+    the path it took are kept under the dispatch's context, dO's and dLSE's `tensor_key`
+    and which of the call's tensors are one object (the last of these seen: a training
+    loop's calls share them), so a backward of that call decides nothing and keys no
+    other tensor."""
     from fusedattn import dispatch
     from fusedattn.hopper import backward as hopper_knobs
 
     mask = mask or Mask(causal=is_causal)
+    kept_key = found = None
+    if kept is not None and configs is None and varlen is None:
+        kept_key = (backend or dispatch.current_backend(), tuning.OVERRIDES,
+                    hopper_knobs.switches(), tensor_key(dout), tensor_key(dlse),
+                    aliases((dout, dlse, q, k, v, out, lse, sinks)))
+        found = kept.get(kept_key)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, dout = emulation_operands(q, k, v, dout)
     lse = lse.contiguous()
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    path, _ = dispatch.backward_path(q, k, v, backend=backend, mask=mask, varlen=varlen,
-                                     configs=configs)
+    if found is not None:
+        path, plan = found
+    else:
+        path, _ = dispatch.backward_path(q, k, v, backend=backend, mask=mask, varlen=varlen,
+                                         configs=configs)
     hopper = None
     if path == "hopper":
         if not dispatch._tma_ready(dout):
@@ -226,24 +242,29 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     inputs = (dout, q, k, v, out, lse, dlse, delta, dq, dk, dv,
               *((varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)),
               *(hopper or (None, None)))
-    key = plan = None
-    if configs is None:  # a plan: what `_launches` decides, from this key alone
-        key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs), path,
-               hopper_knobs.switches(), path == "hopper" and bool(deterministic),
-               varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
-        plan = _PLANS.get(key)
-    if plan is None:
-        recording = Recording(inputs)
-        for kernel, grid, args, kwargs in _launches(
-                dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
-                configs=configs, mask=mask, varlen=varlen, scale=scale, hopper=hopper,
-                deterministic=deterministic):
-            recording.launch(kernel, grid, *args, **kwargs)
-        plan = recording.plan()
-        if key is not None and plan is not None:
-            _PLANS.put(key, plan)
-    else:
+    if found is not None:
         plan(inputs)
+    else:
+        key = plan = None
+        if configs is None:  # a plan: what `_launches` decides, from this key alone
+            key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs), path,
+                   hopper_knobs.switches(), path == "hopper" and bool(deterministic),
+                   varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
+            plan = _PLANS.get(key)
+        if plan is None:
+            recording = Recording(inputs)
+            for kernel, grid, args, kwargs in _launches(
+                    dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, precision=precision,
+                    configs=configs, mask=mask, varlen=varlen, scale=scale, hopper=hopper,
+                    deterministic=deterministic):
+                recording.launch(kernel, grid, *args, **kwargs)
+            plan = recording.plan()
+            if key is not None and plan is not None:
+                _PLANS.put(key, plan)
+        else:
+            plan(inputs)
+        if kept_key is not None and plan is not None:
+            kept.keep(kept_key, [(path, plan)])
     if hopper is not None:
         dq.copy_(hopper[0])  # the fp32 sums (scaled in the kernel) in the inputs' dtype
     if sinks is None:
