@@ -41,8 +41,8 @@
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, V's
 #               transpose alone, portable, cuDNN bf16; --sweep of short lengths
 #   hostab D    fusedattn bench --suite host (ours and SDPA cuDNN) with D/src's library,
-#               then with this tree's, back to back on one machine (D: an ignored folder
-#               the device tool carries, holding an older commit's src/)
+#               then with this tree's twice, then D's again (ABBA), on one machine (D:
+#               an ignored folder the device tool carries, holding an older commit's src/)
 #   coldstart   fusedattn bench --suite coldstart
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes)
@@ -159,9 +159,12 @@ while [ $# -gt 0 ]; do
           torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \
           $ev/cp/cp-$n-gpus.csv --layouts "$layouts" 2>&1 | grep -v Warning | tail -20 | tee -a "$log" ;;
     hostab) other=$1; shift  # an older tree's src/ (e.g. `git archive REV src | tar -x -C D`)
-        for side in "$other" .; do
+        # old, new, new, old: a machine that drifts during the call moves both sides alike
+        run=0
+        for side in "$other" . . "$other"; do
+          run=$((run + 1))
           PYTHONPATH=/tmp/site:$side/src python3 -m fusedattn_lab bench --suite host \
-            --out $ev/hostab-$(basename "$(realpath "$side")") \
+            --out $ev/hostab-$run-$(basename "$(realpath "$side")") \
             --providers flash,sdpa-cudnn 2>&1 | grep "│" | tee -a "$log"
         done ;;
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
