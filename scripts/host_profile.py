@@ -219,6 +219,20 @@ def train_profile(calls: int) -> dict:
     result = {}
     steps = {"fusedattn": ours, "sdpa cudnn": peer(SDPBackend.CUDNN_ATTENTION),
              "sdpa flash": peer(SDPBackend.FLASH_ATTENTION)}
+    # A/B of `api.KEEP_RECORDED`, in rounds that alternate with SDPA cuDNN's step (a
+    # machine that drifts moves all three alike): µs a step, 300 steps a reading
+    readings: dict[str, list] = {"fusedattn, kept plans": [], "fusedattn, KEEP_RECORDED off":
+                                 [], "sdpa cudnn": []}
+    for _ in range(5):
+        for name in readings:
+            api.KEEP_RECORDED = name != "fusedattn, KEEP_RECORDED off"
+            readings[name].append(round(wall_us(ours if name.startswith("fusedattn")
+                                                else steps[name], 300), 1))
+    api.KEEP_RECORDED = True
+    result["ab"] = {name: {"median": sorted(r)[len(r) // 2], "rounds": r}
+                    for name, r in readings.items()}
+    for name, r in result["ab"].items():
+        print(f"A/B {name}: median {r['median']} us a step, rounds {r['rounds']}", flush=True)
     for name, step in steps.items():
         wall = wall_us(step, 300)
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -427,3 +427,23 @@ def test_a_kept_backward_plan_recorded_with_do_as_o_does_not_serve_them_apart():
         got = flash_bwd.flash_backward(dout, q, k, v, out, lse, None, **opts)
         for g, w in zip(got, attention_ref_grads(q, k, v, dout, scale=0.25), strict=True):
             passes(g, w)
+
+
+def test_keep_recorded_off_takes_the_dispatch_every_call_and_the_same_gradients(monkeypatch):
+    """`api.KEEP_RECORDED = False` (the A/B switch) sends a recorded call through `_Flash`
+    and `dispatch.forward` each time; its gradients are the kept plans' bit for bit."""
+    import fusedattn.api as api
+
+    q, k, v = (rand(1, 2, 23, 16, seed=90 + i, grad=True) for i in range(3))
+    dout = rand(1, 2, 23, 16, seed=95)
+    kept = torch.autograd.grad(attention(q, k, v, is_causal=True), (q, k, v), dout)
+    monkeypatch.setattr(api, "KEEP_RECORDED", False)
+    reached = []
+    real = dispatch.forward
+    monkeypatch.setattr(dispatch, "forward", lambda *a, **kw: reached.append(1) or real(
+        *a, **kw))
+    for _ in range(2):
+        got = torch.autograd.grad(attention(q, k, v, is_causal=True), (q, k, v), dout)
+        for a, b in zip(got, kept, strict=True):
+            assert torch.equal(a, b)
+    assert len(reached) == 2

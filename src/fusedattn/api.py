@@ -308,6 +308,11 @@ def eager_backward(op, body, *tensors):
 
 _Flash = eager_autograd("_Flash", _flash_fwd, _setup_context, _backward)
 
+# A/B switch (scripts/host_profile.py --train): a call autograd records replays the plans
+# its call key keeps (`_FlashCall`); False sends it through `_Flash`, the dispatch's plan
+# keys and the backward's, as before 56d483a
+KEEP_RECORDED = True
+
 
 class _FlashCall(torch.autograd.Function):
     """`attention`'s eager forward on a call autograd records, with the op's autograd
@@ -504,7 +509,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                                       *call.options[3:6]))
         if key is not None:
             _CALLS.put(key, call)
-    if compiling:
+    if compiling or (call.grad and not KEEP_RECORDED):
         out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v),
                            as_sinks(sinks), *call.options,
                            fp8_descale(q, descales, *_heads(q, k)), grad=call.grad)
