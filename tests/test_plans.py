@@ -390,10 +390,11 @@ def test_a_recorded_call_keeps_its_forward_and_backward_plans(monkeypatch):
         return len(reached["forward"]), len(reached["backward"])
 
     step(0)
-    assert counts() == (1, 1)
+    first = counts()  # (on a GPU `precompile_backward` asks for the backward's path too)
+    assert first[0] == 1 and first[1] >= 1
     for seed in (10, 20):  # new values, the same metadata: both plans replayed
         got = step(seed)
-        assert counts() == (1, 1), "a seen call went through the dispatch again"
+        assert counts() == first, "a seen call went through the dispatch again"
     full = _fresh(lambda: step(20))  # every plan forgotten: the full path
     for a, b in zip(got, full, strict=True):
         assert torch.equal(a, b)
