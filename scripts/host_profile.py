@@ -196,7 +196,8 @@ def train_profile(calls: int) -> dict:
     SDPA's): `attention` fwd+bwd and SDPA's on `_sdpa_problems`' shapes, each under
     torch.profiler (CPU and CUDA: every thread's CPU time, autograd's own included, and the
     GPU's kernel time a step), and fusedattn's backward under cProfile inside autograd's
-    thread (`_Flash.backward` wrapped: cProfile sees one thread, the one that enables it)."""
+    thread (its Function's `backward` wrapped: cProfile sees one thread, the one that
+    enables it)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     from torch.profiler import ProfilerActivity
@@ -256,8 +257,10 @@ def train_profile(calls: int) -> dict:
               f"CPU self us a step by thread {result[name]['cpu_self_us_per_step_by_thread']}",
               flush=True)
         print("\n".join("   " + line for line in result[name]["top_cpu_ops"][:12]), flush=True)
-    # the backward's Python alone, inside autograd's thread
-    backward = api._Flash.backward
+    # the backward's Python alone, inside autograd's thread (the Function a recorded call
+    # takes: `_FlashCall` with the kept plans, else `_Flash`)
+    function = api._FlashCall if api.KEEP_RECORDED else api._Flash
+    backward = function.backward
     prof = cProfile.Profile()
 
     def profiled(ctx, *grads):
@@ -266,13 +269,13 @@ def train_profile(calls: int) -> dict:
             return backward(ctx, *grads)
         finally:
             prof.disable()
-    api._Flash.backward = staticmethod(profiled)
+    function.backward = staticmethod(profiled)
     try:
         for _ in range(calls):
             ours()
         torch.cuda.synchronize()
     finally:
-        api._Flash.backward = staticmethod(backward)
+        function.backward = staticmethod(backward)
     stats = pstats.Stats(prof).stats
     layers: dict[str, float] = {}
     for (path, _line, _fn), (_cc, _nc, tottime, _ct, _callers) in stats.items():
