@@ -215,13 +215,17 @@ def inputs_key(inputs) -> tuple:
     return (*map(tensor_key, inputs), aliases(inputs))
 
 
-def aliases(tensors) -> tuple:
-    """Which of `tensors` are one object: for each, the position of its first occurrence.
+def aliases(tensors) -> int | tuple:
+    """Which of `tensors` are one object: for each, the position of its first occurrence
+    (None skipped), or, where all are apart, their count.
     A replay finds its tensors by position, recorded by identity: a plan recorded on
     `attention(x, x, x)` maps q, k and v to one position, and must not serve a call with
     three tensors."""
+    ids = [id(t) for t in tensors if t is not None]
+    if len(set(ids)) == len(ids):  # the common case, all apart: their count (never a tuple)
+        return len(ids)
     first: dict[int, int] = {}
-    return tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors) if t is not None)
+    return tuple(first.setdefault(i, n) for n, i in enumerate(ids))
 
 
 class Plans:
