@@ -239,7 +239,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, sinks, out, lse)
     ctx.options = options
-    ctx.kept = None  # `_FlashCall` gives its call's backward plans
+    ctx.kept = None  # `_FlashCall` gives its call's kept backward plan
     from fusedattn.dispatch import current_backend
 
     # the path's choice now: autograd may run the backward on a thread of its own
