@@ -448,3 +448,50 @@ def test_keep_recorded_off_takes_the_dispatch_every_call_and_the_same_gradients(
         for a, b in zip(got, kept, strict=True):
             assert torch.equal(a, b)
     assert len(reached) == 2
+
+
+def test_a_recorded_varlen_call_keeps_its_forward_and_backward_plans(monkeypatch):
+    """`attention_varlen` on a call autograd records (`varlen._VarlenCall`): as
+    `attention`'s, a seen call reaches neither dispatch, another dO layout is decided
+    anew, and the gradients match the float64 reference and the full path's bit for bit."""
+    from fusedattn import varlen
+    from fusedattn.reference import varlen_ref_grads
+
+    varlen._DECIDED.clear()
+    reached = {"forward": [], "backward": []}
+    real_forward, real_path = dispatch.forward, dispatch.backward_path
+    monkeypatch.setattr(dispatch, "forward", lambda *a, **kw: reached["forward"].append(1)
+                        or real_forward(*a, **kw))
+    monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: reached[
+        "backward"].append(1) or real_path(*a, **kw))
+    cu = i32([0, 7, 7, 26])
+
+    def step(seed, transposed=False):
+        q, k, v = (rand(26, 2, 16, seed=seed + i, grad=True) for i in range(3))
+        dout = (rand(2, 26, 16, seed=seed + 3).transpose(0, 1) if transposed
+                else rand(26, 2, 16, seed=seed + 3))
+        out = attention_varlen(q, k, v, cu, cu, 19, 19, is_causal=True)
+        got = torch.autograd.grad(out, (q, k, v), dout)
+        want = varlen_ref_grads(q, k, v, dout, cu, cu, causal=True)
+        for g, w in zip(got, want, strict=True):
+            passes(g, w)
+        return got
+
+    def counts():
+        return len(reached["forward"]), len(reached["backward"])
+
+    step(0)
+    first = counts()
+    assert first[0] == 1 and first[1] >= 1
+    for seed in (10, 20):
+        got = step(seed)
+        assert counts() == first, "a seen call went through the dispatch again"
+    varlen._DECIDED.clear()
+    dispatch._PLANS.clear()
+    flash_bwd._PLANS.clear()
+    full = step(20)
+    for a, b in zip(got, full, strict=True):
+        assert torch.equal(a, b)
+    before = counts()
+    step(30, transposed=True)
+    assert counts() == (before[0], before[1] + 1)

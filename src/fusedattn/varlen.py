@@ -32,11 +32,13 @@ dataloader's collate).
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
 import torch
 
+from fusedattn import api
 from fusedattn.api import (
     DTYPES,
     _mask,
@@ -114,10 +116,10 @@ def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal
             keep=keep)
 
 
-def _untracked_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
-                      descale):
-    """The eager forward of a call autograd does not record, by `dispatch.kept_forward`
-    with the plan its call key keeps (as `api._kept_forward`)."""
+def _kept_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
+                 descale):
+    """The eager forward, by `dispatch.kept_forward` with the plan its call key keeps (as
+    `api._kept_forward`); a call autograd records runs it inside `_VarlenCall`."""
     from fusedattn.dispatch import forward_inputs, kept_forward
 
     out, lse = _outputs(q, v)
@@ -148,13 +150,23 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward op's body; `backend` is the `use_backend` choice the forward ran under
     (as `api._flash_bwd`'s)."""
+    return _kept_varlen_bwd(None, dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max_q,
+                            max_k, is_causal, scale, precision, window_left, window_right,
+                            softcap, backend)
+
+
+def _kept_varlen_bwd(kept, dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max_q, max_k,
+                     is_causal, scale, precision, window_left, window_right, softcap,
+                     backend):
+    """`_varlen_bwd` with `kept` (`launch.KeptPlan` or None), the backward's plan kept with
+    the forward call's key, passed on to `flash_backward` (as `api._kept_backward`)."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
     dq, dk, dv, *dsinks = flash_backward(
         _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out), lse[None],
         dlse[None] if dlse is not None else None, is_causal=is_causal, scale=scale,
         precision=precision, mask=_mask(is_causal, window_left, window_right, softcap, True),
-        varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, backend=backend)
+        varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, backend=backend, kept=kept)
     return sink_grads((*(g[0].permute(1, 0, 2) for g in (dq, dk, dv)), *dsinks), lse)
 
 
@@ -179,6 +191,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, sinks)
     ctx.set_materialize_grads(False)  # an unused LSE: dLSE None, not zeros (as in api)
     ctx.options = options[:len(BACKWARD_OPTIONS)]
+    ctx.kept = None  # `_VarlenCall` gives its call's kept backward plan
     from fusedattn.dispatch import current_backend
 
     ctx.backend = current_backend()  # (as `api._setup_context`: autograd's own thread)
@@ -188,8 +201,11 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dsinks = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)(
-        dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options, ctx.backend)
+    body = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)
+    if body is _varlen_bwd and ctx.kept is not None:
+        body = functools.partial(_kept_varlen_bwd, ctx.kept)
+    dq, dk, dv, dsinks = body(dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options,
+                              ctx.backend)
     return (dq, dk, dv, None, None, dsinks if sinks is not None else None,
             *(None for _ in ctx.options), None)
 
@@ -197,6 +213,24 @@ def _backward(ctx, dout, dlse):
 _varlen_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 _varlen_bwd_op.register_autograd(refuse_double_backward)
 _Varlen = eager_autograd("_Varlen", _varlen_fwd, _setup_context, _backward)
+
+
+class _VarlenCall(torch.autograd.Function):
+    """`attention_varlen`'s eager forward on a call autograd records, as `api._FlashCall`:
+    the forward replays the plan its call key keeps, the backward keeps its own beside it
+    (`decided`: the call's options, forward plan and backward plan)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, sinks, decided, descale):
+        options, kept, backward = decided
+        output = _kept_varlen(kept, q, k, v, cu_q, cu_k, sinks, *options, descale=descale)
+        _setup_context(ctx, (q, k, v, cu_q, cu_k, sinks, *options), output)
+        ctx.kept = backward
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)[:8]  # (dq, dk, dv, None, None, dsinks, None, None)
 
 
 def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
@@ -318,23 +352,27 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k, scale, window, softcap = _checked(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
             window, softcap, scale, precision, check_lengths, sinks, descales)
-        # the op's arguments after the sinks, and the plan of this key's calls that
-        # autograd does not record (`_untracked_varlen`)
+        # the op's arguments after the sinks, the forward's plan (`_kept_varlen`) and the
+        # backward's where autograd records the call (`_VarlenCall`)
         decided = ((max_q, max_k, is_causal, scale, resolve(q.dtype, precision).op,
-                    *kernel_options(window, softcap)), KeptPlan())
+                    *kernel_options(window, softcap)), KeptPlan(), KeptPlan())
         if key is not None:
             _DECIDED.put(key, decided)
     elif check_lengths:  # the metadata's checks passed on this key; the offsets' values
         # are checked per tensor and version (`check_cu_seqlens`: read where they are new)
         check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
         check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], None, max_seqlen_k)
-    options, kept = decided
+    options, kept, _ = decided
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     descale = fp8_descale(q, descales, q.shape[1], k.shape[1])
-    if compiling or wants_grads((q, k, v, sinks)):
+    grad = wants_grads((q, k, v, sinks))
+    if compiling or (grad and not api.KEEP_RECORDED):
         out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
                            cu_seqlens_k, as_sinks(sinks), *options, descale, grad=True)
+    elif grad:
+        out, lse = _VarlenCall.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, as_sinks(sinks),
+                                     decided, descale)
     else:
-        out, lse = _untracked_varlen(kept, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                     as_sinks(sinks), *options, descale=descale)
+        out, lse = _kept_varlen(kept, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                as_sinks(sinks), *options, descale=descale)
     return (out, lse) if return_lse else out

@@ -202,20 +202,22 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     either way.
 
     `kept` (`launch.KeptPlan`): the plan a caller keeps for one forward call's key
-    (`api._Call.backward`), which fixes every argument here but dO and dLSE. The plan and
-    the path it took are kept under the dispatch's context, dO's and dLSE's `tensor_key`
-    and which of the call's tensors are one object (the last of these seen: a training
-    loop's calls share them), so a backward of that call decides nothing and keys no
-    other tensor."""
+    (`api._Call.backward`, `varlen._VarlenCall`'s), which fixes every argument here but dO
+    and dLSE (varlen: the offsets' tensors too). The plan and the path it took are kept
+    under the dispatch's context, dO's and dLSE's `tensor_key` and which of the call's
+    tensors (offsets included) are one object (the last of these seen: a training loop's
+    calls share them), so a backward of that call decides nothing and keys no other
+    tensor."""
     from fusedattn import dispatch
     from fusedattn.hopper import backward as hopper_knobs
 
     mask = mask or Mask(causal=is_causal)
     kept_key = found = None
-    if kept is not None and configs is None and varlen is None:
+    if kept is not None and configs is None:
         kept_key = (backend or dispatch.current_backend(), tuning.OVERRIDES,
                     hopper_knobs.switches(), tensor_key(dout), tensor_key(dlse),
-                    aliases((dout, dlse, q, k, v, out, lse, sinks)))
+                    aliases((dout, dlse, q, k, v, out, lse, sinks,
+                             *((varlen.cu_q, varlen.cu_k) if varlen is not None else ()))))
         found = kept.get(kept_key)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     q, k, v, dout = emulation_operands(q, k, v, dout)
