@@ -360,6 +360,17 @@ def test_a_seen_untracked_call_replays_its_kept_plan_without_the_dispatch(monkey
         assert len(reached) == before + 1, "a changed plan_context was not dispatched"
 
 
+def _dispatch_counter(monkeypatch):
+    """Counts the calls of `dispatch.forward` and `dispatch.backward_path` from here on:
+    returns a function giving (forwards, backward paths) so far."""
+    reached = {"forward": [], "backward_path": []}
+    for name in reached:
+        real = getattr(dispatch, name)
+        monkeypatch.setattr(dispatch, name, lambda *a, _real=real, _seen=reached[name], **kw:
+                            _seen.append(1) or _real(*a, **kw))
+    return lambda: (len(reached["forward"]), len(reached["backward_path"]))
+
+
 def test_a_recorded_call_keeps_its_forward_and_backward_plans(monkeypatch):
     """A call autograd records (`api._FlashCall`) replays the forward plan its key keeps
     and, in its backward, the plan kept beside it: neither reaches the dispatch again
@@ -369,12 +380,7 @@ def test_a_recorded_call_keeps_its_forward_and_backward_plans(monkeypatch):
     from fusedattn.hopper import backward as bwd_knobs
 
     _CALLS.clear()
-    reached = {"forward": [], "backward": []}
-    real_forward, real_path = dispatch.forward, dispatch.backward_path
-    monkeypatch.setattr(dispatch, "forward", lambda *a, **kw: reached["forward"].append(1)
-                        or real_forward(*a, **kw))
-    monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: reached[
-        "backward"].append(1) or real_path(*a, **kw))
+    counts = _dispatch_counter(monkeypatch)
 
     def step(seed, dout=None):
         q, k, v = (rand(1, 2, 21, 16, seed=seed + i, grad=True) for i in range(3))
@@ -385,9 +391,6 @@ def test_a_recorded_call_keeps_its_forward_and_backward_plans(monkeypatch):
         for g, w in zip(got, want, strict=True):
             passes(g, w)
         return got
-
-    def counts():
-        return len(reached["forward"]), len(reached["backward"])
 
     step(0)
     first = counts()  # (on a GPU `precompile_backward` asks for the backward's path too)
@@ -458,12 +461,7 @@ def test_a_recorded_varlen_call_keeps_its_forward_and_backward_plans(monkeypatch
     from fusedattn.reference import varlen_ref_grads
 
     varlen._DECIDED.clear()
-    reached = {"forward": [], "backward": []}
-    real_forward, real_path = dispatch.forward, dispatch.backward_path
-    monkeypatch.setattr(dispatch, "forward", lambda *a, **kw: reached["forward"].append(1)
-                        or real_forward(*a, **kw))
-    monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: reached[
-        "backward"].append(1) or real_path(*a, **kw))
+    counts = _dispatch_counter(monkeypatch)
     cu = i32([0, 7, 7, 26])
 
     def step(seed, transposed=False):
@@ -476,9 +474,6 @@ def test_a_recorded_varlen_call_keeps_its_forward_and_backward_plans(monkeypatch
         for g, w in zip(got, want, strict=True):
             passes(g, w)
         return got
-
-    def counts():
-        return len(reached["forward"]), len(reached["backward"])
 
     step(0)
     first = counts()
