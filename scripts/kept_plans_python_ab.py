@@ -1,0 +1,71 @@
+"""The Python of a training step with and without the kept plans on recorded calls
+(`api.KEEP_RECORDED`), on the CPU: emulation (set TRITON_INTERPRET=1), with every replayed
+launch stubbed out after warm-up, so what is timed is the host path's Python and torch's
+CPU-side work alone. Not a GPU host time (the H200's figure is `host_profile.py --train`):
+a check that a change to the Python path goes the way it should, where no GPU is at hand.
+
+    TRITON_INTERPRET=1 python3 scripts/kept_plans_python_ab.py [--rounds 5] [--out F]
+
+Each round times `attention` and `attention_varlen` fwd+bwd steps with the switch on, then
+off, 500 steps a reading; the medians over rounds are reported."""
+
+import argparse
+import json
+import time
+
+import torch
+
+import fusedattn.api as api
+from fusedattn import attention, attention_varlen, launch
+from fusedattn.mode import EMULATION
+from fusedattn_lab.evidence import environment
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if not EMULATION:
+        parser.error("set TRITON_INTERPRET=1: this times the Python path with the launches "
+                     "stubbed out, on the CPU")
+    cu = torch.tensor([0, 20, 40, 64], dtype=torch.int32)
+    x = [torch.randn(64, 2, 16, requires_grad=True) for _ in range(3)]
+    g = [torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3)]
+    steps = {
+        "attention fwd+bwd": lambda: attention(*g, is_causal=True).sum().backward(),
+        "attention_varlen fwd+bwd": lambda: attention_varlen(
+            *x, cu, cu, 24, 24, is_causal=True).sum().backward(),
+    }
+    for setting in (True, False):  # both routes record their plans, running the kernels
+        api.KEEP_RECORDED = setting
+        for step in steps.values():
+            for _ in range(3):
+                step()
+    launch.Replay.__call__ = lambda self, inputs: None  # from here on, no kernel runs
+    readings: dict[str, list] = {}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            for setting in (True, False):
+                api.KEEP_RECORDED = setting
+                for _ in range(20):
+                    step()
+                t0 = time.perf_counter()
+                for _ in range(500):
+                    step()
+                us = (time.perf_counter() - t0) / 500 * 1e6
+                readings.setdefault(f"{name}, KEEP_RECORDED={setting}", []).append(
+                    round(us, 1))
+    api.KEEP_RECORDED = True
+    result = {"readings_us": readings,
+              "median_us": {k: sorted(v)[len(v) // 2] for k, v in readings.items()},
+              "environment": environment()}
+    for name, median in result["median_us"].items():
+        print(f"{name}: median {median} us a step, rounds {readings[name]}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
