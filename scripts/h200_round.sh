@@ -28,7 +28,8 @@
 #               "dim,batch,heads,seq[,causal]" (scripts/ncu_vs_cudnn.py --bwd-only; the
 #               kernels told apart by name), the Hopper backward forced
 #   ncusrc ROW  Nsight Compute's source view of our forward alone on ROW (as ncu's), with
-#               $KNOB (NAME=VALUE, `hopper.forward`'s A/B switch) if set: warp stalls
+#               $KNOB (NAME=VALUE, `hopper.forward`'s A/B switch) and $DTYPE (e.g. fp8:
+#               the FP8 forward, V's transpose in the range too) if set: warp stalls
 #               sampled per SASS instruction, as CSV (ncusrc-*-sass.csv) and the report
 #   ncuorder ROW  Nsight Compute of the Hopper backward kernel alone under each dQ adds'
 #               order forced ("down", "up"), ROW "dim,batch,heads,heads_kv,seq[,causal]":
@@ -114,13 +115,13 @@ while [ $# -gt 0 ]; do
            --heads "$h" --seq "$s" ${c:+--causal} ;;
     ncusrc) IFS=, read -r d b h s c <<<"$1"; shift
          case $c in causal) extra=--causal ;; *) extra= ;; esac
-         name=ncusrc-d$d-b$b-h$h-s$s${c:+-$c}${KNOB:+-${KNOB%%=*}}
+         name=ncusrc-d$d-b$b-h$h-s$s${c:+-$c}${DTYPE:+-$DTYPE}${KNOB:+-${KNOB%%=*}}
          mkdir -p $ev/ncu
          ncu --profile-from-start off --clock-control none --nvtx --nvtx-include fusedattn-fwd/ \
            --section SourceCounters --section WarpStateStats --section SpeedOfLight \
            --import-source no -f -o $ev/ncu/$name python3 scripts/ncu_vs_cudnn.py --fwd-only \
            --dim "$d" --batch "$b" --heads "$h" --seq "$s" $extra ${KNOB:+--knob "$KNOB"} \
-           >>"$log" 2>&1
+           ${DTYPE:+--dtype "$DTYPE"} >>"$log" 2>&1
          ncu -i $ev/ncu/$name.ncu-rep --page source --csv --print-source sass \
            > $ev/ncu/$name-sass.csv 2>>"$log"
          echo "ncusrc $name: rc=$? $(wc -l < $ev/ncu/$name-sass.csv) lines" | tee -a "$log" ;;
