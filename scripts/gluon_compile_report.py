@@ -32,7 +32,7 @@ COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
-                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True)
+                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
@@ -116,6 +116,7 @@ def compile_config(fn, config: dict, backward: bool = False):
         c.setdefault("SWAP_SDP", not (c["HAS_LEFT"] or c["HAS_RIGHT"] or c["SOFTCAP"]))
         return _compile(fn, c, _backward_types(c), 8)
     c = DEFAULTS | {k: v for k, v in config.items() if k != "name"}
+    c.setdefault("FP8_PACK", c["FP8"])  # the launcher's `FP8_PACK and fp8`
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
     bm, bn = c["BLOCK_M"], c["BLOCK_N"]
@@ -224,18 +225,29 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> li
 
 
 def loop_mix(sass: str) -> dict:
-    """The main loop's instruction mix: the loop (a branch back to a lower address) holding
-    the most wgmmas, its length and its counts by opcode (what a step costs each warp,
-    spills included: LDL/STL inside the loop)."""
+    """The key loop's instruction mix: of the loops that hold a wgmma and no other such loop
+    inside them, the one with the most wgmmas (the forward's key tile, masked and unmasked
+    paths both, not the item loop around it; the backward's step), its length and its
+    counts by opcode (what a step costs each warp, spills included: LDL/STL inside the
+    loop). A loop is a predicated branch back to a lower address; an unconditional one is a
+    jump back from code placed at the end (an mbarrier wait's retry). Before 2026-12-02 this
+    took the loop with the most wgmmas, in the forward the persistent item loop."""
     ins = [(int(m[1], 16), m[2].strip()) for m in re.finditer(
         r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = [(int(b[1], 16), addr) for addr, text in ins
-             if (b := re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text))
+             if text.startswith("@")
+             and (b := re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text))
              and int(b[1], 16) < addr]
-    if not loops:
+
+    def wgmmas(lo: int, hi: int) -> int:
+        return sum("GMMA" in t for a, t in ins if lo <= a <= hi)
+
+    holding = [se for se in loops if wgmmas(*se)]
+    innermost = [(lo, hi) for lo, hi in holding
+                 if not any((lo, hi) != (a, b) and lo <= a and b <= hi for a, b in holding)]
+    if not innermost:
         return {}
-    start, end = max(loops, key=lambda se: sum("GMMA" in t for a, t in ins
-                                                if se[0] <= a <= se[1]))
+    start, end = max(innermost, key=lambda se: wgmmas(*se))
     ops = collections.Counter(t.split()[1] if t.startswith("@") else t.split()[0]
                               for a, t in ins if start <= a <= end)
     return dict(length=sum(ops.values()), **dict(ops.most_common()))

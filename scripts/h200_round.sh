@@ -18,7 +18,8 @@
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
-#               path, with SHARED_KV, cuDNN, FA4), rows $ROWIDX (indices, default all)
+#               path, with SHARED_KV, cuDNN, FA4), rows $ROWIDX (indices, default all);
+#               under $ev/rows-TIME/
 #   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged;
 #               $PROVIDERS, comma-separated, to choose)
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
@@ -39,8 +40,9 @@
 #               "dim,batch,heads,seq[,causal]", $KNOB as backward.NAME=VALUE if set
 #   ncufp8 ROW  Nsight Compute of the FP8 forward (V's transpose and the Hopper kernel)
 #               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
-#   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, V's
-#               transpose alone, portable, cuDNN bf16; --sweep of short lengths
+#   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
+#               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
+#               all); --sweep of short lengths; under $ev/fp8check-TIME/
 #   hostab D    fusedattn bench --suite host (ours and SDPA cuDNN) with D/src's library,
 #               then with this tree's twice, then D's again (ABBA), on one machine (D:
 #               an ignored folder the device tool carries, holding an older commit's src/)
@@ -98,7 +100,8 @@ while [ $# -gt 0 ]; do
     varlengrid) python3 scripts/varlen_grid_ab.py --out $ev 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
-    rows) python3 scripts/hopper_check.py --out $ev --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" --rows "${ROWIDX:-}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
+    rows) d=$ev/rows-$(date -u +%H%M%S); mkdir -p $d
+          python3 scripts/hopper_check.py --out $d --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" --rows "${ROWIDX:-}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     bench) suite=$1; shift
            case $suite in  # the serving suites' providers are their own (all of them)
              varlen|window|decode|sinks|mla|fp8) providers=${PROVIDERS:-all} ;;
@@ -152,7 +155,8 @@ while [ $# -gt 0 ]; do
     ncufp8) IFS=, read -r d b h s c <<<"$1"; shift
          profile ncu-fp8-d$d-b$b-h$h-s$s${c:+-$c} cudnn --dtype fp8 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" ${c:+--causal} ;;
-    fp8check) python3 scripts/hopper_fp8_check.py --out $ev ${FP8SWEEP:+--sweep} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
+    fp8check) d=$ev/fp8check-$(date -u +%H%M%S); mkdir -p $d
+              python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     train) python3 scripts/host_profile.py --train --out $ev/train_profile.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     cp) layouts=$1; shift; n=$(nvidia-smi -L | wc -l); mkdir -p $ev/cp

@@ -63,6 +63,7 @@ def providers(q, k, v, causal):
     calls["hopper-threadarrive"] = knob("THREAD_ARRIVES", True)  # each thread's arrivals
     calls["hopper-2wg"] = knob("WARPGROUPS", {})  # two consumers at D64 too
     calls["hopper-rowsum"] = knob("LANE_SUM", False)  # row sums shuffled every tile
+    calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):

@@ -4,7 +4,8 @@ fp8`'s):
 
 - the bench's rows (B4 H32 S4096, D64/128/256, causal and not; per-head factors), each
   provider verified against the portable kernel's output (the same formula) and timed:
-  the Hopper path with its tiles (`hopper.forward.FP8_TILES`) and with each candidate of
+  the Hopper path with its tiles (`hopper.forward.FP8_TILES`), with each of its FP8 A/B
+  switches turned the other way (`FP8_PACK`, `MAX_SPLIT`), and with each candidate of
   `CANDIDATES` (all of them fit in shared memory and compile without serialising a wgmma:
   `scripts/gluon_compile_report.py`), V's transpose alone (`hopper/transpose.py`, the part
   of a call that is not the attention kernel), the portable kernel, and cuDNN in bf16 on
@@ -12,7 +13,7 @@ fp8`'s):
 - `--sweep`: the Hopper path against the portable kernel over short sequences (16k tokens
   a call), the measurement an FP8 `dispatch.HOPPER_MIN_KEYS` would rest on.
 
-    python3 scripts/hopper_fp8_check.py [--out DIR] [--sweep]
+    python3 scripts/hopper_fp8_check.py [--out DIR] [--sweep] [--only PROVIDERS]
 
 Prints one line per row; writes `hopper_fp8_check.json` under --out."""
 
@@ -71,6 +72,18 @@ def providers(q8, k8, v8, factors, causal, candidates):
         return call
 
     calls = {"portable": on("portable"), "hopper": _with_tiles(on("hopper"), dim, None)}
+
+    def knob(name, value):  # the Hopper path with one of `hopper.forward`'s A/B switches
+        def call():
+            before = getattr(forward, name)
+            setattr(forward, name, value)
+            try:
+                return calls["hopper"]()
+            finally:
+                setattr(forward, name, before)
+        return call
+    calls["hopper-nopack"] = knob("FP8_PACK", False)  # P * P_SCALE and Triton's .to
+    calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
     own = forward.FP8_TILES[dim, dim]
     for block_n, stages in candidates:
         calls[f"hopper-n{block_n}-s{stages}"] = _with_tiles(on("hopper"), dim,
@@ -111,9 +124,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--sweep", action="store_true", help="also the short-sequence sweep")
+    ap.add_argument("--only", default="", help="the rows' providers, comma-separated "
+                    "(default: all; the candidates' names are hopper-nN-sS)")
     args = ap.parse_args()
     t0 = time.time()
-    results = bench(ROWS)
+    results = bench(ROWS, only=tuple(filter(None, args.only.split(","))))
     sweep = (bench(SWEEP, only=("portable", "hopper", "cudnn-bf16"), candidates=False)
              if args.sweep else [])
     with open(f"{args.out}/hopper_fp8_check.json", "w") as f:

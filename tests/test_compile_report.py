@@ -31,6 +31,26 @@ def test_the_loop_mix_counts_the_loop_that_holds_the_wgmmas():
     assert report.loop_mix(SASS.replace("0x10 ;", "0x60 ;")) == {}  # no branch back
 
 
+def test_the_loop_mix_counts_the_innermost_loop_that_holds_wgmmas():
+    # the forward: an item loop (0x10..0x90) around a key loop (0x30..0x60); the item loop
+    # holds more wgmmas (its prologue's too), the key tile is the inner loop
+    nested = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;          /* 0x0 */
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ ; /* 0x0 */
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ; /* 0x0 */
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ ; /* 0x0 */
+        /*0040*/                   MUFU.EX2 R3, R3 ;               /* 0x0 */
+        /*0050*/                   FMNMX R4, R3, R4, !PT ;         /* 0x0 */
+        /*0060*/               @P0 BRA 0x30 ;                      /* 0x0 */
+        /*0070*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ; /* 0x0 */
+        /*0080*/                   STG.E desc[UR4][R2.64], R24 ;   /* 0x0 */
+        /*0090*/               @P1 BRA 0x10 ;                      /* 0x0 */
+        /*00a0*/                   EXIT ;                          /* 0x0 */
+"""
+    assert report.loop_mix(nested) == {"length": 4, "HGMMA.64x64x16.F32.BF16": 1,
+                                       "MUFU.EX2": 1, "FMNMX": 1, "BRA": 1}
+
+
 def test_the_transpose_report_tells_store_widths_apart():
     # `scripts/transpose_compile_report.py`: a byte store is not a 16-byte one (what showed
     # why the FP8 relabel lost, evidence/sm90-compile/20261202T1422Z-fp8-transpose-stores)

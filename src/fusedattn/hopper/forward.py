@@ -102,6 +102,18 @@ LANE_SUM = True
 # Items now go document by document over the documents' own tiles (`forward_kernel.
 # _document`, FA4's varlen grid), at most one empty item a document and head (A/B)
 VARLEN_DYNAMIC = True
+# the row max of a tile folded in MAX_SPLIT chains a thread (`forward_kernel._row_max`), not
+# one: the same FMNMXs, a critical path of 7 dependent ones a row at BLOCK_N 128 against 32.
+# The ncu source view of the FP8 forward at D128 had the consumers' samples on the row
+# max's FMNMXs second only to the exp2s' (evidence/nvidia-h200/20261202T1629Z-ncusrc-fp8)
+# (A/B; 1 is the kernel as before)
+MAX_SPLIT = 4
+# FP8's P made e4m3 by `forward_kernel._e4m3x4` (two cvt.rn.satfinite.e4m3x2.f32 a packed
+# register) at its use, its scale P_SCALE folded into the exponent, where False multiplies p
+# by P_SCALE and takes Triton's `.to` at the step's end: the compile report's key loop at
+# D128 went from 902 instructions to 677 (bf16's: 667), 85 PRMTs, 64 LOP3s, 32 SHFs and 64
+# FMULs fewer (A/B)
+FP8_PACK = True
 
 
 def switches() -> tuple:
@@ -111,7 +123,7 @@ def switches() -> tuple:
     THREAD_ARRIVES and WARPGROUPS in `scripts/hopper_check.py` replayed the default's
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
-            WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC)
+            WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK)
 
 
 @functools.cache
@@ -204,5 +216,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
-        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM, num_warps=4)
+        THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
+        MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8, num_warps=4)
     return out

@@ -258,13 +258,16 @@ def _softcap(x):
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap, left,
                   right, BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
-                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, LANE_SUM: gl.constexpr):
+                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, LANE_SUM: gl.constexpr,
+                  MAX_SPLIT: gl.constexpr, P_OFFSET: gl.constexpr):
     """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
     where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
     exponent (m is kept scaled). SOFTCAP: the scores are cap * tanh(s * qk_scale) first
     (`common.Mask.kernel_args`: qk_scale = scale / c, cap = c * log2(e)). LANE_SUM: l is
     `_lane_sums`' [BLOCK_M, 4], each of a row's four lanes summing its own columns (no
-    shuffles a tile; `_row_sums` adds them once, after the loop)."""
+    shuffles a tile; `_row_sums` adds them once, after the loop). MAX_SPLIT: the row max's
+    chains a thread (`_row_max`). P_OFFSET: p is 2^P_OFFSET times the softmax's (FP8's P
+    scale, folded into the exponent's subtraction; l carries it too)."""
     if SOFTCAP:
         s = _softcap(s * qk_scale) * cap
         scale = 1.0
@@ -283,14 +286,17 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
         if HAS_LEFT:
             valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
         s = gl.where(valid, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
+        m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
         # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
+        m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s * scale - gl.expand_dims(m_use, 1))
+    if P_OFFSET != 0.0:
+        p = gl.exp2(s * scale - gl.expand_dims(m_use - P_OFFSET, 1))
+    else:
+        p = gl.exp2(s * scale - gl.expand_dims(m_use, 1))
     if LANE_SUM:
         lane_alpha = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
                                        assert_trivial=True)
@@ -298,6 +304,24 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
     else:
         l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _row_max(s, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr):
+    """The row max of a wgmma accumulator `s`, as `gl.max(s, axis=1)` lays it out. A thread holds
+    BLOCK_N / 4 columns of each of its two rows, and `gl.max` folds them one after another: a
+    chain of BLOCK_N / 4 dependent FMNMXs a row. SPLIT > 1 folds each row in SPLIT chains of
+    BLOCK_N / 8 / SPLIT after a first step of independent pairs (the columns as
+    `_lane_sums` reshapes them, the split on the highest bits), then the chains' ends and the
+    four lanes: the same FMNMXs and shuffles, a shorter critical path."""
+    if SPLIT > 1:
+        gl.static_assert(BLOCK_N // 8 % SPLIT == 0)
+        M: gl.constexpr = s.shape[0]
+        x = gl.max(gl.reshape(s, [M, SPLIT, BLOCK_N // 8 // SPLIT, 4, 2]), axis=4)
+        x = gl.max(gl.max(x, axis=2), axis=1)
+        return gl.convert_layout(gl.max(x, axis=1), gl.SliceLayout(1, s.type.layout),
+                                 assert_trivial=True)
+    return gl.max(s, axis=1)
 
 
 @gluon.jit
@@ -319,11 +343,14 @@ def _row_sums(l_i, row_layout: gl.constexpr, LANE_SUM: gl.constexpr):
 
 @gluon.jit
 def _p_operand(p, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
-               P_SCALE: gl.constexpr):
+               P_SCALE: gl.constexpr, FP8_PACK: gl.constexpr):
     """P as the P V wgmma takes it from registers: in the inputs' dtype, or under FP8 times
-    P_SCALE rounded to e4m3 (the portable kernel's `_p_as`; O's epilogue divides it out)."""
+    P_SCALE rounded to e4m3 (the portable kernel's `_p_as`; O's epilogue divides it out).
+    FP8_PACK: p comes scaled (`_softmax_tile`'s P_OFFSET), and each four of a thread's
+    values go to e4m3 into one register by two `cvt.rn.satfinite.e4m3x2.f32` (`_e4m3x4`)."""
     if FP8:
-        p = p * P_SCALE
+        if not FP8_PACK:
+            p = p * P_SCALE
         # keys relabelled within each 16 (`transpose.py` writes V^T's columns in this
         # order): k = a0 + 2 a1 + 4 a2 + 8 a3 becomes a0 + 2 a3 + 4 a1 + 8 a2, so that the
         # keys each thread holds in the accumulator are the ones the float8 operand layout
@@ -333,10 +360,51 @@ def _p_operand(p, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
         N: gl.constexpr = p.shape[1]
         p = p.reshape([M, N // 16, 2, 4, 2]).permute((0, 1, 3, 2, 4)).reshape([M, N])
         # (in fp32: the layouts now differ by the order of a thread's registers alone;
-        # Triton 3.6 still unpacks and repacks the float8 bytes: PRMTs, 575 -> ~346 a
-        # loop in the compile report, and the 64 SHFLs gone)
-        return gl.convert_layout(p, layout).to(dtype)
+        # Triton 3.6's `.to` then still unpacks and repacks the float8 bytes: at D128 a key
+        # tile's loop held 85 PRMTs and 64 LOP3s for 64 values a thread, FP8_PACK's asm
+        # packs them itself)
+        p = gl.convert_layout(p, layout)
+        if FP8_PACK:
+            return _e4m3x4(p)
+        return p.to(dtype)
     return gl.convert_layout(p.to(dtype), layout)
+
+
+@gluon.jit
+def _p_carried(p, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
+               P_SCALE: gl.constexpr, FP8_PACK: gl.constexpr):
+    """What the key loop carries of a step's P to the next step's P V: its operand
+    (`_p_operand`), or under FP8_PACK p itself, in float32, made the operand at its use
+    (`_p_at_use`). Triton 3.6 carries float8 values over a loop's back edge as bytes: each
+    packed register was taken apart at the step's end and put together again at the
+    next one's start (PRMTs and LOP3s), whatever made it."""
+    if FP8_PACK:  # (one return: Gluon wants a function's returns of one type)
+        kept = p
+    else:
+        kept = _p_operand(p, layout, dtype, FP8, P_SCALE, FP8_PACK)
+    return kept
+
+
+@gluon.jit
+def _p_at_use(p_op, layout: gl.constexpr, dtype: gl.constexpr, FP8: gl.constexpr,
+              P_SCALE: gl.constexpr, FP8_PACK: gl.constexpr):
+    """P V's operand from what `_p_carried` kept."""
+    if FP8_PACK:
+        operand = _p_operand(p_op, layout, dtype, FP8, P_SCALE, FP8_PACK)
+    else:
+        operand = p_op
+    return operand
+
+
+@gluon.jit
+def _e4m3x4(p):
+    """float32 p to float8 e4m3 (round to nearest, saturating, as `.to` rounds), four of a
+    thread's consecutive values a 32-bit register: in the P V operand's layout (k_width 4)
+    those are the four keys one operand register holds, lowest first."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
+        "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
 
 
 @gluon.jit
@@ -396,7 +464,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
-              LANE_SUM: gl.constexpr):
+              LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -414,6 +482,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
      dim_v) = args
     # a wgmma's K: 32 bytes (16 halves, 32 float8s); a register operand packs 4 bytes
     INSTR_K: gl.constexpr = 32 if FP8 else 16
+    # FP8_PACK: P's scale in the exponent (2^8 = P_SCALE), divided out of l after the loop
+    P_OFFSET: gl.constexpr = 8.0 if FP8 and FP8_PACK else 0.0
+    if FP8 and FP8_PACK:
+        gl.static_assert(P_SCALE == 256.0, "P_OFFSET is log2(P_SCALE)")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -491,11 +563,13 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     _release(k_free.index(slot), THREAD_ARRIVES)
                 p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
-                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM)
-                p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
+                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM, MAX_SPLIT,
+                    P_OFFSET)
+                p_op = _p_carried(p, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
                     # runs while the second product does
+                    p_use = _p_at_use(p_op, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                     slot = (n + i) % STAGES
                     prev = (n + i - 1) % STAGES
                     mbarrier.wait(k_bar.index(slot), ((n + i) // STAGES) & 1)
@@ -510,10 +584,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     if D_B > 0:
                         s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok,
                                               is_async=True)
-                    acc_tok = warpgroup_mma(p_op, _v_operand(v_smem.index(prev), FP8), acc,
+                    acc_tok = warpgroup_mma(p_use, _v_operand(v_smem.index(prev), FP8), acc,
                                             is_async=True)
                     if DV_B > 0:
-                        acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
+                        acc2_tok = warpgroup_mma(gl.convert_layout(p_use, p2_layout),
                                                  v2_smem.index(prev), acc2, is_async=True)
                     if PINGPONG:
                         _release(next_turn, THREAD_ARRIVES)
@@ -524,37 +598,38 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
-                        SOFTCAP, LANE_SUM)
+                        SOFTCAP, LANE_SUM, MAX_SPLIT, P_OFFSET)
                     if DV_B > 0:
-                        both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
+                        both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use,
                                                            v_smem.index(prev),
                                                            v2_smem.index(prev)])
                         acc = both[0]
                         acc2 = both[1]
                         acc2 = acc2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
                     else:
-                        acc = _wait_pv(acc_tok, p_op, v_smem.index(prev), FP8)
+                        acc = _wait_pv(acc_tok, p_use, v_smem.index(prev), FP8)
                     if SHARED_KV:
                         _release(k_free.index(prev), THREAD_ARRIVES)
                     else:
                         _release(v_free.index(prev), THREAD_ARRIVES)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                    p_op = _p_operand(p, p_layout, dtype, FP8, P_SCALE)
+                    p_op = _p_carried(p, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                 last = (n + n_tiles - 1) % STAGES
                 if not SHARED_KV:
                     mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
-                acc_tok = warpgroup_mma(p_op, _v_operand(v_smem.index(last), FP8), acc,
+                p_use = _p_at_use(p_op, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
+                acc_tok = warpgroup_mma(p_use, _v_operand(v_smem.index(last), FP8), acc,
                                         is_async=True)
                 if DV_B > 0:
-                    acc2_tok = warpgroup_mma(gl.convert_layout(p_op, p2_layout),
+                    acc2_tok = warpgroup_mma(gl.convert_layout(p_use, p2_layout),
                                              v2_smem.index(last), acc2, is_async=True)
-                    both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_op,
+                    both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use,
                                                        v_smem.index(last),
                                                        v2_smem.index(last)])
                     acc = both[0]
                     acc2 = both[1]
                 else:
-                    acc = _wait_pv(acc_tok, p_op, v_smem.index(last), FP8)
+                    acc = _wait_pv(acc_tok, p_use, v_smem.index(last), FP8)
                 if SHARED_KV:
                     _release(k_free.index(last), THREAD_ARRIVES)
                 else:
@@ -563,6 +638,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             turns += gl.maximum(n_tiles - 1, 0)
             items += 1
 
+            if P_OFFSET != 0.0:  # exact: a power of two
+                l_i = l_i * (1.0 / P_SCALE)
             l_i = _row_sums(l_i, row_s, LANE_SUM)
             # rows that saw no key: l = 0, O = 0, LSE = -inf
             o_base = (b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h
@@ -625,7 +702,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
-                    CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr):
+                    CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
+                    FP8_PACK: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -720,15 +798,15 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
@@ -738,11 +816,11 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
