@@ -105,14 +105,18 @@ VARLEN_DYNAMIC = True
 # the row max of a tile folded in MAX_SPLIT chains a thread (`forward_kernel._row_max`), not
 # one: the same FMNMXs, a critical path of 7 dependent ones a row at BLOCK_N 128 against 32.
 # The ncu source view of the FP8 forward at D128 had the consumers' samples on the row
-# max's FMNMXs second only to the exp2s' (evidence/nvidia-h200/20261202T1629Z-ncusrc-fp8)
-# (A/B; 1 is the kernel as before)
+# max's FMNMXs second only to the exp2s' (evidence/nvidia-h200/20261202T1629Z-ncusrc-fp8).
+# In one process it changed nothing measurable: ten bf16 rows within -0.7% to +4.1% of one
+# chain, FP8 within 1.5% (evidence/nvidia-h200/20261202T1646Z-fp8-pack-ab) (A/B; 1 is the
+# kernel as before)
 MAX_SPLIT = 4
 # FP8's P made e4m3 by `forward_kernel._e4m3x4` (two cvt.rn.satfinite.e4m3x2.f32 a packed
 # register) at its use, its scale P_SCALE folded into the exponent, where False multiplies p
 # by P_SCALE and takes Triton's `.to` at the step's end: the compile report's key loop at
 # D128 went from 902 instructions to 677 (bf16's: 667), 85 PRMTs, 64 LOP3s, 32 SHFs and 64
-# FMULs fewer (A/B)
+# FMULs fewer (evidence/sm90-compile/20261202T1638Z-fp8-pack), and every FP8 row ran 7-26%
+# faster in one process, D128 793 against 665 TFLOP/s (evidence/nvidia-h200/
+# 20261202T1646Z-fp8-pack-ab) (A/B)
 FP8_PACK = True
 
 
