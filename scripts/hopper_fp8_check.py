@@ -5,11 +5,11 @@ fp8`'s):
 - the bench's rows (B4 H32 S4096, D64/128/256, causal and not; per-head factors), each
   provider verified against the portable kernel's output (the same formula) and timed:
   the Hopper path with its tiles (`hopper.forward.FP8_TILES`), with each of its FP8 A/B
-  switches turned the other way (`FP8_PACK`, `MAX_SPLIT`), and with each candidate of
-  `CANDIDATES` (all of them fit in shared memory and compile without serialising a wgmma:
-  `scripts/gluon_compile_report.py`), V's transpose alone (`hopper/transpose.py`, the part
-  of a call that is not the attention kernel), the portable kernel, and cuDNN in bf16 on
-  the dequantised values;
+  switches turned the other way (`FP8_PACK`, `MAX_SPLIT`, `FP8_WARPGROUPS`), and with each
+  candidate of `CANDIDATES` (all of them fit in shared memory and compile without
+  serialising a wgmma: `scripts/gluon_compile_report.py`), V's transpose alone
+  (`hopper/transpose.py`, the part of a call that is not the attention kernel), the
+  portable kernel, and cuDNN in bf16 on the dequantised values;
 - `--sweep`: the Hopper path against the portable kernel over short sequences (16k tokens
   a call), the measurement an FP8 `dispatch.HOPPER_MIN_KEYS` would rest on.
 
@@ -84,6 +84,7 @@ def providers(q8, k8, v8, factors, causal, candidates):
         return call
     calls["hopper-nopack"] = knob("FP8_PACK", False)  # P * P_SCALE and Triton's .to
     calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
+    calls["hopper-2wg"] = knob("FP8_WARPGROUPS", {})  # two consumers at D64 too
     own = forward.FP8_TILES[dim, dim]
     for block_n, stages in candidates:
         calls[f"hopper-n{block_n}-s{stages}"] = _with_tiles(on("hopper"), dim,

@@ -110,6 +110,33 @@ def test_fp8_takes_sinks_and_the_factors_matter(path):
     assert torch.equal(out[:, 0], plain[:, 0])
 
 
+def test_fp8_runs_three_consumer_warpgroups_at_d64_from_2048_rows():
+    # the rule `hopper.forward` launches by (`FP8_WARPGROUPS`, as bf16's `WARPGROUPS`)
+    from fusedattn.hopper.forward import consumer_warpgroups
+
+    assert consumer_warpgroups((64, 64), True, False, 2048) == 3
+    assert consumer_warpgroups((64, 64), True, False, 2047) == 2
+    assert consumer_warpgroups((64, 64), True, True, 4096) == 2  # softcap: two
+    assert consumer_warpgroups((128, 128), True, False, 4096) == 2  # 160 regs serialise
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_with_three_warpgroups_against_the_reference(causal):
+    # 2100 rows: three warpgroups (192-row items, the last one ragged), GQA 3/1, per head
+    b, h, hk, s = 1, 3, 1, 2100
+    descales = list(_factors("head", h, hk))
+    q8, k8, v8 = (_fp8(rand(b, n, s, 64, seed=i) * 2, f) for i, (n, f) in
+                  enumerate(((h, descales[0]), (hk, descales[1]), (hk, descales[2]))))
+    with use_backend("hopper"):
+        out = attention(q8, k8, v8, is_causal=causal, enable_gqa=True, descale_q=descales[0],
+                        descale_k=descales[1], descale_v=descales[2])
+    ref = attention_ref(*(dequantize(t, f) for t, f in zip((q8, k8, v8), descales,
+                                                           strict=True)), causal=causal)
+    passes(out, ref, f"2100 rows, causal={causal}",
+           peer=fp8_peer(q8, k8, v8, *descales, causal=causal))
+
+
 def _fp8_inputs(h=2, d=64):
     return tuple(_fp8(rand(1, h, 16, d, seed=i), None) for i in range(3))
 

@@ -267,7 +267,8 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
 
 @pytest.mark.parametrize("name, value", [("PINGPONG", False), ("SHARED_KV", True),
                                          ("THREAD_ARRIVES", True), ("LANE_SUM", False),
-                                         ("WARPGROUPS", {}), ("WARPGROUPS_MIN_ROWS", 1),
+                                         ("WARPGROUPS", {}), ("FP8_WARPGROUPS", {}),
+                                         ("WARPGROUPS_MIN_ROWS", 1),
                                          ("VARLEN_DYNAMIC", False), ("MAX_SPLIT", 1),
                                          ("FP8_PACK", False)])
 def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch):

@@ -75,6 +75,10 @@ def kernel_pair(dim: int, dim_v: int, fp8: bool = False) -> tuple[int, int] | No
 # Sq (varlen: the longest) is at least WARPGROUPS_MIN_ROWS: a short one wastes more of a
 # 192-row item (B64 S256: 158 against 205)
 WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
+# FP8's (float8 e4m3): three at D64 compile at 160 registers without spilling in the key
+# loop (88 bytes outside it under causal masks); at D128 they serialise the wgmmas
+# (`scripts/gluon_compile_report.py`, evidence/sm90-compile/20261202T1700Z-fp8-d64-3wg) (A/B)
+FP8_WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 WARPGROUPS_MIN_ROWS = 2048
 LOADER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
@@ -127,7 +131,8 @@ def switches() -> tuple:
     THREAD_ARRIVES and WARPGROUPS in `scripts/hopper_check.py` replayed the default's
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
-            WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK)
+            tuple(FP8_WARPGROUPS.items()), WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC,
+            MAX_SPLIT, FP8_PACK)
 
 
 @functools.cache
@@ -151,6 +156,15 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
     block = (1, 1, rows, dim)  # (FP8's V^T: Dv rows of BLOCK_N keys)
     return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block),
                             _layout(block, t.dtype))
+
+
+def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: int) -> int:
+    """The kernel's consumer warpgroups for head dims `pair` (`kernel_pair`'s): `WARPGROUPS`
+    (`FP8_WARPGROUPS` under fp8) from WARPGROUPS_MIN_ROWS query rows (varlen: the longest
+    sequence's), else two; two with softcap (its tanh spilled 2.8 KB at 160 registers)."""
+    if softcap or seq_q < WARPGROUPS_MIN_ROWS:
+        return 2
+    return (FP8_WARPGROUPS if fp8 else WARPGROUPS).get(pair, 2)
 
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor,
@@ -183,9 +197,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
-    # two with softcap (its tanh spilled 2.8 KB at 160 registers) and FP8
-    consumers = (2 if fp8 or cap > 0 or seq_q < WARPGROUPS_MIN_ROWS
-                 else WARPGROUPS.get(pair, 2))
+    consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
