@@ -110,20 +110,23 @@ def test_fp8_takes_sinks_and_the_factors_matter(path):
     assert torch.equal(out[:, 0], plain[:, 0])
 
 
-def test_fp8_runs_three_consumer_warpgroups_at_d64_from_2048_rows():
+def test_fp8_runs_three_consumer_warpgroups_at_d64_from_2048_rows_unmasked():
     # the rule `hopper.forward` launches by (`FP8_WARPGROUPS`, as bf16's `WARPGROUPS`)
     from fusedattn.hopper.forward import consumer_warpgroups
 
-    assert consumer_warpgroups((64, 64), True, False, 2048) == 3
-    assert consumer_warpgroups((64, 64), True, False, 2047) == 2
-    assert consumer_warpgroups((64, 64), True, True, 4096) == 2  # softcap: two
-    assert consumer_warpgroups((128, 128), True, False, 4096) == 2  # 160 regs serialise
+    assert consumer_warpgroups((64, 64), True, False, 2048, False) == 3
+    assert consumer_warpgroups((64, 64), True, False, 2047, False) == 2
+    assert consumer_warpgroups((64, 64), True, False, 4096, True) == 2  # causal lost
+    assert consumer_warpgroups((64, 64), True, True, 4096, False) == 2  # softcap: two
+    assert consumer_warpgroups((128, 128), True, False, 4096, False) == 2  # would serialise
+    assert consumer_warpgroups((64, 64), False, False, 4096, True) == 3  # bf16 causal won
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp8_with_three_warpgroups_against_the_reference(causal):
-    # 2100 rows: three warpgroups (192-row items, the last one ragged), GQA 3/1, per head
+def test_fp8_d64_from_2048_rows_against_the_reference(causal):
+    # 2100 rows: three warpgroups unmasked (192-row items, the last one ragged), two under
+    # the causal mask; GQA 3/1, factors per head
     b, h, hk, s = 1, 3, 1, 2100
     descales = list(_factors("head", h, hk))
     q8, k8, v8 = (_fp8(rand(b, n, s, 64, seed=i) * 2, f) for i, (n, f) in

@@ -75,9 +75,12 @@ def kernel_pair(dim: int, dim_v: int, fp8: bool = False) -> tuple[int, int] | No
 # Sq (varlen: the longest) is at least WARPGROUPS_MIN_ROWS: a short one wastes more of a
 # 192-row item (B64 S256: 158 against 205)
 WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
-# FP8's (float8 e4m3): three at D64 compile at 160 registers without spilling in the key
-# loop (88 bytes outside it under causal masks); at D128 they serialise the wgmmas
-# (`scripts/gluon_compile_report.py`, evidence/sm90-compile/20261202T1700Z-fp8-d64-3wg) (A/B)
+# FP8's (float8 e4m3), where no mask bounds the keys: three at D64 compile at 160
+# registers without spilling in the key loop; at D128 they serialise the wgmmas
+# (`scripts/gluon_compile_report.py`, evidence/sm90-compile/20261202T1700Z-fp8-d64-3wg). On
+# the H200 three ran FP8 D64 at 565 TFLOP/s against 478, but causal at 344 against 404
+# (88 bytes spilled on the diagonal tiles; evidence/nvidia-h200/20261202T1700Z-fp8-3wg-ab),
+# so masked FP8 runs two (A/B)
 FP8_WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 WARPGROUPS_MIN_ROWS = 2048
 LOADER_REGS = 24
@@ -158,11 +161,13 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
                             _layout(block, t.dtype))
 
 
-def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: int) -> int:
+def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: int,
+                        bounded: bool) -> int:
     """The kernel's consumer warpgroups for head dims `pair` (`kernel_pair`'s): `WARPGROUPS`
-    (`FP8_WARPGROUPS` under fp8) from WARPGROUPS_MIN_ROWS query rows (varlen: the longest
-    sequence's), else two; two with softcap (its tanh spilled 2.8 KB at 160 registers)."""
-    if softcap or seq_q < WARPGROUPS_MIN_ROWS:
+    from WARPGROUPS_MIN_ROWS query rows (varlen: the longest sequence's), else two; two
+    with softcap (its tanh spilled 2.8 KB at 160 registers). Under fp8, `FP8_WARPGROUPS`,
+    and two where a mask bounds the keys (`bounded`: causal or a window)."""
+    if softcap or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded):
         return 2
     return (FP8_WARPGROUPS if fp8 else WARPGROUPS).get(pair, 2)
 
@@ -197,7 +202,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
-    consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q)
+    consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
