@@ -36,6 +36,21 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (4, 32, 32, 4096, 64, False), (64, 16, 16, 256, 64, False)]
 
 
+def switched(call, name, value):
+    """`call` with `hopper.forward`'s A/B switch `name` set to `value` while it runs (the
+    switches are in the plan key: each setting replays its own plan)."""
+    def run():
+        from fusedattn.hopper import forward
+
+        before = getattr(forward, name)
+        setattr(forward, name, value)
+        try:
+            return call()
+        finally:
+            setattr(forward, name, before)
+    return run
+
+
 def providers(q, k, v, causal):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -48,16 +63,7 @@ def providers(q, k, v, causal):
                 return attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         calls[backend] = call
     def knob(name, value):  # the Hopper path with one of `hopper.forward`'s A/B switches
-        def call():
-            from fusedattn.hopper import forward
-
-            before = getattr(forward, name)
-            setattr(forward, name, value)
-            try:
-                return calls["hopper"]()
-            finally:
-                setattr(forward, name, before)
-        return call
+        return switched(calls["hopper"], name, value)
     calls["hopper-nopp"] = knob("PINGPONG", False)         # the consumers' explicit turns
     calls["hopper-sharedkv"] = knob("SHARED_KV", True)     # K and V on one mbarrier a slot
     calls["hopper-threadarrive"] = knob("THREAD_ARRIVES", True)  # each thread's arrivals

@@ -24,7 +24,7 @@ import time
 
 import torch
 import triton
-from hopper_check import measure  # (scripts/ is on the path of a script run from it)
+from hopper_check import measure, switched  # (scripts/ is on a script's path)
 
 from fusedattn import attention
 from fusedattn.dispatch import _PLANS, use_backend
@@ -74,14 +74,7 @@ def providers(q8, k8, v8, factors, causal, candidates):
     calls = {"portable": on("portable"), "hopper": _with_tiles(on("hopper"), dim, None)}
 
     def knob(name, value):  # the Hopper path with one of `hopper.forward`'s A/B switches
-        def call():
-            before = getattr(forward, name)
-            setattr(forward, name, value)
-            try:
-                return calls["hopper"]()
-            finally:
-                setattr(forward, name, before)
-        return call
+        return switched(calls["hopper"], name, value)
     calls["hopper-nopack"] = knob("FP8_PACK", False)  # P * P_SCALE and Triton's .to
     calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
     calls["hopper-2wg"] = knob("FP8_WARPGROUPS", {})  # two consumers at D64 too

@@ -14,7 +14,7 @@ from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref
 from fusedattn.tiles import flash_bwd
 from fusedattn_lab.verify import check
-from inputs import i32, passes, rand
+from inputs import i32, passes, rand, script
 
 
 def _fresh(fn):
@@ -287,6 +287,22 @@ def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch)
     monkeypatch.setattr(knobs, name, value)
     attention(q, k, v)
     assert len(dispatch._PLANS) == plans + 1, f"{name} is not in the plan key"
+
+
+def test_the_ab_scripts_set_a_switch_while_the_call_runs_and_restore_it():
+    # `scripts/hopper_check.py`'s `switched` (hopper_fp8_check.py's A/Bs use it too)
+    from fusedattn.hopper import forward as knobs
+
+    switched = script("hopper_check").switched
+    seen = []
+    switched(lambda: seen.append(knobs.MAX_SPLIT), "MAX_SPLIT", 1)()
+    assert seen == [1] and knobs.MAX_SPLIT == 4
+
+    def fails():
+        raise RuntimeError("refused")
+    with pytest.raises(RuntimeError):
+        switched(fails, "MAX_SPLIT", 2)()
+    assert knobs.MAX_SPLIT == 4
 
 
 def test_a_replay_passes_empty_launch_hooks_as_none_and_registered_ones_as_they_are():
