@@ -14,7 +14,13 @@ The variants (each from "fp32" on adds its rounding to the one before it):
     dS e4m3       and dS (one factor per head) in dK = dS^T Q and dQ = dS K
 For each it prints the largest error of dQ, dK, dV over the bf16 storage floor of the
 tolerance table (2^-8 at the gradient's magnitude): at 1 a gradient's error is what storing
-it in bf16 costs already."""
+it in bf16 costs already.
+
+`--library` adds the library's own `attention_fp8_backward` at each precision ("fp32", the
+default, and "bf16": the bf16 kernels on the dequantised values rounded to bfloat16), the
+kernels in emulation on the CPU (set TRITON_INTERPRET=1), and "bf16 formula": the
+formulas with every tensor in bfloat16 (`peers.fp8_backward_peer(dtype=torch.bfloat16)`,
+the bf16 route's test peer)."""
 
 import argparse
 import json
@@ -57,7 +63,7 @@ def grads(q, k, v, do, o, causal, variant):
     return ds_mm @ k * scale, ds_mm.transpose(-1, -2) @ q * scale, dv
 
 
-def measure(shape, seed=0):
+def measure(shape, seed=0, library=False):
     heads, seq, dim, causal = shape
     g = torch.Generator().manual_seed(seed)
     q8, k8, v8 = ((torch.randn(heads, seq, dim, generator=g) * 2).to(FP8) for _ in range(3))
@@ -75,19 +81,35 @@ def measure(shape, seed=0):
         row[variant] = {name: float((x.double() - r).abs().max()
                                     / (2.0 ** -8 * max(1.0, float(r.abs().max()))))
                         for name, x, r in zip(("dq", "dk", "dv"), got, refs, strict=True)}
+    if library:
+        from fusedattn import attention_fp8_backward
+        from fusedattn_lab.peers import fp8_backward_peer
+
+        dout = do.to(torch.bfloat16)  # (the reference's dO is this one, rounded: re-taken)
+        refs = attention_ref_grads(q, k, v, dout.double(), causal=causal)
+        runs = {f"library {p}": attention_fp8_backward(dout, q8, k8, v8, is_causal=causal,
+                                                       precision=p) for p in ("fp32", "bf16")}
+        runs["bf16 formula"] = fp8_backward_peer(dout, q8, k8, v8, causal=causal,
+                                                 dtype=torch.bfloat16)
+        for variant, got in runs.items():
+            row[variant] = {name: float((x.double() - r).abs().max()
+                                        / (2.0 ** -8 * max(1.0, float(r.abs().max()))))
+                            for name, x, r in zip(("dq", "dk", "dv"), got, refs, strict=True)}
     return row
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--library", action="store_true", help="also attention_fp8_backward at "
+                    "each precision (TRITON_INTERPRET=1 on the CPU)")
     args = ap.parse_args()
     rows = []
     for shape in SHAPES:
-        row = measure(shape)
+        row = measure(shape, library=args.library)
         rows.append(row)
         cells = "  ".join(f"{v}: " + "/".join(f"{row[v][n]:.2f}" for n in ("dq", "dk", "dv"))
-                          for v in VARIANTS)
+                          for v in row if isinstance(row[v], dict))
         print(f"H{shape[0]} S{shape[1]} D{shape[2]} causal={shape[3]}  {cells}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(dict(

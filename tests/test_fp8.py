@@ -301,6 +301,59 @@ def test_fp8_backward_against_float64_autograd_of_the_dequantised_inputs(case):
         passes(g, r, f"{name} {case}", peer=p)
 
 
+@pytest.mark.parametrize("case", BACKWARD_CASES + [
+    (1, 2, 2, 48, 48, 256, dict(is_causal=True), "tensor", False)])  # D256: bf16 takes it
+def test_fp8_backward_in_bf16_within_twice_the_bf16_formulas_error(case):
+    # precision="bf16": the bf16 kernels on the dequantised values rounded to bfloat16;
+    # bounded by twice the same formulas' error done by torch in bfloat16
+    b, h, hk, sq, sk, d, options, kind, fp8_dout = case
+    descales = list(_factors(kind, h, hk))
+    q8, k8, v8 = (_fp8(rand(b, n, s, d, seed=i) * 2, f) for i, (n, s, f) in
+                  enumerate(((h, sq, descales[0]), (hk, sk, descales[1]), (hk, sk, descales[2]))))
+    dout = rand(b, h, sq, d, seed=7, dtype=torch.bfloat16)
+    descale_do = None
+    if fp8_dout:
+        descale_do = torch.linspace(0.01, 0.02, h, device=DEVICE)
+        dout = _fp8(dout.float(), descale_do)
+    grads = attention_fp8_backward(dout, q8, k8, v8, descale_do=descale_do,
+                                   enable_gqa=h != hk, precision="bf16", **options,
+                                   descale_q=descales[0], descale_k=descales[1],
+                                   descale_v=descales[2])
+    ref_kw = dict(causal=options.get("is_causal", False), window=options.get("window"),
+                  softcap=options.get("softcap"))
+    deq = [dequantize(t, f) for t, f in zip((q8, k8, v8), descales, strict=True)]
+    dout_ref = dequantize(dout, descale_do)
+    refs = attention_ref_grads(*deq, dout_ref, device=DEVICE, **ref_kw)
+    peers = fp8_backward_peer(dout_ref, q8, k8, v8, *descales, dtype=torch.bfloat16, **ref_kw)
+    for name, g, r, p, t in zip(("dq", "dk", "dv"), grads, refs, peers, (q8, k8, v8),
+                                strict=True):
+        assert g.dtype == torch.bfloat16 and g.shape == t.shape, name
+        passes(g, r, f"{name} {case}", peer=p)
+
+
+def test_fp8_backward_in_bf16_is_attentions_backward_on_the_dequantised_values():
+    # the route takes every option through: sinks (their gradient too), a window, softcap,
+    # the scale, GQA: the same bits as autograd of `attention` on the bf16 values
+    q8, k8, v8 = (_fp8(rand(1, n, 40, 64, seed=i), None) for i, n in enumerate((4, 2, 2)))
+    dq = torch.linspace(0.5, 2.0, 4, device=DEVICE)
+    sinks = torch.tensor([0.5, -1.0, 0.0, 2.0], device=DEVICE)
+    dout = rand(1, 4, 40, 64, seed=5, dtype=torch.bfloat16)
+    options = dict(window=(9, 0), softcap=20.0, scale=0.2, enable_gqa=True)
+    got = attention_fp8_backward(dout, q8, k8, v8, descale_q=dq, sinks=sinks,
+                                 precision="bf16", **options)
+    leaves = [dequantize(q8, dq).to(torch.bfloat16).requires_grad_(),
+              k8.to(torch.bfloat16).requires_grad_(), v8.to(torch.bfloat16).requires_grad_(),
+              sinks.clone().requires_grad_()]
+    out = attention(*leaves[:3], sinks=leaves[3], **options)
+    want = torch.autograd.grad(out, leaves, dout)
+    assert len(got) == 4 and got[3].dtype == torch.float32
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    with pytest.raises(ProblemError) as e:
+        attention_fp8_backward(dout, q8, k8, v8, enable_gqa=True, precision="fp16")
+    assert e.value.field == "precision" and "bf16" in str(e.value)
+
+
 def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():
     q8, k8, v8 = _fp8_inputs()
     sinks = torch.tensor([0.5, -1.0], device=DEVICE)

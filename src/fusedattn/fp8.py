@@ -17,7 +17,14 @@ units of the bf16 storage floor: with the FP8 forward's O in delta, dQ erred by 
 dK by 13-18; with O in fp32, every gradient by under 0.01; rounding dO to e4m3 for its
 products put dQ and dK back at 13-25 and dV at 7-11 (from 0), and P and dS in e4m3 added
 up to 2 more. The recompute costs one more forward pass, in fp32; the
-gradients are then those of the dequantised inputs, within bf16's storage error."""
+gradients are then those of the dequantised inputs, within bf16's storage error.
+
+`precision="bf16"` trades that exactness for the bf16 kernels' speed (the Hopper forward
+and backward where they serve): the dequantised values rounded to bfloat16, O recomputed in
+bfloat16 and the backward of `attention` on them, as bf16 training takes its gradients.
+Its delta comes from that bf16 O, not from the FP8 forward's (whose P went through e4m3).
+Its bound is that of bf16 attention's gradients: twice the same formulas' error done by
+torch in bfloat16 (`fusedattn_lab.peers.fp8_backward_peer(dtype=torch.bfloat16)`)."""
 
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            descale_do: torch.Tensor | None = None, is_causal: bool = False,
                            scale: float | None = None, enable_gqa: bool = False,
                            window: tuple[int | None, int | None] | None = None,
-                           softcap: float | None = None, sinks: torch.Tensor | None = None):
+                           softcap: float | None = None, sinks: torch.Tensor | None = None,
+                           precision: str = "fp32"):
     """Gradients of `out = attention(q, k, v, ..., descale_q=..., descale_k=...,
     descale_v=...)` (float8_e4m3fn q, k, v) for the upstream gradient `dout` of `out`:
     `(dq, dk, dv)` in bfloat16, with respect to q * descale_q, k * descale_k and
@@ -44,7 +52,10 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     `dout`: bfloat16, float16 or float32, or float8_e4m3fn standing for dout * descale_do
     (None, one element, or `[H]`). The options are the forward's, as it was called; the
     forward's O and LSE are not needed (both are recomputed in fp32: the module docstring).
-    Head dims `problem.FP8_GRAD_HEAD_DIMS`. Every bad input raises `ProblemError`."""
+    Head dims `problem.FP8_GRAD_HEAD_DIMS`. `precision="bf16"`: the bf16 kernels on the
+    dequantised values rounded to bfloat16 (faster, bf16 training's error: the module
+    docstring), at every head dim the FP8 forward takes. Every bad input raises
+    `ProblemError`."""
     from fusedattn.api import _as_4d, _flash_bwd, _flash_fwd, _prepare
     from fusedattn.dispatch import use_backend
 
@@ -56,13 +67,19 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, None, window, softcap, sinks,
                         True, (descale_q, descale_k, descale_v))
     check_grad_inputs(q, v, dout, descale_do)
+    if precision not in ("fp32", "bf16"):
+        raise ProblemError("precision", precision, '"fp32" (the fp32 formulas, O recomputed '
+                           'in fp32: exact to bf16 storage) or "bf16" (the bf16 kernels on '
+                           "the dequantised values: faster, bf16 training's error)")
+    factors = (descale_q, descale_k, descale_v)
+    do = dequantize(dout, descale_do) if dout.dtype == FP8 else dout
+    if precision == "bf16":
+        return _bf16_grads(do, q, k, v, factors, call, enable_gqa, window, softcap, sinks)
     if q.shape[-1] not in FP8_GRAD_HEAD_DIMS or v.shape[-1] not in FP8_GRAD_HEAD_DIMS:
         raise ProblemError("head_dim", (q.shape[-1], v.shape[-1]), "for the FP8 backward, "
                            f"{', '.join(map(str, FP8_GRAD_HEAD_DIMS))} for q/k and for v")
-    factors = (descale_q, descale_k, descale_v)
     qf, kf, vf = (dequantize(t, f).to(torch.float32) for t, f in zip((q, k, v), factors,
                                                                       strict=True))
-    do = dequantize(dout, descale_do) if dout.dtype == FP8 else dout
     sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
     is_causal, scale_, _, *options = call.options
     q4, k4, v4, do4 = _as_4d(qf, kf, vf, do.to(torch.float32))
@@ -75,3 +92,22 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dq, dk, dv = (g.reshape(t.shape).to(torch.bfloat16) for g, t in zip(grads[:3], (q, k, v),
                                                                          strict=True))
     return (dq, dk, dv) if sinks is None else (dq, dk, dv, grads[3])
+
+
+def _bf16_grads(do, q, k, v, factors, call, enable_gqa, window, softcap, sinks):
+    """`attention_fp8_backward(precision="bf16")`: autograd of `attention` on the
+    dequantised values in bfloat16 (its forward recomputes O and the LSE, its backward
+    takes the bf16 kernels: the Hopper ones where the dispatch sends bf16)."""
+    from fusedattn.api import attention
+
+    leaves = [dequantize(t, f).to(torch.bfloat16).requires_grad_() for t, f in
+              zip((q, k, v), factors, strict=True)]
+    if sinks is not None:
+        leaves.append(sinks.detach().to(torch.float32).requires_grad_())
+    is_causal, scale = call.options[:2]
+    with torch.enable_grad():
+        out = attention(*leaves[:3], is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                        window=window, softcap=softcap,
+                        sinks=leaves[3] if sinks is not None else None)
+        grads = torch.autograd.grad(out, leaves, do.to(torch.bfloat16))
+    return tuple(grads)

@@ -152,15 +152,18 @@ def fp8_peer(q8, k8, v8, descale_q=None, descale_k=None, descale_v=None, *, scal
 
 
 def fp8_backward_peer(dout, q8, k8, v8, descale_q=None, descale_k=None, descale_v=None, *,
-                      scale=None, causal=False, align="top-left", window=None, softcap=None):
+                      scale=None, causal=False, align="top-left", window=None, softcap=None,
+                      dtype=torch.float32):
     """The FP8 backward's formula done by torch, the peer whose error bounds
     `fusedattn.attention_fp8_backward`'s gradients: today's formulas (dV = P^T dO,
     dS = P (dP - delta), dK = dS^T Q, dQ = dS K, times the softcap's derivative) in float32
     on the dequantised values, delta = rowsum(dO * O) from O in float32 (not the FP8
-    forward's: `scripts/fp8_backward_error.py`); (dq, dk, dv) in bfloat16, GQA summed."""
+    forward's: `scripts/fp8_backward_error.py`); (dq, dk, dv) in bfloat16, GQA summed.
+    `dtype=torch.bfloat16`: the same formulas with every tensor in bfloat16 (the values,
+    dO, the scores, P, O, dS), the peer of `precision="bf16"`."""
     from fusedattn.reference import visible
 
-    q, k, v = (dequantize(t, d).to(torch.float32) for t, d in
+    q, k, v = (dequantize(t, d).to(dtype) for t, d in
                ((q8, descale_q), (k8, descale_k), (v8, descale_v)))
     group = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
     kr, vr = (t.repeat_interleave(group, -3) if group > 1 else t for t in (k, v))
@@ -172,7 +175,7 @@ def fp8_backward_peer(dout, q8, k8, v8, descale_q=None, descale_k=None, descale_
                                    window=window, device=s.device), float("-inf"))
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
     p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0))
-    do = dout.to(torch.float32)
+    do = dout.to(dtype)
     ds = p * (do @ vr.transpose(-1, -2) - (do * (p @ vr)).sum(-1, keepdim=True))
     if softcap is not None:
         ds = ds * (1 - torch.tanh(raw / softcap) ** 2)
