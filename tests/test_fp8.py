@@ -148,8 +148,21 @@ def _fp8_inputs(h=2, d=64):
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_varlen_with_empty_and_one_token_sequences(causal, path):
     # each sequence its own keys, bottom-right aligned; empty ones on either side; GQA 4/2
-    q, k, v, cu_q, cu_k, max_q, max_k = ragged(
-        64, lengths=(SHORT_Q, SHORT_K) if EMULATION else (RAGGED_Q, RAGGED_K))
+    _check_fp8_varlen((SHORT_Q, SHORT_K) if EMULATION else (RAGGED_Q, RAGGED_K), causal, path)
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_varlen_with_a_sequence_past_2048_rows(causal):
+    # the longest sequence from 2048 rows: three consumer warpgroups without a mask
+    # (`hopper.forward.FP8_WARPGROUPS`), two under the causal mask
+    _check_fp8_varlen(([2100, 5, 0, 700], [2100, 9, 3, 700]), causal, "hopper")
+
+
+def _check_fp8_varlen(lengths, causal, path):
+    """`attention_varlen` on e4m3 packed sequences of `lengths` (q's, k's), factors per
+    head, GQA 4/2, against the float64 reference, bounded by the FP8 peer."""
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(64, lengths=lengths)
     dq, dk, dv = (torch.linspace(a, b, n, device=DEVICE) for a, b, n in
                   ((0.5, 1.0, 4), (0.25, 0.5, 2), (1.0, 2.0, 2)))
     q8, k8, v8 = (_fp8(t.float().transpose(0, 1), f).transpose(0, 1) for t, f in
