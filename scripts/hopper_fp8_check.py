@@ -97,14 +97,21 @@ def providers(q8, k8, v8, factors, causal, candidates):
     return calls
 
 
+def _fp8_row(b, h, hk, s, d):
+    """A row's e4m3 q, k, v with per-head factors (as `bench --suite fp8` makes them), and
+    the generator that drew them."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = [torch.randn(b, n, s, d, device="cuda", generator=g) for n in (h, hk, hk)]
+    factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
+    q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(torch.float8_e4m3fn)
+                  for t, f in zip(x, factors, strict=True))
+    return g, (q8, k8, v8), factors
+
+
 def bench(rows, only=None, candidates=True):
     results = []
     for b, h, hk, s, d, causal in rows:
-        g = torch.Generator(device="cuda").manual_seed(1)
-        x = [torch.randn(b, n, s, d, device="cuda", generator=g) for n in (h, hk, hk)]
-        factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
-        q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(torch.float8_e4m3fn)
-                      for t, f in zip(x, factors, strict=True))
+        _, (q8, k8, v8), factors = _fp8_row(b, h, hk, s, d)
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         calls = providers(q8, k8, v8, factors, causal, CANDIDATES[d] if candidates else [])
         # the portable kernel first: the others are checked against its output
@@ -151,11 +158,7 @@ def backward(rows):
     """The FP8 backward's rows (`--backward`): {row, provider: dict(ms, tflops, err)}."""
     results = []
     for b, h, hk, s, d, causal in rows:
-        g = torch.Generator(device="cuda").manual_seed(1)
-        x = [torch.randn(b, n, s, d, device="cuda", generator=g) for n in (h, hk, hk)]
-        factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
-        q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(torch.float8_e4m3fn)
-                      for t, f in zip(x, factors, strict=True))
+        g, (q8, k8, v8), factors = _fp8_row(b, h, hk, s, d)
         dout = torch.randn(b, h, s, d, device="cuda", generator=g).to(torch.bfloat16)
         flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
         line = measure(backward_providers(q8, k8, v8, factors, dout, causal), flops)
