@@ -7,6 +7,13 @@ instructions with the most samples, the instruction mix per `--per` units of wor
 `--window LO HI` the samples of that address range in blocks of `--block` instructions.
 
     python3 scripts/ncu_source_summary.py CSV [--top 30] [--per N] [--window 0x3200 0x5e00]
+                                              [--kernel NAME] [--key-loops]
+
+`--kernel NAME` reads that kernel's part of a CSV that holds several (ncu's source page
+lists each profiled kernel in turn, e.g. the FP8 call's V transpose before the attention
+kernel). `--key-loops` shares the samples of the key loops (the innermost loops that hold
+a wgmma) out by what their instructions do: mbarrier and named-barrier waits, wgmma issue
+and waits, the row max, exp2 and the sums, O's rescale, P's conversion, the rest.
 """
 
 import argparse
@@ -14,14 +21,54 @@ import collections
 import csv
 import gzip
 import io
+import re
 
 
-def read(path: str) -> tuple[list[str], list[list[str]]]:
+def read(path: str, kernel: str | None = None) -> tuple[list[str], list[list[str]]]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         text = f.read()
+    if kernel is not None:  # that kernel's part: from its name's line to the next kernel's
+        start = text.index(f'"Kernel Name","{kernel}"')
+        end = text.find('"Kernel Name"', start + 1)
+        text = text[start:end if end >= 0 else len(text)]
     rows = list(csv.reader(io.StringIO(text[text.index('"Address"'):])))
     return rows[0], rows[1:]
+
+
+# what an instruction of the key loop does, by its opcode's start (`key_loops`)
+KINDS = (("waits (mbarriers, turn, bar.sync)", ("SYNCS", "BAR", "BRA")),
+         ("wgmma issue and waits", ("HGMMA", "QGMMA", "WARPGROUP")),
+         ("row max", ("FMNMX", "SHFL")),
+         ("exp2 and the sums", ("MUFU", "FFMA", "FADD")),
+         ("rescale (FMUL)", ("FMUL",)),
+         ("P's conversion", ("F2FP", "PRMT", "LOP3", "SHF")))  # (SHFL: the row max's)
+
+
+def key_loops(header, rows) -> tuple[list[tuple[int, int]], collections.Counter]:
+    """The key loops (offsets of the innermost loops, a predicated branch back, that hold a
+    wgmma) and their samples by `KINDS` ("other" for the rest)."""
+    col = {name: i for i, name in enumerate(header)}
+    base = int(rows[0][col["Address"]], 16)
+    ins = [(int(r[col["Address"]], 16) - base, r[col["Source"]].strip(),
+            int(r[col["Warp Stall Sampling (All Samples)"]] or 0)) for r in rows]
+    loops = []
+    for off, src, _ in ins:
+        target = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", src)
+        if src.startswith("@") and target and int(target[1], 16) - base < off:
+            lo = int(target[1], 16) - base
+            if any("GMMA" in s for o, s, _ in ins if lo <= o <= off):
+                loops.append((lo, off))
+    inner = [x for x in loops if not any(x != y and x[0] <= y[0] and y[1] <= x[1]
+                                         for y in loops)]
+    kinds = collections.Counter()
+    for lo, hi in inner:
+        for off, src, samples in ins:
+            if lo <= off <= hi:
+                op = opcode(src)
+                kind = next((k for k, starts in KINDS if op.startswith(starts)), "other")
+                kinds[kind] += samples
+    return inner, kinds
 
 
 def opcode(source: str) -> str:
@@ -37,8 +84,18 @@ def main() -> None:
                     "work, e.g. warp-tiles)")
     ap.add_argument("--window", nargs=2, default=None, help="LO HI offsets (hex)")
     ap.add_argument("--block", type=int, default=24)
+    ap.add_argument("--kernel", default=None, help="the kernel's name, where the CSV holds "
+                    "several")
+    ap.add_argument("--key-loops", action="store_true", help="the key loops' samples by "
+                    "what their instructions do")
     args = ap.parse_args()
-    header, rows = read(args.csv)
+    header, rows = read(args.csv, args.kernel)
+    if args.key_loops:
+        inner, kinds = key_loops(header, rows)
+        total = sum(kinds.values())
+        print(f"key loops {[(hex(lo), hex(hi)) for lo, hi in inner]}: {total} samples")
+        for kind, n in kinds.most_common():
+            print(f"  {kind:36s} {n:7d} {100 * n / max(total, 1):5.1f}%")
     col = {name: i for i, name in enumerate(header)}
     stalls = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
     base = int(rows[0][col["Address"]], 16)

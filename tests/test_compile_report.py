@@ -51,6 +51,37 @@ def test_the_loop_mix_counts_the_innermost_loop_that_holds_wgmmas():
                                        "MUFU.EX2": 1, "FMNMX": 1, "BRA": 1}
 
 
+def test_the_source_summary_reads_one_kernel_and_shares_its_key_loops_samples(tmp_path):
+    # `scripts/ncu_source_summary.py`: ncu's source page lists each kernel in turn; the key
+    # loop is the innermost loop that holds a wgmma, its samples shared out by kind
+    summary = script("ncu_source_summary")
+    columns = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"'
+
+    def kernel(name, lines):
+        return f'"Kernel Name","{name}",\n{columns}\n' + "".join(
+            f'"0x{a:x}","{src}","{n}","1"\n' for a, src, n in lines)
+    text = kernel("_transpose_v", [(0x100, "LDG.E R2, desc[UR4][R4.64]", 9)]) + kernel(
+        "_flash_fwd_sm90", [
+            (0x1000, "MOV R1, c[0x0][0x28]", 1),
+            (0x1010, "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR24], RZ", 5),  # outer only
+            (0x1020, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 7),        # key loop
+            (0x1030, "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR24], RZ", 3),
+            (0x1040, "FMNMX R4, R24, R25, !PT", 11),
+            (0x1050, "MUFU.EX2 R5, R5", 13),
+            (0x1060, "@P1 PRMT R6, R7, 0x5410, R8", 2),
+            (0x1070, "@P0 BRA 0x1020", 1),
+            (0x1080, "@P2 BRA 0x1010", 1)])
+    path = tmp_path / "src.csv"
+    path.write_text(text)
+    header, rows = summary.read(str(path), "_flash_fwd_sm90")
+    assert [r[1] for r in rows][0] == "MOV R1, c[0x0][0x28]" and len(rows) == 9
+    loops, kinds = summary.key_loops(header, rows)
+    assert loops == [(0x20, 0x70)]
+    assert kinds == {"waits (mbarriers, turn, bar.sync)": 8, "wgmma issue and waits": 3,
+                     "row max": 11, "exp2 and the sums": 13, "P's conversion": 2}
+    assert len(summary.read(str(path), "_transpose_v")[1]) == 1
+
+
 def test_the_transpose_report_tells_store_widths_apart():
     # `scripts/transpose_compile_report.py`: a byte store is not a 16-byte one (what showed
     # why the FP8 relabel lost, evidence/sm90-compile/20261202T1422Z-fp8-transpose-stores)
