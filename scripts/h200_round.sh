@@ -43,8 +43,6 @@
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
 #               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
 #               all); --sweep of short lengths; under $ev/fp8check-TIME/
-#   fp8bwd      scripts/hopper_fp8_check.py --backward: attention_fp8_backward at each
-#               precision ("fp32", "bf16") beside cuDNN's bf16 fwd+bwd; under $ev/fp8bwd-TIME/
 #   hostab D    fusedattn bench --suite host (ours and SDPA cuDNN) with D/src's library,
 #               then with this tree's twice, then D's again (ABBA), on one machine (D:
 #               an ignored folder the device tool carries, holding an older commit's src/)
@@ -159,8 +157,6 @@ while [ $# -gt 0 ]; do
            --heads "$h" --seq "$s" ${c:+--causal} ;;
     fp8check) d=$ev/fp8check-$(date -u +%H%M%S); mkdir -p $d
               python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
-    fp8bwd) d=$ev/fp8bwd-$(date -u +%H%M%S); mkdir -p $d
-            python3 scripts/hopper_fp8_check.py --out $d --backward 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     train) python3 scripts/host_profile.py --train --out $ev/train_profile.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     cp) layouts=$1; shift; n=$(nvidia-smi -L | wc -l); mkdir -p $ev/cp

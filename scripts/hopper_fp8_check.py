@@ -11,13 +11,11 @@ fp8`'s):
   (`hopper/transpose.py`, the part of a call that is not the attention kernel), the
   portable kernel, and cuDNN in bf16 on the dequantised values;
 - `--sweep`: the Hopper path against the portable kernel over short sequences (16k tokens
-  a call), the measurement an FP8 `dispatch.HOPPER_MIN_KEYS` would rest on;
-- `--backward`: `attention_fp8_backward` at each precision ("fp32", "bf16") on the rows it
-  takes, beside cuDNN's bf16 forward + backward on the dequantised values (ours recomputes
-  the forward too). TFLOP/s by FA's convention, 2.5 times the forward's FLOPs a call; dQ
-  of each checked against the first provider's.
+  a call), the measurement an FP8 `dispatch.HOPPER_MIN_KEYS` would rest on.
 
-    python3 scripts/hopper_fp8_check.py [--out DIR] [--sweep] [--backward] [--only PROVIDERS]
+The FP8 backward's rows are `fusedattn bench --suite fp8`'s (kind fp8-bwd).
+
+    python3 scripts/hopper_fp8_check.py [--out DIR] [--sweep] [--only PROVIDERS]
 
 Prints one line per row; writes `hopper_fp8_check.json` under --out."""
 
@@ -97,21 +95,14 @@ def providers(q8, k8, v8, factors, causal, candidates):
     return calls
 
 
-def _fp8_row(b, h, hk, s, d):
-    """A row's e4m3 q, k, v with per-head factors (as `bench --suite fp8` makes them), and
-    the generator that drew them."""
-    g = torch.Generator(device="cuda").manual_seed(1)
-    x = [torch.randn(b, n, s, d, device="cuda", generator=g) for n in (h, hk, hk)]
-    factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
-    q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(torch.float8_e4m3fn)
-                  for t, f in zip(x, factors, strict=True))
-    return g, (q8, k8, v8), factors
-
-
 def bench(rows, only=None, candidates=True):
     results = []
     for b, h, hk, s, d, causal in rows:
-        _, (q8, k8, v8), factors = _fp8_row(b, h, hk, s, d)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = [torch.randn(b, n, s, d, device="cuda", generator=g) for n in (h, hk, hk)]
+        factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
+        q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(torch.float8_e4m3fn)
+                      for t, f in zip(x, factors, strict=True))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         calls = providers(q8, k8, v8, factors, causal, CANDIDATES[d] if candidates else [])
         # the portable kernel first: the others are checked against its output
@@ -125,66 +116,19 @@ def bench(rows, only=None, candidates=True):
     return results
 
 
-def backward_providers(q8, k8, v8, factors, dout, causal) -> dict:
-    """`--backward`'s calls on one row, each returning dQ: `attention_fp8_backward` at each
-    precision it takes at this head dim, and cuDNN's bf16 forward + backward."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from fusedattn import attention_fp8_backward
-    from fusedattn.problem import FP8_GRAD_HEAD_DIMS
-
-    gqa = q8.shape[1] != k8.shape[1]
-    kw = dict(is_causal=causal, enable_gqa=gqa, descale_q=factors[0], descale_k=factors[1],
-              descale_v=factors[2])
-    calls = {}
-    for precision in ("bf16", "fp32"):
-        if precision == "fp32" and q8.shape[-1] not in FP8_GRAD_HEAD_DIMS:
-            continue
-        calls[f"fp8-bwd-{precision}"] = (lambda p=precision: attention_fp8_backward(
-            dout, q8, k8, v8, precision=p, **kw)[0])
-    leaves = [dequantize(t, f).to(torch.bfloat16).requires_grad_() for t, f in
-              zip((q8, k8, v8), factors, strict=True)]
-
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=gqa)
-        return torch.autograd.grad(out, leaves, dout)[0]
-    calls["cudnn-bf16-fwd+bwd"] = cudnn
-    return calls
-
-
-def backward(rows):
-    """The FP8 backward's rows (`--backward`): {row, provider: dict(ms, tflops, err)}."""
-    results = []
-    for b, h, hk, s, d, causal in rows:
-        g, (q8, k8, v8), factors = _fp8_row(b, h, hk, s, d)
-        dout = torch.randn(b, h, s, d, device="cuda", generator=g).to(torch.bfloat16)
-        flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-        line = measure(backward_providers(q8, k8, v8, factors, dout, causal), flops)
-        results.append(dict(row=[b, h, hk, s, d, causal], **line))
-        cells = " ".join(f"{n}={v['tflops']:.0f}(err {v['err']:.1e})" if isinstance(v, dict)
-                         else f"{n}=-" for n, v in line.items())
-        print(f"backward B{b} H{h}/{hk} S{s} D{d} causal={causal}: {cells}", flush=True)
-    return results
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--sweep", action="store_true", help="also the short-sequence sweep")
     ap.add_argument("--only", default="", help="the rows' providers, comma-separated "
                     "(default: all; the candidates' names are hopper-nN-sS)")
-    ap.add_argument("--backward", action="store_true", help="the FP8 backward's rows alone")
     args = ap.parse_args()
     t0 = time.time()
-    grads = backward(ROWS) if args.backward else []
-    results = [] if args.backward else bench(ROWS, only=tuple(filter(None,
-                                                                      args.only.split(","))))
+    results = bench(ROWS, only=tuple(filter(None, args.only.split(","))))
     sweep = (bench(SWEEP, only=("portable", "hopper", "cudnn-bf16"), candidates=False)
              if args.sweep else [])
     with open(f"{args.out}/hopper_fp8_check.json", "w") as f:
-        json.dump(dict(bench=results, sweep=sweep, backward=grads, candidates=CANDIDATES,
+        json.dump(dict(bench=results, sweep=sweep, candidates=CANDIDATES,
                        tiles={f"{a}/{b}": t for (a, b), t in forward.FP8_TILES.items()},
                        gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                        triton=triton.__version__, seconds=time.time() - t0), f, indent=1)

@@ -25,7 +25,7 @@ from fusedattn.problem import FP8, ProblemError
 from fusedattn.reference import attention_ref, attention_ref_grads, dequantize, varlen_ref
 from fusedattn.tiles.common import Mask
 from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
-from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, passes, ragged, rand, script
+from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, passes, ragged, rand
 
 # the forward's paths: the portable kernel everywhere, the Hopper one on the GPU tier
 PATHS = ["portable", pytest.param("hopper", marks=pytest.mark.gpu_only(
@@ -365,25 +365,6 @@ def test_fp8_backward_in_bf16_is_attentions_backward_on_the_dequantised_values()
     with pytest.raises(ProblemError) as e:
         attention_fp8_backward(dout, q8, k8, v8, enable_gqa=True, precision="fp16")
     assert e.value.field == "precision" and "bf16" in str(e.value)
-
-
-def test_the_fp8_backward_check_times_each_precision_where_it_runs(monkeypatch):
-    # `scripts/hopper_fp8_check.py --backward`'s calls (the H200's timing of the two routes)
-    import sys
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
-    check = script("hopper_fp8_check")
-    sys.modules.pop("hopper_check", None)
-    for d, names in ((64, ["fp8-bwd-bf16", "fp8-bwd-fp32"]), (256, ["fp8-bwd-bf16"])):
-        q8, k8, v8 = _fp8_inputs(d=d)
-        factors = (torch.tensor(0.5, device=DEVICE), None, None)
-        dout = rand(1, 2, 16, d, seed=5, dtype=torch.bfloat16)
-        calls = check.backward_providers(q8, k8, v8, factors, dout, True)
-        assert list(calls) == names + ["cudnn-bf16-fwd+bwd"]
-        want = attention_fp8_backward(dout, q8, k8, v8, is_causal=True, descale_q=factors[0],
-                                      precision="bf16")[0]
-        assert torch.equal(calls["fp8-bwd-bf16"](), want)
 
 
 def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():

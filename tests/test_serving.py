@@ -291,6 +291,9 @@ def test_serving_bench_verifies_every_kind(tmp_path):
     (csv_path,) = tmp_path.rglob("bench.csv")
     rows = list(csv.DictReader(csv_path.open()))
     assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window", "sinks",
-                                                        "mla", "fp8"}
+                                                        "mla", "fp8", "fp8-bwd"}
+    # the FP8 backward's row: both of `attention_fp8_backward`'s routes verified
+    assert {r["provider"] for r in rows if r["problem"].startswith("fp8-bwd")} == {
+        "fusedattn", "fusedattn-bf16"}
     assert all(r["status"] == "ok" and float(r["max_abs_error"]) <= float(r["tolerance"])
                for r in rows)

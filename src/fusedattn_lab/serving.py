@@ -40,7 +40,7 @@ from fusedattn_lab.suites import DTYPES, BenchRow
 
 @dataclass(frozen=True)
 class ServingProblem:
-    kind: str             # decode | varlen | window | sinks | mla | fp8
+    kind: str             # decode | varlen | window | sinks | mla | fp8 | fp8-bwd
     batch: int
     heads: int
     heads_kv: int
@@ -67,14 +67,23 @@ class ServingProblem:
         if self.kind == "fp8":
             return (f"fp8 e4m3 (O {self.dtype}) B{self.batch} H{self.heads}/{self.heads_kv} "
                     f"S{self.seq_k} D{self.dim}" + (" causal" if self.causal else ""))
+        if self.kind == "fp8-bwd":
+            return (f"fp8-bwd e4m3 (grads {self.dtype}) B{self.batch} "
+                    f"H{self.heads}/{self.heads_kv} S{self.seq_k} D{self.dim}"
+                    + (" causal" if self.causal else ""))
         if self.kind == "sinks":
             return (f"{base} S{self.seq_k} D{self.dim} causal sinks"
                     + (f" window{self.window}" if self.window is not None else ""))
         return f"{base} S{self.seq_k} D{self.dim} causal window{self.window}"
 
     def useful_flops(self) -> float:
-        """2 * (D + D_v) (4 * D where they are alike) * (query, key) pairs seen, per head."""
+        """2 * (D + D_v) (4 * D where they are alike) * (query, key) pairs seen, per head; a
+        backward (fp8-bwd) 2.5 times that, FlashAttention's convention."""
         dims = self.dim + (self.dim_v or self.dim)
+        if self.kind == "fp8-bwd":
+            return 2.5 * ServingProblem("fp8", self.batch, self.heads, self.heads_kv,
+                                        self.seq_q, self.seq_k, self.dim,
+                                        causal=self.causal).useful_flops()
         if self.kind in ("mla", "fp8") and not self.causal:
             pairs = self.batch * self.seq_k * self.seq_k
         elif self.kind == "decode":
@@ -117,8 +126,10 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
         "sinks": [ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64),
                   ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64, window=128)],
         # issue 34's FP8 rows: D128 at S4096 (its target), D64 and D256 beside it
-        "fp8": [ServingProblem("fp8", 4, 32, 32, 4096, 4096, d, causal=c)
-                for d in (64, 128, 256) for c in (False, True)],
+        # the backward's rows (`attention_fp8_backward`, each precision, beside cuDNN's bf16
+        # forward + backward): its fp32 route takes D64 and D128 (D256 a skipped row)
+        "fp8": [ServingProblem(kind, 4, 32, 32, 4096, 4096, d, causal=c)
+                for kind in ("fp8", "fp8-bwd") for d in (64, 128, 256) for c in (False, True)],
         "tiny-serving": [ServingProblem("decode", 2, 4, 2, 1, 40, 16, "fp32"),
                          ServingProblem("decode", 2, 4, 2, 2, 48, 16, "fp32", page=16),
                          ServingProblem("varlen", 3, 2, 2, 9, 9, 16, "fp32",
@@ -126,7 +137,8 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
                          ServingProblem("window", 1, 2, 2, 40, 40, 16, "fp32", window=7),
                          ServingProblem("sinks", 1, 4, 2, 40, 40, 16, "fp32", window=7),
                          ServingProblem("mla", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16),
-                         ServingProblem("fp8", 1, 4, 2, 40, 40, 64, causal=True)],
+                         ServingProblem("fp8", 1, 4, 2, 40, 40, 64, causal=True),
+                         ServingProblem("fp8-bwd", 1, 4, 2, 40, 40, 64, causal=True)],
     }
 
 
@@ -377,10 +389,56 @@ def _fp8(p: ServingProblem, gen):
     return {**ours, **peers}, lambda out: (out[0, heads], ref), peer_error
 
 
+def _fp8_bwd(p: ServingProblem, gen):
+    """(providers, reference check, the bf16 formulas' error by torch) for the FP8
+    backward: each provider gives dQ, for dO in bf16, with respect to the dequantised
+    values. `fusedattn` is `attention_fp8_backward`'s default (precision "fp32"),
+    `fusedattn-bf16` its bf16 route, `sdpa-cudnn` cuDNN's bf16 forward + backward on the
+    dequantised values (the FP8 backward recomputes its forward too). The bound is twice
+    the bf16 formulas' error (`peers.fp8_backward_peer(dtype=torch.bfloat16)`), the
+    loosest of the routes'."""
+    from fusedattn.fp8 import attention_fp8_backward
+    from fusedattn.problem import FP8
+    from fusedattn.reference import attention_ref_grads, dequantize
+    from fusedattn_lab.peers import fp8_backward_peer
+
+    x = [_rand((p.batch, n, p.seq_k, p.dim), torch.float32, gen)
+         for n in (p.heads, p.heads_kv, p.heads_kv)]
+    factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
+    q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
+    dout = _rand((p.batch, p.heads, p.seq_k, p.dim), torch.bfloat16, gen)
+    kw = dict(is_causal=p.causal, enable_gqa=p.heads != p.heads_kv, descale_q=factors[0],
+              descale_k=factors[1], descale_v=factors[2])
+
+    def ours(precision):
+        return lambda: attention_fp8_backward(dout, q8, k8, v8, precision=precision, **kw)[0]
+    leaves = [dequantize(t, f).to(torch.bfloat16).requires_grad_() for t, f in
+              zip((q8, k8, v8), factors, strict=True)]
+    forward = _sdpa("sdpa-cudnn", *leaves, is_causal=p.causal,
+                    enable_gqa=p.heads != p.heads_kv)
+    providers = {"fusedattn": ours("fp32"), "fusedattn-bf16": ours("bf16"),
+                 "sdpa-cudnn": lambda: torch.autograd.grad(forward(), leaves, dout)[0]}
+    heads = [0, p.heads - 1]
+    kv = [h // (p.heads // p.heads_kv) for h in heads]
+    picked = [(q8[0, heads], factors[0][heads]), (k8[0, kv], factors[1][kv]),
+              (v8[0, kv], factors[2][kv])]
+    ref = attention_ref_grads(*(dequantize(t, f) for t, f in picked), dout[0, heads],
+                              causal=p.causal, device=q8.device)[0]
+
+    def peer_error():
+        peer = fp8_backward_peer(dout[0, heads], *(t for t, _ in picked),
+                                 *(f for _, f in picked), causal=p.causal,
+                                 dtype=torch.bfloat16)[0]
+        return float((peer.double() - ref).abs().max())
+
+    return providers, lambda out: (out[0, heads], ref), peer_error
+
+
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
-                                 "sinks": _sinks, "mla": _mla, "fp8": _fp8}
-PROVIDERS = ("fusedattn", "fusedattn-portable", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient",
-             "flex", "fa4")
+                                 "sinks": _sinks, "mla": _mla, "fp8": _fp8,
+                                 "fp8-bwd": _fp8_bwd}
+PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-bf16", "sdpa-cudnn", "sdpa-flash",
+             "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
 
@@ -396,7 +454,7 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
     # a builder may add the error that bounds its rows (fp8: the FP8 formula's by torch)
     providers, reference, *own_bound = BUILDERS[p.kind](p, gen)
     if EMULATION:  # the compiled and SDPA-backend peers need the GPU
-        providers = {"fusedattn": providers["fusedattn"]}
+        providers = {n: providers[n] for n in ("fusedattn", "fusedattn-bf16") if n in providers}
     unmeasured = dict.fromkeys(("max_abs_error", "tolerance", "median_ms", "min_ms", "max_ms",
                                 "tflops", "peak_bytes", "call_bytes"))
 
@@ -404,7 +462,8 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
         """A bench.csv row of provider `name`: `BenchRow`'s columns, then `gbps`."""
         base = vars(BenchRow(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
                              seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=p.causal,
-                             precision="", mode="fwd", status="", reason="", **unmeasured))
+                             precision="", mode="bwd" if p.kind == "fp8-bwd" else "fwd",
+                             status="", reason="", **unmeasured))
         return {**base, "gbps": None, **fields}
 
     rows, outs = [], {}
