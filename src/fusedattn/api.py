@@ -250,9 +250,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, sinks, out, lse = ctx.saved_tensors
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
-    body = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse)
-    if body is _flash_bwd and ctx.kept is not None:
-        body = functools.partial(_kept_backward, ctx.kept)
+    body = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse,
+                          kept=(_kept_backward, ctx.kept))
     dq, dk, dv, dsinks = body(dout, q, k, v, out, lse, dlse, sinks, *ctx.options, ctx.backend)
     return (dq, dk, dv, dsinks if sinks is not None else None,
             *(None for _ in ctx.options), None)
@@ -296,14 +295,19 @@ def call_op(op, function, body, *args, grad: bool):
     return function.apply(*args) if grad else body(*args)
 
 
-def eager_backward(op, body, *tensors):
+def eager_backward(op, body, *tensors, kept=None):
     """What a backward runs: its body on plain tensors in eager; the backward op where
     its graph is recorded (create_graph: the op's autograd refuses a double backward) or
     traced (torch.compile's AOT autograd traces the backward with fake tensors, outside
-    dynamo: `is_compiling` alone does not tell)."""
+    dynamo: `is_compiling` alone does not tell). `kept`: (kept_body, plan), the body that
+    takes the call's kept backward plan first (`_kept_backward`) and that plan, or a plan
+    of None (a call `_Flash` ran: nothing kept)."""
     plain = all(type(t) is torch.Tensor for t in tensors if t is not None)
-    eager = plain and not (torch.is_grad_enabled() or torch.compiler.is_compiling())
-    return body if eager else op
+    if not plain or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return op
+    if kept is not None and kept[1] is not None:
+        return functools.partial(*kept)
+    return body
 
 
 _Flash = eager_autograd("_Flash", _flash_fwd, _setup_context, _backward)

@@ -19,8 +19,9 @@ products put dQ and dK back at 13-25 and dV at 7-11 (from 0), and P and dS in e4
 up to 2 more. The recompute costs one more forward pass, in fp32; the
 gradients are then those of the dequantised inputs, within bf16's storage error.
 
-`precision="bf16"` trades that exactness for the bf16 kernels' speed (the Hopper forward
-and backward where they serve): the dequantised values rounded to bfloat16, O recomputed in
+`precision="bf16"` trades that exactness for the bf16 kernels (the Hopper forward and
+backward where they serve; the portable fp32 route runs at fp32's rate, but neither route's
+speed has been measured yet): the dequantised values rounded to bfloat16, O recomputed in
 bfloat16 and the backward of `attention` on them, as bf16 training takes its gradients.
 Its delta comes from that bf16 O, not from the FP8 forward's (whose P went through e4m3).
 Its bound is that of bf16 attention's gradients: twice the same formulas' error done by
@@ -53,8 +54,8 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     (None, one element, or `[H]`). The options are the forward's, as it was called; the
     forward's O and LSE are not needed (both are recomputed in fp32: the module docstring).
     Head dims `problem.FP8_GRAD_HEAD_DIMS`. `precision="bf16"`: the bf16 kernels on the
-    dequantised values rounded to bfloat16 (faster, bf16 training's error: the module
-    docstring), at every head dim the FP8 forward takes. Every bad input raises
+    dequantised values rounded to bfloat16 (bf16 training's error: the module docstring),
+    at every head dim the FP8 forward takes. Every bad input raises
     `ProblemError`."""
     from fusedattn.api import _as_4d, _flash_bwd, _flash_fwd, _prepare
     from fusedattn.dispatch import use_backend
@@ -70,7 +71,7 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if precision not in ("fp32", "bf16"):
         raise ProblemError("precision", precision, '"fp32" (the fp32 formulas, O recomputed '
                            'in fp32: exact to bf16 storage) or "bf16" (the bf16 kernels on '
-                           "the dequantised values: faster, bf16 training's error)")
+                           "the dequantised values: bf16 training's error)")
     factors = (descale_q, descale_k, descale_v)
     do = dequantize(dout, descale_do) if dout.dtype == FP8 else dout
     if precision == "bf16":

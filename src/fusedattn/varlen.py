@@ -32,7 +32,6 @@ dataloader's collate).
 
 from __future__ import annotations
 
-import functools
 import math
 import weakref
 
@@ -201,9 +200,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    body = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse)
-    if body is _varlen_bwd and ctx.kept is not None:
-        body = functools.partial(_kept_varlen_bwd, ctx.kept)
+    body = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse,
+                          kept=(_kept_varlen_bwd, ctx.kept))
     dq, dk, dv, dsinks = body(dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options,
                               ctx.backend)
     return (dq, dk, dv, None, None, dsinks if sinks is not None else None,

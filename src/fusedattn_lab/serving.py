@@ -347,18 +347,30 @@ def _mla(p: ServingProblem, gen):
     return {**ours, **peers}, reference
 
 
-def _fp8(p: ServingProblem, gen):
-    """(providers, reference check, the FP8 formula's error by torch) for an FP8 problem."""
-    from fusedattn.api import attention
+def _fp8_inputs(p: ServingProblem, gen):
+    """An FP8 problem's e4m3 q, k, v and their per-head factors (each head's largest value
+    mapped to 256; e4m3's range is 448), and the reference's heads: the first and the last
+    query head with their K/V heads' values and factors, as `[(tensor, factors)] * 3`."""
     from fusedattn.problem import FP8
-    from fusedattn.reference import attention_ref, dequantize
-    from fusedattn_lab.peers import fp8_peer
 
     x = [_rand((p.batch, n, p.seq_k, p.dim), torch.float32, gen)
          for n in (p.heads, p.heads_kv, p.heads_kv)]
-    # per-head factors that map each head's largest value to 256 (e4m3's range is 448)
     factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
     q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
+    heads = [0, p.heads - 1]
+    kv = [h // (p.heads // p.heads_kv) for h in heads]
+    picked = [(q8[0, heads], factors[0][heads]), (k8[0, kv], factors[1][kv]),
+              (v8[0, kv], factors[2][kv])]
+    return (q8, k8, v8), factors, heads, picked
+
+
+def _fp8(p: ServingProblem, gen):
+    """(providers, reference check, the FP8 formula's error by torch) for an FP8 problem."""
+    from fusedattn.api import attention
+    from fusedattn.reference import attention_ref, dequantize
+    from fusedattn_lab.peers import fp8_peer
+
+    (q8, k8, v8), factors, heads, picked = _fp8_inputs(p, gen)
     kw = dict(descale_q=factors[0], descale_k=factors[1], descale_v=factors[2])
     from fusedattn.dispatch import use_backend
 
@@ -375,10 +387,6 @@ def _fp8(p: ServingProblem, gen):
     peers = {name: _sdpa(name, q, k, v, is_causal=p.causal,
                          enable_gqa=p.heads != p.heads_kv)
              for name in ("sdpa-cudnn", "sdpa-flash")}
-    heads = [0, p.heads - 1]
-    kv = [h // (p.heads // p.heads_kv) for h in heads]
-    picked = [(q8[0, heads], factors[0][heads]), (k8[0, kv], factors[1][kv]),
-              (v8[0, kv], factors[2][kv])]
     ref = attention_ref(*(dequantize(t, f) for t, f in picked), causal=p.causal,
                         device=q8.device)
 
@@ -398,14 +406,10 @@ def _fp8_bwd(p: ServingProblem, gen):
     the bf16 formulas' error (`peers.fp8_backward_peer(dtype=torch.bfloat16)`), the
     loosest of the routes'."""
     from fusedattn.fp8 import attention_fp8_backward
-    from fusedattn.problem import FP8
     from fusedattn.reference import attention_ref_grads, dequantize
     from fusedattn_lab.peers import fp8_backward_peer
 
-    x = [_rand((p.batch, n, p.seq_k, p.dim), torch.float32, gen)
-         for n in (p.heads, p.heads_kv, p.heads_kv)]
-    factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
-    q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
+    (q8, k8, v8), factors, heads, picked = _fp8_inputs(p, gen)
     dout = _rand((p.batch, p.heads, p.seq_k, p.dim), torch.bfloat16, gen)
     kw = dict(is_causal=p.causal, enable_gqa=p.heads != p.heads_kv, descale_q=factors[0],
               descale_k=factors[1], descale_v=factors[2])
@@ -418,10 +422,6 @@ def _fp8_bwd(p: ServingProblem, gen):
                     enable_gqa=p.heads != p.heads_kv)
     providers = {"fusedattn": ours("fp32"), "fusedattn-bf16": ours("bf16"),
                  "sdpa-cudnn": lambda: torch.autograd.grad(forward(), leaves, dout)[0]}
-    heads = [0, p.heads - 1]
-    kv = [h // (p.heads // p.heads_kv) for h in heads]
-    picked = [(q8[0, heads], factors[0][heads]), (k8[0, kv], factors[1][kv]),
-              (v8[0, kv], factors[2][kv])]
     ref = attention_ref_grads(*(dequantize(t, f) for t, f in picked), dout[0, heads],
                               causal=p.causal, device=q8.device)[0]
 

@@ -79,8 +79,8 @@ WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 # registers without spilling in the key loop; at D128 they serialise the wgmmas
 # (`scripts/gluon_compile_report.py`, evidence/sm90-compile/20261202T1700Z-fp8-d64-3wg). On
 # the H200 three ran FP8 D64 at 565 TFLOP/s against 478, but causal at 344 against 404
-# (88 bytes spilled on the diagonal tiles; evidence/nvidia-h200/20261202T1700Z-fp8-3wg-ab),
-# so masked FP8 runs two (A/B)
+# (evidence/nvidia-h200/20261202T1700Z-fp8-3wg-ab; the diagonal tiles' path spills 88
+# bytes at three, why it lost is not profiled), so masked FP8 runs two (A/B)
 FP8_WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 WARPGROUPS_MIN_ROWS = 2048
 LOADER_REGS = 24
@@ -111,8 +111,9 @@ LANE_SUM = True
 VARLEN_DYNAMIC = True
 # the row max of a tile folded in MAX_SPLIT chains a thread (`forward_kernel._row_max`), not
 # one: the same FMNMXs, a critical path of 7 dependent ones a row at BLOCK_N 128 against 32.
-# The ncu source view of the FP8 forward at D128 had the consumers' samples on the row
-# max's FMNMXs second only to the exp2s' (evidence/nvidia-h200/20261202T1629Z-ncusrc-fp8).
+# The ncu source view of the FP8 forward at D128 put 17% of the key loops' samples on the
+# row max, after P's conversion (30%) and the exp2s with the sums (22%)
+# (evidence/nvidia-h200/20261202T1629Z-ncusrc-fp8, `ncu_source_summary --key-loops`).
 # In one process it changed nothing measurable: ten bf16 rows within -0.7% to +4.1% of one
 # chain, FP8 within 1.5% (evidence/nvidia-h200/20261202T1646Z-fp8-pack-ab) (A/B; 1 is the
 # kernel as before)
