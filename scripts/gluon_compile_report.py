@@ -117,7 +117,6 @@ def compile_config(fn, config: dict, backward: bool = False):
         return _compile(fn, c, _backward_types(c), 8)
     c = DEFAULTS | {k: v for k, v in config.items() if k != "name"}
     c.setdefault("FP8_PACK", c["FP8"])  # the launcher's `FP8_PACK and fp8`
-    c.setdefault("SKIP", 2.0 if c["FP8"] else 8.0)  # its RESCALE_SKIP, FP8_RESCALE_SKIP
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
     bm, bn = c["BLOCK_M"], c["BLOCK_N"]

@@ -70,7 +70,6 @@ def providers(q, k, v, causal):
     calls["hopper-2wg"] = knob("WARPGROUPS", {})  # two consumers at D64 too
     calls["hopper-rowsum"] = knob("LANE_SUM", False)  # row sums shuffled every tile
     calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
-    calls["hopper-rescale"] = knob("RESCALE_SKIP", 0.0)  # O rescaled every tile
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):

@@ -80,7 +80,6 @@ def providers(q8, k8, v8, factors, causal, candidates):
     calls["hopper-nopack"] = knob("FP8_PACK", False)  # P * P_SCALE and Triton's .to
     calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
     calls["hopper-2wg"] = knob("FP8_WARPGROUPS", {})  # two consumers at D64 too
-    calls["hopper-rescale"] = knob("FP8_RESCALE_SKIP", 0.0)  # O rescaled every tile
     own = forward.FP8_TILES[dim, dim]
     for block_n, stages in candidates:
         calls[f"hopper-n{block_n}-s{stages}"] = _with_tiles(on("hopper"), dim,

@@ -126,13 +126,6 @@ MAX_SPLIT = 4
 # faster in one process, D128 793 against 665 TFLOP/s (evidence/nvidia-h200/
 # 20261202T1646Z-fp8-pack-ab) (A/B)
 FP8_PACK = True
-# FA4's conditional rescaling (`forward_kernel._softmax_tile`'s SKIP): a warpgroup keeps its
-# rows' maxima, and so skips O's and l's rescale (64 FMULs a thread a tile at D128), unless
-# one of them grew by more than this (base 2) in a tile; 0 rescales every tile. bf16/fp16's
-# P takes up to 2^8 (FA4's threshold); FP8's P is scaled by 2^(8 - it) instead of 2^8, so
-# that it stays within e4m3's 448 (A/B)
-RESCALE_SKIP = 8.0
-FP8_RESCALE_SKIP = 2.0
 
 
 def switches() -> tuple:
@@ -143,7 +136,7 @@ def switches() -> tuple:
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
             tuple(FP8_WARPGROUPS.items()), WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC,
-            MAX_SPLIT, FP8_PACK, RESCALE_SKIP, FP8_RESCALE_SKIP)
+            MAX_SPLIT, FP8_PACK)
 
 
 @functools.cache
@@ -246,6 +239,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
-        MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
-        SKIP=(FP8_RESCALE_SKIP if FP8_PACK else 0.0) if fp8 else RESCALE_SKIP, num_warps=4)
+        MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8, num_warps=4)
     return out

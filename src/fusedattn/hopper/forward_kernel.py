@@ -259,7 +259,7 @@ def _softcap(x):
 def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap, left,
                   right, BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
                   HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, LANE_SUM: gl.constexpr,
-                  MAX_SPLIT: gl.constexpr, P_OFFSET: gl.constexpr, SKIP: gl.constexpr):
+                  MAX_SPLIT: gl.constexpr, P_OFFSET: gl.constexpr):
     """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
     where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
     exponent (m is kept scaled). SOFTCAP: the scores are cap * tanh(s * qk_scale) first
@@ -267,11 +267,7 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
     `_lane_sums`' [BLOCK_M, 4], each of a row's four lanes summing its own columns (no
     shuffles a tile; `_row_sums` adds them once, after the loop). MAX_SPLIT: the row max's
     chains a thread (`_row_max`). P_OFFSET: p is 2^P_OFFSET times the softmax's (FP8's P
-    scale, folded into the exponent's subtraction; l carries it too). SKIP > 0: the
-    warpgroup keeps its rows' maxima (and O and l unscaled: `rescale` false) unless one of
-    them grew by more than SKIP (base 2) in this tile, FA4's conditional rescaling; the
-    stale maxima leave p up to 2^SKIP, and the final normalisation uses them too, so it is
-    exact. Returns (p, m, l, alpha, rescale), rescale a scalar (True where SKIP is 0)."""
+    scale, folded into the exponent's subtraction; l carries it too)."""
     if SOFTCAP:
         s = _softcap(s * qk_scale) * cap
         scale = 1.0
@@ -296,46 +292,18 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
     else:
         m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
         m_use = m_new
-    rescale = True
-    if SKIP > 0.0:  # one verdict for the warpgroup's rows (a reduction across its warps)
-        grow = gl.where(m_new > m_i, m_new - m_i, 0.0)  # m from -inf to finite: inf
-        rescale = gl.max(grow, axis=0) > SKIP
-        m_new = gl.where(rescale, m_new, m_i)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
     if P_OFFSET != 0.0:
         p = gl.exp2(s * scale - gl.expand_dims(m_use - P_OFFSET, 1))
     else:
         p = gl.exp2(s * scale - gl.expand_dims(m_use, 1))
     if LANE_SUM:
-        lane_alpha = gl.expand_dims(gl.convert_layout(
-            alpha, gl.SliceLayout(1, l_i.type.layout), assert_trivial=True), 1)
-        if SKIP > 0.0:
-            if rescale:
-                l_i = l_i * lane_alpha
-            l_i = l_i + _lane_sums(p, BLOCK_N)
-        else:
-            l_i = l_i * lane_alpha + _lane_sums(p, BLOCK_N)
+        lane_alpha = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
+                                       assert_trivial=True)
+        l_i = l_i * gl.expand_dims(lane_alpha, 1) + _lane_sums(p, BLOCK_N)
     else:
-        if SKIP > 0.0:
-            if rescale:
-                l_i = l_i * alpha
-            l_i = l_i + gl.sum(p, axis=1)
-        else:
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, m_new, l_i, alpha, rescale
-
-
-@gluon.jit
-def _rescaled(acc, alpha, row_layout: gl.constexpr, rescale, SKIP: gl.constexpr):
-    """O's accumulator times the rows' alpha, or (SKIP > 0, `_softmax_tile`'s verdict false)
-    as it is: a branch the whole warpgroup takes together, not a multiply by one."""
-    if SKIP > 0.0:
-        if rescale:
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_layout), 1)
-    else:
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_layout), 1)
-    return acc
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
 
 
 @gluon.jit
@@ -496,8 +464,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
-              LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
-              SKIP: gl.constexpr):
+              LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -515,14 +482,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
      dim_v) = args
     # a wgmma's K: 32 bytes (16 halves, 32 float8s); a register operand packs 4 bytes
     INSTR_K: gl.constexpr = 32 if FP8 else 16
-    # FP8_PACK: P's scale in the exponent (2^8 = P_SCALE), divided out of l after the loop;
-    # with SKIP, 2^(8 - SKIP), so that p under a stale maximum stays within e4m3's 448
-    P_OFFSET: gl.constexpr = 8.0 - SKIP if FP8 and FP8_PACK else 0.0
-    P_UNIT: gl.constexpr = P_SCALE / 2.0 ** SKIP if FP8 and FP8_PACK and SKIP > 0.0 else P_SCALE
+    # FP8_PACK: P's scale in the exponent (2^8 = P_SCALE), divided out of l after the loop
+    P_OFFSET: gl.constexpr = 8.0 if FP8 and FP8_PACK else 0.0
     if FP8 and FP8_PACK:
         gl.static_assert(P_SCALE == 256.0, "P_OFFSET is log2(P_SCALE)")
-    if FP8:
-        gl.static_assert(SKIP == 0.0 or (FP8_PACK and SKIP <= 8.0))
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -598,10 +561,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                                                 k2_smem.index(slot)])[0]
                 if not SHARED_KV:  # else the slot is freed with its V, after P V
                     _release(k_free.index(slot), THREAD_ARRIVES)
-                p, m_i, l_i, alpha, rescale = _softmax_tile(
+                p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
                     right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM, MAX_SPLIT,
-                    P_OFFSET, SKIP)
+                    P_OFFSET)
                 p_op = _p_carried(p, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
@@ -632,24 +595,24 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                                                          k2_tile])[0]
                     if not SHARED_KV:
                         _release(k_free.index(slot), THREAD_ARRIVES)
-                    p, m_i, l_i, alpha, rescale = _softmax_tile(
+                    p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
-                        SOFTCAP, LANE_SUM, MAX_SPLIT, P_OFFSET, SKIP)
+                        SOFTCAP, LANE_SUM, MAX_SPLIT, P_OFFSET)
                     if DV_B > 0:
                         both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use,
                                                            v_smem.index(prev),
                                                            v2_smem.index(prev)])
                         acc = both[0]
                         acc2 = both[1]
-                        acc2 = _rescaled(acc2, alpha, row_o2, rescale, SKIP)
+                        acc2 = acc2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
                     else:
                         acc = _wait_pv(acc_tok, p_use, v_smem.index(prev), FP8)
                     if SHARED_KV:
                         _release(k_free.index(prev), THREAD_ARRIVES)
                     else:
                         _release(v_free.index(prev), THREAD_ARRIVES)
-                    acc = _rescaled(acc, alpha, row_o, rescale, SKIP)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     p_op = _p_carried(p, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                 last = (n + n_tiles - 1) % STAGES
                 if not SHARED_KV:
@@ -676,7 +639,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             items += 1
 
             if P_OFFSET != 0.0:  # exact: a power of two
-                l_i = l_i * (1.0 / P_UNIT)
+                l_i = l_i * (1.0 / P_SCALE)
             l_i = _row_sums(l_i, row_s, LANE_SUM)
             # rows that saw no key: l = 0, O = 0, LSE = -inf
             o_base = (b_row.to(gl.int64) * so_b + h.to(gl.int64) * so_h
@@ -691,7 +654,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                 m_i = m_new
                 l_safe = gl.where(l_i == 0.0, 1.0, l_i) / sink_alpha
             if FP8:  # O = (P8 V8) * descale_v / P_SCALE / l
-                l_safe = l_safe * (P_UNIT / gl.load(p_descale + n_heads + n_heads // group
+                l_safe = l_safe * (P_SCALE / gl.load(p_descale + n_heads + n_heads // group
                                                       + h_kv))
             out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(
                 o_tile.dtype)
@@ -740,7 +703,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
-                    FP8_PACK: gl.constexpr, SKIP: gl.constexpr):
+                    FP8_PACK: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -835,15 +798,15 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, SKIP)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, SKIP)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, SKIP)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
@@ -853,11 +816,11 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, SKIP)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, SKIP)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
