@@ -301,7 +301,7 @@ def test_fp8_backward_against_float64_autograd_of_the_dequantised_inputs(case):
         descale_do = torch.linspace(0.01, 0.02, h, device=DEVICE)
         dout = _fp8(dout.float(), descale_do)
     grads = attention_fp8_backward(dout, q8, k8, v8, descale_do=descale_do,
-                                   enable_gqa=h != hk, **options, **factors)
+                                   enable_gqa=h != hk, precision="fp32", **options, **factors)
     ref_kw = dict(causal=options.get("is_causal", False), window=options.get("window"),
                   softcap=options.get("softcap"))
     deq = [dequantize(t, f) for t, f in zip((q8, k8, v8), descales, strict=True)]
@@ -344,16 +344,16 @@ def test_fp8_backward_in_bf16_within_twice_the_bf16_formulas_error(case):
         passes(g, r, f"{name} {case}", peer=p)
 
 
-def test_fp8_backward_in_bf16_is_attentions_backward_on_the_dequantised_values():
-    # the route takes every option through: sinks (their gradient too), a window, softcap,
-    # the scale, GQA: the same bits as autograd of `attention` on the bf16 values
+def test_fp8_backward_by_default_is_attentions_backward_on_the_dequantised_values():
+    # the default route (precision "bf16") takes every option through: sinks (their
+    # gradient too), a window, softcap, the scale, GQA: the same bits as autograd of
+    # `attention` on the bf16 values
     q8, k8, v8 = (_fp8(rand(1, n, 40, 64, seed=i), None) for i, n in enumerate((4, 2, 2)))
     dq = torch.linspace(0.5, 2.0, 4, device=DEVICE)
     sinks = torch.tensor([0.5, -1.0, 0.0, 2.0], device=DEVICE)
     dout = rand(1, 4, 40, 64, seed=5, dtype=torch.bfloat16)
     options = dict(window=(9, 0), softcap=20.0, scale=0.2, enable_gqa=True)
-    got = attention_fp8_backward(dout, q8, k8, v8, descale_q=dq, sinks=sinks,
-                                 precision="bf16", **options)
+    got = attention_fp8_backward(dout, q8, k8, v8, descale_q=dq, sinks=sinks, **options)
     leaves = [dequantize(q8, dq).to(torch.bfloat16).requires_grad_(),
               k8.to(torch.bfloat16).requires_grad_(), v8.to(torch.bfloat16).requires_grad_(),
               sinks.clone().requires_grad_()]
@@ -371,7 +371,8 @@ def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():
     q8, k8, v8 = _fp8_inputs()
     sinks = torch.tensor([0.5, -1.0], device=DEVICE)
     dout = rand(1, 2, 16, 64, seed=5, dtype=torch.bfloat16)
-    *_, dsinks = attention_fp8_backward(dout, q8, k8, v8, is_causal=True, sinks=sinks)
+    *_, dsinks = attention_fp8_backward(dout, q8, k8, v8, is_causal=True, sinks=sinks,
+                                        precision="fp32")
     ref = attention_ref_grads(q8, k8, v8, dout, causal=True, sinks=sinks, device=DEVICE)[3]
     assert dsinks.dtype == torch.float32 and dsinks.shape == (2,)
     passes(dsinks, ref, "dsinks")  # fp32's bound: O and the LSE recomputed in fp32
@@ -386,7 +387,7 @@ def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():
         kw = {"descale_do": args.pop("descale_do")} if "descale_do" in args else {}
         with pytest.raises(ProblemError) as e:
             attention_fp8_backward(args["dout"], args["q"], args["k"], args["v"],
-                                   is_causal=True, **kw)
+                                   is_causal=True, precision="fp32", **kw)
         assert e.value.field == field, (field, str(e.value))
 
 

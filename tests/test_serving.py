@@ -294,6 +294,6 @@ def test_serving_bench_verifies_every_kind(tmp_path):
                                                         "mla", "fp8", "fp8-bwd"}
     # the FP8 backward's row: both of `attention_fp8_backward`'s routes verified
     assert {r["provider"] for r in rows if r["problem"].startswith("fp8-bwd")} == {
-        "fusedattn", "fusedattn-bf16"}
+        "fusedattn", "fusedattn-fp32"}
     assert all(r["status"] == "ok" and float(r["max_abs_error"]) <= float(r["tolerance"])
                for r in rows)

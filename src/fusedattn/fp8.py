@@ -8,10 +8,11 @@ FlashAttention-3's and TransformerEngine's FP8 attention do, and calls this for 
 gradients with respect to the values the float8 tensors stand for (q8 * descale_q, ...), in
 bfloat16.
 
-Which products run in FP8: none. The gradients come from today's formulas (the portable
-backward: dV = P^T dO, dP = dO V^T, dS = P (dP - delta), dK = dS^T Q, dQ = dS K) on the
-dequantised inputs in fp32 (tf32x3 products, exact to fp32's bound), with
-delta = rowsum(dO * O) from O recomputed in fp32, not from the FP8 forward's bf16 O. Measured
+Which products run in FP8: none. With `precision="fp32"` the gradients come from today's
+formulas (the portable backward: dV = P^T dO, dP = dO V^T, dS = P (dP - delta),
+dK = dS^T Q, dQ = dS K) on the dequantised inputs in fp32 (tf32x3 products, exact to
+fp32's bound), with delta = rowsum(dO * O) from O recomputed in fp32, not from the FP8
+forward's bf16 O. Measured
 by `scripts/fp8_backward_error.py` against float64 autograd (docs/decisions.md#fp8), in
 units of the bf16 storage floor: with the FP8 forward's O in delta, dQ erred by 14-28 and
 dK by 13-18; with O in fp32, every gradient by under 0.01; rounding dO to e4m3 for its
@@ -19,13 +20,15 @@ products put dQ and dK back at 13-25 and dV at 7-11 (from 0), and P and dS in e4
 up to 2 more. The recompute costs one more forward pass, in fp32; the
 gradients are then those of the dequantised inputs, within bf16's storage error.
 
-`precision="bf16"` trades that exactness for the bf16 kernels (the Hopper forward and
-backward where they serve; the portable fp32 route runs at fp32's rate, but neither route's
-speed has been measured yet): the dequantised values rounded to bfloat16, O recomputed in
-bfloat16 and the backward of `attention` on them, as bf16 training takes its gradients.
-Its delta comes from that bf16 O, not from the FP8 forward's (whose P went through e4m3).
-Its bound is that of bf16 attention's gradients: twice the same formulas' error done by
-torch in bfloat16 (`fusedattn_lab.peers.fp8_backward_peer(dtype=torch.bfloat16)`)."""
+`precision="bf16"`, the default, trades that exactness for the bf16 kernels (the Hopper
+forward and backward where they serve): the dequantised values rounded to bfloat16, O
+recomputed in bfloat16 and the backward of `attention` on them, as bf16 training takes its
+gradients. Its delta comes from that bf16 O, not from the FP8 forward's (whose P went
+through e4m3). Its bound is that of bf16 attention's gradients: twice the same formulas'
+error done by torch in bfloat16 (`fusedattn_lab.peers.fp8_backward_peer(dtype=
+torch.bfloat16)`). On the H200 it ran 7-22x the fp32 route's rate (D128: 283 against 12.8
+TFLOP/s), which runs the portable kernels in tf32x3 (docs/decisions.md#fp8). `precision=
+"fp32"` keeps the exact route, at D64 and D128."""
 
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            scale: float | None = None, enable_gqa: bool = False,
                            window: tuple[int | None, int | None] | None = None,
                            softcap: float | None = None, sinks: torch.Tensor | None = None,
-                           precision: str = "fp32"):
+                           precision: str = "bf16"):
     """Gradients of `out = attention(q, k, v, ..., descale_q=..., descale_k=...,
     descale_v=...)` (float8_e4m3fn q, k, v) for the upstream gradient `dout` of `out`:
     `(dq, dk, dv)` in bfloat16, with respect to q * descale_q, k * descale_k and
@@ -53,10 +56,11 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     `dout`: bfloat16, float16 or float32, or float8_e4m3fn standing for dout * descale_do
     (None, one element, or `[H]`). The options are the forward's, as it was called; the
     forward's O and LSE are not needed (both are recomputed in fp32: the module docstring).
-    Head dims `problem.FP8_GRAD_HEAD_DIMS`. `precision="bf16"`: the bf16 kernels on the
-    dequantised values rounded to bfloat16 (bf16 training's error: the module docstring),
-    at every head dim the FP8 forward takes. Every bad input raises
-    `ProblemError`."""
+    `precision="bf16"` (the default): the bf16 kernels on the dequantised values rounded to
+    bfloat16 (bf16 training's error: the module docstring), at every head dim the FP8
+    forward takes. `precision="fp32"`: the fp32 formulas (exact to bf16 storage, at the
+    portable fp32 kernels' rate), head dims `problem.FP8_GRAD_HEAD_DIMS`. Every bad input
+    raises `ProblemError`."""
     from fusedattn.api import _as_4d, _flash_bwd, _flash_fwd, _prepare
     from fusedattn.dispatch import use_backend
 
@@ -77,8 +81,9 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if precision == "bf16":
         return _bf16_grads(do, q, k, v, factors, call, enable_gqa, window, softcap, sinks)
     if q.shape[-1] not in FP8_GRAD_HEAD_DIMS or v.shape[-1] not in FP8_GRAD_HEAD_DIMS:
-        raise ProblemError("head_dim", (q.shape[-1], v.shape[-1]), "for the FP8 backward, "
-                           f"{', '.join(map(str, FP8_GRAD_HEAD_DIMS))} for q/k and for v")
+        raise ProblemError("head_dim", (q.shape[-1], v.shape[-1]), 'for precision="fp32", '
+                           f"{', '.join(map(str, FP8_GRAD_HEAD_DIMS))} for q/k and for v "
+                           '(precision="bf16" takes every head dim of the FP8 forward)')
     qf, kf, vf = (dequantize(t, f).to(torch.float32) for t, f in zip((q, k, v), factors,
                                                                       strict=True))
     sinks = None if sinks is None else sinks.to(torch.float32).contiguous()

@@ -219,7 +219,7 @@ def check_softcap(softcap: object) -> float | None:
 SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8 = torch.float8_e4m3fn  # FP8 inputs: `attention` alone, forward (issue 34)
 FP8_HEAD_DIMS = (64, 128, 256)
-FP8_GRAD_HEAD_DIMS = (64, 128)  # `fp8.attention_fp8_backward` (fp32's backward limit)
+FP8_GRAD_HEAD_DIMS = (64, 128)  # `fp8.attention_fp8_backward(precision="fp32")`: its limit
 
 
 def _check_descale(name: str, d: object, n: int, device: torch.device) -> None:

@@ -400,8 +400,8 @@ def _fp8(p: ServingProblem, gen):
 def _fp8_bwd(p: ServingProblem, gen):
     """(providers, reference check, the bf16 formulas' error by torch) for the FP8
     backward: each provider gives dQ, for dO in bf16, with respect to the dequantised
-    values. `fusedattn` is `attention_fp8_backward`'s default (precision "fp32"),
-    `fusedattn-bf16` its bf16 route, `sdpa-cudnn` cuDNN's bf16 forward + backward on the
+    values. `fusedattn` is `attention_fp8_backward`'s default (precision "bf16"),
+    `fusedattn-fp32` its fp32 route, `sdpa-cudnn` cuDNN's bf16 forward + backward on the
     dequantised values (the FP8 backward recomputes its forward too). The bound is twice
     the bf16 formulas' error (`peers.fp8_backward_peer(dtype=torch.bfloat16)`), the
     loosest of the routes'."""
@@ -420,7 +420,7 @@ def _fp8_bwd(p: ServingProblem, gen):
               zip((q8, k8, v8), factors, strict=True)]
     forward = _sdpa("sdpa-cudnn", *leaves, is_causal=p.causal,
                     enable_gqa=p.heads != p.heads_kv)
-    providers = {"fusedattn": ours("fp32"), "fusedattn-bf16": ours("bf16"),
+    providers = {"fusedattn": ours("bf16"), "fusedattn-fp32": ours("fp32"),
                  "sdpa-cudnn": lambda: torch.autograd.grad(forward(), leaves, dout)[0]}
     ref = attention_ref_grads(*(dequantize(t, f) for t, f in picked), dout[0, heads],
                               causal=p.causal, device=q8.device)[0]
@@ -437,7 +437,7 @@ def _fp8_bwd(p: ServingProblem, gen):
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
                                  "sinks": _sinks, "mla": _mla, "fp8": _fp8,
                                  "fp8-bwd": _fp8_bwd}
-PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-bf16", "sdpa-cudnn", "sdpa-flash",
+PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-fp32", "sdpa-cudnn", "sdpa-flash",
              "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
@@ -454,7 +454,7 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
     # a builder may add the error that bounds its rows (fp8: the FP8 formula's by torch)
     providers, reference, *own_bound = BUILDERS[p.kind](p, gen)
     if EMULATION:  # the compiled and SDPA-backend peers need the GPU
-        providers = {n: providers[n] for n in ("fusedattn", "fusedattn-bf16") if n in providers}
+        providers = {n: providers[n] for n in ("fusedattn", "fusedattn-fp32") if n in providers}
     unmeasured = dict.fromkeys(("max_abs_error", "tolerance", "median_ms", "min_ms", "max_ms",
                                 "tflops", "peak_bytes", "call_bytes"))
 
