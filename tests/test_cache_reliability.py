@@ -169,6 +169,33 @@ def test_unchecked_lengths_never_half_append_or_write_outside_a_sequence():
     assert torch.isfinite(out).all()
 
 
+def test_unchecked_lengths_read_exactly_the_clamped_keys():
+    # the kernel reads clamp(cache_seqlens + S_new, 0, capacity) keys, through block
+    # indices clamped to the cache: the same bits as a checked call on those lengths and
+    # that table, paged and not, with and without appended keys
+    kc, vc = _rand(3, 2, 8, 16, seed=1), _rand(3, 2, 8, 16, seed=2)
+    q = _rand(3, 4, 2, 16, seed=0)
+    for s_new in (0, 1):
+        new = (dict(k_new=_rand(3, 2, 1, 16, seed=3), v_new=_rand(3, 2, 1, 16, seed=4))
+               if s_new else {})
+        wild, fair = _i32([-5, 6, 40]), _i32([0, 6, 8 - s_new])
+        got = fusedattn.attention_with_kvcache(q, kc.clone(), vc.clone(), cache_seqlens=wild,
+                                               check_lengths=False, **new)
+        caches = (kc.clone(), vc.clone())
+        if s_new:  # only sequence 1 fits its append: the others' caches stay as they were
+            caches[0][1, :, 6], caches[1][1, :, 6] = new["k_new"][1, :, 0], new["v_new"][1, :, 0]
+        want = fusedattn.attention_with_kvcache(q, *caches, cache_seqlens=fair + _i32(
+            [0, s_new, s_new]))
+        assert torch.equal(got[1:], want[1:]) and torch.equal(got[0], torch.zeros_like(got[0]))
+    pages_k, pages_v = _rand(4, 2, 4, 16, seed=5), _rand(4, 2, 4, 16, seed=6)
+    got = fusedattn.attention_with_kvcache(q, pages_k, pages_v, cache_seqlens=_i32([8, 5, 3]),
+                                           block_table=_i32([[-1, 7], [2, 1], [3, 0]]),
+                                           check_lengths=False)
+    want = fusedattn.attention_with_kvcache(q, pages_k, pages_v, cache_seqlens=_i32([8, 5, 3]),
+                                            block_table=_i32([[0, 3], [2, 1], [3, 0]]))
+    assert torch.equal(got, want)
+
+
 # --- the property test: random paged layouts ------------------------------------------------
 
 @st.composite

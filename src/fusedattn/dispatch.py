@@ -266,7 +266,8 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
     if config is None:
         key = (*plan_context(), is_causal, scale, precision, mask, splits, pack_gqa,
                inputs_key(inputs),
-               varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
+               varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k),
+               cache is not None and cache.added)  # (the launch's int: the key's)
         plan = _PLANS.get(key)
         if plan is not None:
             plan(inputs)

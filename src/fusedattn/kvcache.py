@@ -260,15 +260,13 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if s_new:
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
     batch, heads, seq_q, dim = q.shape
-    seqlens = cache_seqlens + s_new if s_new else cache_seqlens
-    if not check_lengths:  # the reads stay inside each sequence's capacity and the cache
-        seqlens = seqlens.clamp(0, capacity)
-        if block_table is not None:
-            block_table = block_table.clamp(0, k_cache.shape[0] - 1)
     out = q.new_empty((*q.shape[:3], v_cache.shape[3]))  # O has V's head dim
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None
-    cache = KVCache(seqlens, block_table)
+    # the kernel reads cache_seqlens + s_new keys, clamped to the capacity, through block
+    # indices clamped to the cache (`tiles.common.KVCache`): unchecked lengths and tables
+    # read inside the cache, and no torch op a call adds a launch
+    cache = KVCache(cache_seqlens, block_table, added=s_new)
 
     def launch(keep=None):
         forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal,
@@ -281,7 +279,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if key is None:  # check_lengths=True: no plan kept
         launch()
     else:  # the key settled the dispatch's plan key but for the context: the tensors made
-        # here are fresh (O, the LSE, the clamped lengths and table), the rest are the key's
+        # here are fresh (O, the LSE), the rest are the key's
         kept_forward(decided[-1], forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
                                                  sinks=as_sinks(sinks)), launch)
     return (out, lse) if return_lse else out

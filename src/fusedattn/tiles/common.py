@@ -28,7 +28,7 @@ LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 # `precompile_backward` builds off the main thread) ran 4-29% slower with these
 # unspecialised (A/B at dc49211, 20261130T1654Z; not profiled).
 SHAPE_INTS = ("n_heads", "group", "bucket_q", "bucket_k", "sl_b", "sl_h", "sl_split", "page",
-              "split_len")
+              "split_len", "seqlens_add", "n_pages")
 
 
 def shape_jit(fn):
@@ -178,10 +178,14 @@ MASK_FLAGS = {
 
 @triton.jit
 def _sequence(p_cu_q, p_cu_k, p_seqlens_k, b, seq_q, seq_k, VARLEN: tl.constexpr,
-              SEQLENS_K: tl.constexpr, INDEX: tl.constexpr, WIDE: tl.constexpr):
+              SEQLENS_K: tl.constexpr, INDEX: tl.constexpr, WIDE: tl.constexpr,
+              seqlens_add=0):
     """(first query row, query count, first key row, key count) of sequence b, for the
     forward and the backward: packed (VARLEN: rows cu[b]..cu[b+1] of q and of k),
-    per-sequence key lengths (SEQLENS_K: a KV cache), or the batch's own `seq_q`, `seq_k`.
+    per-sequence key lengths (SEQLENS_K: a KV cache, `p_seqlens_k[b] + seqlens_add` keys,
+    the keys this call appended added, clamped to 0..seq_k, the capacity: reads stay
+    inside the sequence's rows whatever unchecked lengths hold), or the batch's own
+    `seq_q`, `seq_k`.
     WIDE: the counts as INDEX-bit tensors (the backward's row arithmetic); else the
     batch's lengths stay the arguments they came as (the forward's)."""
     q_start = b * 0
@@ -195,7 +199,7 @@ def _sequence(p_cu_q, p_cu_k, p_seqlens_k, b, seq_q, seq_k, VARLEN: tl.constexpr
         k_start = tl.load(p_cu_k + b).to(INDEX)
         seq_k = tl.load(p_cu_k + b + 1).to(INDEX) - k_start
     if SEQLENS_K:
-        seq_k = tl.load(p_seqlens_k + b)
+        seq_k = tl.minimum(tl.maximum(tl.load(p_seqlens_k + b) + seqlens_add, 0), seq_k)
     return q_start, seq_q, k_start, seq_k
 
 
@@ -216,8 +220,11 @@ class Varlen:
 
 @dataclass(frozen=True)
 class KVCache:
-    """Keys of a cache for the kernels: `seqlens [B] int32` keys per sequence; with
-    `block_table [B, max_blocks] int32` the cache is paged, `[num_blocks, H_kv, page, D]`."""
+    """Keys of a cache for the kernels: `seqlens [B] int32` keys per sequence before this
+    call's `added` keys (the kernels read `seqlens + added`, clamped to the capacity); with
+    `block_table [B, max_blocks] int32` the cache is paged, `[num_blocks, H_kv, page, D]`,
+    and the kernels clamp each block index to 0..num_blocks - 1."""
 
     seqlens: torch.Tensor
     block_table: torch.Tensor | None = None
+    added: int = 0

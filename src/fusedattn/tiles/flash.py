@@ -193,6 +193,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         head_dim_v=dim_v // align,
         qk_scale=qk_scale, cap=cap, left=left, right=right,
         page=k.shape[2] if table is not None else 0, split_len=split_len,
+        seqlens_add=cache.added if cache is not None else 0,
+        n_pages=k.shape[0] if table is not None else 0,
         bucket_q=triton.next_power_of_2(seq_q), bucket_k=triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2,
         PRECISION=dot_precision,

@@ -62,7 +62,8 @@ def _tile(ptrs, rows_ok, cols_ok, MASKED: tl.constexpr, MIXED: tl.constexpr,
 
 @triton.jit
 def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
-               sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2,
+               sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, page, n_pages, pos, offs_n, offs_d, mask_d,
+               offs_d2,
                offs_dv, mask_dv, offs_dv2,
                seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -80,14 +81,16 @@ def _key_tiles(acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages,
     dot per piece (`configs.head_dim_pieces`). V's head dim has its own (`offs_dv`,
     `mask_dv`, PAD_DV, BLOCK_DV2 > 0: `offs_dv2` and `acc2`): Q's and K's where they are
     alike. PAGED: key j lives in page
-    `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page.
+    `pages[j // page]` of the cache (`sk_b`/`sv_b` the page stride), row j % page, the
+    page index clamped to 0..n_pages - 1 (an unchecked table reads inside the cache).
     MIXED=True: all of [lo, hi) in one loop, tiles outside [ulo, uhi) masked (a branch per
     tile), the loads always bounded."""
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         mask_n = keys < seq_k
         if PAGED:
-            blk = tl.load(p_pages + keys // page, mask=mask_n, other=0).to(INDEX)
+            blk = tl.load(p_pages + keys // page, mask=mask_n, other=0)
+            blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1).to(INDEX)  # inside the cache
             k_rows = blk * sk_b + (keys % page) * sk_s
             v_rows = blk * sv_b + (keys % page) * sv_s
         else:
@@ -166,7 +169,7 @@ def _flash_fwd(
     sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,
     so_b, so_h, so_s, so_d, so_split, sl_b, sl_h, sl_split, st_b,
     n_heads, group, seq_q, seq_k, head_dim, head_dim_v, qk_scale, cap, left, right, page,
-    split_len,
+    split_len, seqlens_add, n_pages,
     bucket_q, bucket_k,  # autotune keys only: the sequence lengths' power-of-two buckets
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_D2: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DV2: tl.constexpr,
@@ -186,7 +189,8 @@ def _flash_fwd(
     each row sees (causal: right = 0; -1: unbounded), `cap` > 0 a softcap; BOTTOM_RIGHT
     places query i at i + Sk - Sq. `p_cu_q`/`p_cu_k` given (VARLEN): sequence b is rows
     cu[b]..cu[b+1] of packed tensors; `p_seqlens_k` (SEQLENS_K): key lengths per batch (a
-    KV cache); `p_table` (PAGED): keys through a block table; `split_len` > 0 (SPLIT):
+    KV cache, plus `seqlens_add` keys this call appended, clamped to 0..seq_k: `_sequence`);
+    `p_table` (PAGED): keys through a block table of `n_pages` pages; `split_len` > 0 (SPLIT):
     program_id(2) takes keys [split * split_len, +split_len) and writes its normalised
     partial O and LSE for the merge (flash-decoding); `p_sinks` (SINKS): a logit per query
     head that joins each row's denominator and LSE and carries no value (with SPLIT the
@@ -220,7 +224,7 @@ def _flash_fwd(
         h = bh % n_heads
         h_kv = h // group  # GQA: `group` query heads share one K/V head
     q_start, seq_q, k_start, seq_k = _sequence(p_cu_q, p_cu_k, p_seqlens_k, b, seq_q, seq_k,
-                                               VARLEN, SEQLENS_K, INDEX, False)
+                                               VARLEN, SEQLENS_K, INDEX, False, seqlens_add)
     rows_total = seq_q * group if PACK_GQA else seq_q
     if start_m * BLOCK_M >= rows_total:
         return  # varlen: this sequence is shorter than the longest
@@ -291,8 +295,8 @@ def _flash_fwd(
     if ONE_LOOP:  # one instantiation: edge tiles masked by a branch per tile
         acc, acc2, l_i, m_i = _key_tiles(
             acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s, sk_d,
-            sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_dv, mask_dv,
-            offs_dv2, seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT,
+            sv_b, sv_s, sv_d, page, n_pages, pos, offs_n, offs_d, mask_d, offs_d2, offs_dv,
+            mask_dv, offs_dv2, seq_k, qk_scale, cap, left, right, lo, hi, BLOCK_N, False, HAS_LEFT,
             HAS_RIGHT, SOFTCAP, PAGED, PAD_D, BLOCK_D2, PAD_DV, BLOCK_DV2, PRECISION, INDEX,
             ulo, uhi, True)
     else:  # masked [lo, ulo) (a window's left edge), whole [ulo, uhi), masked [uhi, hi)
@@ -301,8 +305,8 @@ def _flash_fwd(
             stop = ulo if part == 0 else (uhi if part == 1 else hi)
             acc, acc2, l_i, m_i = _key_tiles(
                 acc, acc2, l_i, m_i, b_q, b_q2, p_k_base, p_v_base, p_pages, sk_b, sk_s,
-                sk_d, sv_b, sv_s, sv_d, page, pos, offs_n, offs_d, mask_d, offs_d2, offs_dv,
-                mask_dv, offs_dv2, seq_k, qk_scale, cap, left, right, start, stop, BLOCK_N,
+                sk_d, sv_b, sv_s, sv_d, page, n_pages, pos, offs_n, offs_d, mask_d, offs_d2,
+                offs_dv, mask_dv, offs_dv2, seq_k, qk_scale, cap, left, right, start, stop, BLOCK_N,
                 part != 1, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAD_D, BLOCK_D2, PAD_DV,
                 BLOCK_DV2, PRECISION, INDEX)
 
