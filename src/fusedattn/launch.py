@@ -49,7 +49,10 @@ def _is_descriptor(value) -> bool:
 
 
 class Replay:
-    """One recorded launch; `replay(inputs)` launches it again on `inputs`."""
+    """One recorded launch; `replay(inputs)` launches it again on `inputs`. It reads each
+    input's address alone (`data_ptr`: Triton's launcher, and the interpreter's loads): the
+    shapes and strides are the recorded call's, so an input may be any tensor that starts
+    where the recorded one did over the same storage (a view's base: `varlen`)."""
 
     __slots__ = ("kernel", "compiled", "grid", "names", "args", "slots")
 

@@ -122,8 +122,10 @@ def _kept_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *opti
     from fusedattn.dispatch import forward_inputs, kept_forward
 
     out, lse = _outputs(q, v)
-    kept_forward(kept, forward_inputs(_packed(q), _packed(k), _packed(v), _packed(out),
-                                      lse[None], varlen=_varlen(cu_q, cu_k, max_q, max_k),
+    # a replay reads its tensors' addresses alone (`launch.Replay`), so the packed tensors
+    # stand in for the kernels' views of them (`_packed`, the same storage): no view a call
+    kept_forward(kept, forward_inputs(q, k, v, out, lse, varlen=_varlen(cu_q, cu_k, max_q,
+                                                                        max_k),
                                       sinks=sinks, descale=descale),
                  lambda keep: _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q,
                                              max_k, *options, descale, keep))
