@@ -325,8 +325,9 @@ def _unspecialised(kernel) -> set[str]:
 
 
 def test_only_ints_that_cost_nothing_are_left_unspecialised():
-    """The forward leaves head counts, the LSE's strides and decode's sizes unspecialised
-    (a new head count reuses the compiled kernel and its launcher); lengths, the head dim,
+    """The forward leaves head counts, the LSE's strides and decode's sizes (the keys a call
+    appends, the cache's pages too) unspecialised (a new head count reuses the compiled
+    kernel and its launcher); lengths, the head dim,
     window bounds and the operands' strides stay specialised (without "% 16" on them the
     H200 ran prefill up to 3x slower, 20261130T164821Z), and so does every int of the
     backward's kernels (4-29% slower without, 20261130T1654Z) but the LSE's strides (one
@@ -335,7 +336,7 @@ def test_only_ints_that_cost_nothing_are_left_unspecialised():
 
     assert _unspecialised(flash._flash_fwd) == {
         "n_heads", "group", "bucket_q", "bucket_k", "sl_b", "sl_h", "sl_split", "page",
-        "split_len"}
+        "split_len", "seqlens_add", "n_pages"}
     assert _unspecialised(flash_bwd._bwd_preprocess) == set()
     for kernel in (flash_bwd._flash_bwd_dkdv, flash_bwd._flash_bwd_dq):
         assert _unspecialised(kernel) == {"sl_b", "sl_h"}
