@@ -344,6 +344,26 @@ def test_fp8_backward_in_bf16_within_twice_the_bf16_formulas_error(case):
         passes(g, r, f"{name} {case}", peer=p)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dequantised_in_one_launch_are_the_float64_routes_bits(dtype):
+    # every one of the 256 codes (NaNs, subnormals, both zeros) and random ones, per
+    # tensor, per head and without a factor, a non-contiguous tensor and an empty one:
+    # the table's gather gives exactly what dequantize(...).to(dtype) gives
+    from fusedattn.tiles.dequantize import dequantize_as
+
+    codes = torch.arange(256, dtype=torch.uint8, device=DEVICE).view(FP8)
+    every = codes.repeat(3 * 5).reshape(1, 3, 5, 256)
+    noise = torch.randint(0, 256, (2, 3, 37, 24), dtype=torch.uint8, device=DEVICE).view(FP8)
+    for t in (every, noise, noise.transpose(-1, -2), noise[:, :, :0]):
+        for descale in (None, torch.tensor([0.37], device=DEVICE),
+                        torch.tensor([3e-3, 1.7, 448.0], device=DEVICE)):
+            got = dequantize_as(t, descale, dtype)
+            want = dequantize(t, descale).to(dtype)
+            bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+            assert got.dtype == dtype and got.shape == t.shape
+            assert torch.equal(got.view(bits), want.contiguous().view(bits)), descale
+
+
 def test_fp8_backward_by_default_is_attentions_backward_on_the_dequantised_values():
     # the default route (precision "bf16") takes every option through: sinks (their
     # gradient too), a window, softcap, the scale, GQA: the same bits as autograd of

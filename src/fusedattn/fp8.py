@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from fusedattn.problem import FP8, FP8_GRAD_HEAD_DIMS, ProblemError, check_grad_inputs
-from fusedattn.reference import dequantize
+from fusedattn.tiles.dequantize import dequantize_as
 
 
 def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -77,18 +77,21 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            'in fp32: exact to bf16 storage) or "bf16" (the bf16 kernels on '
                            "the dequantised values: bf16 training's error)")
     factors = (descale_q, descale_k, descale_v)
-    do = dequantize(dout, descale_do) if dout.dtype == FP8 else dout
+    def values(t, descale, dtype):  # what a float8 tensor stands for, in dtype
+        return dequantize_as(t, descale, dtype) if t.dtype == FP8 else t.to(dtype)
+
     if precision == "bf16":
-        return _bf16_grads(do, q, k, v, factors, call, enable_gqa, window, softcap, sinks)
+        return _bf16_grads(values(dout, descale_do, torch.bfloat16), q, k, v, factors, call,
+                           enable_gqa, window, softcap, sinks)
     if q.shape[-1] not in FP8_GRAD_HEAD_DIMS or v.shape[-1] not in FP8_GRAD_HEAD_DIMS:
         raise ProblemError("head_dim", (q.shape[-1], v.shape[-1]), 'for precision="fp32", '
                            f"{', '.join(map(str, FP8_GRAD_HEAD_DIMS))} for q/k and for v "
                            '(precision="bf16" takes every head dim of the FP8 forward)')
-    qf, kf, vf = (dequantize(t, f).to(torch.float32) for t, f in zip((q, k, v), factors,
+    qf, kf, vf = (dequantize_as(t, f, torch.float32) for t, f in zip((q, k, v), factors,
                                                                       strict=True))
     sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
     is_causal, scale_, _, *options = call.options
-    q4, k4, v4, do4 = _as_4d(qf, kf, vf, do.to(torch.float32))
+    q4, k4, v4, do4 = _as_4d(qf, kf, vf, values(dout, descale_do, torch.float32))
     # O and the LSE in fp32 for delta = rowsum(dO * O) (the module docstring: why not the
     # FP8 forward's)
     with use_backend("portable"):  # (fp32: the portable kernels, whatever is forced)
@@ -106,7 +109,7 @@ def _bf16_grads(do, q, k, v, factors, call, enable_gqa, window, softcap, sinks):
     takes the bf16 kernels: the Hopper ones where the dispatch sends bf16)."""
     from fusedattn.api import attention
 
-    leaves = [dequantize(t, f).to(torch.bfloat16).requires_grad_() for t, f in
+    leaves = [dequantize_as(t, f, torch.bfloat16).requires_grad_() for t, f in
               zip((q, k, v), factors, strict=True)]
     if sinks is not None:
         leaves.append(sinks.detach().to(torch.float32).requires_grad_())
@@ -115,5 +118,5 @@ def _bf16_grads(do, q, k, v, factors, call, enable_gqa, window, softcap, sinks):
         out = attention(*leaves[:3], is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                         window=window, softcap=softcap,
                         sinks=leaves[3] if sinks is not None else None)
-        grads = torch.autograd.grad(out, leaves, do.to(torch.bfloat16))
+        grads = torch.autograd.grad(out, leaves, do)
     return tuple(grads)
