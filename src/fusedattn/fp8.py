@@ -27,8 +27,9 @@ gradients. Its delta comes from that bf16 O, not from the FP8 forward's (whose P
 through e4m3). Its bound is that of bf16 attention's gradients: twice the same formulas'
 error done by torch in bfloat16 (`fusedattn_lab.peers.fp8_backward_peer(dtype=
 torch.bfloat16)`). On the H200 it ran 7-22x the fp32 route's rate (D128: 283 against 12.8
-TFLOP/s), which runs the portable kernels in tf32x3 (docs/decisions.md#fp8). `precision=
-"fp32"` keeps the exact route, at D64 and D128."""
+TFLOP/s), which runs the portable kernels in tf32x3, and 360 at D128 since its values are
+dequantised in one launch (`tiles.dequantize`; docs/decisions.md#fp8). `precision="fp32"`
+keeps the exact route, at D64 and D128."""
 
 
 from __future__ import annotations
