@@ -56,7 +56,7 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     v * descale_v, shaped as q, k, v (and with `sinks`, `dsinks` float32 `[H]` last).
     `dout`: bfloat16, float16 or float32, or float8_e4m3fn standing for dout * descale_do
     (None, one element, or `[H]`). The options are the forward's, as it was called; the
-    forward's O and LSE are not needed (both are recomputed in fp32: the module docstring).
+    forward's O and LSE are not needed (both are recomputed: the module docstring).
     `precision="bf16"` (the default): the bf16 kernels on the dequantised values rounded to
     bfloat16 (bf16 training's error: the module docstring), at every head dim the FP8
     forward takes. `precision="fp32"`: the fp32 formulas (exact to bf16 storage, at the

@@ -368,6 +368,7 @@ def _fp8(p: ServingProblem, gen):
     """(providers, reference check, the FP8 formula's error by torch) for an FP8 problem."""
     from fusedattn.api import attention
     from fusedattn.reference import attention_ref, dequantize
+    from fusedattn.tiles.dequantize import dequantize_as
     from fusedattn_lab.peers import fp8_peer
 
     (q8, k8, v8), factors, heads, picked = _fp8_inputs(p, gen)
@@ -383,7 +384,7 @@ def _fp8(p: ServingProblem, gen):
 
     ours = {"fusedattn": ours_on("auto"), "fusedattn-portable": ours_on("portable")}
     dt = DTYPES[p.dtype]
-    q, k, v = (dequantize(t, f).to(dt) for t, f in zip((q8, k8, v8), factors, strict=True))
+    q, k, v = (dequantize_as(t, f, dt) for t, f in zip((q8, k8, v8), factors, strict=True))
     peers = {name: _sdpa(name, q, k, v, is_causal=p.causal,
                          enable_gqa=p.heads != p.heads_kv)
              for name in ("sdpa-cudnn", "sdpa-flash")}
@@ -407,6 +408,7 @@ def _fp8_bwd(p: ServingProblem, gen):
     loosest of the routes'."""
     from fusedattn.fp8 import attention_fp8_backward
     from fusedattn.reference import attention_ref_grads, dequantize
+    from fusedattn.tiles.dequantize import dequantize_as
     from fusedattn_lab.peers import fp8_backward_peer
 
     (q8, k8, v8), factors, heads, picked = _fp8_inputs(p, gen)
@@ -416,7 +418,7 @@ def _fp8_bwd(p: ServingProblem, gen):
 
     def ours(precision):
         return lambda: attention_fp8_backward(dout, q8, k8, v8, precision=precision, **kw)[0]
-    leaves = [dequantize(t, f).to(torch.bfloat16).requires_grad_() for t, f in
+    leaves = [dequantize_as(t, f, torch.bfloat16).requires_grad_() for t, f in
               zip((q8, k8, v8), factors, strict=True)]
     forward = _sdpa("sdpa-cudnn", *leaves, is_causal=p.causal,
                     enable_gqa=p.heads != p.heads_kv)
