@@ -6,8 +6,9 @@ instructions that matter here (wgmma, TMA loads, mbarrier waits and arrives, nam
 barriers, spills, exp2, atomics), and a digest of its SASS instructions (`sass_digest`).
 
     python3 scripts/gluon_compile_report.py [--backward] [--kernel FILE] [--configs JSON]
-                                            [--out F]
+                                            [--out F] [--loops DIR]
 
+`--loops` writes each configuration's key loop (`key_loop`), an instruction a line.
 `--kernel` compiles another version of the kernel file (e.g. `git show REV:path > f`).
 A configuration names the kernel's constexprs (`TILE`, the launcher's, fills the rest);
 parameters a version lacks are left out, so one report compares versions. This is a
@@ -194,7 +195,11 @@ def cubin_facts(tools: Path, compiled) -> tuple[dict, str]:
                 **_ptxas(tools, compiled.asm["ptx"])), sass
 
 
-def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> list[dict]:
+def report(kernel_file: Path, configs: list[dict], backward: bool = False,
+           loops: Path | None = None) -> list[dict]:
+    """One row per configuration (`cubin_facts`, the SASS counts, the key loop's mix);
+    `loops`: a folder that receives each configuration's key loop (`key_loop`) as text,
+    `<name>.sass`, an address and an instruction a line."""
     import types
 
     import triton
@@ -214,6 +219,10 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> li
             continue
         compiled = compile_config(fn, config, backward)
         facts, sass = cubin_facts(tools, compiled)
+        if loops is not None:
+            loops.mkdir(parents=True, exist_ok=True)
+            (loops / (re.sub(r"[^\w.-]+", "_", config["name"]) + ".sass")).write_text(
+                "".join(f"{a:05x} {t}\n" for a, t in key_loop(sass)))
         rows.append(dict(name=config["name"], **facts,
                          # the partitions' register counts (setmaxnreg: loader, writer,
                          # consumers), as the SASS sets them
@@ -224,14 +233,14 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False) -> li
     return rows
 
 
-def loop_mix(sass: str) -> dict:
-    """The key loop's instruction mix: of the loops that hold a wgmma and no other such loop
-    inside them, the one with the most wgmmas (the forward's key tile, masked and unmasked
-    paths both, not the item loop around it; the backward's step), its length and its
-    counts by opcode (what a step costs each warp, spills included: LDL/STL inside the
-    loop). A loop is a predicated branch back to a lower address; an unconditional one is a
-    jump back from code placed at the end (an mbarrier wait's retry). Before 2026-12-02 this
-    took the loop with the most wgmmas, in the forward the persistent item loop."""
+def key_loop(sass: str) -> list[tuple[int, str]]:
+    """The key loop's instructions as (address, text): of the loops that hold a wgmma and no
+    other such loop inside them, the one with the most wgmmas (the forward's key tile,
+    masked and unmasked paths both, not the item loop around it; the backward's step); []
+    where there is none. A loop is a predicated branch back to a lower address; an
+    unconditional one is a jump back from code placed at the end (an mbarrier wait's
+    retry). Before 2026-12-02 `loop_mix` took the loop with the most wgmmas, in the forward
+    the persistent item loop."""
     ins = [(int(m[1], 16), m[2].strip()) for m in re.finditer(
         r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = [(int(b[1], 16), addr) for addr, text in ins
@@ -246,11 +255,18 @@ def loop_mix(sass: str) -> dict:
     innermost = [(lo, hi) for lo, hi in holding
                  if not any((lo, hi) != (a, b) and lo <= a and b <= hi for a, b in holding)]
     if not innermost:
-        return {}
+        return []
     start, end = max(innermost, key=lambda se: wgmmas(*se))
+    return [(a, t) for a, t in ins if start <= a <= end]
+
+
+def loop_mix(sass: str) -> dict:
+    """The key loop's (`key_loop`) instruction mix: its length and its counts by opcode
+    (what a step costs each warp, spills included: LDL/STL inside the loop); {} where
+    there is no such loop."""
     ops = collections.Counter(t.split()[1] if t.startswith("@") else t.split()[0]
-                              for a, t in ins if start <= a <= end)
-    return dict(length=sum(ops.values()), **dict(ops.most_common()))
+                              for _, t in key_loop(sass))
+    return dict(length=sum(ops.values()), **dict(ops.most_common())) if ops else {}
 
 
 def sass_digest(sass: str) -> str:
@@ -270,11 +286,13 @@ def main() -> int:
     ap.add_argument("--kernel", type=Path, default=None)
     ap.add_argument("--configs", default="", help="a JSON list of configurations")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    ap.add_argument("--loops", type=Path, default=None,
+                    help="write each configuration's key loop (SASS) into this folder")
     args = ap.parse_args()
     args.kernel = args.kernel or (BACKWARD if args.backward else KERNEL)
     configs = (json.loads(args.configs) if args.configs
                else BWD_CONFIGS if args.backward else CONFIGS)
-    rows = report(args.kernel, configs, args.backward)
+    rows = report(args.kernel, configs, args.backward, args.loops)
     for row in rows:
         print(json.dumps(row))
     if args.out:

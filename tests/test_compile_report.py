@@ -28,7 +28,9 @@ def test_the_loop_mix_counts_the_loop_that_holds_the_wgmmas():
     mix = report.loop_mix(SASS)
     # the loop is 0x10..0x40: LDG, HGMMA, LDL and the predicated branch back
     assert mix == {"length": 4, "LDG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "LDL": 1, "BRA": 1}
+    assert [a for a, _ in report.key_loop(SASS)] == [0x10, 0x20, 0x30, 0x40]
     assert report.loop_mix(SASS.replace("0x10 ;", "0x60 ;")) == {}  # no branch back
+    assert report.key_loop(SASS.replace("0x10 ;", "0x60 ;")) == []
 
 
 def test_the_loop_mix_counts_the_innermost_loop_that_holds_wgmmas():
