@@ -10,15 +10,13 @@ Each round times `attention` and `attention_varlen` fwd+bwd steps with the switc
 off, 500 steps a reading; the medians over rounds are reported."""
 
 import argparse
-import json
-import time
 
 import torch
+from python_path import reading, report  # (scripts/: the same timing and report)
 
 import fusedattn.api as api
 from fusedattn import attention, attention_varlen, launch
 from fusedattn.mode import EMULATION
-from fusedattn_lab.evidence import environment
 
 
 def main() -> None:
@@ -48,24 +46,10 @@ def main() -> None:
         for name, step in steps.items():
             for setting in (True, False):
                 api.KEEP_RECORDED = setting
-                for _ in range(20):
-                    step()
-                t0 = time.perf_counter()
-                for _ in range(500):
-                    step()
-                us = (time.perf_counter() - t0) / 500 * 1e6
                 readings.setdefault(f"{name}, KEEP_RECORDED={setting}", []).append(
-                    round(us, 1))
+                    reading(step, 20, 500))
     api.KEEP_RECORDED = True
-    result = {"readings_us": readings,
-              "median_us": {k: sorted(v)[len(v) // 2] for k, v in readings.items()},
-              "environment": environment()}
-    for name, median in result["median_us"].items():
-        print(f"{name}: median {median} us a step, rounds {readings[name]}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-
+    report(readings, args.out, "a step")
 
 if __name__ == "__main__":
     main()

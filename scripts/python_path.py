@@ -50,21 +50,32 @@ def main() -> None:
     readings: dict[str, list] = {}
     for _ in range(args.rounds):
         for name, call in calls.items():
-            for _ in range(50):
-                call()
-            t0 = time.perf_counter()
-            for _ in range(2000):
-                call()
-            readings.setdefault(name, []).append(
-                round((time.perf_counter() - t0) / 2000 * 1e6, 1))
-    result = {"library": fusedattn.__file__, "readings_us": readings,
-              "median_us": {k: sorted(v)[len(v) // 2] for k, v in readings.items()}}
-    for name, median in result["median_us"].items():
-        print(f"{name}: median {median} us a call, rounds {readings[name]}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+            readings.setdefault(name, []).append(reading(call, 50, 2000))
+    report(readings, args.out, "a call", library=fusedattn.__file__)
 
+
+def reading(call, warm: int, calls: int) -> float:
+    """µs a call of `call`: `warm` calls, then the mean of the next `calls`, rounded."""
+    for _ in range(warm):
+        call()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return round((time.perf_counter() - t0) / calls * 1e6, 1)
+
+
+def report(readings: dict[str, list], out: str | None, unit: str, **extra) -> None:
+    """Each reading's median over the rounds, printed (µs `unit`), and with the readings,
+    the environment and `extra` written to `out` as JSON where given."""
+    from fusedattn_lab.evidence import environment
+
+    medians = {k: sorted(v)[len(v) // 2] for k, v in readings.items()}
+    for name, median in medians.items():
+        print(f"{name}: median {median} us {unit}, rounds {readings[name]}")
+    if out:
+        with open(out, "w") as f:
+            json.dump({**extra, "readings_us": readings, "median_us": medians,
+                       "environment": environment()}, f, indent=1)
 
 if __name__ == "__main__":
     main()
