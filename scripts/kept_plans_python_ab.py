@@ -9,24 +9,15 @@ a check that a change to the Python path goes the way it should, where no GPU is
 Each round times `attention` and `attention_varlen` fwd+bwd steps with the switch on, then
 off, 500 steps a reading; the medians over rounds are reported."""
 
-import argparse
-
 import torch
-from python_path import reading, report  # (scripts/: the same timing and report)
+from python_path import arguments, reading, report  # (scripts/: the same timing)
 
 import fusedattn.api as api
 from fusedattn import attention, attention_varlen, launch
-from fusedattn.mode import EMULATION
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    if not EMULATION:
-        parser.error("set TRITON_INTERPRET=1: this times the Python path with the launches "
-                     "stubbed out, on the CPU")
+    args = arguments(__doc__)
     cu = torch.tensor([0, 20, 40, 64], dtype=torch.int32)
     x = [torch.randn(64, 2, 16, requires_grad=True) for _ in range(3)]
     g = [torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3)]

@@ -21,14 +21,21 @@ from fusedattn import attention, attention_varlen, attention_with_kvcache, launc
 from fusedattn.mode import EMULATION
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """`--rounds` and `--out` of a script that times the Python path, refused outside
+    emulation (its launches are stubbed out on the CPU)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not EMULATION:
         parser.error("set TRITON_INTERPRET=1: this times the Python path with the launches "
                      "stubbed out, on the CPU")
+    return args
+
+
+def main() -> None:
+    args = arguments(__doc__)
     g = torch.Generator().manual_seed(0)
     dense = [torch.randn(1, 2, 32, 16, generator=g) for _ in range(3)]
     packed = [torch.randn(64, 2, 16, generator=g) for _ in range(3)]
