@@ -69,12 +69,13 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False, MERGED=True)
+                    VARLEN=False, MERGED=True, DQ_TMA=True)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
     dict(name="bwd D128 causal GQA", D=128, HAS_RIGHT=True, GQA=True),
     dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
+    dict(name="bwd D128 causal, dQ by atomics", D=128, HAS_RIGHT=True, DQ_TMA=False),
     dict(name="bwd D128 softcap", D=128, SOFTCAP=True),
     dict(name="bwd D128 P and dS in shared memory", D=128, SWAP_SDP=False),
     dict(name="bwd D128 causal, S transposed", D=128, HAS_RIGHT=True, SWAP_SDP=True),
@@ -91,11 +92,12 @@ BWD_CONFIGS = [
 ]
 
 
-def _desc(rows: int, dim: int, fp8: bool = False):
+def _desc(rows: int, dim: int, fp8: bool = False, fp32: bool = False):
     from triton.experimental.gluon import language as gl
 
     block = [1, 1, rows, dim]
-    name, element = ("fp8e4nv", gl.float8e4nv) if fp8 else ("bf16", gl.bfloat16)
+    name, element = (("fp8e4nv", gl.float8e4nv) if fp8 else ("fp32", gl.float32) if fp32
+                     else ("bf16", gl.bfloat16))
     return (f"tensordesc<{name}{block},"
             f"{gl.NVMMASharedLayout.get_default_for(block, element)!r}>")
 
@@ -104,6 +106,7 @@ def _backward_types(c: dict) -> dict:
     bm, bn, d = c["BLOCK_M"], c["BLOCK_N"], c["D"]
     return {"q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
             "v_desc": _desc(bn, d), "dk_desc": _desc(bn, d), "dv_desc": _desc(bn, d),
+            "dq_desc": _desc(bm, d, fp32=True),
             "p_lse": "*fp32", "p_delta": "*fp32", "p_dq": "*fp32", "p_sem": "*i32",
             "p_dk": "*bf16", "p_dv": "*bf16", "p_cu_q": "*i32", "p_cu_k": "*i32",
             "scale": "fp32", "qk_scale": "fp32", "cap": "fp32"}

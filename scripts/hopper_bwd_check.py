@@ -131,6 +131,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-d64m128": _ours("hopper", SWAP_SDP=False,
                                      TILES={64: (128, 128, 2), 128: (64, 128, 2)}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
+             # dQ added by the writer's threads' atomics, not one TMA reduction a step
+             "hopper-atomics": _ours("hopper", DQ_TMA=False),
+             "hopper-race-atomics": _ours("hopper", deterministic=False, DQ_TMA=False),
              # the deterministic adds' orders forced (`hopper.backward.order`)
              "hopper-down": _ours("hopper", ORDER="down"),
              "hopper-up": _ours("hopper", ORDER="up"),

@@ -27,6 +27,9 @@ WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 MERGED = True
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
+# the writer adds a step's dQ by one TMA reduction (`backward_kernel._tma_add`), not by
+# its threads' atomics (64 a thread a step at D128)
+DQ_TMA = True
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
@@ -51,7 +54,7 @@ SPREAD_MAX_BYTES = 8 << 20
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, SWAP_SDP, MERGED, ORDER, UP_MIN_WAVES,
+    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, SWAP_SDP, MERGED, ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
@@ -112,21 +115,21 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     swap = SWAP_SDP and left < 0 and right < 0 and cap == 0
     descs = [_descriptor(t, rows, dim) for t, rows in
              ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
-              (dv, block_n))]
+              (dv, block_n), (dq_acc, block_m))]
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
     grid = (tiles_n * batch * heads_kv,)
     how = order(tiles_n, grid[0], left, right, _sm_count(q.device),
                 spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
     code = {"down": kernel.DOWN, "up": kernel.UP, "rotated": kernel.ROTATED}[how]
-    args = (*descs, dk, dv, lse, delta, dq_acc, sem, cu_q, cu_k, dk.stride(1), dk.stride(2),
-            dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n, tiles_m,
-            heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap, left,
-            right, code.value)
+    args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
+            dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n,
+            tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap,
+            left, right, code.value)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, SWAP_SDP=swap, MERGED=MERGED, GQA=heads != heads_kv,
-                  VARLEN=varlen is not None, num_warps=8)
+                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA, SWAP_SDP=swap, MERGED=MERGED,
+                  GQA=heads != heads_kv, VARLEN=varlen is not None, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

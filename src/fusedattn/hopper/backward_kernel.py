@@ -58,8 +58,10 @@ about when its program gets there anyway:
                writer's buffers in 14% of the samples); unmasked, key tile n waits on n
                others at its first tile."""
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -76,6 +78,28 @@ LOG2E = gl.constexpr(1.4426950408889634)
 DOWN = gl.constexpr(0)
 UP = gl.constexpr(1)
 ROTATED = gl.constexpr(2)
+
+
+@builtin
+def _tma_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared tile `src` into the descriptor's block at `coord` by one TMA reduction
+    (`cp.reduce.async.bulk.tensor...add`), as `tma.async_copy_shared_to_global` stores one:
+    Gluon 3.6's builder has the op (`create_async_tma_reduce`, which `tl`'s descriptor
+    atomics lower to) but no function for it. Completion as a store's (`tma.store_wait`,
+    or `_bulk_wait` for the adds' results)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                              coord, src.handle)
+
+
+@gluon.jit
+def _bulk_wait(x):
+    """Wait until this thread's TMA stores and reductions are complete, their writes done
+    (`cp.async.bulk.wait_group 0`); `tma.store_wait` waits for their reads of shared memory
+    alone (`.read`), which frees the buffer but orders nothing after the writes. `x` (any
+    int32) is there because an inline asm takes an argument; returns it."""
+    return gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n mov.b32 $0, $1;", "=r,r",
+                                     [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -222,14 +246,15 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n, n_tiles_m,
-               n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order, q_desc, k_desc,
-               v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
+def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
+               n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order, q_desc,
+               k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
-               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr):
+               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr,
+               DQ_TMA: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
     tiles before this one (the module docstring), then counted. MERGED: these warps are the
@@ -278,7 +303,16 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
         base = p_dq + (row_bh * rows_q + q_start + m0) * D
         tile = dq_smem.index(buf)
-        if DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
+        if DQ_ADDS and DQ_TMA:  # the tile in one TMA reduction; rows past the accumulator's
+            # end are dropped, and varlen's rows past a sequence's end (the next sequence's)
+            # get its zeros (P = 0 there), which change no bits whatever the order
+            _tma_add(dq_desc, [b_row, h_kv * group + hh, q_start + m0, 0],
+                     tile._reinterpret(gl.float32, [1, 1, BLOCK_M, D], dq_desc.layout))
+            if DETERMINISTIC:  # the adds done before the count says so
+                t = _bulk_wait(t)
+            else:  # the buffer read
+                tma.store_wait(0)
+        elif DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
             for r in gl.static_range(0, BLOCK_M, ROWS):
                 keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
                 for c in gl.static_range(0, D, COLS):
@@ -314,7 +348,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
+           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
+           DQ_TMA: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV.
 
     S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
@@ -444,6 +479,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
         buf = t % DQ_BUFS
         mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
         dq_smem.index(buf).store(done[2] * scale)
+        if DQ_TMA:  # (the writer's TMA reads it)
+            fence_async_shared()
         # every warp is past its products' reads of the slot, P and dS, and its dQ
         # stores (one thread arrives for all)
         gl.thread_barrier()
@@ -460,14 +497,15 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, 
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr):
+             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
+             DQ_TMA: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
                     free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP)
+                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
@@ -516,7 +554,7 @@ UNSPECIALISED = ("sl_b", "sl_h", "sdk_h", "sdk_s", "sdv_h", "sdv_s", "n_tiles_n"
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
 def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_dv, p_lse,
-                    p_delta, p_dq, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
+                    p_delta, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
                     sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q,
                     scale, qk_scale, cap, left, right, order, D: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -525,7 +563,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr):
+                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr,
+                    DQ_TMA: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -582,13 +621,13 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
                     group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, BLOCK_M,
                     BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS,
-                    GQA, VARLEN, SWAP_SDP)),
-        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
+                    GQA, VARLEN, SWAP_SDP, DQ_TMA)),
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
                       n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order,
                       q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                       ready, free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                       BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
-                      MERGED)),
+                      MERGED, DQ_TMA)),
         ], [WRITER_WARPS], [WRITER_REGS])
     else:
         gl.warp_specialize([
@@ -597,15 +636,15 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
                     group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, BLOCK_M,
                     BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS,
-                    GQA, VARLEN, SWAP_SDP)),
+                    GQA, VARLEN, SWAP_SDP, DQ_TMA)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
                    left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                    BOTTOM_RIGHT, GQA, VARLEN)),
-        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, p_sem, p_cu_q, p_cu_k, n_tiles_n,
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
                       n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order,
                       q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                       ready, free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                       BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
-                      MERGED)),
+                      MERGED, DQ_TMA)),
         ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])

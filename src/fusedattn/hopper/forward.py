@@ -144,7 +144,7 @@ def _layout(block: tuple[int, ...], dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
 
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
-               torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+               torch.float8_e4m3fn: gl.float8e4nv, torch.float32: gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), element)
 
 
