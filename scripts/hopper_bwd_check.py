@@ -131,9 +131,12 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-d64m128": _ours("hopper", SWAP_SDP=False,
                                      TILES={64: (128, 128, 2), 128: (64, 128, 2)}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
-             # dQ added by the writer's threads' atomics, not one TMA reduction a step
-             "hopper-atomics": _ours("hopper", DQ_TMA=False),
-             "hopper-race-atomics": _ours("hopper", deterministic=False, DQ_TMA=False),
+             # dQ added by the writer's threads' atomics, or by one TMA reduction a step,
+             # at every head dim (`hopper.backward.DQ_TMA`)
+             "hopper-atomics": _ours("hopper", DQ_TMA={64: False, 128: False}),
+             "hopper-race-atomics": _ours("hopper", deterministic=False,
+                                          DQ_TMA={64: False, 128: False}),
+             "hopper-tma": _ours("hopper", DQ_TMA={64: True, 128: True}),
              # the deterministic adds' orders forced (`hopper.backward.order`)
              "hopper-down": _ours("hopper", ORDER="down"),
              "hopper-up": _ours("hopper", ORDER="up"),

@@ -27,9 +27,11 @@ WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 MERGED = True
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
-# the writer adds a step's dQ by one TMA reduction (`backward_kernel._tma_add`), not by
-# its threads' atomics (64 a thread a step at D128)
-DQ_TMA = True
+# per head dim, the writer adds a step's dQ by one TMA reduction
+# (`backward_kernel._tma_add`), not by its threads' atomics (64 a thread a step at D128):
+# at D128 +1.6 to +5.8% in every row, at D64 -5.7 to -0.4% (evidence
+# nvidia-h200/20261202T2031Z-bwd-dq-tma)
+DQ_TMA = {64: False, 128: True}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
@@ -54,8 +56,8 @@ SPREAD_MAX_BYTES = 8 << 20
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, SWAP_SDP, MERGED, ORDER, UP_MIN_WAVES,
-            SPREAD_MAX_BYTES,
+    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())), SWAP_SDP, MERGED,
+            ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
 
@@ -130,6 +132,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA, SWAP_SDP=swap, MERGED=MERGED,
+                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim], SWAP_SDP=swap, MERGED=MERGED,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs
