@@ -69,13 +69,16 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False, MERGED=True, DQ_TMA=True)
+                    VARLEN=False, MERGED=True, DQ_TMA=True,
+                    LSE_SMEM=True)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
     dict(name="bwd D128 causal GQA", D=128, HAS_RIGHT=True, GQA=True),
     dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
     dict(name="bwd D128 causal, dQ by atomics", D=128, HAS_RIGHT=True, DQ_TMA=False),
+    dict(name="bwd D128 causal, LSE from global memory", D=128, HAS_RIGHT=True,
+         LSE_SMEM=False),
     dict(name="bwd D128 softcap", D=128, SOFTCAP=True),
     dict(name="bwd D128 P and dS in shared memory", D=128, SWAP_SDP=False),
     dict(name="bwd D128 causal, S transposed", D=128, HAS_RIGHT=True, SWAP_SDP=True),

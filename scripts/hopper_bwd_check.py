@@ -137,6 +137,12 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-race-atomics": _ours("hopper", deterministic=False,
                                           DQ_TMA={64: False, 128: False}),
              "hopper-tma": _ours("hopper", DQ_TMA={64: True, 128: True}),
+             # LSE and delta through shared memory (`hopper.backward.LSE_SMEM`) at every
+             # head dim, or at none
+             "hopper-lse": _ours("hopper", LSE_SMEM={64: True, 128: True}),
+             "hopper-nolse": _ours("hopper", LSE_SMEM={64: False, 128: False}),
+             "hopper-tma-lse": _ours("hopper", DQ_TMA={64: True, 128: True},
+                                     LSE_SMEM={64: True, 128: True}),
              # the deterministic adds' orders forced (`hopper.backward.order`)
              "hopper-down": _ours("hopper", ORDER="down"),
              "hopper-up": _ours("hopper", ORDER="up"),

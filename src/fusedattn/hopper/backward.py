@@ -32,6 +32,10 @@ DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # at D128 +1.6 to +5.8% in every row, at D64 -5.7 to -0.4% (evidence
 # nvidia-h200/20261202T2031Z-bwd-dq-tma)
 DQ_TMA = {64: False, 128: True}
+# per head dim, each step's LSE (base 2) and delta go into shared memory by the writer's
+# warps (the loader's work, MERGED) with its Q and dO, and the compute warps read them
+# there, not from global memory at the step's start
+LSE_SMEM = {64: False, 128: True}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
@@ -56,7 +60,8 @@ SPREAD_MAX_BYTES = 8 << 20
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
-    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())), SWAP_SDP, MERGED,
+    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
+            tuple(sorted(LSE_SMEM.items())), SWAP_SDP, MERGED,
             ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
@@ -132,6 +137,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim], SWAP_SDP=swap, MERGED=MERGED,
+                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim], LSE_SMEM=LSE_SMEM[dim],
+                  SWAP_SDP=swap, MERGED=MERGED,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -211,10 +211,13 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, s
 
 @gluon.jit
 def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
-               m_lo, n_steps, rot, order, BLOCK_M: gl.constexpr, D: gl.constexpr,
-               STAGES: gl.constexpr, GQA: gl.constexpr):
+               m_lo, n_steps, rot, order, rows_smem, p_lse, p_delta, sl_b, sl_h, seq_q,
+               BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+               GQA: gl.constexpr, ROWS_TOO: gl.constexpr, WARPS: gl.constexpr):
     """Step t's Q and dO into slot t % STAGES, once the compute partition released the
-    slot's last use."""
+    slot's last use; ROWS_TOO (LSE_SMEM, by these WARPS warps) its rows' LSE (base 2, +inf
+    where P must be 0) and delta into the slot's two rows of `rows_smem`, and an arrival
+    of their own on the slot's ready barrier (which then counts two)."""
     j, hh = _step(t, group, GQA)
     m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
     h = h_kv * group + hh
@@ -226,6 +229,20 @@ def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, gr
                q_smem.index(slot), D, 0)
     _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
                do_smem.index(slot), do_smem.index(slot), D, 0)
+    if ROWS_TOO:
+        vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        rows = gl.arange(0, BLOCK_M, layout=vec)
+        # rows past Sq (zeros from TMA; varlen: the next sequence's) and rows that saw no
+        # key (LSE = -inf): P = 0
+        here = rows < seq_q - m0
+        base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start + m0
+        lse = gl.load(p_lse + base + rows, mask=here, other=float("inf"))
+        delta = gl.load(p_delta + base + rows, mask=here, other=0.0)
+        rows_smem.index(2 * slot).store(
+            gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E)
+        rows_smem.index(2 * slot + 1).store(delta)
+        gl.thread_barrier()  # every thread's stores are in (one thread arrives for all)
+        mbarrier.arrive(ready.index(slot), count=1)
 
 
 @gluon.jit
@@ -242,19 +259,21 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
         _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
-                   q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
+                   q_start, m_lo, n_steps, rot, order, q_smem, q_smem, q_smem, 0, 0, 0,
+                   BLOCK_M, D, STAGES, GQA, False, 1)
 
 
 @gluon.jit
 def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
                n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order, q_desc,
                k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+               rows_smem, p_lse, p_delta, sl_b, sl_h, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, D: gl.constexpr,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr,
-               DQ_TMA: gl.constexpr):
+               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
     tiles before this one (the module docstring), then counted. MERGED: these warps are the
@@ -277,8 +296,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         for t in gl.static_range(STAGES):
             if t < n_total:
                 _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
-                           group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES,
-                           GQA)
+                           group, q_start, m_lo, n_steps, rot, order, rows_smem, p_lse,
+                           p_delta, sl_b, sl_h, seq_q, BLOCK_M, D, STAGES, GQA, LSE_SMEM,
+                           WARPS)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
@@ -292,8 +312,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         if MERGED:
             if t + STAGES < n_total:
                 _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row,
-                           h_kv, group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES,
-                           GQA)
+                           h_kv, group, q_start, m_lo, n_steps, rot, order, rows_smem, p_lse,
+                           p_delta, sl_b, sl_h, seq_q, BLOCK_M, D, STAGES, GQA, LSE_SMEM,
+                           WARPS)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
                                       n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
@@ -342,15 +363,16 @@ def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
 
 
 @gluon.jit
-def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
-           dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n,
+def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar, ready,
+           free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n,
            n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
-           DQ_TMA: gl.constexpr):
-    """The 8 warps' steps (the module docstring). Returns dK, dV.
+           DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+    """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
+    and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
 
     S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
     columns, P and dS through shared memory for their products. SWAP_SDP (FA3's
@@ -405,11 +427,14 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
             delta_ptr = p_delta + lse_base
             offs = queries
             here = queries < seq_q
-        # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
-        lse = gl.load(lse_ptr + offs, mask=here, other=float("inf"))
-        lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        delta = gl.load(delta_ptr + offs, mask=here, other=0.0)
+        if not LSE_SMEM:
+            # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
+            lse = gl.load(lse_ptr + offs, mask=here, other=float("inf"))
+            lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+            delta = gl.load(delta_ptr + offs, mask=here, other=0.0)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        if LSE_SMEM:  # (delta at its use, below)
+            lse = rows_smem.index(2 * slot).load(gl.SliceLayout(QX, s_layout))
         q_t = q_smem.index(slot)
         do_t = do_smem.index(slot)
         # (the zeros made here, not before the loop: no registers held for them)
@@ -450,6 +475,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
             fence_async_shared()
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
+        if LSE_SMEM:
+            delta = rows_smem.index(2 * slot + 1).load(gl.SliceLayout(QX, s_layout))
         ds = p * (dp - gl.expand_dims(delta, QX))
         if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
             th = s / cap
@@ -490,22 +517,23 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, re
 
 
 @gluon.jit
-def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready, free,
-             dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, p_lse,
-             p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
-             scale, qk_scale, cap, left, right, order,
+def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar,
+             ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
+             sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group,
+             seq_q, seq_k, scale, qk_scale, cap, left, right, order,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
-             DQ_TMA: gl.constexpr):
+             DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
-    dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
-                    free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
+    dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
+                    kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
+                    p_cu_k,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA)
+                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA, LSE_SMEM)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
@@ -564,7 +592,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr,
-                    DQ_TMA: gl.constexpr):
+                    DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -602,6 +630,12 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     dq_free = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    # LSE_SMEM: each slot's LSE and delta, two rows a slot, written by the loader's work in
+    # the writer's warpgroup (MERGED; a loader warp of its own does not write them)
+    ROWS_SMEM: gl.constexpr = LSE_SMEM and MERGED
+    rows_smem = gl.allocate_shared_memory(
+        gl.float32, [2 * STAGES if ROWS_SMEM else 2, BLOCK_M],
+        gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
@@ -609,42 +643,47 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         mbarrier.init(dq_ready.index(i), count=1)
         mbarrier.init(dq_free.index(i), count=1)
     for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
+        # LSE_SMEM: the loader's arrival after its rows' stores, beside TMA's
+        mbarrier.init(ready.index(s), count=2 if ROWS_SMEM else 1)
         mbarrier.init(free.index(s), count=1)
     fence_async_shared()
     # (the partitions written out twice: Gluon takes no (function, args) tuple in a name,
     # and a tuple of the arguments alone loses their constexprs)
     if MERGED:  # the loader's work in the writer's warpgroup
         gl.warp_specialize([
-        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
-                    free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-                    sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
-                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, BLOCK_M,
-                    BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS,
-                    GQA, VARLEN, SWAP_SDP, DQ_TMA)),
-        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
-                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order,
-                      q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
-                      ready, free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                      BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
-                      MERGED, DQ_TMA)),
+        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
+                    kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
+                    sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
+                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
+                    right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
+                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA,
+                    ROWS_SMEM)),
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
+                      n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
+                      right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
+                      do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
+                      BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
+                      DQ_TMA, ROWS_SMEM)),
         ], [WRITER_WARPS], [WRITER_REGS])
     else:
         gl.warp_specialize([
-        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, ready,
-                    free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-                    sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv,
-                    group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, BLOCK_M,
-                    BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS,
-                    GQA, VARLEN, SWAP_SDP, DQ_TMA)),
+        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
+                    kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
+                    sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
+                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
+                    right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
+                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA,
+                    ROWS_SMEM)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
                    ready, free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
                    left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                    BOTTOM_RIGHT, GQA, VARLEN)),
-        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
-                      n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order,
-                      q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
-                      ready, free, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                      BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
-                      MERGED, DQ_TMA)),
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
+                      n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
+                      right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
+                      do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
+                      BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
+                      DQ_TMA, ROWS_SMEM)),
         ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
