@@ -318,6 +318,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                                             group, q_start, m_lo, n_steps, rot, order, seq_q,
                                             BLOCK_M, GQA, WARPS)
                     _put_rows(t, lse, delta, rows_smem, ready, STAGES)
+        if LSE_SMEM:  # step STAGES's rows, which the loop's first turn stores
+            lse, delta = _row_loads(STAGES, STAGES < n_total, p_lse, p_delta, sl_b, sl_h,
+                                    b_row, h_kv, group, q_start, m_lo, n_steps, rot, order,
+                                    seq_q, BLOCK_M, GQA, WARPS)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
@@ -333,12 +337,17 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                 _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row,
                            h_kv, group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES,
                            GQA)
-        if LSE_SMEM:  # step t + STAGES's rows: loaded now, stored after this step's adds,
-            # so that their latency and the adds' overlap (stored before them, the
-            # deterministic adds' wait followed the loads': 0.89-0.90x, evidence 2042Z)
-            lse, delta = _row_loads(t + STAGES, t + STAGES < n_total, p_lse, p_delta, sl_b,
-                                    sl_h, b_row, h_kv, group, q_start, m_lo, n_steps, rot,
-                                    order, seq_q, BLOCK_M, GQA, WARPS)
+        if LSE_SMEM:  # step t + STAGES's rows (loaded a turn ago: their latency is behind
+            # the last step's adds), then step t + STAGES + 1's loaded. The slot is free:
+            # the compute warps are done with step t. (Loaded and stored here at once, the
+            # loads' latency was on the writer's path every step; stored after this step's
+            # adds, the compute warps waited on the adds at the start of a step, not its
+            # end: deterministic and unmasked, 0.89x both ways, evidence 2042Z, 2045Z.)
+            if t + STAGES < n_total:
+                _put_rows(t + STAGES, lse, delta, rows_smem, ready, STAGES)
+            lse, delta = _row_loads(t + STAGES + 1, t + STAGES + 1 < n_total, p_lse, p_delta,
+                                    sl_b, sl_h, b_row, h_kv, group, q_start, m_lo, n_steps,
+                                    rot, order, seq_q, BLOCK_M, GQA, WARPS)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
                                       n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
@@ -368,9 +377,6 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         if DETERMINISTIC:
             gl.atomic_add(counter, 1, sem="release", scope="gpu")
         mbarrier.arrive(dq_free.index(buf), count=1)
-        if LSE_SMEM:
-            if t + STAGES < n_total:
-                _put_rows(t + STAGES, lse, delta, rows_smem, ready, STAGES)
 
 
 @gluon.jit
