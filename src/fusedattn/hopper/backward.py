@@ -34,7 +34,11 @@ DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 DQ_TMA = {64: False, 128: True}
 # per head dim, each step's LSE (base 2) and delta go into shared memory by the writer's
 # warps (the loader's work, MERGED) with its Q and dO, and the compute warps read them
-# there, not from global memory at the step's start
+# there, not from global memory at the step's start; not where S is transposed and the
+# adds are deterministic (`lse_in_shared`). At D128 against global loads (evidence
+# 2049Z): masked rows +2.6 to +5.8%, racing unmasked +10%, deterministic unmasked -7% at
+# S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64 (the writer's atomics) -3 to -19%
+# (2042Z), with the TMA adds -3 to +2% (2049Z)
 LSE_SMEM = {64: False, 128: True}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
@@ -92,6 +96,13 @@ def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
     return "rotated" if rotated else "down"
 
 
+def lse_in_shared(dim: int, swap: bool, deterministic: bool) -> bool:
+    """Whether a launch takes LSE and delta through shared memory (`LSE_SMEM`): not with S
+    transposed (`swap`: no mask, no softcap) under deterministic adds, where a step's start
+    then waits on the last step's adds (the writer's rows come after them)."""
+    return LSE_SMEM[dim] and not (swap and deterministic)
+
+
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
     """How many int32 counters (zeros) the deterministic adds take: one per (batch, head,
     query tile); varlen: batch the sequences, seq_q the longest."""
@@ -137,7 +148,8 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim], LSE_SMEM=LSE_SMEM[dim],
-                  SWAP_SDP=swap, MERGED=MERGED,
-                  GQA=heads != heads_kv, VARLEN=varlen is not None, num_warps=8)
+                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim],
+                  LSE_SMEM=lse_in_shared(dim, swap, deterministic), SWAP_SDP=swap,
+                  MERGED=MERGED, GQA=heads != heads_kv, VARLEN=varlen is not None,
+                  num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs
