@@ -69,8 +69,7 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False, MERGED=True, DQ_TMA=True,
-                    LSE_SMEM=True)
+                    VARLEN=False, MERGED=True)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
@@ -79,6 +78,7 @@ BWD_CONFIGS = [
     dict(name="bwd D128 causal, dQ by atomics", D=128, HAS_RIGHT=True, DQ_TMA=False),
     dict(name="bwd D128 causal, LSE from global memory", D=128, HAS_RIGHT=True,
          LSE_SMEM=False),
+    dict(name="bwd D128, LSE in shared memory", D=128, LSE_SMEM=True),
     dict(name="bwd D128 softcap", D=128, SOFTCAP=True),
     dict(name="bwd D128 P and dS in shared memory", D=128, SWAP_SDP=False),
     dict(name="bwd D128 causal, S transposed", D=128, HAS_RIGHT=True, SWAP_SDP=True),
@@ -121,6 +121,10 @@ def compile_config(fn, config: dict, backward: bool = False):
         c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
         # S transposed where no mask bounds a key and no softcap, as the launcher decides
         c.setdefault("SWAP_SDP", not (c["HAS_LEFT"] or c["HAS_RIGHT"] or c["SOFTCAP"]))
+        # dQ by TMA reductions and LSE through shared memory at D128, the latter not with
+        # S transposed under deterministic adds (`hopper.backward.DQ_TMA`, `lse_in_shared`)
+        c.setdefault("DQ_TMA", c["D"] == 128)
+        c.setdefault("LSE_SMEM", c["D"] == 128 and not (c["SWAP_SDP"] and c["DETERMINISTIC"]))
         return _compile(fn, c, _backward_types(c), 8)
     c = DEFAULTS | {k: v for k, v in config.items() if k != "name"}
     c.setdefault("FP8_PACK", c["FP8"])  # the launcher's `FP8_PACK and fp8`

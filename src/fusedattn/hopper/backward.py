@@ -6,7 +6,8 @@ summed in an fp32 accumulator that `flash_backward` then casts into dQ. Tiles pe
 (`TILES`): BLOCK_M query rows a step, BLOCK_N keys a program, STAGES slots of Q and dO.
 Shared memory: STAGES * 2 * BLOCK_M * D * 2 bytes of Q and dO, 2 * BLOCK_N * D * 2 of K and
 V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS (dS alone with S transposed), DQ_BUFS * BLOCK_M *
-D * 4 of dQ (D128: 224 KB, 208 KB)."""
+D * 4 of dQ, and with LSE_SMEM 2 * STAGES * BLOCK_M * 4 of LSE and delta (D128: 225 KB,
+209 KB)."""
 
 from __future__ import annotations
 

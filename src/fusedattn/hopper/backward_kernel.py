@@ -19,9 +19,12 @@ warps share its shared memory (three without MERGED, the loader a warp of its ow
                                      for dQ alone (one barrier a step, not two)
     loader and dQ writer (a          the tile's K and V once, each step's Q and dO by TMA
       warpgroup, 24 registers)       into a ring of STAGES slots (one ready and one free
-                                     mbarrier per slot), and each step's dQ added into an
-                                     fp32 accumulator in global memory (atomics), off the
-                                     compute warps' path
+                                     mbarrier per slot) and, LSE_SMEM, its LSE (base 2)
+                                     and delta into the slot's two rows of shared memory
+                                     (loaded a step ahead); and each step's dQ added into
+                                     an fp32 accumulator in global memory, off the compute
+                                     warps' path: by one TMA reduction (DQ_TMA, `_tma_add`)
+                                     or by the warps' atomics
     and at the end dK (scaled) and dV go out through K's and V's shared tiles by TMA.
 
 So P and dP are computed once (5 GEMMs a step, the FLOP convention's count), where the
@@ -290,11 +293,13 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr,
                DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
-    memory, ROWS rows at a time, off the compute warps' path; DETERMINISTIC: after the key
-    tiles before this one (the module docstring), then counted. MERGED: these warps are the
-    loader too (one warpgroup for both, so that the compute warpgroups get 240 registers):
-    K, V and the first STAGES steps' Q and dO up front, then step t + STAGES's as soon as
-    step t is done (its slot is free then), before step t's adds."""
+    memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
+    ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
+    module docstring), then counted (after the reduction's writes are done). MERGED: these
+    warps are the loader too (one warpgroup for both, so that the compute warpgroups get
+    240 registers): K, V and the first STAGES steps' Q and dO up front, then step t +
+    STAGES's as soon as step t is done (its slot is free then), before step t's adds;
+    LSE_SMEM (only with MERGED) the steps' LSE and delta rows too, loaded a step ahead."""
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
@@ -629,7 +634,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
-    `[B, H, Sq, D]` (contiguous, zeros, scaled in here); `p_sem` int32 zeros
+    `[B, H, Sq, D]` (contiguous, zeros, scaled in here), `dq_desc` its TMA descriptor
+    (blocks `[1, 1, BLOCK_M, D]`, for DQ_TMA); `p_sem` int32 zeros
     `[B, H, n_tiles_m]` (DETERMINISTIC). The mask as the forward's (`left`/`right` >= 0
     bound the keys; qk_scale and cap from `common.Mask.kernel_args`); `scale` is the
     softmax scale dK and dQ take. VARLEN: sequence b is rows cu[b]..cu[b+1] (`p_cu_q`,
