@@ -365,3 +365,37 @@ def test_scores_are_transposed_only_where_no_mask_bounds_a_key(mask, swapped, mo
         torch.zeros(knobs.counters(1, 2, 128, 128), dtype=torch.int32), q, q, scale=0.1,
         mask=mask)
     assert launch[3]["SWAP_SDP"] is swapped and launch[3]["MERGED"] is True
+
+
+@pytest.mark.parametrize("dim, mask, deterministic, tma, lse", [
+    (128, Mask(), True, True, False),             # S^T under deterministic adds: no rows
+    (128, Mask(), False, True, True),             # racing: the rows
+    (128, Mask(causal=True), True, True, True),
+    (128, Mask(softcap=30.0), True, True, True),  # (no S^T under a softcap)
+    (64, Mask(causal=True), True, False, False),  # D64: the writer's atomics, LSE loaded
+    (64, Mask(), False, False, False)])
+def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, deterministic, tma,
+                                                           lse, monkeypatch):
+    """`hopper.backward`'s launch adds dQ by TMA reductions (`DQ_TMA`) at D128 alone, and
+    takes LSE and delta through shared memory (`lse_in_shared`) at D128 except with S^T
+    under deterministic adds (evidence 2031Z, 2049Z); `SWAP_MASKED` (an A/B) transposes
+    S under masks too, keeping the rows."""
+    from fusedattn.hopper import backward as knobs
+
+    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
+
+    def launch():
+        q = rand(1, 2, 128, dim, dtype=torch.bfloat16)
+        zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
+        return knobs.hopper_backward_launch(
+            q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
+            torch.zeros(knobs.counters(1, 2, 128, dim), dtype=torch.int32), q, q,
+            scale=0.1, mask=mask, deterministic=deterministic)[3]
+
+    got = launch()
+    assert (got["DQ_TMA"], got["LSE_SMEM"]) == (tma, lse)
+    monkeypatch.setattr(knobs, "SWAP_MASKED", True)
+    got = launch()
+    bounded = mask.causal or mask.window is not None
+    assert got["SWAP_SDP"] is (mask.softcap is None and (not bounded or dim == 128))
+    assert got["LSE_SMEM"] is (lse or (bounded and dim == 128))

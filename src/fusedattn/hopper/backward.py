@@ -46,6 +46,11 @@ LSE_SMEM = {64: False, 128: True}
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
 # against 28), so those keep P and dS in shared memory
 SWAP_SDP = True
+# A/B only, not run on a GPU yet: S^T under masks too, where LSE_SMEM is on. With LSE in
+# shared memory the CPU compile report has that D128 causal key loop at 527 instructions
+# and no spills, against 846 and 68 bytes without it (the cause blamed for the 19-34%
+# loss above) and 599 and 52 bytes for today's causal loop (notes/issue-33.md)
+SWAP_MASKED = False
 # the deterministic adds' order (`backward_kernel`'s docstring; `order` below): None picks
 # by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
 ORDER = None
@@ -66,7 +71,7 @@ def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
-            tuple(sorted(LSE_SMEM.items())), SWAP_SDP, MERGED,
+            tuple(sorted(LSE_SMEM.items())), SWAP_SDP, SWAP_MASKED, MERGED,
             ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
@@ -97,11 +102,11 @@ def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
     return "rotated" if rotated else "down"
 
 
-def lse_in_shared(dim: int, swap: bool, deterministic: bool) -> bool:
+def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
     """Whether a launch takes LSE and delta through shared memory (`LSE_SMEM`): not with S
-    transposed (`swap`: no mask, no softcap) under deterministic adds, where a step's start
-    then waits on the last step's adds (the writer's rows come after them)."""
-    return LSE_SMEM[dim] and not (swap and deterministic)
+    transposed and no mask (`unmasked_swap`) under deterministic adds, where it lost 7%
+    (a step's start then waits on the writer's last adds, its rows coming after them)."""
+    return LSE_SMEM[dim] and not (unmasked_swap and deterministic)
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
@@ -131,7 +136,8 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
         cu_q = cu_k = sem  # unused pointers
     block_m, block_n, stages = TILES[dim]
     qk_scale, cap, left, right = mask.kernel_args(scale)
-    swap = SWAP_SDP and left < 0 and right < 0 and cap == 0
+    unmasked = left < 0 and right < 0
+    swap = SWAP_SDP and cap == 0 and (unmasked or (SWAP_MASKED and LSE_SMEM[dim]))
     descs = [_descriptor(t, rows, dim) for t, rows in
              ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
               (dv, block_n), (dq_acc, block_m))]
@@ -150,7 +156,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
                   DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim],
-                  LSE_SMEM=lse_in_shared(dim, swap, deterministic), SWAP_SDP=swap,
+                  LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   MERGED=MERGED, GQA=heads != heads_kv, VARLEN=varlen is not None,
                   num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs
