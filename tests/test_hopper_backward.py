@@ -355,16 +355,22 @@ def test_deterministic_takes_a_bool_and_reaches_the_backward(monkeypatch):
 def test_scores_are_transposed_only_where_no_mask_bounds_a_key(mask, swapped, monkeypatch):
     """`hopper.backward`'s launch picks S^T (P and dS as register operands) for unmasked
     rows alone: under masks and softcaps that kernel spilled and ran 19-34% slower."""
+    launch = _cpu_launch(128, mask, True, monkeypatch)
+    assert launch["SWAP_SDP"] is swapped and launch["MERGED"] is True
+
+
+def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:
+    """The keyword arguments `hopper.backward`'s launcher picks for a B1 H2 S128 call (on
+    the CPU: the launch is built, not run)."""
     from fusedattn.hopper import backward as knobs
 
     monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
-    q = rand(1, 2, 128, 128, dtype=torch.bfloat16)
+    q = rand(1, 2, 128, dim, dtype=torch.bfloat16)
     zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
-    launch = knobs.hopper_backward_launch(
+    return knobs.hopper_backward_launch(
         q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
-        torch.zeros(knobs.counters(1, 2, 128, 128), dtype=torch.int32), q, q, scale=0.1,
-        mask=mask)
-    assert launch[3]["SWAP_SDP"] is swapped and launch[3]["MERGED"] is True
+        torch.zeros(knobs.counters(1, 2, 128, dim), dtype=torch.int32), q, q, scale=0.1,
+        mask=mask, deterministic=deterministic)[3]
 
 
 @pytest.mark.parametrize("dim, mask, deterministic, tma, lse", [
@@ -382,20 +388,10 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
     S under masks too, keeping the rows."""
     from fusedattn.hopper import backward as knobs
 
-    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
-
-    def launch():
-        q = rand(1, 2, 128, dim, dtype=torch.bfloat16)
-        zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
-        return knobs.hopper_backward_launch(
-            q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
-            torch.zeros(knobs.counters(1, 2, 128, dim), dtype=torch.int32), q, q,
-            scale=0.1, mask=mask, deterministic=deterministic)[3]
-
-    got = launch()
+    got = _cpu_launch(dim, mask, deterministic, monkeypatch)
     assert (got["DQ_TMA"], got["LSE_SMEM"]) == (tma, lse)
     monkeypatch.setattr(knobs, "SWAP_MASKED", True)
-    got = launch()
+    got = _cpu_launch(dim, mask, deterministic, monkeypatch)
     bounded = mask.causal or mask.window is not None
     assert got["SWAP_SDP"] is (mask.softcap is None and (not bounded or dim == 128))
     assert got["LSE_SMEM"] is (lse or (bounded and dim == 128))
