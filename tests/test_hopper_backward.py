@@ -389,7 +389,11 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
     from fusedattn.hopper import backward as knobs
 
     got = _cpu_launch(dim, mask, deterministic, monkeypatch)
+    assert knobs.tma_reduce_available()  # (Triton >= 3.6, as installed here)
     assert (got["DQ_TMA"], got["LSE_SMEM"]) == (tma, lse)
+    # a Triton whose Gluon builder has no TMA reduction: the writer's atomics
+    monkeypatch.setattr(knobs, "tma_reduce_available", lambda: False)
+    assert _cpu_launch(dim, mask, deterministic, monkeypatch)["DQ_TMA"] is False
     monkeypatch.setattr(knobs, "SWAP_MASKED", True)
     got = _cpu_launch(dim, mask, deterministic, monkeypatch)
     bounded = mask.causal or mask.window is not None

@@ -11,6 +11,8 @@ D * 4 of dQ, and with LSE_SMEM 2 * STAGES * BLOCK_M * 4 of LSE and delta (D128: 
 
 from __future__ import annotations
 
+import functools
+
 import triton
 
 from fusedattn.hopper.forward import _descriptor, _sm_count
@@ -102,6 +104,19 @@ def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
     return "rotated" if rotated else "down"
 
 
+@functools.cache
+def tma_reduce_available() -> bool:
+    """Whether this Triton's Gluon builder has the TMA reduction `backward_kernel._tma_add`
+    calls (Triton 3.6 has the op but no Gluon function for it); without it dQ is added by
+    the writer's atomics at every head dim."""
+    try:
+        from triton._C.libtriton import gluon_ir, ir
+    except ImportError:
+        return False
+    return (hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")
+            and hasattr(ir, "DESCRIPTOR_REDUCE_KIND"))
+
+
 def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
     """Whether a launch takes LSE and delta through shared memory (`LSE_SMEM`): not with S
     transposed and no mask (`unmasked_swap`) under deterministic adds, where it lost 7%
@@ -155,7 +170,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim],
+                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim] and tma_reduce_available(),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   MERGED=MERGED, GQA=heads != heads_kv, VARLEN=varlen is not None,
                   num_warps=8)
