@@ -115,16 +115,26 @@ def _backward_types(c: dict) -> dict:
             "scale": "fp32", "qk_scale": "fp32", "cap": "fp32"}
 
 
+def backward_constexprs(config: dict) -> dict:
+    """A backward configuration's constexprs, those it leaves out as `hopper.backward`'s
+    launcher picks them by default (this runs without torch, so the rule is written again
+    here; `tests/test_hopper_backward.py` checks it against the launcher's)."""
+    c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
+    unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])
+    # S transposed where no mask bounds a key and no softcap
+    c.setdefault("SWAP_SDP", unmasked and not c["SOFTCAP"])
+    # dQ by TMA reductions and LSE through shared memory at D128, the latter not with S
+    # transposed and no mask under deterministic adds (`DQ_TMA`, `lse_in_shared`)
+    c.setdefault("DQ_TMA", c["D"] == 128)
+    c.setdefault("LSE_SMEM", c["D"] == 128
+                 and not (c["SWAP_SDP"] and unmasked and c["DETERMINISTIC"]))
+    return c
+
+
 def compile_config(fn, config: dict, backward: bool = False):
     """The compiled kernel for one configuration (bf16, or float8 under FP8)."""
     if backward:
-        c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
-        # S transposed where no mask bounds a key and no softcap, as the launcher decides
-        c.setdefault("SWAP_SDP", not (c["HAS_LEFT"] or c["HAS_RIGHT"] or c["SOFTCAP"]))
-        # dQ by TMA reductions and LSE through shared memory at D128, the latter not with
-        # S transposed under deterministic adds (`hopper.backward.DQ_TMA`, `lse_in_shared`)
-        c.setdefault("DQ_TMA", c["D"] == 128)
-        c.setdefault("LSE_SMEM", c["D"] == 128 and not (c["SWAP_SDP"] and c["DETERMINISTIC"]))
+        c = backward_constexprs(config)
         return _compile(fn, c, _backward_types(c), 8)
     c = DEFAULTS | {k: v for k, v in config.items() if k != "name"}
     c.setdefault("FP8_PACK", c["FP8"])  # the launcher's `FP8_PACK and fp8`

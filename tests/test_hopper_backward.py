@@ -399,3 +399,22 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
     bounded = mask.causal or mask.window is not None
     assert got["SWAP_SDP"] is (mask.softcap is None and (not bounded or dim == 128))
     assert got["LSE_SMEM"] is (lse or (bounded and dim == 128))
+
+
+@pytest.mark.parametrize("dim, mask, deterministic", [
+    (128, Mask(), True), (128, Mask(), False), (128, Mask(causal=True), True),
+    (128, Mask(window=(8, 0)), False), (128, Mask(softcap=30.0), True),
+    (64, Mask(causal=True), True), (64, Mask(), False)])
+def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, deterministic,
+                                                           monkeypatch):
+    """`scripts/gluon_compile_report.py --backward` fills what a configuration leaves out
+    by the launcher's rule, written again there (it runs without torch): the two agree."""
+    report = script("gluon_compile_report")
+    _, _, left, right = mask.kernel_args(0.1)
+    config = dict(D=dim, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
+                  SOFTCAP=mask.softcap is not None, DETERMINISTIC=deterministic)
+    picked = report.backward_constexprs(config)
+    launched = _cpu_launch(dim, mask, deterministic, monkeypatch)
+    shared = sorted(set(picked) & set(launched))
+    assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "STAGES"} <= set(shared)
+    assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
