@@ -39,9 +39,9 @@ DQ_TMA = {64: False, 128: True}
 # warps (the loader's work, MERGED) with its Q and dO, and the compute warps read them
 # there, not from global memory at the step's start; not where S is transposed and the
 # adds are deterministic (`lse_in_shared`). At D128 against global loads (evidence
-# 2049Z): masked rows +2.6 to +5.8%, racing unmasked +10%, deterministic unmasked -7% at
-# S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64 (the writer's atomics) -3 to -19%
-# (2042Z), with the TMA adds -3 to +2% (2049Z)
+# 2049Z): masked rows +2.6 to +5.8%, racing unmasked 551 TFLOP/s (499 without, in 2031Z's
+# call), deterministic unmasked -7% at S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64
+# (the writer's atomics) -3 to -19% (2042Z), with the TMA adds -2.5 to +2.2% (2049Z)
 LSE_SMEM = {64: False, 128: True}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
@@ -51,7 +51,8 @@ SWAP_SDP = True
 # A/B only, not run on a GPU yet: S^T under masks too, where LSE_SMEM is on. With LSE in
 # shared memory the CPU compile report has that D128 causal key loop at 527 instructions
 # and no spills, against 846 and 68 bytes without it (the cause blamed for the 19-34%
-# loss above) and 599 and 52 bytes for today's causal loop (notes/issue-33.md)
+# loss above) and 599 and 52 bytes for today's causal loop (evidence
+# sm90-compile/20261202T2140Z-bwd-dq-tma-lse)
 SWAP_MASKED = False
 # the deterministic adds' order (`backward_kernel`'s docstring; `order` below): None picks
 # by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
