@@ -270,6 +270,36 @@ def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, optio
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("options", [o for o in ORDER_MASKS if o])
+def test_scores_transposed_under_masks_are_right_and_repeat(options, deterministic,
+                                                            monkeypatch):
+    # `hopper.backward.SWAP_MASKED` (an A/B switch, off by default) forced on: S^T under
+    # every mask at D128, GQA 6/2 with Sq != Sk; the kernel must run it (the launch says
+    # SWAP_SDP), be right against the reference and give the same bits again
+    from fusedattn.hopper import backward as knobs
+
+    monkeypatch.setattr(knobs, "SWAP_MASKED", True)
+    seen, real = [], knobs.hopper_backward_launch
+
+    def spy(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        seen.append(launch[3]["SWAP_SDP"])
+        return launch
+
+    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+    q = rand(1, 6, 777, 128, dtype=torch.bfloat16)
+    k, v = (rand(1, 2, 1290, 128, dtype=torch.bfloat16, seed=i) for i in (1, 2))
+    dout = rand(1, 6, 777, 128, dtype=torch.bfloat16, seed=3)
+    got = _dense(q, k, v, dout, _ref_kw(options), deterministic=deterministic, **options)
+    assert seen and all(seen), seen
+    if deterministic:
+        again = _grads(q, k, v, dout, "hopper", **options)
+        assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+
+
 MIB = 1 << 20
 
 
