@@ -52,6 +52,7 @@
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
 #               and SDPA's) by thread and op under torch.profiler, the backward's Python
 #               under cProfile in autograd's thread
+#   pyk F K     the tests of file F matching pytest's -k expression K
 #   hostprof    scripts/host_profile.py --sweep: host time a call by layer, SDPA's, the
 #               layers one by one, and the kernels a sweep of lengths compiles
 #   cp L        (a multi-GPU kind) scripts/context_parallel_bench.py on every GPU of the
@@ -95,6 +96,8 @@ while [ $# -gt 0 ]; do
     tier) python3 scripts/gpu_tier.py --out $ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py tests/test_plans.py tests/test_fp8.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hopperbwd) python3 -m pytest -q -x -p no:cacheprovider -o addopts= tests/test_hopper_backward.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    pyk) file=$1 expr=$2; shift 2   # one test file's tests matching a -k expression
+         python3 -m pytest -q -p no:cacheprovider -o addopts= "$file" -k "$expr" 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     bwd) python3 scripts/hopper_bwd_check.py --out $ev --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;
     varlengrid) python3 scripts/varlen_grid_ab.py --out $ev 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
