@@ -43,6 +43,9 @@ DQ_TMA = {64: False, 128: True}
 # call), deterministic unmasked -7% at S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64
 # (the writer's atomics) -3 to -19% (2042Z), with the TMA adds -2.5 to +2.2% (2049Z)
 LSE_SMEM = {64: False, 128: True}
+# A/B only: LSE_SMEM also where S is transposed with no mask under deterministic adds
+# (`lse_in_shared`'s exception; -7% at D128 S4096, evidence 2049Z)
+LSE_SWAP_DETERMINISTIC = False
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
@@ -74,7 +77,7 @@ def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
-            tuple(sorted(LSE_SMEM.items())), SWAP_SDP, SWAP_MASKED, MERGED,
+            tuple(sorted(LSE_SMEM.items())), LSE_SWAP_DETERMINISTIC, SWAP_SDP, SWAP_MASKED, MERGED,
             ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
@@ -122,7 +125,7 @@ def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
     """Whether a launch takes LSE and delta through shared memory (`LSE_SMEM`): not with S
     transposed and no mask (`unmasked_swap`) under deterministic adds, where it lost 7%
     (a step's start then waits on the writer's last adds, its rows coming after them)."""
-    return LSE_SMEM[dim] and not (unmasked_swap and deterministic)
+    return LSE_SMEM[dim] and (LSE_SWAP_DETERMINISTIC or not (unmasked_swap and deterministic))
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
