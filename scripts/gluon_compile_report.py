@@ -66,7 +66,7 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 
 
 # the backward's launcher's (`hopper.backward`) defaults and configurations
-BWD_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
+BWD_DEFAULTS = dict(BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True, LOADER_REGS=24,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
                     VARLEN=False, MERGED=True)
@@ -120,14 +120,15 @@ def backward_constexprs(config: dict) -> dict:
     launcher picks them by default (this runs without torch, so the rule is written again
     here; `tests/test_hopper_backward.py` checks it against the launcher's)."""
     c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
+    c.setdefault("BLOCK_M", 128 if c["D"] == 64 else 64)  # D64: 128-row steps
     unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])
     # S transposed where no mask bounds a key and no softcap
     c.setdefault("SWAP_SDP", unmasked and not c["SOFTCAP"])
-    # dQ by TMA reductions and LSE through shared memory at D128, the latter not with S
+    # dQ by TMA reductions and LSE through shared memory, the latter at D128 not with S
     # transposed and no mask under deterministic adds (`DQ_TMA`, `lse_in_shared`)
-    c.setdefault("DQ_TMA", c["D"] == 128)
-    c.setdefault("LSE_SMEM", c["D"] == 128
-                 and not (c["SWAP_SDP"] and unmasked and c["DETERMINISTIC"]))
+    c.setdefault("DQ_TMA", True)
+    c.setdefault("LSE_SMEM", c["D"] == 64
+                 or not (c["SWAP_SDP"] and unmasked and c["DETERMINISTIC"]))
     return c
 
 

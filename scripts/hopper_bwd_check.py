@@ -127,24 +127,10 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-smem-merged": _ours("hopper", SWAP_SDP=False),
              "hopper-apart": _ours("hopper", MERGED=False),
              "hopper-w2": _ours("hopper", WRITER_WARPS=2),
-             # D64 with 128-row steps (P and dS through shared memory: 224 KB)
-             "hopper-d64m128": _ours("hopper", SWAP_SDP=False,
-                                     TILES={64: (128, 128, 2), 128: (64, 128, 2)}),
-             # D64 with 128-row steps, dQ by TMA reductions and LSE in shared memory
-             # (S transposed where unmasked; `-spill`: LSE from global memory there under
-             # deterministic adds, as `lse_in_shared` has it, where ptxas spills 196 B)
-             "hopper-d64m128-tl": _ours("hopper", TILES={64: (128, 128, 2), 128: (64, 128, 2)},
-                                        DQ_TMA={64: True, 128: True},
-                                        LSE_SMEM={64: True, 128: True},
-                                        LSE_SWAP_DETERMINISTIC=True),
-             "hopper-d64m128-tl-spill": _ours("hopper", TILES={64: (128, 128, 2),
-                                                               128: (64, 128, 2)},
-                                              DQ_TMA={64: True, 128: True},
-                                              LSE_SMEM={64: True, 128: True}),
-             "hopper-race-d64m128-tl": _ours("hopper", deterministic=False,
-                                             TILES={64: (128, 128, 2), 128: (64, 128, 2)},
-                                             DQ_TMA={64: True, 128: True},
-                                             LSE_SMEM={64: True, 128: True}),
+             # D64 as before 2150Z: 64-row steps, the writer's atomics, LSE loaded
+             "hopper-d64m64": _ours("hopper", TILES={64: (64, 128, 2), 128: (64, 128, 2)},
+                                    DQ_TMA={64: False, 128: True},
+                                    LSE_SMEM={64: False, 128: True}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
              # dQ added by the writer's threads' atomics, or by one TMA reduction a step,
              # at every head dim (`hopper.backward.DQ_TMA`)

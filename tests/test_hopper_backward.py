@@ -408,14 +408,15 @@ def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:
     (128, Mask(), False, True, True),             # racing: the rows
     (128, Mask(causal=True), True, True, True),
     (128, Mask(softcap=30.0), True, True, True),  # (no S^T under a softcap)
-    (64, Mask(causal=True), True, False, False),  # D64: the writer's atomics, LSE loaded
-    (64, Mask(), False, False, False)])
+    (64, Mask(causal=True), True, True, True),    # D64 (128-row steps): both
+    (64, Mask(), True, True, True),               # ... S^T under deterministic adds too
+    (64, Mask(), False, True, True)])
 def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, deterministic, tma,
                                                            lse, monkeypatch):
-    """`hopper.backward`'s launch adds dQ by TMA reductions (`DQ_TMA`) at D128 alone, and
-    takes LSE and delta through shared memory (`lse_in_shared`) at D128 except with S^T
-    under deterministic adds (evidence 2031Z, 2049Z); `SWAP_MASKED` (an A/B) transposes
-    S under masks too, keeping the rows."""
+    """`hopper.backward`'s launch adds dQ by TMA reductions (`DQ_TMA`) and takes LSE and
+    delta through shared memory (`lse_in_shared`), at D128 except with S^T under
+    deterministic adds (evidence 2031Z, 2049Z), at D64 everywhere (its 128-row steps,
+    2150Z); `SWAP_MASKED` (an A/B) transposes S under masks too, keeping the rows."""
     from fusedattn.hopper import backward as knobs
 
     got = _cpu_launch(dim, mask, deterministic, monkeypatch)
@@ -427,14 +428,14 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
     monkeypatch.setattr(knobs, "SWAP_MASKED", True)
     got = _cpu_launch(dim, mask, deterministic, monkeypatch)
     bounded = mask.causal or mask.window is not None
-    assert got["SWAP_SDP"] is (mask.softcap is None and (not bounded or dim == 128))
-    assert got["LSE_SMEM"] is (lse or (bounded and dim == 128))
+    assert got["SWAP_SDP"] is (mask.softcap is None)
+    assert got["LSE_SMEM"] is (lse or bounded)
 
 
 @pytest.mark.parametrize("dim, mask, deterministic", [
     (128, Mask(), True), (128, Mask(), False), (128, Mask(causal=True), True),
     (128, Mask(window=(8, 0)), False), (128, Mask(softcap=30.0), True),
-    (64, Mask(causal=True), True), (64, Mask(), False)])
+    (64, Mask(causal=True), True), (64, Mask(), True), (64, Mask(), False)])
 def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, deterministic,
                                                            monkeypatch):
     """`scripts/gluon_compile_report.py --backward` fills what a configuration leaves out

@@ -7,7 +7,7 @@ summed in an fp32 accumulator that `flash_backward` then casts into dQ. Tiles pe
 Shared memory: STAGES * 2 * BLOCK_M * D * 2 bytes of Q and dO, 2 * BLOCK_N * D * 2 of K and
 V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS (dS alone with S transposed), DQ_BUFS * BLOCK_M *
 D * 4 of dQ, and with LSE_SMEM 2 * STAGES * BLOCK_M * 4 of LSE and delta (D128: 225 KB,
-209 KB)."""
+209 KB with S transposed; D64's 128-row steps 226 KB and 194 KB)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,14 @@ import triton
 
 from fusedattn.hopper.forward import _descriptor, _sm_count
 
-# head dim (q, k and v alike) -> (BLOCK_M, BLOCK_N, STAGES)
+# head dim (q, k and v alike) -> (BLOCK_M, BLOCK_N, STAGES). D64 takes 128 query rows a
+# step (half the steps, so half the barriers and adds a key tile): with the TMA adds and
+# LSE rows below, +7 to +24% over 64-row steps in every D64 row, the gradients
+# bit-identical (evidence nvidia-h200/20261202T2150Z-bwd-d64-m128; with the atomics and
+# LSE from global memory, 0831Z, it had lost 7% under causal masks, and ptxas spills
+# 196 B where S is transposed without the LSE rows)
 TILES = {
-    64: (64, 128, 2),
+    64: (128, 128, 2),
     128: (64, 128, 2),
 }
 LOADER_REGS, WRITER_REGS = 24, 24
@@ -32,20 +37,23 @@ DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # per head dim, the writer adds a step's dQ by one TMA reduction
 # (`backward_kernel._tma_add`), not by its threads' atomics (64 a thread a step at D128):
-# at D128 +1.6 to +5.8% in every row, at D64 -5.7 to -0.4% (evidence
-# nvidia-h200/20261202T2031Z-bwd-dq-tma)
-DQ_TMA = {64: False, 128: True}
+# at D128 +1.6 to +5.8% in every row, at D64's former 64-row steps -5.7 to -0.4%
+# (evidence nvidia-h200/20261202T2031Z-bwd-dq-tma); D64's 128-row steps take it with the
+# LSE rows (2150Z, above)
+DQ_TMA = {64: True, 128: True}
 # per head dim, each step's LSE (base 2) and delta go into shared memory by the writer's
 # warps (the loader's work, MERGED) with its Q and dO, and the compute warps read them
 # there, not from global memory at the step's start; not where S is transposed and the
 # adds are deterministic (`lse_in_shared`). At D128 against global loads (evidence
 # 2049Z): masked rows +2.6 to +5.8%, racing unmasked 551 TFLOP/s (499 without, in 2031Z's
-# call), deterministic unmasked -7% at S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64
-# (the writer's atomics) -3 to -19% (2042Z), with the TMA adds -2.5 to +2.2% (2049Z)
-LSE_SMEM = {64: False, 128: True}
-# A/B only: LSE_SMEM also where S is transposed with no mask under deterministic adds
-# (`lse_in_shared`'s exception; -7% at D128 S4096, evidence 2049Z)
-LSE_SWAP_DETERMINISTIC = False
+# call), deterministic unmasked -7% at S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64's
+# former 64-row steps (the writer's atomics) -3 to -19% (2042Z), with the TMA adds -2.5 to
+# +2.2% (2049Z); D64's 128-row steps need them (2150Z)
+LSE_SMEM = {64: True, 128: True}
+# per head dim, LSE_SMEM also where S is transposed with no mask under deterministic adds
+# (`lse_in_shared`): at D128 it lost 7% there (S4096, evidence 2049Z); D64's 128-row
+# steps without it spill 196 B and run at 0.47x (210 TFLOP/s against 443, 2150Z)
+LSE_SWAP_DETERMINISTIC = {64: True, 128: False}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
 # +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
@@ -77,8 +85,8 @@ def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
     replays the kernel it recorded)."""
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
-            tuple(sorted(LSE_SMEM.items())), LSE_SWAP_DETERMINISTIC, SWAP_SDP, SWAP_MASKED, MERGED,
-            ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES,
+            tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
+            SWAP_SDP, SWAP_MASKED, MERGED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
 
@@ -122,10 +130,12 @@ def tma_reduce_available() -> bool:
 
 
 def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
-    """Whether a launch takes LSE and delta through shared memory (`LSE_SMEM`): not with S
-    transposed and no mask (`unmasked_swap`) under deterministic adds, where it lost 7%
-    (a step's start then waits on the writer's last adds, its rows coming after them)."""
-    return LSE_SMEM[dim] and (LSE_SWAP_DETERMINISTIC or not (unmasked_swap and deterministic))
+    """Whether a launch takes LSE and delta through shared memory (`LSE_SMEM`): at D128
+    not with S transposed and no mask (`unmasked_swap`) under deterministic adds, where it
+    lost 7% (a step's start then waits on the writer's last adds, its rows coming after
+    them; `LSE_SWAP_DETERMINISTIC`)."""
+    return LSE_SMEM[dim] and (LSE_SWAP_DETERMINISTIC[dim]
+                              or not (unmasked_swap and deterministic))
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
