@@ -122,8 +122,8 @@ def backward_constexprs(config: dict) -> dict:
     c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
     c.setdefault("BLOCK_M", 128 if c["D"] == 64 else 64)  # D64: 128-row steps
     unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])
-    # S transposed where no mask bounds a key and no softcap
-    c.setdefault("SWAP_SDP", unmasked and not c["SOFTCAP"])
+    # S transposed where there is no softcap and, at D128, no mask bounds a key
+    c.setdefault("SWAP_SDP", (unmasked or c["D"] == 64) and not c["SOFTCAP"])
     # dQ by TMA reductions and LSE through shared memory, the latter at D128 not with S
     # transposed and no mask under deterministic adds (`DQ_TMA`, `lse_in_shared`)
     c.setdefault("DQ_TMA", True)

@@ -144,8 +144,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-nolse": _ours("hopper", LSE_SMEM={64: False, 128: False}),
              "hopper-tma-lse": _ours("hopper", DQ_TMA={64: True, 128: True},
                                      LSE_SMEM={64: True, 128: True}),
-             # S transposed under masks too, with LSE in shared memory (D128)
-             "hopper-swap-masked": _ours("hopper", SWAP_MASKED=True),
+             # S transposed under masks at every head dim, or at none
+             "hopper-swap-masked": _ours("hopper", SWAP_MASKED={64: True, 128: True}),
+             "hopper-swap-unmasked": _ours("hopper", SWAP_MASKED={64: False, 128: False}),
              # the deterministic adds' orders forced (`hopper.backward.order`)
              "hopper-down": _ours("hopper", ORDER="down"),
              "hopper-up": _ours("hopper", ORDER="up"),

@@ -55,16 +55,16 @@ LSE_SMEM = {64: True, 128: True}
 # steps without it spill 196 B and run at 0.47x (210 TFLOP/s against 443, 2150Z)
 LSE_SWAP_DETERMINISTIC = {64: True, 128: False}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
-# bounds no key and there is no softcap. Measured at 8cba653 (evidence 0813Z): D128 S4096
-# +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136 bytes at D128 causal,
-# against 28), so those keep P and dS in shared memory
+# bounds no key (or SWAP_MASKED) and there is no softcap. Measured at 8cba653 (evidence
+# 0813Z): D128 S4096 +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136
+# bytes at D128 causal, against 28), so those keep P and dS in shared memory
 SWAP_SDP = True
-# A/B only, not run on a GPU yet: S^T under masks too, where LSE_SMEM is on. With LSE in
-# shared memory the CPU compile report has that D128 causal key loop at 527 instructions
-# and no spills, against 846 and 68 bytes without it (the cause blamed for the 19-34%
-# loss above) and 599 and 52 bytes for today's causal loop (evidence
-# sm90-compile/20261202T2140Z-bwd-dq-tma-lse)
-SWAP_MASKED = False
+# per head dim, S^T under masks too (not under a softcap), where LSE_SMEM is on. D64 (its
+# 128-row steps): +10 to +13% on its three causal rows (evidence 2158Z), the gradients
+# bit-identical. D128: no gain (-2.4% S4096 causal, -5.1% S16384, evidence 2146Z),
+# though the CPU compile report has its causal key loop at 527 instructions and no spills
+# against 599 and 52 bytes (sm90-compile/20261202T2140Z-bwd-dq-tma-lse)
+SWAP_MASKED = {64: True, 128: False}
 # the deterministic adds' order (`backward_kernel`'s docstring; `order` below): None picks
 # by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
 ORDER = None
@@ -86,7 +86,8 @@ def switches() -> tuple:
     replays the kernel it recorded)."""
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
-            SWAP_SDP, SWAP_MASKED, MERGED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES,
+            SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), MERGED, ORDER, UP_MIN_WAVES,
+            SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())))
 
 
@@ -166,7 +167,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     block_m, block_n, stages = TILES[dim]
     qk_scale, cap, left, right = mask.kernel_args(scale)
     unmasked = left < 0 and right < 0
-    swap = SWAP_SDP and cap == 0 and (unmasked or (SWAP_MASKED and LSE_SMEM[dim]))
+    swap = SWAP_SDP and cap == 0 and (unmasked or (SWAP_MASKED[dim] and LSE_SMEM[dim]))
     descs = [_descriptor(t, rows, dim) for t, rows in
              ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
               (dv, block_n), (dq_acc, block_m))]
