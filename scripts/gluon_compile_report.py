@@ -120,7 +120,8 @@ def backward_constexprs(config: dict) -> dict:
     launcher picks them by default (this runs without torch, so the rule is written again
     here; `tests/test_hopper_backward.py` checks it against the launcher's)."""
     c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
-    c.setdefault("BLOCK_M", 128 if c["D"] == 64 else 64)  # D64: 128-row steps
+    # D64: 128-row steps, but 64 under a softcap (`TILES`, `SOFTCAP_TILES`)
+    c.setdefault("BLOCK_M", 128 if c["D"] == 64 and not c["SOFTCAP"] else 64)
     unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])
     # S transposed where there is no softcap and, at D128, no mask bounds a key
     c.setdefault("SWAP_SDP", (unmasked or c["D"] == 64) and not c["SOFTCAP"])

@@ -393,6 +393,23 @@ def test_scores_are_transposed_where_they_pay(dim, mask, swapped, monkeypatch):
     assert launch["SWAP_SDP"] is swapped and launch["MERGED"] is True
 
 
+@pytest.mark.parametrize("dim, softcap, rows", [(64, None, 128), (64, 30.0, 64),
+                                                (128, None, 64), (128, 30.0, 64)])
+def test_query_rows_a_step_follow_the_head_dim_and_softcap(dim, softcap, rows, monkeypatch):
+    """D64 takes 128 query rows a step, but 64 under a softcap (where 128 spill 604 B,
+    `hopper.backward.SOFTCAP_TILES`), and the deterministic adds' counters follow: one
+    per query tile of the launch's."""
+    from fusedattn.hopper import backward as knobs
+
+    launch = _cpu_launch(dim, Mask(softcap=softcap), True, monkeypatch)
+    assert launch["BLOCK_M"] == rows
+    assert knobs.counters(2, 3, 1000, dim, softcap is not None) == 2 * 3 * -(-1000 // rows)
+    if rows == 64 and dim == 64:  # counters sized for 128-row steps: refused, not overrun
+        monkeypatch.setattr(knobs, "counters", lambda *args: 2)
+        with pytest.raises(ValueError, match="2 counters for 4 query tiles"):
+            _cpu_launch(dim, Mask(softcap=softcap), True, monkeypatch)
+
+
 def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:
     """The keyword arguments `hopper.backward`'s launcher picks for a B1 H2 S128 call (on
     the CPU: the launch is built, not run)."""
@@ -403,7 +420,8 @@ def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:
     zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
     return knobs.hopper_backward_launch(
         q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
-        torch.zeros(knobs.counters(1, 2, 128, dim), dtype=torch.int32), q, q, scale=0.1,
+        torch.zeros(knobs.counters(1, 2, 128, dim, bool(mask.softcap)), dtype=torch.int32),
+        q, q, scale=0.1,
         mask=mask, deterministic=deterministic)[3]
 
 
@@ -440,7 +458,8 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
 @pytest.mark.parametrize("dim, mask, deterministic", [
     (128, Mask(), True), (128, Mask(), False), (128, Mask(causal=True), True),
     (128, Mask(window=(8, 0)), False), (128, Mask(softcap=30.0), True),
-    (64, Mask(causal=True), True), (64, Mask(), True), (64, Mask(), False)])
+    (64, Mask(causal=True), True), (64, Mask(), True), (64, Mask(), False),
+    (64, Mask(softcap=30.0), True)])
 def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, deterministic,
                                                            monkeypatch):
     """`scripts/gluon_compile_report.py --backward` fills what a configuration leaves out

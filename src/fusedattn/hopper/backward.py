@@ -27,6 +27,11 @@ TILES = {
     64: (128, 128, 2),
     128: (64, 128, 2),
 }
+# under a softcap, per head dim where it differs (`tiles`): D64 keeps 64-row steps. Its
+# 128-row steps compile to a key loop of 2837 instructions with 604 B spilled (not
+# transposed; 1408 B transposed), against 1241 and none for 64-row steps (CPU compile
+# report, evidence sm90-compile/20261202T2210Z-bwd-d64; not timed on a GPU)
+SOFTCAP_TILES = {64: (64, 128, 2)}
 LOADER_REGS, WRITER_REGS = 24, 24
 WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 # the loader's work in the writer's warpgroup: 3 warpgroups, not 4, so that the compute
@@ -88,7 +93,7 @@ def switches() -> tuple:
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), MERGED, ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES,
-            tuple(sorted(TILES.items())))
+            tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -139,10 +144,15 @@ def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
                               or not (unmasked_swap and deterministic))
 
 
-def counters(batch: int, heads: int, seq_q: int, dim: int) -> int:
+def tiles(dim: int, softcap: bool) -> tuple:
+    """(BLOCK_M, BLOCK_N, STAGES) for a head dim, with or without a softcap."""
+    return SOFTCAP_TILES.get(dim, TILES[dim]) if softcap else TILES[dim]
+
+
+def counters(batch: int, heads: int, seq_q: int, dim: int, softcap: bool = False) -> int:
     """How many int32 counters (zeros) the deterministic adds take: one per (batch, head,
     query tile); varlen: batch the sequences, seq_q the longest."""
-    return batch * heads * triton.cdiv(seq_q, TILES[dim][0])
+    return batch * heads * triton.cdiv(seq_q, tiles(dim, softcap)[0])
 
 
 def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, scale, mask,
@@ -164,8 +174,8 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     else:
         batch, seq_q, seq_k = rows_b, rows_q, k.shape[2]
         cu_q = cu_k = sem  # unused pointers
-    block_m, block_n, stages = TILES[dim]
     qk_scale, cap, left, right = mask.kernel_args(scale)
+    block_m, block_n, stages = tiles(dim, cap > 0)
     unmasked = left < 0 and right < 0
     swap = SWAP_SDP and cap == 0 and (unmasked or (SWAP_MASKED[dim] and LSE_SMEM[dim]))
     descs = [_descriptor(t, rows, dim) for t, rows in
@@ -173,6 +183,9 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
               (dv, block_n), (dq_acc, block_m))]
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
+    if sem.numel() < batch * heads * tiles_m:  # (the adds' counters: one a query tile)
+        raise ValueError(f"{sem.numel()} counters for {batch * heads * tiles_m} query tiles: "
+                         f"size them by counters(..., softcap={cap > 0})")
     grid = (tiles_n * batch * heads_kv,)
     how = order(tiles_n, grid[0], left, right, _sm_count(q.device),
                 spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())

@@ -238,7 +238,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         if varlen is not None:
             batch, seq_q = varlen.batch, varlen.max_seqlen_q
         hopper = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
-                  torch.zeros(hopper_knobs.counters(batch, heads, seq_q, dim),
+                  torch.zeros(hopper_knobs.counters(batch, heads, seq_q, dim,
+                                                    bool(mask.softcap)),
                               dtype=torch.int32, device=q.device))
     _wait_for_precompiles()
     inputs = (dout, q, k, v, out, lse, dlse, delta, dq, dk, dv,
