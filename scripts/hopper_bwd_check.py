@@ -118,14 +118,9 @@ def _fa4(q, k, v, dout, causal, packed=None):
 
 
 PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", deterministic=False),
-             # A/Bs: P and dS through shared memory (S not transposed), the loader a
-             # warp of its own (the design before, compute at 232 registers) or in the dQ
-             # writer's warpgroup; S transposed with the loader apart (232: ptxas
-             # serialises its wgmmas at D128); the writer on two warps; no adds (dQ
-             # wrong: the rest's time, its error not checked)
-             "hopper-smem": _ours("hopper", SWAP_SDP=False, MERGED=False),
-             "hopper-smem-merged": _ours("hopper", SWAP_SDP=False),
-             "hopper-apart": _ours("hopper", MERGED=False),
+             # A/Bs: P and dS through shared memory (S not transposed); the writer on
+             # two warps; no adds (dQ wrong: the rest's time, its error not checked)
+             "hopper-smem": _ours("hopper", SWAP_SDP=False),
              "hopper-w2": _ours("hopper", WRITER_WARPS=2),
              # D64 as before 2150Z: 64-row steps, the writer's atomics, LSE loaded
              "hopper-d64m64": _ours("hopper", TILES={64: (64, 128, 2), 128: (64, 128, 2)},

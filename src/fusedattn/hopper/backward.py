@@ -32,12 +32,12 @@ TILES = {
 # transposed; 1408 B transposed), against 1241 and none for 64-row steps (CPU compile
 # report, evidence sm90-compile/20261202T2210Z-bwd-d64; not timed on a GPU)
 SOFTCAP_TILES = {64: (64, 128, 2)}
-LOADER_REGS, WRITER_REGS = 24, 24
+WRITER_REGS = 24
 WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
-# the loader's work in the writer's warpgroup: 3 warpgroups, not 4, so that the compute
-# warpgroups get 240 registers (with 4, 232: too few for P and dS as register operands at
-# D128, where ptxas serialises the wgmmas)
-MERGED = True
+# (the loader's work is in the writer's warpgroup: 3 warpgroups, not 4, so that the
+# compute warpgroups get 240 registers; with 4, 232: too few for P and dS as register
+# operands at D128, where ptxas serialises the wgmmas. The loader warp apart, the A/B
+# switch MERGED, was dropped after fe18d37.)
 DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # per head dim, the writer adds a step's dQ by one TMA reduction
@@ -47,7 +47,7 @@ DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # LSE rows (2150Z, above)
 DQ_TMA = {64: True, 128: True}
 # per head dim, each step's LSE (base 2) and delta go into shared memory by the writer's
-# warps (the loader's work, MERGED) with its Q and dO, and the compute warps read them
+# warps (the loader's work) with its Q and dO, and the compute warps read them
 # there, not from global memory at the step's start; not where S is transposed and the
 # adds are deterministic (`lse_in_shared`). At D128 against global loads (evidence
 # 2049Z): masked rows +2.6 to +5.8%, racing unmasked 551 TFLOP/s (499 without, in 2031Z's
@@ -91,7 +91,7 @@ def switches() -> tuple:
     replays the kernel it recorded)."""
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
-            SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), MERGED, ORDER, UP_MIN_WAVES,
+            SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES,
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
@@ -196,10 +196,10 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
             left, right, code.value)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
-                  SOFTCAP=cap > 0, DETERMINISTIC=deterministic, LOADER_REGS=LOADER_REGS,
+                  SOFTCAP=cap > 0, DETERMINISTIC=deterministic,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
                   DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim] and tma_reduce_available(),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
-                  MERGED=MERGED, GQA=heads != heads_kv, VARLEN=varlen is not None,
+                  GQA=heads != heads_kv, VARLEN=varlen is not None,
                   num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

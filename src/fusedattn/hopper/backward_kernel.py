@@ -1,7 +1,7 @@
 """The Hopper backward kernel (`backward.py` launches it): dK, dV and dQ in one pass.
 
 One program (CTA) per key tile of BLOCK_N keys of one (batch, K/V head); two partitions of
-warps share its shared memory (three without MERGED, the loader a warp of its own):
+warps share its shared memory:
 
     compute (8 warps: 2 warpgroups,  per step, a query tile of BLOCK_M rows of one head:
       240 registers)
@@ -265,23 +265,6 @@ def _put_rows(t, lse, delta, rows_smem, ready, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready,
-            free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k, left, right,
-            order, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-            BOTTOM_RIGHT: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr):
-    """The producer warp (without MERGED): K and V once, then each step's Q and dO."""
-    n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
-        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
-    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
-    n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    for t in range(n_steps * group if GQA else n_steps):
-        _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
-                   q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
-
-
-@gluon.jit
 def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
                n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order, q_desc,
                k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
@@ -290,16 +273,16 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
-               GQA: gl.constexpr, VARLEN: gl.constexpr, MERGED: gl.constexpr,
-               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+               GQA: gl.constexpr, VARLEN: gl.constexpr, DQ_TMA: gl.constexpr,
+               LSE_SMEM: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
-    module docstring), then counted (after the reduction's writes are done). MERGED: these
-    warps are the loader too (one warpgroup for both, so that the compute warpgroups get
-    240 registers): K, V and the first STAGES steps' Q and dO up front, then step t +
-    STAGES's as soon as step t is done (its slot is free then), before step t's adds;
-    LSE_SMEM (only with MERGED) the steps' LSE and delta rows too, loaded a step ahead."""
+    module docstring), then counted (after the reduction's writes are done). These warps
+    are the loader too (one warpgroup for both, so that the compute warpgroups get 240
+    registers): K, V and the first STAGES steps' Q and dO up front, then step t + STAGES's
+    as soon as step t is done (its slot is free then), before step t's adds; LSE_SMEM the
+    steps' LSE and delta rows too, loaded a step ahead."""
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
@@ -311,22 +294,20 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
-    if MERGED:
-        _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
-        for t in gl.static_range(STAGES):
-            if t < n_total:
-                _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
-                           group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES,
-                           GQA)
-                if LSE_SMEM:
-                    lse, delta = _row_loads(t, True, p_lse, p_delta, sl_b, sl_h, b_row, h_kv,
-                                            group, q_start, m_lo, n_steps, rot, order, seq_q,
-                                            BLOCK_M, GQA, WARPS)
-                    _put_rows(t, lse, delta, rows_smem, ready, STAGES)
-        if LSE_SMEM:  # step STAGES's rows, which the loop's first turn stores
-            lse, delta = _row_loads(STAGES, STAGES < n_total, p_lse, p_delta, sl_b, sl_h,
-                                    b_row, h_kv, group, q_start, m_lo, n_steps, rot, order,
-                                    seq_q, BLOCK_M, GQA, WARPS)
+    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
+    for t in gl.static_range(STAGES):
+        if t < n_total:
+            _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
+                       q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
+            if LSE_SMEM:
+                lse, delta = _row_loads(t, True, p_lse, p_delta, sl_b, sl_h, b_row, h_kv,
+                                        group, q_start, m_lo, n_steps, rot, order, seq_q,
+                                        BLOCK_M, GQA, WARPS)
+                _put_rows(t, lse, delta, rows_smem, ready, STAGES)
+    if LSE_SMEM:  # step STAGES's rows, which the loop's first turn stores
+        lse, delta = _row_loads(STAGES, STAGES < n_total, p_lse, p_delta, sl_b, sl_h, b_row,
+                                h_kv, group, q_start, m_lo, n_steps, rot, order, seq_q,
+                                BLOCK_M, GQA, WARPS)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
@@ -337,11 +318,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
         mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
-        if MERGED:
-            if t + STAGES < n_total:
-                _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row,
-                           h_kv, group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES,
-                           GQA)
+        if t + STAGES < n_total:
+            _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
+                       group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
         if LSE_SMEM:  # step t + STAGES's rows (loaded a turn ago: their latency is behind
             # the last step's adds), then step t + STAGES + 1's loaded. The slot is free:
             # the compute warps are done with step t. (Loaded and stored here at once, the
@@ -626,11 +605,11 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-                    DETERMINISTIC: gl.constexpr, LOADER_REGS: gl.constexpr,
-                    WRITER_REGS: gl.constexpr, WRITER_WARPS: gl.constexpr,
+                    DETERMINISTIC: gl.constexpr, WRITER_REGS: gl.constexpr,
+                    WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, MERGED: gl.constexpr,
-                    DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr,
+                    LSE_SMEM: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -670,10 +649,9 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     dq_free = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     # LSE_SMEM: each slot's LSE and delta, two rows a slot, written by the loader's work in
-    # the writer's warpgroup (MERGED; a loader warp of its own does not write them)
-    ROWS_SMEM: gl.constexpr = LSE_SMEM and MERGED
+    # the writer's warpgroup
     rows_smem = gl.allocate_shared_memory(
-        gl.float32, [2 * STAGES if ROWS_SMEM else 2, BLOCK_M],
+        gl.float32, [2 * STAGES if LSE_SMEM else 2, BLOCK_M],
         gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -683,46 +661,23 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         mbarrier.init(dq_free.index(i), count=1)
     for s in gl.static_range(STAGES):
         # LSE_SMEM: the loader's arrival after its rows' stores, beside TMA's
-        mbarrier.init(ready.index(s), count=2 if ROWS_SMEM else 1)
+        mbarrier.init(ready.index(s), count=2 if LSE_SMEM else 1)
         mbarrier.init(free.index(s), count=1)
     fence_async_shared()
-    # (the partitions written out twice: Gluon takes no (function, args) tuple in a name,
-    # and a tuple of the arguments alone loses their constexprs)
-    if MERGED:  # the loader's work in the writer's warpgroup
-        gl.warp_specialize([
+    gl.warp_specialize([
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
                     sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA,
-                    ROWS_SMEM)),
+                    LSE_SMEM)),
+        # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
                       right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
                       BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
-                      DQ_TMA, ROWS_SMEM)),
-        ], [WRITER_WARPS], [WRITER_REGS])
-    else:
-        gl.warp_specialize([
-        (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
-                    kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
-                    sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
-                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
-                    right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA,
-                    ROWS_SMEM)),
-        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar,
-                   ready, free, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group, seq_q, seq_k,
-                   left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                   BOTTOM_RIGHT, GQA, VARLEN)),
-        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
-                      n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
-                      right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
-                      do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
-                      BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, MERGED,
-                      DQ_TMA, ROWS_SMEM)),
-        ], [1, WRITER_WARPS], [LOADER_REGS, WRITER_REGS])
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, DQ_TMA,
+                      LSE_SMEM)),
+    ], [WRITER_WARPS], [WRITER_REGS])
