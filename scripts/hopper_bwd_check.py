@@ -11,6 +11,9 @@ then `autograd.grad` timed), each provider's gradients checked against the first
 
     python3 scripts/hopper_bwd_check.py [--out DIR] [--only A,B] [--rows all|quick|I,J]
 
+A row is (B, H, H_kv, S, D, causal[, options]): B "varlen" for 24 packed documents, and
+options `attention`'s window or softcap (cuDNN then sits out; FA4 takes them by its names).
+
 TFLOP/s by FlashAttention's convention (2.5x the forward's FLOPs, halved under causal).
 Prints one line per row; writes `hopper_bwd_check.json` under --out."""
 
@@ -43,7 +46,15 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         # 2048 at D64 before 1335Z's run retuned it; 16k-32k tokens a call
         (16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, False),
         (8, 16, 16, 2048, 128, True), (16, 16, 16, 1024, 64, True),
-        (8, 16, 16, 2048, 64, True)]
+        (8, 16, 16, 2048, 64, True),
+        # masks and softcaps (a 7th item: `attention`'s options; TFLOP/s of the pairs the
+        # window keeps): issue 33's window row, D64's window, softcap (D64 keeps 64-row
+        # steps there) and varlen rows
+        (1, 32, 32, 8192, 128, True, dict(window=(1024, 0))),
+        (2, 32, 32, 8192, 64, True, dict(window=(1024, 0))),
+        (4, 32, 32, 4096, 64, True, dict(softcap=30.0)),
+        (4, 32, 32, 4096, 128, True, dict(softcap=30.0)),
+        ("varlen", 16, 16, 0, 64, True)]
 
 
 def sources() -> dict:
@@ -56,18 +67,19 @@ def sources() -> dict:
 
 def _ours(backend, deterministic=True, **switches):
     """Our backward on `backend`, with `hopper.backward`'s A/B switches set for the call."""
-    def make(q, k, v, dout, causal, packed=None):
+    def make(q, k, v, dout, causal, packed=None, **options):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         with use_backend(backend):
             if packed is not None:  # [total, H, D] and (cu_seqlens, longest)
                 if not deterministic:
                     return None  # (attention_varlen has no racing option)
                 cu, longest = packed
-                out = attention_varlen(*leaves, cu, cu, longest, longest, is_causal=causal)
+                out = attention_varlen(*leaves, cu, cu, longest, longest, is_causal=causal,
+                                       **options)
             else:
                 out = attention(*leaves, is_causal=causal,
                                 enable_gqa=q.shape[1] != k.shape[1],
-                                deterministic=deterministic)
+                                deterministic=deterministic, **options)
 
         def call():
             before = {name: getattr(knobs, name) for name in switches}
@@ -82,11 +94,11 @@ def _ours(backend, deterministic=True, **switches):
     return make
 
 
-def _cudnn(q, k, v, dout, causal, packed=None):
+def _cudnn(q, k, v, dout, causal, packed=None, **options):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if packed is not None:
+    if packed is not None or options:  # (SDPA has no window or softcap)
         return None
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     if q.shape[1] != k.shape[1]:  # cuDNN's SDPA takes GQA as repeated heads here
@@ -96,18 +108,24 @@ def _cudnn(q, k, v, dout, causal, packed=None):
     return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
 
 
-def _fa4(q, k, v, dout, causal, packed=None):
+def _fa4(q, k, v, dout, causal, packed=None, window=None, softcap=None):
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
+    extra = {}  # FA4's names for our options
+    if window is not None:
+        extra["window_size"] = window
+    if softcap is not None:
+        extra["softcap"] = softcap
     if packed is not None:  # FA4's packed layout is ours: [total, H, D]
         cu, longest = packed
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out = flash_attn_varlen_func(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                     max_seqlen_q=longest, max_seqlen_k=longest, causal=causal)
+                                     max_seqlen_q=longest, max_seqlen_k=longest, causal=causal,
+                                     **extra)
         out = out[0] if isinstance(out, tuple) else out
         return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
     leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
-    out = flash_attn_func(*leaves, causal=causal)
+    out = flash_attn_func(*leaves, causal=causal, **extra)
     out = out[0] if isinstance(out, tuple) else out
     d = dout.transpose(1, 2).contiguous()
 
@@ -126,6 +144,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-d64m64": _ours("hopper", TILES={64: (64, 128, 2), 128: (64, 128, 2)},
                                     DQ_TMA={64: False, 128: True},
                                     LSE_SMEM={64: False, 128: True}),
+             # D64 under a softcap on 128-row steps too (`SOFTCAP_TILES` emptied; the
+             # compile report has them spilling 604 B: sm90-compile 2210Z)
+             "hopper-softcap-m128": _ours("hopper", SOFTCAP_TILES={}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
              # dQ added by the writer's threads' atomics, or by one TMA reduction a step,
              # at every head dim (`hopper.backward.DQ_TMA`)
@@ -150,9 +171,24 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
 UNCHECKED = ("hopper-nodq",)
 
 
+def head_pairs(s: int, causal: bool, window=None) -> float:
+    """The (query, key) pairs of one S x S head the FLOPs count: S^2, halved under causal
+    (FA's convention), and under a window (left, right) the pairs it keeps (key j for
+    query i where i - left <= j <= i + right; causal: right 0; None: unbounded)."""
+    if window is None:
+        return s * s / (2 if causal else 1)
+    left, right = (s if w is None else w for w in window)
+    if causal:
+        right = 0
+    i = torch.arange(s, dtype=torch.int64)
+    return float(((i + right).clamp(max=s - 1) - (i - left).clamp(min=0) + 1).sum())
+
+
 def bench(rows, only=()):
     results = []
-    for b, h, hk, s, d, causal in rows:
+    for row in rows:
+        b, h, hk, s, d, causal = row[:6]
+        options = row[6] if len(row) > 6 else {}
         g = torch.Generator(device="cuda").manual_seed(1)
         packed = None
         if b == "varlen":
@@ -164,22 +200,22 @@ def bench(rows, only=()):
                               dtype=torch.int32, device="cuda")
             packed = (cu, s)
             shapes = ((sum(lengths), h, d), (sum(lengths), hk, d))
-            pairs = sum(n * n for n in lengths)
+            pairs = sum(head_pairs(n, causal, options.get("window")) for n in lengths)
         else:
             shapes = ((b, h, s, d), (b, hk, s, d))
-            pairs = b * s * s
+            pairs = b * head_pairs(s, causal, options.get("window"))
         q = torch.randn(*shapes[0], device="cuda", generator=g, dtype=torch.bfloat16)
         k, v = (torch.randn(*shapes[1], device="cuda", generator=g, dtype=torch.bfloat16)
                 for _ in range(2))
         dout = torch.randn(*shapes[0], device="cuda", generator=g, dtype=torch.bfloat16)
-        flops = 2.5 * 4 * h * pairs * d / (2 if causal else 1)
+        flops = 2.5 * 4 * h * pairs * d
         ref = None
         line = {}
         for name, make in PROVIDERS.items():
             if only and name not in only:
                 continue
             try:
-                call = make(q, k, v, dout, causal, packed)
+                call = make(q, k, v, dout, causal, packed, **options)
                 if call is None:
                     continue
                 torch.cuda.reset_peak_memory_stats()
@@ -205,10 +241,12 @@ def bench(rows, only=()):
                               tflops=flops / ms.median_ms / 1e9, err=max(err, err2),
                               peak_mib=extra)
             del call, grads
-        results.append(dict(row=[b, h, hk, s, d, causal], varlen=packed is not None, **line))
+        results.append(dict(row=[b, h, hk, s, d, causal], varlen=packed is not None,
+                            options=options, **line))
         cells = " ".join(f"{n}={v['tflops']:.0f}" if isinstance(v, dict) else f"{n}=-"
                          for n, v in line.items())
-        print(f"{'varlen ' if packed else ''}B{b} H{h}/{hk} S{s} D{d} causal={causal}: "
+        print(f"{'varlen ' if packed else ''}B{b} H{h}/{hk} S{s} D{d} causal={causal}"
+              f"{' ' + str(options) if options else ''}: "
               f"{cells}", flush=True)
         for n, v in line.items():
             if not isinstance(v, dict):
