@@ -393,6 +393,28 @@ def test_scores_are_transposed_where_they_pay(dim, mask, swapped, monkeypatch):
     assert launch["SWAP_SDP"] is swapped
 
 
+@pytest.mark.parametrize("mask", [Mask(), Mask(causal=True), Mask(softcap=30.0),
+                                  Mask(window=(8, 0))])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_the_launch_binds_every_kernel_parameter_once(dim, mask, monkeypatch):
+    """The launcher's positional and keyword arguments are the kernel's parameters, each
+    once (the kernel compiles only on a GPU: a parameter added or dropped on one side
+    fails here, in CI)."""
+    from fusedattn.hopper import backward as knobs
+    from fusedattn.hopper import backward_kernel
+
+    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
+    q = rand(1, 2, 128, dim, dtype=torch.bfloat16)
+    zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
+    kernel, _, args, kwargs = knobs.hopper_backward_launch(
+        q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
+        torch.zeros(knobs.counters(1, 2, 128, dim, bool(mask.softcap)), dtype=torch.int32),
+        q, q, scale=0.1, mask=mask)
+    assert kernel is backward_kernel._flash_bwd_sm90
+    names = kernel.arg_names
+    assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):])
+
+
 @pytest.mark.parametrize("dim, softcap, rows", [(64, None, 128), (64, 30.0, 64),
                                                 (128, None, 64), (128, 30.0, 64)])
 def test_query_rows_a_step_follow_the_head_dim_and_softcap(dim, softcap, rows, monkeypatch):
