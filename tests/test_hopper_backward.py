@@ -400,16 +400,9 @@ def test_the_launch_binds_every_kernel_parameter_once(dim, mask, monkeypatch):
     """The launcher's positional and keyword arguments are the kernel's parameters, each
     once (the kernel compiles only on a GPU: a parameter added or dropped on one side
     fails here, in CI)."""
-    from fusedattn.hopper import backward as knobs
     from fusedattn.hopper import backward_kernel
 
-    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
-    q = rand(1, 2, 128, dim, dtype=torch.bfloat16)
-    zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
-    kernel, _, args, kwargs = knobs.hopper_backward_launch(
-        q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
-        torch.zeros(knobs.counters(1, 2, 128, dim, bool(mask.softcap)), dtype=torch.int32),
-        q, q, scale=0.1, mask=mask)
+    kernel, _, args, kwargs = _cpu_build(dim, mask, True, monkeypatch)
     assert kernel is backward_kernel._flash_bwd_sm90
     names = kernel.arg_names
     assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):])
@@ -433,8 +426,13 @@ def test_query_rows_a_step_follow_the_head_dim_and_softcap(dim, softcap, rows, m
 
 
 def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:
-    """The keyword arguments `hopper.backward`'s launcher picks for a B1 H2 S128 call (on
-    the CPU: the launch is built, not run)."""
+    """The keyword arguments `hopper.backward`'s launcher picks for a B1 H2 S128 call."""
+    return _cpu_build(dim, mask, deterministic, monkeypatch)[3]
+
+
+def _cpu_build(dim, mask, deterministic, monkeypatch) -> tuple:
+    """`hopper.backward`'s launch (kernel, grid, args, keyword args) for a B1 H2 S128 call
+    (on the CPU: the launch is built, not run)."""
     from fusedattn.hopper import backward as knobs
 
     monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
@@ -443,8 +441,7 @@ def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:
     return knobs.hopper_backward_launch(
         q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
         torch.zeros(knobs.counters(1, 2, 128, dim, bool(mask.softcap)), dtype=torch.int32),
-        q, q, scale=0.1,
-        mask=mask, deterministic=deterministic)[3]
+        q, q, scale=0.1, mask=mask, deterministic=deterministic)
 
 
 @pytest.mark.parametrize("dim, mask, deterministic, tma, lse", [
