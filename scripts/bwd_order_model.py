@@ -5,17 +5,22 @@ line (`_key_tile`, `_step_row`, `_dq_order`, transcribed here) are checked to
 - give every query tile's counter each program that adds into it once, its places
   0 .. k-1 (a gap or a repeat would hang the kernel or race it);
 - run to the end when programs launch in order onto `sms` slots and each step waits for
-  its place ("up" and "down" on any number of SMs; "rotated" with a head's key tiles all
-  resident, as `hopper.backward.order` takes it).
+  its place ("up" and "down" on any number of SMs, one head or several, "down" launched
+  head by head or across them; "rotated" with a head's key tiles all resident, as
+  `hopper.backward.order` takes it).
 
 The GPU tier runs the kernel itself under each order (`test_every_order_of_the_
 deterministic_adds_is_right_and_repeats`); this covers the shapes it does not (Sq far from
 Sk, windows in both alignments, one SM). It checks the formulas as transcribed: change
 both together.
 
-    python3 scripts/bwd_order_model.py [--cases N] [--seed S]"""
+It also models one launch's tail (`makespan`: a list schedule, the adds' waits left out),
+the case for launching "down" across the heads (`hopper.backward.DOWN_ACROSS_HEADS`).
+
+    python3 scripts/bwd_order_model.py [--cases N] [--seed S] [--makespan]"""
 
 import argparse
+import heapq
 import random
 
 BLOCK_M, BLOCK_N = 64, 128
@@ -54,7 +59,16 @@ def program(pid, n_tiles, order, seq_q, seq_k, left, right, bottom):
     return rows, places
 
 
-def run(order, seq_q, seq_k, left, right, bottom, sms) -> str:
+def launches(order, n_tiles, heads, across):
+    """The programs in launch order as (head, pid): a head's programs one after another,
+    or ("down" with `across`, `backward_kernel.DOWN_ACROSS`) pid 0 of every head, then
+    pid 1 of every one, ..."""
+    if across and order == "down":
+        return [(h, p) for p in range(n_tiles) for h in range(heads)]
+    return [(h, p) for h in range(heads) for p in range(n_tiles)]
+
+
+def run(order, seq_q, seq_k, left, right, bottom, sms, heads=1, across=False) -> str:
     n_tiles = cdiv(seq_k, BLOCK_N)
     progs = [program(p, n_tiles, order, seq_q, seq_k, left, right, bottom)
              for p in range(n_tiles)]
@@ -65,30 +79,49 @@ def run(order, seq_q, seq_k, left, right, bottom, sms) -> str:
     for m0, got in places.items():
         if sorted(got) != list(range(len(got))):
             return f"query tile {m0 // BLOCK_M}: places {sorted(got)}"
-    counter = dict.fromkeys(places, 0)
-    at, resident, launched, done = [0] * n_tiles, [], 0, 0
-    while done < n_tiles:
-        while len(resident) < sms and launched < n_tiles:
-            resident.append(launched)
+    # each head its own counters, the same programs (heads share the shapes)
+    counter = {(h, m0): 0 for h in range(heads) for m0 in places}
+    queue = launches(order, n_tiles, heads, across)
+    at = dict.fromkeys(queue, 0)
+    resident, launched, done = [], 0, 0
+    while done < len(queue):
+        while len(resident) < sms and launched < len(queue):
+            resident.append(queue[launched])
             launched += 1
         moved = False
-        for pid in list(resident):
+        for h, pid in list(resident):
             rows, mine = progs[pid]
-            if at[pid] == len(rows):
-                resident.remove(pid)
+            if at[h, pid] == len(rows):
+                resident.remove((h, pid))
                 done, moved = done + 1, True
-            elif counter[rows[at[pid]]] == mine[at[pid]]:
-                counter[rows[at[pid]]] += 1
-                at[pid], moved = at[pid] + 1, True
+            elif counter[h, rows[at[h, pid]]] == mine[at[h, pid]]:
+                counter[h, rows[at[h, pid]]] += 1
+                at[h, pid], moved = at[h, pid] + 1, True
         if not moved:
             return f"hangs with programs {resident} waiting"
     return "ok"
+
+
+def makespan(order, seq, heads, sms, across, causal=True) -> float:
+    """A list schedule of one launch's programs (`launches`) on `sms` SMs, each taking its
+    steps (query tiles) plus 2 for its start and end, the adds' waits left out: its end
+    over the perfect share (total / sms), 1.0 at best. The question it answers: how much
+    a launch order's tail costs where programs are few (DOWN_ACROSS_HEADS)."""
+    n_tiles = cdiv(seq, BLOCK_N)
+    steps = [len(program(p, n_tiles, order, seq, seq, -1, 0 if causal else -1, False)[0]) + 2
+             for p in range(n_tiles)]
+    free = [0] * sms
+    for _, pid in launches(order, n_tiles, heads, across):
+        heapq.heappush(free, heapq.heappop(free) + steps[pid])
+    return max(free) / (sum(steps) * heads / sms)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--makespan", action="store_true",
+                    help="also the tail of 'down' launched head by head and across the heads")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     runs = failures = 0
@@ -108,14 +141,23 @@ def main() -> int:
         for order in ("down", "up", "rotated"):
             if order == "rotated" and mask != "none":
                 continue  # (the launcher takes it unmasked only)
+            heads, across = rng.choice([1, 1, 3]), rng.random() < 0.5
             sms = cdiv(seq_k, BLOCK_N) if order == "rotated" else rng.choice([1, 2, 5, 132])
-            verdict = run(order, seq_q, seq_k, left, right, bottom, sms)
+            if order == "rotated":
+                heads = 1  # (a head's key tiles resident: the launcher's condition)
+            verdict = run(order, seq_q, seq_k, left, right, bottom, sms, heads, across)
             runs += 1
             if verdict != "ok":
                 failures += 1
                 print(f"{order}, {mask}, Sq {seq_q}, Sk {seq_k}, window ({left}, {right}), "
-                      f"{sms} SMs: {verdict}")
+                      f"{sms} SMs, {heads} heads{', across' if across else ''}: {verdict}")
     print(f"{runs} runs, {failures} failed")
+    if args.makespan:
+        print("causal 'down' on 132 SMs, a list schedule's end over the perfect share:")
+        for batch, heads_kv, seq in ((1, 8, 8192), (2, 8, 8192), (4, 8, 8192), (4, 32, 4096)):
+            one, across = (makespan("down", seq, batch * heads_kv, 132, a) for a in (0, 1))
+            print(f"  B{batch} H_kv{heads_kv} S{seq}: head by head {one:.3f}, across the "
+                  f"heads {across:.3f} ({one / across:.2f}x)")
     return 1 if failures else 0
 
 

@@ -9,8 +9,9 @@
 #   hopper      tests/test_hopper.py, tests/test_plans.py and tests/test_fp8.py alone, no
 #               evidence folder
 #   hopperbwd   tests/test_hopper_backward.py alone (-x), no evidence folder
-#   bwd         scripts/hopper_bwd_check.py: the backward's rows, providers $ONLY (default
-#               all: the Hopper backward, its racing variant, portable, cuDNN, FA4)
+#   bwd         scripts/hopper_bwd_check.py: the backward's rows $ROWS (default all),
+#               providers $ONLY (default all: the Hopper backward, its A/Bs, portable,
+#               cuDNN, FA4); under $ev/bwd-TIME/ (so a round may take several)
 #   losscurves  scripts/hf_loss_curves.py: 100 training steps of a small Mistral, fusedattn
 #               (the Hopper path) against sdpa and eager, and the plot
 #   varlengrid  scripts/varlen_grid_ab.py: the varlen forward's grid, one program per item
@@ -98,7 +99,8 @@ while [ $# -gt 0 ]; do
     hopperbwd) python3 -m pytest -q -x -p no:cacheprovider -o addopts= tests/test_hopper_backward.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     pyk) file=$1 expr=$2; shift 2   # one test file's tests matching a -k expression
          python3 -m pytest -q -p no:cacheprovider -o addopts= "$file" -k "$expr" 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
-    bwd) python3 scripts/hopper_bwd_check.py --out $ev --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
+    bwd) d=$ev/bwd-$(date -u +%H%M%S); mkdir -p $d
+         python3 scripts/hopper_bwd_check.py --out $d --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;
     varlengrid) python3 scripts/varlen_grid_ab.py --out $ev 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;

@@ -165,6 +165,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-swap-unmasked": _ours("hopper", SWAP_MASKED={64: False, 128: False}),
              # the deterministic adds' orders forced (`hopper.backward.order`)
              "hopper-down": _ours("hopper", ORDER="down"),
+             # "down" with a (batch, head)'s programs launched one after another, as
+             # before DOWN_ACROSS_HEADS
+             "hopper-down-heads": _ours("hopper", ORDER="down", DOWN_ACROSS_HEADS=False),
              "hopper-up": _ours("hopper", ORDER="up"),
              "hopper-rotated": _ours("hopper", ORDER="rotated"),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}

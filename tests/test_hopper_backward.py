@@ -343,12 +343,43 @@ def test_the_orders_model_counts_every_program_once_and_never_hangs(seq_q, seq_k
             continue
         sms = tiles if order == "rotated" else 1
         assert model.run(order, seq_q, seq_k, left, right, bottom, sms) == "ok", order
+    # several heads: "down" launched head by head or across the heads (DOWN_ACROSS), on one
+    # SM and on a few
+    for across in (False, True):
+        for sms in (1, 5):
+            assert model.run("down", seq_q, seq_k, left, right, bottom, sms, heads=3,
+                             across=across) == "ok", (across, sms)
     # the model sees a wrong launch order: "up" with the lowest key tile first hangs
     if right >= 0 and seq_k > 2 * model.BLOCK_N:
         assert model.run("up", seq_q, seq_k, left, right, bottom, 1) == "ok"
         wrong = model.program
         model.program = lambda pid, n, order, *rest: wrong(n - 1 - pid, n, order, *rest)
         assert "hangs" in model.run("up", seq_q, seq_k, left, right, bottom, 1)
+
+
+def test_down_across_the_heads_has_no_tail_where_head_by_head_has_one():
+    # `hopper.backward.DOWN_ACROSS_HEADS`'s case, in the model: B1 H32/8 S8192 causal's
+    # 512 programs on 132 SMs; head by head the last head's longest program starts last
+    model = script("bwd_order_model")
+    one, across = (model.makespan("down", 8192, 8, 132, a) for a in (False, True))
+    assert one > 1.2 and across < 1.01, (one, across)
+    # and with programs many SMs over, little is left to gain
+    assert model.makespan("down", 4096, 128, 132, False) < 1.05
+
+
+@pytest.mark.parametrize("across", [True, False])
+def test_the_launch_passes_down_across_the_heads_by_its_switch(across, monkeypatch):
+    # the launcher's order code: "down" as DOWN_ACROSS unless the switch is off; "up"
+    # and "rotated" never across (their programs wait on later key tiles of the head)
+    from fusedattn.hopper import backward as knobs
+    from fusedattn.hopper import backward_kernel as kernel
+
+    monkeypatch.setattr(knobs, "DOWN_ACROSS_HEADS", across)
+    for order, want in (("down", kernel.DOWN_ACROSS if across else kernel.DOWN),
+                        ("up", kernel.UP), ("rotated", kernel.ROTATED)):
+        monkeypatch.setattr(knobs, "ORDER", order)
+        kernel_, _, args, _ = _cpu_build(128, Mask(), True, monkeypatch)
+        assert dict(zip(kernel_.arg_names[:len(args)], args, strict=True))["order"] == want.value
 
 
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")

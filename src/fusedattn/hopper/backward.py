@@ -84,6 +84,12 @@ UP_MIN_WAVES = 8
 # L2 47% of the time against 96% and read 17.5x the DRAM bytes, with the SMs 94% active
 # under both (evidence/nvidia-h200/20261202T1504Z-train-host-bwd-order)
 SPREAD_MAX_BYTES = 8 << 20
+# "down" launches key tile 0 of every (batch, K/V head), then key tile 1 of every one, ...
+# (`backward_kernel.DOWN_ACROSS`), where False launches a (batch, head)'s programs one
+# after another: under a causal mask a list schedule of B1 H32/8 S8192 D128's 512 programs
+# on 132 SMs ends 1.23x its perfect share head by head (the last head's longest program
+# starts last), 1.00x across; B4 1.05x (`scripts/bwd_order_model.py --makespan`)
+DOWN_ACROSS_HEADS = True
 
 
 def switches() -> tuple:
@@ -92,7 +98,7 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
-            SPREAD_MAX_BYTES,
+            SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
@@ -189,7 +195,8 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     grid = (tiles_n * batch * heads_kv,)
     how = order(tiles_n, grid[0], left, right, _sm_count(q.device),
                 spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
-    code = {"down": kernel.DOWN, "up": kernel.UP, "rotated": kernel.ROTATED}[how]
+    code = {"down": kernel.DOWN_ACROSS if DOWN_ACROSS_HEADS else kernel.DOWN,
+            "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
             dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n,
             tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap,

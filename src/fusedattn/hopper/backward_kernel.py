@@ -59,7 +59,12 @@ about when its program gets there anyway:
                starts at the last query tile and waits there on all the lower key tiles'
                adds (ncu at 5803e75, D128 S4096 causal: compute warps waiting for the
                writer's buffers in 14% of the samples); unmasked, key tile n waits on n
-               others at its first tile."""
+               others at its first tile. Launched across the heads (DOWN_ACROSS, the
+               launcher's default): key tile 0 of every (batch, head) first, then key
+               tile 1 of every one, ..., so under a causal mask the longest programs of
+               every head go first (no tail of one head's longest program where programs
+               are few), and a program's lower key tiles, launched before it, are far
+               ahead of it by then; it still waits on programs launched before it alone."""
 
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -81,6 +86,9 @@ LOG2E = gl.constexpr(1.4426950408889634)
 DOWN = gl.constexpr(0)
 UP = gl.constexpr(1)
 ROTATED = gl.constexpr(2)
+# "down" with its programs launched across the heads: key tile 0 of every (batch, K/V
+# head), then key tile 1 of every one, ... (`_key_tile`); the adds' order is "down"'s
+DOWN_ACROSS = gl.constexpr(3)
 
 
 @builtin
@@ -116,9 +124,14 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, 
     of batch row 0, and a key tile past its sequence's end sees no query (m_hi = m_lo: no
     steps, nothing loaded or stored)."""
     pid = gl.program_id(0)
+    # DOWN_ACROSS: key tile n of every (batch, head) before any key tile n + 1 (the launch
+    # index turned into the head-by-head one)
+    n_bh = gl.num_programs(0) // n_tiles_n
+    pid = gl.where(order == DOWN_ACROSS, pid % n_bh * n_tiles_n + pid // n_bh, pid)
     n = pid % n_tiles_n
-    # the last key tile of a (batch, head) first, but in the order "down"
-    n = gl.where(order == DOWN, n, n_tiles_n - 1 - n)
+    # a (batch, head)'s programs one after another, its last key tile first, but in the
+    # order "down"
+    n = gl.where((order == DOWN) | (order == DOWN_ACROSS), n, n_tiles_n - 1 - n)
     bh = pid // n_tiles_n
     b = bh // n_heads_kv
     h_kv = bh % n_heads_kv
