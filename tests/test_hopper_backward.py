@@ -253,15 +253,17 @@ ORDER_MASKS = [dict(is_causal=True), {}, dict(window=(100, 30)), dict(window=(15
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
 @pytest.mark.parametrize("options", ORDER_MASKS)
-@pytest.mark.parametrize("order", ["down", "up", "rotated"])
+@pytest.mark.parametrize("order", ["down", "down-heads", "up", "rotated"])
 def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, options,
                                                                     monkeypatch):
     # each order forced (the rule picks by mask and size: these shapes would not reach
     # "up"; "rotated" under a mask falls back to the rule), GQA 6/2 with Sq != Sk: right
-    # against the reference and the same bits again
+    # against the reference and the same bits again; "down" launched across the heads
+    # (few programs) and, "down-heads", head by head (`DOWN_ACROSS_HEADS` off)
     from fusedattn.hopper import backward as knobs
 
-    monkeypatch.setattr(knobs, "ORDER", order)
+    monkeypatch.setattr(knobs, "DOWN_ACROSS_HEADS", order != "down-heads")
+    monkeypatch.setattr(knobs, "ORDER", order.removesuffix("-heads"))
     q = rand(1, 6, 777, 128, dtype=torch.bfloat16)
     k, v = (rand(1, 2, 1290, 128, dtype=torch.bfloat16, seed=i) for i in (1, 2))
     dout = rand(1, 6, 777, 128, dtype=torch.bfloat16, seed=3)
@@ -367,10 +369,24 @@ def test_down_across_the_heads_has_no_tail_where_head_by_head_has_one():
     assert model.makespan("down", 4096, 128, 132, False) < 1.05
 
 
+@pytest.mark.parametrize("programs, switch, want", [
+    (512, True, True),      # B1 H32/8 S8192 causal: 3.9 programs an SM (+15%, 2302Z)
+    (1024, True, True),     # B2: 7.8 (+4.5%)
+    (2048, True, False),    # B4: 15.5 (-4.5% across)
+    (512, False, False)])   # the switch off
+def test_down_goes_across_the_heads_where_programs_are_few(programs, switch, want,
+                                                           monkeypatch):
+    from fusedattn.hopper import backward as knobs
+
+    monkeypatch.setattr(knobs, "DOWN_ACROSS_HEADS", switch)
+    assert knobs.down_across(programs, sms=132) is want
+
+
 @pytest.mark.parametrize("across", [True, False])
 def test_the_launch_passes_down_across_the_heads_by_its_switch(across, monkeypatch):
-    # the launcher's order code: "down" as DOWN_ACROSS unless the switch is off; "up"
-    # and "rotated" never across (their programs wait on later key tiles of the head)
+    # the launcher's order code: "down" as DOWN_ACROSS where `down_across` says so (a
+    # B1 H2 S128 call: one program); "up" and "rotated" never across (their programs wait
+    # on later key tiles of the head)
     from fusedattn.hopper import backward as knobs
     from fusedattn.hopper import backward_kernel as kernel
 

@@ -85,11 +85,16 @@ UP_MIN_WAVES = 8
 # under both (evidence/nvidia-h200/20261202T1504Z-train-host-bwd-order)
 SPREAD_MAX_BYTES = 8 << 20
 # "down" launches key tile 0 of every (batch, K/V head), then key tile 1 of every one, ...
-# (`backward_kernel.DOWN_ACROSS`), where False launches a (batch, head)'s programs one
-# after another: under a causal mask a list schedule of B1 H32/8 S8192 D128's 512 programs
-# on 132 SMs ends 1.23x its perfect share head by head (the last head's longest program
-# starts last), 1.00x across; B4 1.05x (`scripts/bwd_order_model.py --makespan`)
+# (`backward_kernel.DOWN_ACROSS`) where programs are few, fewer than ACROSS_MAX_WAVES an
+# SM; else, or with this False, a (batch, head)'s programs one after another. Under a
+# causal mask a list schedule of B1 H32/8 S8192 D128's 512 programs on 132 SMs ends 1.23x
+# its perfect share head by head (the last head's longest program starts last), 1.00x
+# across; B2 1.11x, B4 1.05x (`scripts/bwd_order_model.py --makespan`). Measured (evidence
+# 2302Z, twice each): B1 440/446 TFLOP/s against 387/385 (+15%), B2 447/448 against
+# 429/428 (+4.5%), but B4 427/432 against 449/451 (-4.5%): past the tail's gain, spreading
+# a wave over every head costs about 10% (L2, likely; not profiled)
 DOWN_ACROSS_HEADS = True
+ACROSS_MAX_WAVES = 8
 
 
 def switches() -> tuple:
@@ -98,7 +103,7 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
-            SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
+            SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES,
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
@@ -126,6 +131,12 @@ def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
     if right >= 0:
         return "up" if programs >= UP_MIN_WAVES * sms else "down"
     return "rotated" if rotated else "down"
+
+
+def down_across(programs: int, sms: int) -> bool:
+    """Whether "down" launches across the heads (`DOWN_ACROSS_HEADS`): where there are
+    fewer than ACROSS_MAX_WAVES programs an SM."""
+    return DOWN_ACROSS_HEADS and programs < ACROSS_MAX_WAVES * sms
 
 
 @functools.cache
@@ -193,9 +204,10 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
         raise ValueError(f"{sem.numel()} counters for {batch * heads * tiles_m} query tiles: "
                          f"size them by counters(..., softcap={cap > 0})")
     grid = (tiles_n * batch * heads_kv,)
-    how = order(tiles_n, grid[0], left, right, _sm_count(q.device),
+    sms = _sm_count(q.device)
+    how = order(tiles_n, grid[0], left, right, sms,
                 spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
-    code = {"down": kernel.DOWN_ACROSS if DOWN_ACROSS_HEADS else kernel.DOWN,
+    code = {"down": kernel.DOWN_ACROSS if down_across(grid[0], sms) else kernel.DOWN,
             "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
             dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n,
