@@ -54,7 +54,11 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (2, 32, 32, 8192, 64, True, dict(window=(1024, 0))),
         (4, 32, 32, 4096, 64, True, dict(softcap=30.0)),
         (4, 32, 32, 4096, 128, True, dict(softcap=30.0)),
-        ("varlen", 16, 16, 0, 64, True)]
+        ("varlen", 16, 16, 0, 64, True),
+        # under HOPPER_BWD_MIN_KEYS (D64 512, D128 256; set against D64's 64-row steps):
+        # does the Hopper backward (forced) pay from fewer keys? 16-32k tokens a call
+        (64, 16, 16, 256, 64, False), (64, 16, 16, 256, 64, True),
+        (128, 16, 16, 128, 128, False), (128, 16, 16, 128, 64, False)]
 
 
 def sources() -> dict:
