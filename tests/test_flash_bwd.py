@@ -371,3 +371,64 @@ class _Probe:
             self.launches.append((self.kernel, grid, args, kwargs))
             return self.kernel[grid](*args, **kwargs)
         return launch
+
+
+@pytest.mark.parametrize("b, h, s, d, dv, n_sem", [
+    (2, 3, 37, 16, 16, 2 * 3 * 1),   # a counter per query tile: fewer than the programs
+    (1, 2, 70, 32, 16, 500),         # varlen-like: more counters than programs (chunks)
+])
+def test_the_hopper_preprocess_zeros_the_accumulator_and_counters(b, h, s, d, dv, n_sem):
+    """With the Hopper backward's buffers (`flash_bwd._preprocess_launch(..., hopper=)`)
+    the preprocess zeroes dQ's fp32 accumulator and the counters in place of two fills,
+    and still writes delta: poisoned buffers come out zero, and nothing past them is
+    touched (guards past each)."""
+    import fusedattn.tiles.flash_bwd as fb
+
+    out, dout = _rand(b, h, s, dv, seed=1), _rand(b, h, s, dv, seed=2)
+    delta = torch.full((b, h, s), float("nan"), device=DEVICE)
+    acc_flat = torch.full((b * h * s * d + 7,), float("nan"), device=DEVICE)
+    sem_flat = torch.full((n_sem + 5,), -7, dtype=torch.int32, device=DEVICE)
+    acc, sem = acc_flat[:b * h * s * d].view(b, h, s, d), sem_flat[:n_sem]
+    kernel, grid, args, kwargs = fb._preprocess_launch(out, dout, None, delta, (acc, sem))
+    assert kwargs["ZERO"]
+    assert (args[-1] > 1) == (n_sem > grid[0] * grid[1])  # chunks of counters, or one each
+    kernel[grid](*args, **kwargs)
+    assert torch.equal(acc, torch.zeros_like(acc)) and torch.equal(sem, torch.zeros_like(sem))
+    assert acc_flat[-7:].isnan().all() and (sem_flat[-5:] == -7).all()
+    want = (out.double() * dout.double()).sum(-1)
+    torch.testing.assert_close(delta.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_hopper_path_precompiles_its_preprocess_as_it_launches(monkeypatch):
+    """On the Hopper path `precompile_backward` compiles the preprocess alone, zeroing
+    (ZERO) as the backward will launch it: the same grid, constexprs and specialised
+    arguments; only the counters' count and chunk (unspecialised) may differ."""
+    import fusedattn.dispatch as dispatch
+    import fusedattn.tiles.flash_bwd as fb
+    from fusedattn.hopper import backward as knobs
+
+    q, k, v = (_rand(2, 4, 300, 64, dtype=torch.bfloat16, seed=i) for i in range(3))
+    submitted = []
+
+    class Recorder:
+        def submit(self, fn, kernel, grid, args, kwargs):
+            submitted.append((kernel, grid, args, kwargs))
+
+    monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: ("hopper", "forced"))
+    monkeypatch.setattr(fb, "EMULATION", False)
+    monkeypatch.setattr(fb, "_POOL", Recorder())
+    monkeypatch.setattr(fb, "_SUBMITTED", set())
+    fb.precompile_backward(q, k, v, is_causal=True, scale=0.1, precision="ieee")
+    assert len(submitted) == 1
+    out, lse = torch.empty_like(q), torch.empty((2, 4, 300), device=DEVICE)
+    hopper = (torch.empty(q.shape, dtype=torch.float32, device=DEVICE),
+              torch.empty(knobs.counters(2, 4, 300, 64), dtype=torch.int32, device=DEVICE))
+    want = fb._preprocess_launch(out, torch.ones_like(out), None, lse, hopper)
+    (kernel, grid, args, kwargs), (kernel2, grid2, args2, kwargs2) = submitted[0], want
+    assert kernel is kernel2 and grid == grid2 and kwargs == kwargs2 and kwargs["ZERO"]
+    free = {"n_sem", "sem_chunk"}  # (`test_flash`: what the kernel leaves unspecialised)
+    for name, a, a2 in zip(kernel.arg_names[:len(args)], args, args2, strict=True):
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == a2.dtype and a.device == a2.device, name
+        elif name not in free:
+            assert a == a2, name

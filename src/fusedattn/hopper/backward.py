@@ -176,7 +176,8 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                            deterministic: bool = True, varlen=None):
     """The Gluon kernel's launch as (kernel, grid, args, keyword args), for
     `flash_backward` to run (and record): `dq_acc` the fp32 zeros shaped as q (contiguous)
-    it adds dQ into, scaled; `sem` `counters(...)` int32 zeros. dO, like q, k and v, must
+    it adds dQ into, scaled; `sem` `counters(...)` int32 zeros (both zeroed by the
+    preprocess launched before it, `flash_bwd._preprocess_launch`). dO, like q, k and v, must
     be TMA-ready (`dispatch._tma_ready`). `deterministic`: the dQ adds in key-tile order
     (`backward_kernel`: the same bits every run); False races them (fp32 atomics in any
     order: faster, bits may differ by run). `varlen` (`tiles.common.Varlen`): the packed

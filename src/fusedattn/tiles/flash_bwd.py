@@ -48,6 +48,24 @@ from fusedattn.tiles.common import Mask, Varlen, emulation_operands, index_dtype
 from fusedattn.tiles.flash_bwd_kernels import _bwd_preprocess, _flash_bwd_dkdv, _flash_bwd_dq
 
 
+def _preprocess_launch(out, dout, dlse, delta, hopper: tuple | None = None) -> tuple:
+    """The preprocess's launch (delta), with `hopper` (dQ's fp32 accumulator, contiguous,
+    and the counters) zeroing those too (the Hopper kernel adds into them): no fills of
+    their own (two launches fewer a backward)."""
+    rows_b, heads, rows_q, dim_v = out.shape
+    pre_m = 64 if not EMULATION else 16
+    grid = (triton.cdiv(rows_q, pre_m), rows_b * heads)
+    dq_acc, sem = hopper if hopper is not None else (delta, delta)  # (unused pointers)
+    n_sem = sem.numel() if hopper is not None else 0
+    return (_bwd_preprocess, grid,
+            (out, dout, dlse if dlse is not None else delta, delta, dq_acc, sem,
+             *out.stride(), *dout.stride(), heads, rows_q, dim_v, dq_acc.shape[-1], n_sem,
+             triton.cdiv(n_sem, max(grid[0] * grid[1], 1))),
+            dict(BLOCK_M=pre_m, BLOCK_D=max(16, triton.next_power_of_2(dim_v)),
+                 HAS_DLSE=dlse is not None, ZERO=hopper is not None,
+                 BLOCK_DQ=max(16, triton.next_power_of_2(dq_acc.shape[-1]))))
+
+
 def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: str, configs,
               mask: Mask, varlen: Varlen | None, scale: float,
               hopper: tuple | None = None, deterministic: bool = True) -> list[tuple]:
@@ -67,11 +85,7 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     block_d = max(16, triton.next_power_of_2(dim))
     block_dv = max(16, triton.next_power_of_2(dim_v))
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-    pre_m = 64 if not EMULATION else 16
-    launches = [(_bwd_preprocess, (triton.cdiv(rows_q, pre_m), rows_b * heads),
-                 (out, dout, dlse if dlse is not None else delta, delta, *out.stride(),
-                  *dout.stride(), heads, rows_q, dim_v),
-                 dict(BLOCK_M=pre_m, BLOCK_D=block_dv, HAS_DLSE=dlse is not None))]
+    launches = [_preprocess_launch(out, dout, dlse, delta, hopper)]
     if hopper is not None:
         from fusedattn.hopper.backward import hopper_backward_launch
 
@@ -143,14 +157,20 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     out = q if q.is_contiguous() and v.shape[3] == q.shape[3] else torch.empty(
         (*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)  # O's and dO's shape
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    launches = _launches(out, q, k, v, out, lse, None, lse, q, k, v, precision=precision,
-                         configs=None, mask=mask, varlen=None, scale=scale)
     from fusedattn.dispatch import backward_path
 
     if backward_path(q, k, v, mask=mask)[0] == "hopper":
-        # the portable passes will not run: the preprocess alone (the Gluon kernel
-        # compiles at the first backward)
-        launches = launches[:1]
+        # the portable passes will not run: the preprocess alone, zeroing as it will there
+        # (a compile reads dQ's accumulator's dtype and alignment and its head dim, so a
+        # row stands for it; the counters' count is not specialised); the Gluon kernel
+        # compiles at the first backward
+        launches = [_preprocess_launch(out, out, None, lse, (
+            torch.empty((1, 1, 1, q.shape[3]), dtype=torch.float32, device=q.device),
+            torch.empty(1, dtype=torch.int32, device=q.device)))]
+    else:
+        launches = _launches(out, q, k, v, out, lse, None, lse, q, k, v,
+                             precision=precision, configs=None, mask=mask, varlen=None,
+                             scale=scale)
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=3, thread_name_prefix="fusedattn-compile")
 
@@ -237,8 +257,9 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         batch, heads, seq_q, dim = q.shape
         if varlen is not None:
             batch, seq_q = varlen.batch, varlen.max_seqlen_q
-        hopper = (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
-                  torch.zeros(hopper_knobs.counters(batch, heads, seq_q, dim,
+        # (zeroed by the preprocess, `_preprocess_launch`)
+        hopper = (torch.empty(q.shape, dtype=torch.float32, device=q.device),
+                  torch.empty(hopper_knobs.counters(batch, heads, seq_q, dim,
                                                     bool(mask.softcap)),
                               dtype=torch.int32, device=q.device))
     _wait_for_precompiles()

@@ -10,12 +10,16 @@ import triton.language as tl
 from fusedattn.tiles.common import MASK_FLAGS, _scores, _sequence, _spans, _visible
 
 
-@triton.jit
-def _bwd_preprocess(p_o, p_do, p_dlse, p_delta,
+@triton.jit(do_not_specialize=("n_sem", "sem_chunk"))
+def _bwd_preprocess(p_o, p_do, p_dlse, p_delta, p_dq_acc, p_sem,
                     so_b, so_h, so_s, so_d, sdo_b, sdo_h, sdo_s, sdo_d,
-                    n_heads, seq_q, head_dim,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DLSE: tl.constexpr):
-    """delta = rowsum(dO * O) - dLSE for BLOCK_M rows of one (batch, head)."""
+                    n_heads, seq_q, head_dim, dim_q, n_sem, sem_chunk,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DLSE: tl.constexpr,
+                    ZERO: tl.constexpr, BLOCK_DQ: tl.constexpr):
+    """delta = rowsum(dO * O) - dLSE for BLOCK_M rows of one (batch, head). ZERO (the
+    Hopper backward's, `hopper.backward`): also zero the same rows of dQ's fp32
+    accumulator (`p_dq_acc`, contiguous `[B, H, seq_q, dim_q]`) and `sem_chunk` of the
+    `n_sem` int32 counters (`p_sem`) each program, in place of two fills."""
     start = tl.program_id(0).to(tl.int64) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
     b = bh // n_heads
@@ -32,6 +36,17 @@ def _bwd_preprocess(p_o, p_do, p_dlse, p_delta,
     if HAS_DLSE:
         delta -= tl.load(p_dlse + rows, mask=(start + offs_m) < seq_q, other=0.0)
     tl.store(p_delta + rows, delta, mask=(start + offs_m) < seq_q)
+    if ZERO:
+        offs_dq = tl.arange(0, BLOCK_DQ)
+        tl.store(p_dq_acc + rows[:, None] * dim_q + offs_dq[None, :],
+                 tl.zeros([BLOCK_M, BLOCK_DQ], dtype=tl.float32),
+                 mask=((start + offs_m) < seq_q)[:, None] & (offs_dq < dim_q)[None, :])
+        # this program's counters: chunk after chunk in launch order
+        first = (bh * tl.num_programs(0) + tl.program_id(0)) * sem_chunk
+        for i in range(0, sem_chunk, BLOCK_M):
+            at = first + i + offs_m
+            tl.store(p_sem + at, tl.zeros([BLOCK_M], dtype=tl.int32),
+                     mask=(i + offs_m < sem_chunk) & (at < n_sem))
 
 
 @triton.jit
