@@ -411,13 +411,20 @@ def test_the_hopper_path_precompiles_its_preprocess_as_it_launches(monkeypatch):
     submitted = []
 
     class Recorder:
+        """Stands for the pool: records what is submitted, compiles nothing."""
         def submit(self, fn, kernel, grid, args, kwargs):
+            from concurrent.futures import Future
+
             submitted.append((kernel, grid, args, kwargs))
+            done = Future()
+            done.set_result(None)
+            return done
 
     monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: ("hopper", "forced"))
     monkeypatch.setattr(fb, "EMULATION", False)
     monkeypatch.setattr(fb, "_POOL", Recorder())
     monkeypatch.setattr(fb, "_SUBMITTED", set())
+    monkeypatch.setattr(fb, "_PENDING", [])
     fb.precompile_backward(q, k, v, is_causal=True, scale=0.1, precision="ieee")
     assert len(submitted) == 1
     out, lse = torch.empty_like(q), torch.empty((2, 4, 300), device=DEVICE)

@@ -539,3 +539,32 @@ def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, determinis
     shared = sorted(set(picked) & set(launched))
     assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "STAGES"} <= set(shared)
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_the_preprocess_zeroes_the_hopper_buffers_by_its_switch(zero, monkeypatch):
+    # `hopper.backward.ZERO_IN_PREPROCESS`: the backward's first launch (the preprocess)
+    # zeroes dQ's accumulator and the counters (ZERO, on those buffers), else it leaves
+    # them to the fills; the switch is in the plans' keys (`switches`)
+    from fusedattn.hopper import backward as knobs
+    from fusedattn.tiles import flash_bwd
+
+    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(knobs, "ZERO_IN_PREPROCESS", zero)
+    q = rand(1, 2, 128, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 128, dtype=torch.float32)
+    hopper = (torch.empty(q.shape, dtype=torch.float32),
+              torch.empty(knobs.counters(1, 2, 128, 64), dtype=torch.int32))
+    launches = flash_bwd._launches(q, q, q, q, q, lse, None, lse, q, q, q, precision="ieee",
+                                   configs=None, mask=Mask(causal=True), varlen=None,
+                                   scale=0.1, hopper=hopper)
+    from fusedattn.hopper import backward_kernel
+
+    (pre, _, args, kwargs), hopper_launch = launches
+    assert pre is flash_bwd._bwd_preprocess and kwargs["ZERO"] is zero
+    assert hopper_launch[0] is backward_kernel._flash_bwd_sm90
+    if zero:
+        assert args[4] is hopper[0] and args[5] is hopper[1]
+    before = knobs.switches()
+    monkeypatch.setattr(knobs, "ZERO_IN_PREPROCESS", not zero)
+    assert knobs.switches() != before

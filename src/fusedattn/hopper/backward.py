@@ -95,6 +95,10 @@ SPREAD_MAX_BYTES = 8 << 20
 # a wave over every head costs about 10% (L2, likely; not profiled)
 DOWN_ACROSS_HEADS = True
 ACROSS_MAX_WAVES = 8
+# dQ's fp32 accumulator and the counters zeroed by the preprocess (`flash_bwd.
+# _preprocess_launch`), where False fills them by two `torch.zeros` of their own (as before
+# 05db7dd): two launches fewer a backward (the host's cost, issue 31)
+ZERO_IN_PREPROCESS = True
 
 
 def switches() -> tuple:
@@ -103,7 +107,7 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
-            SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES,
+            SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 

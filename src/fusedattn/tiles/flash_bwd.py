@@ -85,7 +85,10 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     block_d = max(16, triton.next_power_of_2(dim))
     block_dv = max(16, triton.next_power_of_2(dim_v))
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-    launches = [_preprocess_launch(out, dout, dlse, delta, hopper)]
+    from fusedattn.hopper import backward as hopper_knobs
+
+    zero = hopper if hopper_knobs.ZERO_IN_PREPROCESS else None
+    launches = [_preprocess_launch(out, dout, dlse, delta, zero)]
     if hopper is not None:
         from fusedattn.hopper.backward import hopper_backward_launch
 
@@ -158,15 +161,17 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         (*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)  # O's and dO's shape
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     from fusedattn.dispatch import backward_path
+    from fusedattn.hopper import backward as hopper_knobs
 
     if backward_path(q, k, v, mask=mask)[0] == "hopper":
         # the portable passes will not run: the preprocess alone, zeroing as it will there
         # (a compile reads dQ's accumulator's dtype and alignment and its head dim, so a
         # row stands for it; the counters' count is not specialised); the Gluon kernel
         # compiles at the first backward
-        launches = [_preprocess_launch(out, out, None, lse, (
-            torch.empty((1, 1, 1, q.shape[3]), dtype=torch.float32, device=q.device),
-            torch.empty(1, dtype=torch.int32, device=q.device)))]
+        zero = (torch.empty((1, 1, 1, q.shape[3]), dtype=torch.float32, device=q.device),
+                torch.empty(1, dtype=torch.int32, device=q.device))
+        launches = [_preprocess_launch(out, out, None, lse,
+                                       zero if hopper_knobs.ZERO_IN_PREPROCESS else None)]
     else:
         launches = _launches(out, q, k, v, out, lse, None, lse, q, k, v,
                              precision=precision, configs=None, mask=mask, varlen=None,
@@ -257,11 +262,11 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         batch, heads, seq_q, dim = q.shape
         if varlen is not None:
             batch, seq_q = varlen.batch, varlen.max_seqlen_q
-        # (zeroed by the preprocess, `_preprocess_launch`)
-        hopper = (torch.empty(q.shape, dtype=torch.float32, device=q.device),
-                  torch.empty(hopper_knobs.counters(batch, heads, seq_q, dim,
-                                                    bool(mask.softcap)),
-                              dtype=torch.int32, device=q.device))
+        # (zeroed by the preprocess, `_preprocess_launch`, unless that switch is off)
+        fill = torch.empty if hopper_knobs.ZERO_IN_PREPROCESS else torch.zeros
+        hopper = (fill(q.shape, dtype=torch.float32, device=q.device),
+                  fill(hopper_knobs.counters(batch, heads, seq_q, dim, bool(mask.softcap)),
+                       dtype=torch.int32, device=q.device))
     _wait_for_precompiles()
     inputs = (dout, q, k, v, out, lse, dlse, delta, dq, dk, dv,
               *((varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)),
