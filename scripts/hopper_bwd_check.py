@@ -152,18 +152,14 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # compile report has them spilling 604 B: sm90-compile 2210Z)
              "hopper-softcap-m128": _ours("hopper", SOFTCAP_TILES={}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
-             # dQ added by the writer's threads' atomics, or by one TMA reduction a step,
-             # at every head dim (`hopper.backward.DQ_TMA`)
+             # dQ added by the writer's threads' atomics at every head dim, not by one
+             # TMA reduction a step (`hopper.backward.DQ_TMA`, on at both)
              "hopper-atomics": _ours("hopper", DQ_TMA={64: False, 128: False}),
              "hopper-race-atomics": _ours("hopper", deterministic=False,
                                           DQ_TMA={64: False, 128: False}),
-             "hopper-tma": _ours("hopper", DQ_TMA={64: True, 128: True}),
-             # LSE and delta through shared memory (`hopper.backward.LSE_SMEM`) at every
-             # head dim, or at none
-             "hopper-lse": _ours("hopper", LSE_SMEM={64: True, 128: True}),
+             # LSE and delta from global memory at every head dim, not through shared
+             # memory (`hopper.backward.LSE_SMEM`, on at both)
              "hopper-nolse": _ours("hopper", LSE_SMEM={64: False, 128: False}),
-             "hopper-tma-lse": _ours("hopper", DQ_TMA={64: True, 128: True},
-                                     LSE_SMEM={64: True, 128: True}),
              # S transposed under masks at every head dim, or at none
              "hopper-swap-masked": _ours("hopper", SWAP_MASKED={64: True, 128: True}),
              "hopper-swap-unmasked": _ours("hopper", SWAP_MASKED={64: False, 128: False}),

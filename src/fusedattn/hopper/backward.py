@@ -30,7 +30,8 @@ TILES = {
 # under a softcap, per head dim where it differs (`tiles`): D64 keeps 64-row steps. Its
 # 128-row steps compile to a key loop of 2837 instructions with 604 B spilled (not
 # transposed; 1408 B transposed), against 1241 and none for 64-row steps (CPU compile
-# report, evidence sm90-compile/20261202T2210Z-bwd-d64; not timed on a GPU)
+# report, evidence sm90-compile/20261202T2210Z-bwd-d64). Timed since (evidence
+# nvidia-h200/20261202T2303Z-bwd-window-softcap-rows): 219 TFLOP/s against 119
 SOFTCAP_TILES = {64: (64, 128, 2)}
 WRITER_REGS = 24
 WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)

@@ -59,11 +59,11 @@ about when its program gets there anyway:
                starts at the last query tile and waits there on all the lower key tiles'
                adds (ncu at 5803e75, D128 S4096 causal: compute warps waiting for the
                writer's buffers in 14% of the samples); unmasked, key tile n waits on n
-               others at its first tile. Launched across the heads (DOWN_ACROSS, the
-               launcher's default): key tile 0 of every (batch, head) first, then key
-               tile 1 of every one, ..., so under a causal mask the longest programs of
-               every head go first (no tail of one head's longest program where programs
-               are few), and a program's lower key tiles, launched before it, are far
+               others at its first tile. Launched across the heads (DOWN_ACROSS, where
+               programs are few: `backward.down_across`): key tile 0 of every (batch,
+               head) first, then key tile 1 of every one, ..., so under a causal mask the
+               longest programs of every head go first (no tail of one head's longest
+               program), and a program's lower key tiles, launched before it, are far
                ahead of it by then; it still waits on programs launched before it alone."""
 
 from triton._C.libtriton import ir

@@ -51,7 +51,12 @@ from fusedattn.tiles.flash_bwd_kernels import _bwd_preprocess, _flash_bwd_dkdv, 
 def _preprocess_launch(out, dout, dlse, delta, hopper: tuple | None = None) -> tuple:
     """The preprocess's launch (delta), with `hopper` (dQ's fp32 accumulator, contiguous,
     and the counters) zeroing those too (the Hopper kernel adds into them): no fills of
-    their own (two launches fewer a backward)."""
+    their own (two launches fewer a backward), unless
+    `hopper.backward.ZERO_IN_PREPROCESS` is off (`flash_backward` then fills them)."""
+    if hopper is not None:
+        from fusedattn.hopper import backward as hopper_knobs
+
+        hopper = hopper if hopper_knobs.ZERO_IN_PREPROCESS else None
     rows_b, heads, rows_q, dim_v = out.shape
     pre_m = 64 if not EMULATION else 16
     grid = (triton.cdiv(rows_q, pre_m), rows_b * heads)
@@ -85,10 +90,7 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     block_d = max(16, triton.next_power_of_2(dim))
     block_dv = max(16, triton.next_power_of_2(dim_v))
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-    from fusedattn.hopper import backward as hopper_knobs
-
-    zero = hopper if hopper_knobs.ZERO_IN_PREPROCESS else None
-    launches = [_preprocess_launch(out, dout, dlse, delta, zero)]
+    launches = [_preprocess_launch(out, dout, dlse, delta, hopper)]
     if hopper is not None:
         from fusedattn.hopper.backward import hopper_backward_launch
 
@@ -161,17 +163,15 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         (*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)  # O's and dO's shape
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     from fusedattn.dispatch import backward_path
-    from fusedattn.hopper import backward as hopper_knobs
 
     if backward_path(q, k, v, mask=mask)[0] == "hopper":
         # the portable passes will not run: the preprocess alone, zeroing as it will there
         # (a compile reads dQ's accumulator's dtype and alignment and its head dim, so a
         # row stands for it; the counters' count is not specialised); the Gluon kernel
         # compiles at the first backward
-        zero = (torch.empty((1, 1, 1, q.shape[3]), dtype=torch.float32, device=q.device),
-                torch.empty(1, dtype=torch.int32, device=q.device))
-        launches = [_preprocess_launch(out, out, None, lse,
-                                       zero if hopper_knobs.ZERO_IN_PREPROCESS else None)]
+        launches = [_preprocess_launch(out, out, None, lse, (
+            torch.empty((1, 1, 1, q.shape[3]), dtype=torch.float32, device=q.device),
+            torch.empty(1, dtype=torch.int32, device=q.device)))]
     else:
         launches = _launches(out, q, k, v, out, lse, None, lse, q, k, v,
                              precision=precision, configs=None, mask=mask, varlen=None,
