@@ -14,6 +14,9 @@ deterministic_adds_is_right_and_repeats`); this covers the shapes it does not (S
 Sk, windows in both alignments, one SM). It checks the formulas as transcribed: change
 both together.
 
+Varlen's compact grid (`compact_launch`) is checked against the full one (`full_launch`):
+the same programs with keys, in the same order, so the argument above carries over.
+
 It also models one launch's tail (`makespan`: a list schedule, the adds' waits left out),
 the case for launching "down" across the heads (`hopper.backward.DOWN_ACROSS_HEADS`).
 
@@ -66,6 +69,44 @@ def launches(order, n_tiles, heads, across):
     if across and order == "down":
         return [(h, p) for p in range(n_tiles) for h in range(heads)]
     return [(h, p) for h in range(heads) for p in range(n_tiles)]
+
+
+def compact_launch(lengths, heads, order, programs):
+    """Varlen's compact grid (`_key_tile`'s COMPACT) in launch order: each of `programs`
+    pids as (sequence, K/V head, key tile), None past the last sequence. A pid's sequence
+    is the count of sequences whose programs (their key tiles x `heads`) all come before
+    it (`forward_kernel._document`'s prefix sum); within one, head by head, each head's
+    key tiles highest first but under "down"."""
+    ends, total = [], 0
+    for n in lengths:
+        total += cdiv(n, BLOCK_N) * heads
+        ends.append(total)
+    out = []
+    for pid in range(programs):
+        b = sum(end <= pid for end in ends)
+        if b == len(lengths):
+            out.append(None)
+            continue
+        first = ends[b - 1] if b else 0
+        tiles = max(cdiv(lengths[b], BLOCK_N), 1)
+        n = (pid - first) % tiles
+        out.append((b, min((pid - first) // tiles, heads - 1),
+                    n if order == "down" else tiles - 1 - n))
+    return out
+
+
+def full_launch(lengths, heads, order):
+    """The full varlen grid's programs with keys in launch order (the longest sequence's
+    key tiles for every sequence, head by head; those past a sequence's keys left out)."""
+    tiles = cdiv(max(lengths), BLOCK_N)
+    out = []
+    for b, length in enumerate(lengths):
+        for h in range(heads):
+            for p in range(tiles):
+                n = p if order == "down" else tiles - 1 - p
+                if n * BLOCK_N < length:
+                    out.append((b, h, n))
+    return out
 
 
 def run(order, seq_q, seq_k, left, right, bottom, sms, heads=1, across=False) -> str:

@@ -69,7 +69,7 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False)
+                    VARLEN=False, COMPACT=False)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
@@ -83,13 +83,16 @@ BWD_CONFIGS = [
     dict(name="bwd D128 P and dS in shared memory", D=128, SWAP_SDP=False),
     dict(name="bwd D128 causal, S transposed", D=128, HAS_RIGHT=True, SWAP_SDP=True),
     dict(name="bwd D64 causal", D=64, HAS_RIGHT=True),
-    dict(name="bwd D128 causal varlen", D=128, HAS_RIGHT=True, VARLEN=True),
+    dict(name="bwd D128 causal varlen", D=128, HAS_RIGHT=True, VARLEN=True, COMPACT=True),
+    dict(name="bwd D128 causal varlen, the full grid", D=128, HAS_RIGHT=True, VARLEN=True),
     dict(name="bwd D64 window bottom-right", D=64, HAS_LEFT=True, HAS_RIGHT=True,
          BOTTOM_RIGHT=True),
     dict(name="bwd D128 causal window softcap, S transposed", D=128, HAS_LEFT=True,
          HAS_RIGHT=True, SOFTCAP=True, SWAP_SDP=True),
-    dict(name="bwd D64 softcap varlen GQA", D=64, SOFTCAP=True, VARLEN=True, GQA=True),
-    dict(name="bwd D128 varlen GQA (S transposed)", D=128, VARLEN=True, GQA=True),
+    dict(name="bwd D64 softcap varlen GQA", D=64, SOFTCAP=True, VARLEN=True, GQA=True,
+         COMPACT=True),
+    dict(name="bwd D128 varlen GQA (S transposed)", D=128, VARLEN=True, GQA=True,
+         COMPACT=True),
 ]
 
 

@@ -170,6 +170,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-down-heads": _ours("hopper", ORDER="down", DOWN_ACROSS_HEADS=False),
              "hopper-up": _ours("hopper", ORDER="up"),
              "hopper-rotated": _ours("hopper", ORDER="rotated"),
+             # varlen over the longest sequence's key tiles for every sequence (most
+             # programs empty where lengths differ), against each sequence's own
+             "hopper-fullgrid": _ours("hopper", VARLEN_COMPACT=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -209,6 +209,52 @@ def test_hopper_varlen_gradients_with_empty_and_one_token_sequences(dim, options
 
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("order", ["up", "down"])
+@pytest.mark.parametrize("options", [dict(is_causal=False), dict(is_causal=True)])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_the_compact_varlen_grid_gives_the_full_grids_bits(dim, options, order,
+                                                           monkeypatch):
+    # `hopper.backward.VARLEN_COMPACT`: each sequence's own key tiles (`_key_tile` finds a
+    # program's sequence by a prefix sum, 32 sequences a turn: 70 here, a dozen empty, one
+    # 900 keys long) against the longest sequence's for every one. Right against the
+    # reference, and the same bits as the full grid (the adds' order is the same)
+    from fusedattn.hopper import backward as knobs
+
+    lengths = torch.randint(0, 300, (70,), generator=torch.Generator().manual_seed(5))
+    lengths[::6] = 0
+    lengths[33] = 900
+    lengths_q = lengths.roll(1).tolist()  # (Sq != Sk per sequence; empty queries apart)
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(dim, lengths=(lengths_q, lengths.tolist()))
+    dout = rand(*q.shape, dtype=q.dtype, seed=3)
+    monkeypatch.setattr(knobs, "ORDER", order)
+    grids, real = [], knobs.hopper_backward_launch
+
+    def spy(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        grids.append((launch[1][0], launch[3]["COMPACT"]))
+        return launch
+
+    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+
+    def grads(backend):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        with use_backend(backend):
+            out = attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, **options)
+        return torch.autograd.grad(out, leaves, dout)
+
+    ref = varlen_ref_grads(q, k, v, dout, cu_q, cu_k, causal=options["is_causal"],
+                           device=DEVICE)
+    compact = _within_portable(grads, ref)
+    monkeypatch.setattr(knobs, "VARLEN_COMPACT", False)
+    full = grads("hopper")
+    assert all(torch.equal(a, b) for a, b in zip(compact, full, strict=True))
+    # 2 K/V heads: the compact grid at most (keys + 70 * 127) // 128 a head, the full
+    # grid 70 x 8 (900 keys) a head
+    assert grids == [((k.shape[0] + 70 * 127) // 128 * 2, True), (70 * 8 * 2, False)], grids
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
 def test_hopper_backward_with_sinks_lse_gradient_and_strided_dout():
     # sinks' gradient (host side, from delta), a used LSE (dLSE enters delta), [B, S, H, D]
     # views (TMA over their strides) and a dO that is not TMA-ready (made contiguous)
@@ -357,6 +403,29 @@ def test_the_orders_model_counts_every_program_once_and_never_hangs(seq_q, seq_k
         wrong = model.program
         model.program = lambda pid, n, order, *rest: wrong(n - 1 - pid, n, order, *rest)
         assert "hangs" in model.run("up", seq_q, seq_k, left, right, bottom, 1)
+
+
+@pytest.mark.parametrize("lengths", [[5, 0, 300, 128, 129, 0, 1], [0, 0, 7], [2000],
+                                     list(range(0, 2000, 37)), [128] * 40 + [0] * 3])
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("order", ["down", "up"])
+def test_the_compact_varlen_grid_runs_the_full_grids_programs_in_its_order(lengths, heads,
+                                                                           order):
+    # `_key_tile`'s COMPACT, transcribed in the model: at most `varlen_programs` a K/V
+    # head, every program with keys of the full grid once and in its order (so each still
+    # waits only on programs launched before it), the rest dead at the end
+    from fusedattn.hopper import backward as knobs
+
+    model = script("bwd_order_model")
+    programs = knobs.varlen_programs(sum(lengths), len(lengths), model.BLOCK_N) * heads
+    got = model.compact_launch(lengths, heads, order, programs)
+    live = [p for p in got if p is not None]
+    assert live == model.full_launch(lengths, heads, order)
+    assert got[len(live):] == [None] * (programs - len(live))
+    # the bound is tight where every sequence ends one key into a tile
+    tight = [model.BLOCK_N * i + 1 for i in range(5)]
+    assert knobs.varlen_programs(sum(tight), 5, model.BLOCK_N) == len(
+        model.full_launch(tight, 1, order))
 
 
 def test_down_across_the_heads_has_no_tail_where_head_by_head_has_one():

@@ -100,6 +100,12 @@ ACROSS_MAX_WAVES = 8
 # _preprocess_launch`), where False fills them by two `torch.zeros` of their own (as before
 # 05db7dd): two launches fewer a backward (the host's cost, issue 31)
 ZERO_IN_PREPROCESS = True
+# varlen launches each sequence's own key tiles x K/V heads, sequence by sequence
+# (`backward_kernel._key_tile`'s COMPACT; at most `varlen_programs`), where False launches
+# the longest sequence's key tiles for every sequence, most of them empty when the lengths
+# differ (issue 33's row: 24 documents of 64-3848 tokens, 744 programs a head, 268 with
+# keys); the adds' order is the same either way, so are the gradients' bits
+VARLEN_COMPACT = True
 
 
 def switches() -> tuple:
@@ -109,6 +115,7 @@ def switches() -> tuple:
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
+            VARLEN_COMPACT,
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
@@ -177,6 +184,13 @@ def counters(batch: int, heads: int, seq_q: int, dim: int, softcap: bool = False
     return batch * heads * triton.cdiv(seq_q, tiles(dim, softcap)[0])
 
 
+def varlen_programs(total_k: int, batch: int, block_n: int) -> int:
+    """An upper bound on the key tiles of `batch` sequences of `total_k` keys in all, each
+    sequence's counted apart (the sum of ceil(len / block_n) is at most this): the compact
+    varlen grid's programs a K/V head, known without reading the lengths."""
+    return (total_k + batch * (block_n - 1)) // block_n
+
+
 def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, scale, mask,
                            deterministic: bool = True, varlen=None):
     """The Gluon kernel's launch as (kernel, grid, args, keyword args), for
@@ -209,14 +223,21 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     if sem.numel() < batch * heads * tiles_m:  # (the adds' counters: one a query tile)
         raise ValueError(f"{sem.numel()} counters for {batch * heads * tiles_m} query tiles: "
                          f"size them by counters(..., softcap={cap > 0})")
-    grid = (tiles_n * batch * heads_kv,)
+    compact = varlen is not None and VARLEN_COMPACT
+    if compact:  # `n_tiles_n` is then the sequences' count (`backward_kernel._key_tile`)
+        grid = (max(varlen_programs(k.shape[2], batch, block_n), 1) * heads_kv,)
+    else:
+        grid = (tiles_n * batch * heads_kv,)
     sms = _sm_count(q.device)
     how = order(tiles_n, grid[0], left, right, sms,
                 spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
-    code = {"down": kernel.DOWN_ACROSS if down_across(grid[0], sms) else kernel.DOWN,
+    # (the compact grid has no across-the-heads launch: its heads' tiles differ in count)
+    across = down_across(grid[0], sms) and not compact
+    code = {"down": kernel.DOWN_ACROSS if across else kernel.DOWN,
             "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
-            dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1), tiles_n,
+            dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
+            batch if compact else tiles_n,
             tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap,
             left, right, code.value)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
@@ -225,6 +246,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
                   DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim] and tma_reduce_available(),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
-                  GQA=heads != heads_kv, VARLEN=varlen is not None,
+                  GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=compact,
                   num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

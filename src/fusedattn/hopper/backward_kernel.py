@@ -78,7 +78,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fusedattn.hopper.forward_kernel import _load_rows, _softcap
+from fusedattn.hopper.forward_kernel import _document, _load_rows, _softcap
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # the deterministic adds' orders (`order`, the module docstring), a runtime argument: which
@@ -116,34 +116,55 @@ def _bulk_wait(x):
 @gluon.jit
 def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+              HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+              COMPACT: gl.constexpr, WARPS: gl.constexpr):
     """This program's (key tile n, sequence b, its batch row, kv head, first key k0 in the
     sequence, the sequence's first query and key rows, Sq, Sk, diagonal offset, query rows
     m_lo..m_hi that see any of its keys, m_lo a multiple of BLOCK_M, and under "rotated"
     the query tile its steps start from, `rot`). VARLEN: sequence b is rows cu[b]..cu[b+1]
     of batch row 0, and a key tile past its sequence's end sees no query (m_hi = m_lo: no
-    steps, nothing loaded or stored)."""
+    steps, nothing loaded or stored). COMPACT (varlen): `n_tiles_n` is the sequences'
+    count, and the programs run sequence by sequence, each sequence's own key tiles x K/V
+    heads of them (`forward_kernel._document` over cu_k, by these WARPS warps), so that no
+    program sits past its sequence's keys but the grid's last (b = the count: dead). The
+    programs keep the full grid's order with its empty ones taken out, so each still
+    waits only on programs launched before it."""
     pid = gl.program_id(0)
-    # DOWN_ACROSS: key tile n of every (batch, head) before any key tile n + 1 (the launch
-    # index turned into the head-by-head one)
-    n_bh = gl.num_programs(0) // n_tiles_n
-    pid = gl.where(order == DOWN_ACROSS, pid % n_bh * n_tiles_n + pid // n_bh, pid)
-    n = pid % n_tiles_n
-    # a (batch, head)'s programs one after another, its last key tile first, but in the
-    # order "down"
-    n = gl.where((order == DOWN) | (order == DOWN_ACROSS), n, n_tiles_n - 1 - n)
-    bh = pid // n_tiles_n
-    b = bh // n_heads_kv
-    h_kv = bh % n_heads_kv
-    b_row = b
     q_start = 0
     k_start = 0
-    if VARLEN:
-        q_start = gl.load(p_cu_q + b)
-        seq_q = gl.load(p_cu_q + b + 1) - q_start
-        k_start = gl.load(p_cu_k + b)
-        seq_k = gl.load(p_cu_k + b + 1) - k_start
+    if VARLEN and COMPACT:
+        b, first = _document(pid, n_tiles_n, n_heads_kv, p_cu_k, BLOCK_N, WARPS)
+        safe = gl.minimum(b, n_tiles_n - 1)  # (cu has n_docs + 1 entries)
+        q_start = gl.load(p_cu_q + safe)
+        seq_q = gl.load(p_cu_q + safe + 1) - q_start
+        k_start = gl.load(p_cu_k + safe)
+        seq_k = gl.load(p_cu_k + safe + 1) - k_start
+        seq_k = seq_k * (b < n_tiles_n).to(gl.int32)  # past the last sequence: dead
+        tiles = gl.maximum(gl.cdiv(seq_k, BLOCK_N), 1)
+        h_kv = gl.minimum((pid - first) // tiles, n_heads_kv - 1)
+        n = (pid - first) % tiles
+        n = gl.where(order == DOWN, n, tiles - 1 - n)  # (not DOWN_ACROSS: `backward`)
+        b = safe
         b_row = b * 0
+    else:
+        # DOWN_ACROSS: key tile n of every (batch, head) before any key tile n + 1 (the
+        # launch index turned into the head-by-head one)
+        n_bh = gl.num_programs(0) // n_tiles_n
+        pid = gl.where(order == DOWN_ACROSS, pid % n_bh * n_tiles_n + pid // n_bh, pid)
+        n = pid % n_tiles_n
+        # a (batch, head)'s programs one after another, its last key tile first, but in
+        # the order "down"
+        n = gl.where((order == DOWN) | (order == DOWN_ACROSS), n, n_tiles_n - 1 - n)
+        bh = pid // n_tiles_n
+        b = bh // n_heads_kv
+        h_kv = bh % n_heads_kv
+        b_row = b
+        if VARLEN:
+            q_start = gl.load(p_cu_q + b)
+            seq_q = gl.load(p_cu_q + b + 1) - q_start
+            k_start = gl.load(p_cu_k + b)
+            seq_k = gl.load(p_cu_k + b + 1) - k_start
+            b_row = b * 0
     k0 = n * BLOCK_N
     diag = 0
     if BOTTOM_RIGHT:
@@ -286,7 +307,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
-               GQA: gl.constexpr, VARLEN: gl.constexpr, DQ_TMA: gl.constexpr,
+               GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
+               DQ_TMA: gl.constexpr,
                LSE_SMEM: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
@@ -303,7 +325,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
-        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, WARPS)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
@@ -399,7 +421,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-           GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
+           GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
+           SWAP_SDP: gl.constexpr,
            DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
@@ -429,7 +452,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
 
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
-        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
@@ -554,7 +577,8 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-             GQA: gl.constexpr, VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr,
+             GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
+           SWAP_SDP: gl.constexpr,
              DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
@@ -563,10 +587,11 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     p_cu_k,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA, LSE_SMEM)
+                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
+                    LSE_SMEM)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
-        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     live = k0 < seq_k
     # dK and dV out through K's and V's tiles (every warp is done reading them)
     if live:
@@ -621,7 +646,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DETERMINISTIC: gl.constexpr, WRITER_REGS: gl.constexpr,
                     WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
-                    VARLEN: gl.constexpr, SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr,
+                    VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
+                    DQ_TMA: gl.constexpr,
                     LSE_SMEM: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
@@ -633,7 +659,9 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     softmax scale dK and dQ take. VARLEN: sequence b is rows cu[b]..cu[b+1] (`p_cu_q`,
     `p_cu_k`) of the packed `[1, H, total, D]` tensors, seq_q and seq_k the longest; dK and
     dV go out by masked stores (`p_dk`, `p_dv`, head and row strides `sdk_*`, `sdv_*`) and
-    dQ's accumulator has `rows_q` rows a head (Sq, or the packed total)."""
+    dQ's accumulator has `rows_q` rows a head (Sq, or the packed total). COMPACT (varlen):
+    the grid is each sequence's own key tiles x K/V heads (at most), sequence by sequence,
+    and `n_tiles_n` the sequences' count (`_key_tile`)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
@@ -683,7 +711,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, SWAP_SDP, DQ_TMA,
+                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
                     LSE_SMEM)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
@@ -691,6 +719,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
                       BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, DQ_TMA,
+                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, COMPACT,
+                      DQ_TMA,
                       LSE_SMEM)),
     ], [WRITER_WARPS], [WRITER_REGS])
