@@ -171,8 +171,10 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-up": _ours("hopper", ORDER="up"),
              "hopper-rotated": _ours("hopper", ORDER="rotated"),
              # varlen over the longest sequence's key tiles for every sequence (most
-             # programs empty where lengths differ), against each sequence's own
-             "hopper-fullgrid": _ours("hopper", VARLEN_COMPACT=False),
+             # programs empty where lengths differ), or over each sequence's own, at
+             # every head dim (`hopper.backward.VARLEN_COMPACT`)
+             "hopper-fullgrid": _ours("hopper", VARLEN_COMPACT={64: False, 128: False}),
+             "hopper-compact": _ours("hopper", VARLEN_COMPACT={64: True, 128: True}),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

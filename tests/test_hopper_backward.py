@@ -214,10 +214,11 @@ def test_hopper_varlen_gradients_with_empty_and_one_token_sequences(dim, options
 @pytest.mark.parametrize("dim", [64, 128])
 def test_the_compact_varlen_grid_gives_the_full_grids_bits(dim, options, order,
                                                            monkeypatch):
-    # `hopper.backward.VARLEN_COMPACT`: each sequence's own key tiles (`_key_tile` finds a
-    # program's sequence by a prefix sum, 32 sequences a turn: 70 here, a dozen empty, one
-    # 900 keys long) against the longest sequence's for every one. Right against the
-    # reference, and the same bits as the full grid (the adds' order is the same)
+    # `hopper.backward.VARLEN_COMPACT` on and off: each sequence's own key tiles
+    # (`_key_tile` finds a program's sequence by a prefix sum, 32 sequences a turn: 70
+    # here, a dozen empty, one 900 keys long) against the longest sequence's for every
+    # one. Right against the reference, and the same bits as the full grid (the adds'
+    # order is the same)
     from fusedattn.hopper import backward as knobs
 
     lengths = torch.randint(0, 300, (70,), generator=torch.Generator().manual_seed(5))
@@ -227,6 +228,7 @@ def test_the_compact_varlen_grid_gives_the_full_grids_bits(dim, options, order,
     q, k, v, cu_q, cu_k, max_q, max_k = ragged(dim, lengths=(lengths_q, lengths.tolist()))
     dout = rand(*q.shape, dtype=q.dtype, seed=3)
     monkeypatch.setattr(knobs, "ORDER", order)
+    monkeypatch.setattr(knobs, "VARLEN_COMPACT", {64: True, 128: True})
     grids, real = [], knobs.hopper_backward_launch
 
     def spy(*args, **kwargs):
@@ -245,7 +247,7 @@ def test_the_compact_varlen_grid_gives_the_full_grids_bits(dim, options, order,
     ref = varlen_ref_grads(q, k, v, dout, cu_q, cu_k, causal=options["is_causal"],
                            device=DEVICE)
     compact = _within_portable(grads, ref)
-    monkeypatch.setattr(knobs, "VARLEN_COMPACT", False)
+    monkeypatch.setattr(knobs, "VARLEN_COMPACT", {64: False, 128: False})
     full = grads("hopper")
     assert all(torch.equal(a, b) for a, b in zip(compact, full, strict=True))
     # 2 K/V heads: the compact grid at most (keys + 70 * 127) // 128 a head, the full
@@ -539,6 +541,35 @@ def test_query_rows_a_step_follow_the_head_dim_and_softcap(dim, softcap, rows, m
         monkeypatch.setattr(knobs, "counters", lambda *args: 2)
         with pytest.raises(ValueError, match="2 counters for 4 query tiles"):
             _cpu_launch(dim, Mask(softcap=softcap), True, monkeypatch)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("compact", [True, False])
+def test_varlen_launches_its_compact_grid_by_the_head_dims_switch(dim, compact, monkeypatch):
+    # three sequences of 300, 0 and 1000 keys, 2 K/V heads: compact, (1300 + 3 * 127) //
+    # 128 = 13 programs a head (11 with keys), the sequences' count as `n_tiles_n`, and
+    # "down" never across the heads; else 3 x 8 a head
+    from fusedattn.hopper import backward as knobs
+    from fusedattn.hopper import backward_kernel as kernel
+    from fusedattn.tiles.common import Varlen
+
+    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(knobs, "VARLEN_COMPACT", {64: not compact, 128: not compact,
+                                                  dim: compact})
+    monkeypatch.setattr(knobs, "ORDER", "down")
+    cu = torch.tensor([0, 300, 300, 1300], dtype=torch.int32)
+    q = rand(1, 4, 1300, dim, dtype=torch.bfloat16)
+    k = rand(1, 2, 1300, dim, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 4, 1300, dtype=torch.float32)
+    kernel_, grid, args, kwargs = knobs.hopper_backward_launch(
+        q, q, k, k, lse, lse, torch.zeros_like(q, dtype=torch.float32),
+        torch.zeros(knobs.counters(3, 4, 1000, dim), dtype=torch.int32), k, k, scale=0.1,
+        mask=Mask(causal=True), varlen=Varlen(cu, cu, 1000, 1000))
+    named = dict(zip(kernel_.arg_names[:len(args)], args, strict=True))
+    assert kwargs["COMPACT"] is compact and kwargs["VARLEN"]
+    assert grid == ((13 if compact else 24) * 2,)
+    assert named["n_tiles_n"] == (3 if compact else 8)
+    assert named["order"] == (kernel.DOWN if compact else kernel.DOWN_ACROSS).value
 
 
 def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:

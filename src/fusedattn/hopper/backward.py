@@ -100,12 +100,16 @@ ACROSS_MAX_WAVES = 8
 # _preprocess_launch`), where False fills them by two `torch.zeros` of their own (as before
 # 05db7dd): two launches fewer a backward (the host's cost, issue 31)
 ZERO_IN_PREPROCESS = True
-# varlen launches each sequence's own key tiles x K/V heads, sequence by sequence
-# (`backward_kernel._key_tile`'s COMPACT; at most `varlen_programs`), where False launches
-# the longest sequence's key tiles for every sequence, most of them empty when the lengths
-# differ (issue 33's row: 24 documents of 64-3848 tokens, 744 programs a head, 268 with
-# keys); the adds' order is the same either way, so are the gradients' bits
-VARLEN_COMPACT = True
+# per head dim, varlen launches each sequence's own key tiles x K/V heads, sequence by
+# sequence (`backward_kernel._key_tile`'s COMPACT; at most `varlen_programs`), where False
+# launches the longest sequence's key tiles for every sequence, most of them empty when
+# the lengths differ (issue 33's row: 24 documents of 64-3848 tokens, 744 programs a head,
+# 268 with keys). The adds' order is the same either way, so are the gradients' bits.
+# Measured on that row, H16, causal, twice each (evidence 20261203T0058Z-bwd-varlen-
+# compact): D128 2.42 ms against 2.50 (+3.4%), D64 1.68 against 1.65 (-1.6%): an empty
+# program costs about 90 ns of an SM, so the full grid's 7,616 empties a head are not
+# where the varlen row's gap to FA4 is
+VARLEN_COMPACT = {64: False, 128: True}
 
 
 def switches() -> tuple:
@@ -115,7 +119,7 @@ def switches() -> tuple:
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
-            VARLEN_COMPACT,
+            tuple(sorted(VARLEN_COMPACT.items())),
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
@@ -223,7 +227,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     if sem.numel() < batch * heads * tiles_m:  # (the adds' counters: one a query tile)
         raise ValueError(f"{sem.numel()} counters for {batch * heads * tiles_m} query tiles: "
                          f"size them by counters(..., softcap={cap > 0})")
-    compact = varlen is not None and VARLEN_COMPACT
+    compact = varlen is not None and VARLEN_COMPACT[dim]
     if compact:  # `n_tiles_n` is then the sequences' count (`backward_kernel._key_tile`)
         grid = (max(varlen_programs(k.shape[2], batch, block_n), 1) * heads_kv,)
     else:
