@@ -27,8 +27,9 @@
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
 #   ncubwd ROW  Nsight Compute of our backward's kernels against cuDNN's on ROW
-#               "dim,batch,heads,seq[,causal]" (scripts/ncu_vs_cudnn.py --bwd-only; the
-#               kernels told apart by name), the Hopper backward forced
+#               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --bwd-only;
+#               the kernels told apart by name), the Hopper backward forced; varlen: the
+#               varlen suite's batch at heads and dim against FA4's (where staged)
 #   ncusrc ROW  Nsight Compute's source view of our forward alone on ROW (as ncu's), with
 #               $KNOB (NAME=VALUE, `hopper.forward`'s A/B switch) and $DTYPE (e.g. fp8:
 #               the FP8 forward, V's transpose in the range too) if set: warp stalls
@@ -119,8 +120,9 @@ while [ $# -gt 0 ]; do
          profile ncu-d$d-b$b-h$h-s$s${c:+-$c} fa4 --peer fa4 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" $extra ;;
     ncubwd) IFS=, read -r d b h s c <<<"$1"; shift
+         case $c in varlen) extra=--varlen ;; "") extra= ;; *) extra=--causal ;; esac
          profile ncu-bwd-d$d-b$b-h$h-s$s${c:+-$c} - --bwd-only --backend hopper --dim "$d" --batch "$b" \
-           --heads "$h" --seq "$s" ${c:+--causal} ;;
+           --heads "$h" --seq "$s" $extra ;;
     ncusrc) IFS=, read -r d b h s c <<<"$1"; shift
          case $c in causal) extra=--causal ;; *) extra= ;; esac
          name=ncusrc-d$d-b$b-h$h-s$s${c:+-$c}${DTYPE:+-$DTYPE}${KNOB:+-${KNOB%%=*}}

@@ -177,31 +177,58 @@ def _fp8(args) -> None:
 
 
 def _varlen(args) -> None:
-    from flash_attn.cute import flash_attn_varlen_func
-
+    """The varlen suite's batch against FA4. `--bwd-only`: the backwards alone (ours on
+    `--backend`), each one `autograd.grad` between the profiler's start and stop, told apart
+    by kernel name (as the dense `--bwd-only`); FA4 sits out where it does not import."""
     from fusedattn.varlen import attention_varlen
     from fusedattn_lab.serving import _lengths
 
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except ImportError:
+        if not args.bwd_only:
+            raise
+        flash_attn_varlen_func = None
     lengths = _lengths(24, 32768, 0)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(sum(lengths), args.heads, args.dim, generator=gen,
-                           device="cuda").to(torch.bfloat16) for _ in range(3))
+    q, k, v, dout = (torch.randn(sum(lengths), args.heads, args.dim, generator=gen,
+                                 device="cuda").to(torch.bfloat16) for _ in range(4))
+    q, k, v = (t.requires_grad_(args.bwd_only) for t in (q, k, v))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
                       device="cuda")
     n = max(lengths)
-    calls = {"fusedattn": lambda: attention_varlen(q, k, v, cu, cu, n, n, is_causal=True),
-             "fa4": lambda: flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                                   max_seqlen_q=n, max_seqlen_k=n,
-                                                   causal=True)}
+
+    def ours():
+        with use_backend(args.backend):
+            return attention_varlen(q, k, v, cu, cu, n, n, is_causal=True)
+
+    calls = {"fusedattn": ours}
+    if flash_attn_varlen_func is not None:
+        calls["fa4"] = lambda: flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n, max_seqlen_k=n,
+            causal=True)
     outs = {}
     for name, fwd in calls.items():
         for _ in range(3):
             out = fwd()
-        outs[name] = out[0] if isinstance(out, tuple) else out
-    err = float((outs["fusedattn"].float() - outs["fa4"].float()).abs().max())
-    print(f"max |fusedattn - fa4| = {err:.3g}", flush=True)
-    assert err < 0.1, f"fusedattn differs from fa4 by {err}"
-    _profiled(calls)
+            out = out[0] if isinstance(out, tuple) else out
+            grads = torch.autograd.grad(out, (q, k, v), dout) if args.bwd_only else ()
+        outs[name] = (out, *grads)
+    if "fa4" in outs:
+        for mine, its in zip(outs["fusedattn"], outs["fa4"], strict=True):
+            err = float((mine.float() - its.float()).abs().max())
+            print(f"max |fusedattn - fa4| = {err:.3g}", flush=True)
+            assert err < 0.1, f"fusedattn differs from fa4 by {err}"
+    if not args.bwd_only:
+        return _profiled(calls)
+    outs = {name: fwd() for name, fwd in calls.items()}  # the forwards first, unprofiled
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for out in outs.values():
+        torch.autograd.grad(out[0] if isinstance(out, tuple) else out, (q, k, v), dout)
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    return None
 
 
 if __name__ == "__main__":
