@@ -30,8 +30,12 @@ from fusedattn.problem import ProblemError
 # S256 at D128 and S512 at D64, by 8-33% with no overlap of the spreads (S256 D128 +10%,
 # D128 S1024 causal +15%, S2048 causal +33%, 24 documents averaging 1365 keys +8%; S512 D64
 # +12%, S1024 D64 causal +9%: evidence/nvidia-h200/20261202T1335Z-bwd-short-rows-d96-fp8).
-# Nothing shorter was run. (It was {64: 2048, 128: 4096} before, when the kernel lost
-# at D128 S1024 causal and on the varlen row.)
+# Below them (forced, at a7d1d32's kernels: D64 128-row steps, TMA adds) the two paths are
+# within 8% either way: S256 D64 1.03x / causal 0.97x, S128 D128 1.03x, S128 D64 0.92x,
+# and the Hopper path costs the host more on a short step and the fp32 dQ accumulator's
+# memory (evidence/nvidia-h200/20261203T0059Z-bwd-short-rows; S512 D64 1.31x). (It was
+# {64: 2048, 128: 4096} before, when the kernel lost at D128 S1024 causal and on the
+# varlen row.)
 HOPPER_BWD_MIN_KEYS = {64: 512, 128: 256}
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
