@@ -15,12 +15,13 @@ Sk, windows in both alignments, one SM). It checks the formulas as transcribed: 
 both together.
 
 Varlen's compact grid (`compact_launch`) is checked against the full one (`full_launch`):
-the same programs with keys, in the same order, so the argument above carries over.
+the same programs with keys, in the same order within each sequence, so the argument above
+carries over whatever order the sequences take (`varlen_makespan`: longest first).
 
 It also models one launch's tail (`makespan`: a list schedule, the adds' waits left out),
 the case for launching "down" across the heads (`hopper.backward.DOWN_ACROSS_HEADS`).
 
-    python3 scripts/bwd_order_model.py [--cases N] [--seed S] [--makespan]"""
+    python3 scripts/bwd_order_model.py [--cases N] [--seed S] [--makespan] [--varlen]"""
 
 import argparse
 import heapq
@@ -157,12 +158,30 @@ def makespan(order, seq, heads, sms, across, causal=True) -> float:
     return max(free) / (sum(steps) * heads / sms)
 
 
+def varlen_makespan(lengths, heads, sms, block_m=BLOCK_M, longest_first=False) -> float:
+    """`makespan` of the compact varlen grid under a causal mask and "up" (each sequence's
+    heads one after another, each head's key tiles highest first), the sequences in their
+    order or, `longest_first`, the most keys first (`hopper.backward.VARLEN_LONGEST_FIRST`);
+    a program takes its steps of `block_m` query rows plus 2."""
+    order = sorted(lengths, reverse=True) if longest_first else lengths
+    steps = [cdiv(n - k0 // block_m * block_m, block_m) + 2 for n in order
+             for _ in range(heads) for k0 in range((cdiv(n, BLOCK_N) - 1) * BLOCK_N, -1,
+                                                   -BLOCK_N)]
+    free = [0] * sms
+    for s in steps:
+        heapq.heappush(free, heapq.heappop(free) + s)
+    return max(free) / (sum(steps) / sms)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--makespan", action="store_true",
                     help="also the tail of 'down' launched head by head and across the heads")
+    ap.add_argument("--varlen", action="store_true",
+                    help="also the tail of the compact varlen grid, sequences in their order "
+                         "and longest first (issue 33's 24 documents, H16)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     runs = failures = 0
@@ -199,6 +218,16 @@ def main() -> int:
             one, across = (makespan("down", seq, batch * heads_kv, 132, a) for a in (0, 1))
             print(f"  B{batch} H_kv{heads_kv} S{seq}: head by head {one:.3f}, across the "
                   f"heads {across:.3f} ({one / across:.2f}x)")
+    if args.varlen:
+        from fusedattn_lab.serving import _lengths
+
+        lengths = list(_lengths(24, 32768, 0))
+        print("causal varlen, 24 documents, H16, 132 SMs, a list schedule's end over the "
+              "perfect share:")
+        for block_m, dim in ((64, 128), (128, 64)):
+            given, first = (varlen_makespan(lengths, 16, 132, block_m, f) for f in (0, 1))
+            print(f"  D{dim} ({block_m}-row steps): their order {given:.3f}, longest first "
+                  f"{first:.3f}")
     return 1 if failures else 0
 
 

@@ -175,6 +175,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # every head dim (`hopper.backward.VARLEN_COMPACT`)
              "hopper-fullgrid": _ours("hopper", VARLEN_COMPACT={64: False, 128: False}),
              "hopper-compact": _ours("hopper", VARLEN_COMPACT={64: True, 128: True}),
+             # the compact grid with the sequences in their own order, not longest first
+             "hopper-given": _ours("hopper", VARLEN_COMPACT={64: True, 128: True},
+                                   VARLEN_LONGEST_FIRST=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -391,12 +391,51 @@ def test_the_hopper_preprocess_zeros_the_accumulator_and_counters(b, h, s, d, dv
     acc, sem = acc_flat[:b * h * s * d].view(b, h, s, d), sem_flat[:n_sem]
     kernel, grid, args, kwargs = fb._preprocess_launch(out, dout, None, delta, (acc, sem))
     assert kwargs["ZERO"]
-    assert (args[-1] > 1) == (n_sem > grid[0] * grid[1])  # chunks of counters, or one each
+    assert (args[-3] > 1) == (n_sem > grid[0] * grid[1])  # chunks of counters, or one each
     kernel[grid](*args, **kwargs)
     assert torch.equal(acc, torch.zeros_like(acc)) and torch.equal(sem, torch.zeros_like(sem))
     assert acc_flat[-7:].isnan().all() and (sem_flat[-5:] == -7).all()
     want = (out.double() * dout.double()).sum(-1)
     torch.testing.assert_close(delta.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_docs, sort", [(40, True), (40, False), (300, True)])
+def test_the_hopper_preprocess_writes_the_compact_grids_sequence_order(n_docs, sort,
+                                                                       monkeypatch):
+    """For the Hopper backward's compact varlen grid the preprocess writes the order it
+    takes the sequences in after the counters (`hopper.backward.sequence_order`): the
+    most keys first, ties by index (empty sequences last), over more than one 32-sequence
+    turn; in their own order past SORT_MAX_DOCS sequences or with VARLEN_LONGEST_FIRST
+    off. The counters are zeroed, delta written, nothing past the buffer touched."""
+    import fusedattn.tiles.flash_bwd as fb
+    from fusedattn.hopper import backward as knobs
+    from fusedattn.tiles.common import Varlen
+
+    monkeypatch.setattr(knobs, "VARLEN_LONGEST_FIRST", sort)
+    monkeypatch.setattr(knobs, "VARLEN_COMPACT", {64: True, 128: True})
+    g = torch.Generator().manual_seed(n_docs)
+    lengths = torch.randint(0, 9, (n_docs,), generator=g) * 16  # many ties, some empty
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+    varlen = Varlen(cu.to(DEVICE), cu.to(DEVICE), int(lengths.max()), int(lengths.max()))
+    order = knobs.sequence_order(varlen, 64)
+    assert order[1] == n_docs and order[2] == int(sort and n_docs <= 256)
+    total, heads = int(cu[-1]), 2
+    out, dout = _rand(1, heads, total, 16, seed=1), _rand(1, heads, total, 16, seed=2)
+    delta = torch.empty(1, heads, total, device=DEVICE)
+    acc = torch.empty(1, heads, total, 64, device=DEVICE)
+    size = knobs.counters(n_docs, heads, varlen.max_seqlen_q, 64, varlen=varlen)
+    sem_flat = torch.full((size + 5,), -7, dtype=torch.int32, device=DEVICE)
+    kernel, grid, args, kwargs = fb._preprocess_launch(out, dout, None, delta,
+                                                       (acc, sem_flat[:size]), order)
+    assert kwargs["ORDER_DOCS"]
+    kernel[grid](*args, **kwargs)
+    got = sem_flat[size - n_docs:size].cpu()
+    want = (sorted(range(n_docs), key=lambda i: (-int(lengths[i]), i))
+            if order[2] else list(range(n_docs)))
+    assert got.tolist() == want
+    assert not sem_flat[:size - n_docs].any() and (sem_flat[size:] == -7).all()
+    torch.testing.assert_close(delta.double(), (out.double() * dout.double()).sum(-1),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_the_hopper_path_precompiles_its_preprocess_as_it_launches(monkeypatch):

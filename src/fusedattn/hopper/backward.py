@@ -110,6 +110,12 @@ ZERO_IN_PREPROCESS = True
 # program costs about 90 ns of an SM, so the full grid's 7,616 empties a head are not
 # where the varlen row's gap to FA4 is
 VARLEN_COMPACT = {64: False, 128: True}
+# the compact grid takes the sequences most keys first (the preprocess sorts them, up to
+# `flash_bwd_kernels.SORT_MAX_DOCS`; more keep their own order), so that no long
+# sequence's longest program starts in the launch's last wave: a list schedule of the
+# 24-document row's programs on 132 SMs ends 1.05x its perfect share in the documents'
+# order, 1.004x longest first (`scripts/bwd_order_model.py --varlen`). False: their order
+VARLEN_LONGEST_FIRST = True
 
 
 def switches() -> tuple:
@@ -119,7 +125,7 @@ def switches() -> tuple:
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
-            tuple(sorted(VARLEN_COMPACT.items())),
+            tuple(sorted(VARLEN_COMPACT.items())), VARLEN_LONGEST_FIRST,
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
@@ -182,10 +188,31 @@ def tiles(dim: int, softcap: bool) -> tuple:
     return SOFTCAP_TILES.get(dim, TILES[dim]) if softcap else TILES[dim]
 
 
-def counters(batch: int, heads: int, seq_q: int, dim: int, softcap: bool = False) -> int:
-    """How many int32 counters (zeros) the deterministic adds take: one per (batch, head,
-    query tile); varlen: batch the sequences, seq_q the longest."""
-    return batch * heads * triton.cdiv(seq_q, tiles(dim, softcap)[0])
+def counters(batch: int, heads: int, seq_q: int, dim: int, softcap: bool = False,
+             varlen=None) -> int:
+    """How many int32s the launch's counters buffer holds: a counter (zeros) per (batch,
+    head, query tile) for the deterministic adds; varlen: batch the sequences, seq_q the
+    longest, and on the compact grid the sequences' order after the counters (one int
+    each, `sequence_order`)."""
+    order = batch if compact(varlen, dim) else 0
+    return batch * heads * triton.cdiv(seq_q, tiles(dim, softcap)[0]) + order
+
+
+def compact(varlen, dim: int) -> bool:
+    """Whether a (varlen) launch takes the compact grid (`VARLEN_COMPACT`)."""
+    return varlen is not None and VARLEN_COMPACT[dim]
+
+
+def sequence_order(varlen, dim: int):
+    """The preprocess's part in the compact grid: (cu_k, the sequences' count, whether to
+    sort them: `VARLEN_LONGEST_FIRST` up to SORT_MAX_DOCS) for it to write the order the
+    grid takes them in after the counters; None without the compact grid."""
+    from fusedattn.tiles.flash_bwd_kernels import SORT_MAX_DOCS
+
+    if not compact(varlen, dim):
+        return None
+    return (varlen.cu_k, varlen.batch,
+            int(VARLEN_LONGEST_FIRST and varlen.batch <= SORT_MAX_DOCS.value))
 
 
 def varlen_programs(total_k: int, batch: int, block_n: int) -> int:
@@ -224,11 +251,12 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
               (dv, block_n), (dq_acc, block_m))]
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
-    if sem.numel() < batch * heads * tiles_m:  # (the adds' counters: one a query tile)
-        raise ValueError(f"{sem.numel()} counters for {batch * heads * tiles_m} query tiles: "
-                         f"size them by counters(..., softcap={cap > 0})")
-    compact = varlen is not None and VARLEN_COMPACT[dim]
-    if compact:  # `n_tiles_n` is then the sequences' count (`backward_kernel._key_tile`)
+    grid_compact = compact(varlen, dim)
+    need = counters(batch, heads, seq_q, dim, cap > 0, varlen)
+    if sem.numel() < need:  # (the adds' counters, one a query tile, and the order's)
+        raise ValueError(f"{sem.numel()} counters for {need} (query tiles and sequences): "
+                         f"size them by counters(..., softcap={cap > 0}, varlen=)")
+    if grid_compact:  # `n_tiles_n` is then the sequences' count (`backward_kernel._key_tile`)
         grid = (max(varlen_programs(k.shape[2], batch, block_n), 1) * heads_kv,)
     else:
         grid = (tiles_n * batch * heads_kv,)
@@ -236,12 +264,12 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     how = order(tiles_n, grid[0], left, right, sms,
                 spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
     # (the compact grid has no across-the-heads launch: its heads' tiles differ in count)
-    across = down_across(grid[0], sms) and not compact
+    across = down_across(grid[0], sms) and not grid_compact
     code = {"down": kernel.DOWN_ACROSS if across else kernel.DOWN,
             "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
             dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
-            batch if compact else tiles_n,
+            batch if grid_compact else tiles_n,
             tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap,
             left, right, code.value)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
@@ -250,6 +278,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
                   DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim] and tma_reduce_available(),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
-                  GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=compact,
+                  GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
                   num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

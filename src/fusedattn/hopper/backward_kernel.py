@@ -114,7 +114,8 @@ def _bulk_wait(x):
 
 
 @gluon.jit
-def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order,
+def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right,
+              order,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
               COMPACT: gl.constexpr, WARPS: gl.constexpr):
@@ -124,27 +125,30 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, 
     the query tile its steps start from, `rot`). VARLEN: sequence b is rows cu[b]..cu[b+1]
     of batch row 0, and a key tile past its sequence's end sees no query (m_hi = m_lo: no
     steps, nothing loaded or stored). COMPACT (varlen): `n_tiles_n` is the sequences'
-    count, and the programs run sequence by sequence, each sequence's own key tiles x K/V
-    heads of them (`forward_kernel._document` over cu_k, by these WARPS warps), so that no
-    program sits past its sequence's keys but the grid's last (b = the count: dead). The
-    programs keep the full grid's order with its empty ones taken out, so each still
-    waits only on programs launched before it."""
+    count, and the programs run sequence by sequence in the order `p_order` lists them
+    (the preprocess's: the most keys first), each sequence's own key tiles x K/V heads of
+    them (`forward_kernel._document` over cu_k, by these WARPS warps), so that no program
+    sits past its sequence's keys but the grid's last (rank = the count: dead). Within a
+    sequence the programs keep the full grid's order, and no two sequences share a
+    counter, so each program still waits only on programs launched before it."""
     pid = gl.program_id(0)
     q_start = 0
     k_start = 0
     if VARLEN and COMPACT:
-        b, first = _document(pid, n_tiles_n, n_heads_kv, p_cu_k, BLOCK_N, WARPS)
-        safe = gl.minimum(b, n_tiles_n - 1)  # (cu has n_docs + 1 entries)
+        # the sequences in the preprocess's order (`p_order`, longest first), r-th = rank r
+        rank, first = _document(pid, n_tiles_n, n_heads_kv, p_cu_k, BLOCK_N, WARPS, p_order,
+                                True)
+        safe = gl.load(p_order + gl.minimum(rank, n_tiles_n - 1))
         q_start = gl.load(p_cu_q + safe)
         seq_q = gl.load(p_cu_q + safe + 1) - q_start
         k_start = gl.load(p_cu_k + safe)
         seq_k = gl.load(p_cu_k + safe + 1) - k_start
-        seq_k = seq_k * (b < n_tiles_n).to(gl.int32)  # past the last sequence: dead
+        seq_k = seq_k * (rank < n_tiles_n).to(gl.int32)  # past the last sequence: dead
         tiles = gl.maximum(gl.cdiv(seq_k, BLOCK_N), 1)
         h_kv = gl.minimum((pid - first) // tiles, n_heads_kv - 1)
         n = (pid - first) % tiles
         n = gl.where(order == DOWN, n, tiles - 1 - n)  # (not DOWN_ACROSS: `backward`)
-        b = safe
+        b = safe  # (for a dead program, the last rank's: it loads and adds nothing)
         b_row = b * 0
     else:
         # DOWN_ACROSS: key tile n of every (batch, head) before any key tile n + 1 (the
@@ -299,7 +303,7 @@ def _put_rows(t, lse, delta, rows_smem, ready, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, n_tiles_n,
+def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order, n_tiles_n,
                n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order, q_desc,
                k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
                rows_smem, p_lse, p_delta, sl_b, sl_h, BLOCK_M: gl.constexpr,
@@ -324,7 +328,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     COLS: gl.constexpr = 32
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, WARPS)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
@@ -416,7 +420,7 @@ def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
 
 @gluon.jit
 def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar, ready,
-           free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n,
+           free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n,
            n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
@@ -451,7 +455,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     dtype: gl.constexpr = q_smem.dtype
 
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
@@ -572,8 +576,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
 @gluon.jit
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar,
              ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-             sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, n_tiles_n, n_heads_kv, group,
-             seq_q, seq_k, scale, qk_scale, cap, left, right, order,
+             sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n, n_heads_kv,
+             group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
@@ -584,13 +588,13 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
-                    p_cu_k,
+                    p_cu_k, p_order,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
                     LSE_SMEM)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
-        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, left, right, order, BLOCK_M,
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     live = k0 < seq_k
     # dK and dV out through K's and V's tiles (every warp is done reading them)
@@ -705,16 +709,18 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         mbarrier.init(ready.index(s), count=2 if LSE_SMEM else 1)
         mbarrier.init(free.index(s), count=1)
     fence_async_shared()
+    # COMPACT: the sequences' launch order, after the counters (`_bwd_preprocess`'s)
+    p_order = p_sem + n_tiles_n.to(gl.int64) * n_heads_kv * group * n_tiles_m
     gl.warp_specialize([
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
-                    sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k,
+                    sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
                     LSE_SMEM)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
-        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
+        (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
                       right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,

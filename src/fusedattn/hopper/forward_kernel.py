@@ -102,12 +102,14 @@ def _add(a, b):
 
 
 @gluon.jit
-def _document(t, n_docs, n_heads, p_cu_q, TILE_M: gl.constexpr, WARPS: gl.constexpr):
+def _document(t, n_docs, n_heads, p_cu_q, TILE_M: gl.constexpr, WARPS: gl.constexpr,
+              p_order=None, ORDERED: gl.constexpr = False):
     """Varlen's item t: (document b, the first item of b). Items run document by document,
     each document's ceil(len / TILE_M) tiles x n_heads of them (FA4's varlen grid: no item
     past a document's end, so at most n_docs - 1 empty items a head at the grid's end,
     whose b is n_docs). b counts the documents whose items all come before t: a prefix sum
-    of the item counts, 32 documents a step (`WARPS`: the calling partition's warps)."""
+    of the item counts, 32 documents a step (`WARPS`: the calling partition's warps).
+    ORDERED: the documents run in the order `p_order` lists them, and b is a rank in it."""
     lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     lane = gl.arange(0, 32, layout=lanes)
     before = t * 0  # items of the documents of the steps before
@@ -116,6 +118,8 @@ def _document(t, n_docs, n_heads, p_cu_q, TILE_M: gl.constexpr, WARPS: gl.conste
     for c in range(0, n_docs, 32):
         i = c + lane
         inside = i < n_docs
+        if ORDERED:
+            i = gl.load(p_order + i, mask=inside, other=0)
         lo = gl.load(p_cu_q + i, mask=inside, other=0)
         hi = gl.load(p_cu_q + i + 1, mask=inside, other=0)
         items = gl.where(inside, (hi - lo + TILE_M - 1) // TILE_M, 0) * n_heads

@@ -48,27 +48,34 @@ from fusedattn.tiles.common import Mask, Varlen, emulation_operands, index_dtype
 from fusedattn.tiles.flash_bwd_kernels import _bwd_preprocess, _flash_bwd_dkdv, _flash_bwd_dq
 
 
-def _preprocess_launch(out, dout, dlse, delta, hopper: tuple | None = None) -> tuple:
+def _preprocess_launch(out, dout, dlse, delta, hopper: tuple | None = None,
+                       order: tuple | None = None) -> tuple:
     """The preprocess's launch (delta), with `hopper` (dQ's fp32 accumulator, contiguous,
     and the counters) zeroing those too (the Hopper kernel adds into them): no fills of
     their own (two launches fewer a backward), unless
-    `hopper.backward.ZERO_IN_PREPROCESS` is off (`flash_backward` then fills them)."""
-    if hopper is not None:
+    `hopper.backward.ZERO_IN_PREPROCESS` is off (`flash_backward` then fills them).
+    `order` (`hopper.backward.sequence_order`: cu_k, the sequences' count, sort or not):
+    the compact varlen grid's, whose sequences' order it writes after the counters."""
+    zero = hopper is not None
+    if zero:
         from fusedattn.hopper import backward as hopper_knobs
 
-        hopper = hopper if hopper_knobs.ZERO_IN_PREPROCESS else None
+        zero = hopper_knobs.ZERO_IN_PREPROCESS
     rows_b, heads, rows_q, dim_v = out.shape
     pre_m = 64 if not EMULATION else 16
     grid = (triton.cdiv(rows_q, pre_m), rows_b * heads)
-    dq_acc, sem = hopper if hopper is not None else (delta, delta)  # (unused pointers)
-    n_sem = sem.numel() if hopper is not None else 0
+    # (unused pointers where it neither zeroes nor orders)
+    dq_acc, sem = hopper if zero or order is not None else (delta, delta)
+    cu_k, n_docs, sort = order if order is not None else (delta, 0, 0)
+    n_sem = sem.numel() - n_docs if zero or order is not None else 0  # (the counters')
     return (_bwd_preprocess, grid,
-            (out, dout, dlse if dlse is not None else delta, delta, dq_acc, sem,
+            (out, dout, dlse if dlse is not None else delta, delta, dq_acc, sem, cu_k,
              *out.stride(), *dout.stride(), heads, rows_q, dim_v, dq_acc.shape[-1], n_sem,
-             triton.cdiv(n_sem, max(grid[0] * grid[1], 1))),
+             triton.cdiv(n_sem, max(grid[0] * grid[1], 1)), n_docs, sort),
             dict(BLOCK_M=pre_m, BLOCK_D=max(16, triton.next_power_of_2(dim_v)),
-                 HAS_DLSE=dlse is not None, ZERO=hopper is not None,
-                 BLOCK_DQ=max(16, triton.next_power_of_2(dq_acc.shape[-1]))))
+                 HAS_DLSE=dlse is not None, ZERO=zero,
+                 BLOCK_DQ=max(16, triton.next_power_of_2(dq_acc.shape[-1])),
+                 ORDER_DOCS=order is not None))
 
 
 def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: str, configs,
@@ -90,7 +97,12 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     block_d = max(16, triton.next_power_of_2(dim))
     block_dv = max(16, triton.next_power_of_2(dim_v))
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
-    launches = [_preprocess_launch(out, dout, dlse, delta, hopper)]
+    order = None
+    if hopper is not None:
+        from fusedattn.hopper.backward import sequence_order
+
+        order = sequence_order(varlen, dim)
+    launches = [_preprocess_launch(out, dout, dlse, delta, hopper, order)]
     if hopper is not None:
         from fusedattn.hopper.backward import hopper_backward_launch
 
@@ -265,7 +277,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         # (zeroed by the preprocess, `_preprocess_launch`, unless that switch is off)
         fill = torch.empty if hopper_knobs.ZERO_IN_PREPROCESS else torch.zeros
         hopper = (fill(q.shape, dtype=torch.float32, device=q.device),
-                  fill(hopper_knobs.counters(batch, heads, seq_q, dim, bool(mask.softcap)),
+                  fill(hopper_knobs.counters(batch, heads, seq_q, dim, bool(mask.softcap),
+                                             varlen),
                        dtype=torch.int32, device=q.device))
     _wait_for_precompiles()
     inputs = (dout, q, k, v, out, lse, dlse, delta, dq, dk, dv,

@@ -10,16 +10,18 @@ import triton.language as tl
 from fusedattn.tiles.common import MASK_FLAGS, _scores, _sequence, _spans, _visible
 
 
-@triton.jit(do_not_specialize=("n_sem", "sem_chunk"))
-def _bwd_preprocess(p_o, p_do, p_dlse, p_delta, p_dq_acc, p_sem,
+@triton.jit(do_not_specialize=("n_sem", "sem_chunk", "n_docs", "sort_docs"))
+def _bwd_preprocess(p_o, p_do, p_dlse, p_delta, p_dq_acc, p_sem, p_cu_k,
                     so_b, so_h, so_s, so_d, sdo_b, sdo_h, sdo_s, sdo_d,
-                    n_heads, seq_q, head_dim, dim_q, n_sem, sem_chunk,
+                    n_heads, seq_q, head_dim, dim_q, n_sem, sem_chunk, n_docs, sort_docs,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DLSE: tl.constexpr,
-                    ZERO: tl.constexpr, BLOCK_DQ: tl.constexpr):
+                    ZERO: tl.constexpr, BLOCK_DQ: tl.constexpr, ORDER_DOCS: tl.constexpr):
     """delta = rowsum(dO * O) - dLSE for BLOCK_M rows of one (batch, head). ZERO (the
     Hopper backward's, `hopper.backward`): also zero the same rows of dQ's fp32
     accumulator (`p_dq_acc`, contiguous `[B, H, seq_q, dim_q]`) and `sem_chunk` of the
-    `n_sem` int32 counters (`p_sem`) each program, in place of two fills."""
+    `n_sem` int32 counters (`p_sem`) each program, in place of two fills. ORDER_DOCS (its
+    compact varlen grid): program (0, 0) also writes the order its programs take the
+    `n_docs` sequences in (`_document_order`) after the counters (`p_sem + n_sem`)."""
     start = tl.program_id(0).to(tl.int64) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
     b = bh // n_heads
@@ -47,6 +49,41 @@ def _bwd_preprocess(p_o, p_do, p_dlse, p_delta, p_dq_acc, p_sem,
             at = first + i + offs_m
             tl.store(p_sem + at, tl.zeros([BLOCK_M], dtype=tl.int32),
                      mask=(i + offs_m < sem_chunk) & (at < n_sem))
+    if ORDER_DOCS:
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            _document_order(p_sem + n_sem, p_cu_k, n_docs, sort_docs)
+
+
+# the most sequences `_document_order` sorts (its rank's block); past it, their own order
+SORT_MAX_DOCS = tl.constexpr(256)
+
+
+@triton.jit
+def _document_order(p_order, p_cu_k, n_docs, sort_docs):
+    """The sequences' order for the Hopper backward's compact varlen grid (`hopper.
+    backward`): `p_order[r]` the sequence launched r-th. `sort_docs` (at most SORT_MAX_DOCS
+    sequences): the most keys first, ties by index, so that the longest programs start
+    first and none ends the launch late; else 0, 1, 2, ... A sequence's rank counts those
+    before it (a [SORT_MAX_DOCS, 32] comparison a turn)."""
+    lanes = tl.arange(0, 32)
+    if sort_docs != 0:
+        i = tl.arange(0, SORT_MAX_DOCS)
+        inside = i < n_docs
+        keys = (tl.load(p_cu_k + i + 1, mask=inside, other=0)
+                - tl.load(p_cu_k + i, mask=inside, other=0))
+        rank = tl.zeros([SORT_MAX_DOCS], dtype=tl.int32)
+        for c in range(0, n_docs, 32):
+            j = c + lanes
+            there = j < n_docs
+            keys_j = (tl.load(p_cu_k + j + 1, mask=there, other=0)
+                      - tl.load(p_cu_k + j, mask=there, other=0))
+            first = (keys_j[None, :] > keys[:, None]) | (
+                (keys_j[None, :] == keys[:, None]) & (j[None, :] < i[:, None]))
+            rank += tl.sum((first & there[None, :]).to(tl.int32), 1)
+        tl.store(p_order + rank, i, mask=inside)
+    else:
+        for c in range(0, n_docs, 32):
+            tl.store(p_order + c + lanes, c + lanes, mask=c + lanes < n_docs)
 
 
 @triton.jit
