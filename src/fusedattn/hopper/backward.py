@@ -105,16 +105,19 @@ ZERO_IN_PREPROCESS = True
 # launches the longest sequence's key tiles for every sequence, most of them empty when
 # the lengths differ (issue 33's row: 24 documents of 64-3848 tokens, 744 programs a head,
 # 268 with keys). The adds' order is the same either way, so are the gradients' bits.
-# Measured on that row, H16, causal, twice each (evidence 20261203T0058Z-bwd-varlen-
-# compact): D128 2.42 ms against 2.50 (+3.4%), D64 1.68 against 1.65 (-1.6%): an empty
-# program costs about 90 ns of an SM, so the full grid's 7,616 empties a head are not
-# where the varlen row's gap to FA4 is
-VARLEN_COMPACT = {64: False, 128: True}
+# Measured on that row, H16, causal, twice each: in the sequences' order (evidence
+# 20261203T0058Z-bwd-varlen-compact) D128 2.42 ms against 2.50 (+3.4%), D64 1.68 against
+# 1.65 (-1.6%); longest first (VARLEN_LONGEST_FIRST, 0124Z) D128 347-349 TFLOP/s against
+# 325 (+7%), D64 250-252 against 246-248 (+1.6%). An empty program costs about 90 ns of an
+# SM, so the full grid's 7,616 empties a head are not where the varlen row's gap to FA4 is
+VARLEN_COMPACT = {64: True, 128: True}
 # the compact grid takes the sequences most keys first (the preprocess sorts them, up to
 # `flash_bwd_kernels.SORT_MAX_DOCS`; more keep their own order), so that no long
 # sequence's longest program starts in the launch's last wave: a list schedule of the
 # 24-document row's programs on 132 SMs ends 1.05x its perfect share in the documents'
-# order, 1.004x longest first (`scripts/bwd_order_model.py --varlen`). False: their order
+# order, 1.004x longest first (`scripts/bwd_order_model.py --varlen`); measured (evidence
+# 20261203T0124Z-bwd-varlen-longest-first) +3.4% at D128 (347 against 335-337 TFLOP/s),
+# +3.7% at D64 (250-252 against 241-243). False: their order
 VARLEN_LONGEST_FIRST = True
 
 
