@@ -338,8 +338,9 @@ def test_only_ints_that_cost_nothing_are_left_unspecialised():
         "n_heads", "group", "bucket_q", "bucket_k", "sl_b", "sl_h", "sl_split", "page",
         "split_len", "seqlens_add", "n_pages"}
     # (the Hopper backward's counters: their count and each program's share; the compact
-    # varlen grid's sequences: their count and whether they are sorted)
+    # varlen grid's sequences: their count and whether they are sorted;
+    # and dQ's accumulator's strides, q's)
     assert _unspecialised(flash_bwd._bwd_preprocess) == {"n_sem", "sem_chunk", "n_docs",
-                                                         "sort_docs"}
+                                                         "sort_docs", "sa_b", "sa_h", "sa_s"}
     for kernel in (flash_bwd._flash_bwd_dkdv, flash_bwd._flash_bwd_dq):
         assert _unspecialised(kernel) == {"sl_b", "sl_h"}

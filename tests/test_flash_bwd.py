@@ -373,22 +373,27 @@ class _Probe:
         return launch
 
 
-@pytest.mark.parametrize("b, h, s, d, dv, n_sem", [
-    (2, 3, 37, 16, 16, 2 * 3 * 1),   # a counter per query tile: fewer than the programs
-    (1, 2, 70, 32, 16, 500),         # varlen-like: more counters than programs (chunks)
+@pytest.mark.parametrize("b, h, s, d, dv, n_sem, heads_last", [
+    (2, 3, 37, 16, 16, 2 * 3 * 1, False),  # a counter per query tile: fewer than programs
+    (1, 2, 70, 32, 16, 500, False),        # varlen-like: more counters than programs
+    (2, 3, 37, 16, 16, 6, True),           # the accumulator in [B, S, H, D] q's layout
 ])
-def test_the_hopper_preprocess_zeros_the_accumulator_and_counters(b, h, s, d, dv, n_sem):
+def test_the_hopper_preprocess_zeros_the_accumulator_and_counters(b, h, s, d, dv, n_sem,
+                                                                  heads_last):
     """With the Hopper backward's buffers (`flash_bwd._preprocess_launch(..., hopper=)`)
-    the preprocess zeroes dQ's fp32 accumulator and the counters in place of two fills,
-    and still writes delta: poisoned buffers come out zero, and nothing past them is
-    touched (guards past each)."""
+    the preprocess zeroes dQ's fp32 accumulator (contiguous, or in q's layout as the TMA
+    adds take it) and the counters in place of two fills, and still writes delta:
+    poisoned buffers come out zero, and nothing past them is touched (guards past
+    each)."""
     import fusedattn.tiles.flash_bwd as fb
 
     out, dout = _rand(b, h, s, dv, seed=1), _rand(b, h, s, dv, seed=2)
     delta = torch.full((b, h, s), float("nan"), device=DEVICE)
     acc_flat = torch.full((b * h * s * d + 7,), float("nan"), device=DEVICE)
     sem_flat = torch.full((n_sem + 5,), -7, dtype=torch.int32, device=DEVICE)
-    acc, sem = acc_flat[:b * h * s * d].view(b, h, s, d), sem_flat[:n_sem]
+    acc = acc_flat[:b * h * s * d]
+    acc = (acc.view(b, s, h, d).transpose(1, 2) if heads_last else acc.view(b, h, s, d))
+    sem = sem_flat[:n_sem]
     kernel, grid, args, kwargs = fb._preprocess_launch(out, dout, None, delta, (acc, sem))
     assert kwargs["ZERO"]
     assert (args[-3] > 1) == (n_sem > grid[0] * grid[1])  # chunks of counters, or one each
@@ -472,7 +477,8 @@ def test_the_hopper_path_precompiles_its_preprocess_as_it_launches(monkeypatch):
     want = fb._preprocess_launch(out, torch.ones_like(out), None, lse, hopper)
     (kernel, grid, args, kwargs), (kernel2, grid2, args2, kwargs2) = submitted[0], want
     assert kernel is kernel2 and grid == grid2 and kwargs == kwargs2 and kwargs["ZERO"]
-    free = {"n_sem", "sem_chunk"}  # (`test_flash`: what the kernel leaves unspecialised)
+    # (`test_flash`: what the kernel leaves unspecialised)
+    free = {"n_sem", "sem_chunk", "sa_b", "sa_h", "sa_s"}
     for name, a, a2 in zip(kernel.arg_names[:len(args)], args, args2, strict=True):
         if isinstance(a, torch.Tensor):
             assert a.dtype == a2.dtype and a.device == a2.device, name

@@ -257,6 +257,32 @@ def test_the_compact_varlen_grid_gives_the_full_grids_bits(dim, options, order,
 
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("dim", [64, 128])
+def test_dq_accumulates_in_qs_layout_where_tma_adds(dim, monkeypatch):
+    # `[B, S, H, D]` views: the TMA adds go into an accumulator of q's strides (its cast
+    # into dQ then copies like to like), the writer's atomics into a contiguous one; both
+    # right against the reference and the same bits
+    from fusedattn.hopper import backward as knobs
+
+    q, k, v, dout = (rand(2, 333, 4, dim, dtype=torch.bfloat16, seed=i).transpose(1, 2)
+                     for i in range(4))
+    seen, real = [], knobs.hopper_backward_launch
+
+    def spy(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        seen.append((args[6].stride(), launch[3]["DQ_TMA"]))
+        return launch
+
+    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+    tma = _dense(q, k, v, dout, dict(causal=True), is_causal=True)
+    monkeypatch.setattr(knobs, "DQ_TMA", {64: False, 128: False})
+    atomics = _grads(q, k, v, dout, "hopper", is_causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(tma, atomics, strict=True))
+    assert seen == [(q.stride(), True), (q.contiguous().stride(), False)], seen
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
 def test_hopper_backward_with_sinks_lse_gradient_and_strided_dout():
     # sinks' gradient (host side, from delta), a used LSE (dLSE enters delta), [B, S, H, D]
     # views (TMA over their strides) and a dO that is not TMA-ready (made contiguous)

@@ -177,6 +177,13 @@ def tma_reduce_available() -> bool:
             and hasattr(ir, "DESCRIPTOR_REDUCE_KIND"))
 
 
+def tma_adds(dim: int) -> bool:
+    """Whether the writer adds dQ by TMA reductions (`DQ_TMA`, where this Triton has them):
+    then dQ's accumulator may take any layout its descriptor can (q's), else it must be
+    contiguous (the atomics' addresses)."""
+    return DQ_TMA[dim] and tma_reduce_available()
+
+
 def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
     """Whether a launch takes LSE and delta through shared memory (`LSE_SMEM`): at D128
     not with S transposed and no mask (`unmasked_swap`) under deterministic adds, where it
@@ -228,10 +235,11 @@ def varlen_programs(total_k: int, batch: int, block_n: int) -> int:
 def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, scale, mask,
                            deterministic: bool = True, varlen=None):
     """The Gluon kernel's launch as (kernel, grid, args, keyword args), for
-    `flash_backward` to run (and record): `dq_acc` the fp32 zeros shaped as q (contiguous)
-    it adds dQ into, scaled; `sem` `counters(...)` int32 zeros (both zeroed by the
-    preprocess launched before it, `flash_bwd._preprocess_launch`). dO, like q, k and v, must
-    be TMA-ready (`dispatch._tma_ready`). `deterministic`: the dQ adds in key-tile order
+    `flash_backward` to run (and record): `dq_acc` the fp32 zeros shaped as q (any layout
+    with TMA adds, `tma_adds`; contiguous with atomics) it adds dQ into, scaled; `sem`
+    `counters(...)` int32 zeros (both zeroed by the preprocess launched before it,
+    `flash_bwd._preprocess_launch`). dO, like q, k and v, must be TMA-ready
+    (`dispatch._tma_ready`). `deterministic`: the dQ adds in key-tile order
     (`backward_kernel`: the same bits every run); False races them (fp32 atomics in any
     order: faster, bits may differ by run). `varlen` (`tiles.common.Varlen`): the packed
     `[1, H, total, D]` views of its sequences."""
@@ -254,6 +262,9 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
               (dv, block_n), (dq_acc, block_m))]
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
+    if not tma_adds(dim) and not dq_acc.is_contiguous():
+        raise ValueError("dQ's accumulator must be contiguous where the writer adds by "
+                         "atomics (DQ_TMA off, or no TMA reduction in this Triton)")
     grid_compact = compact(varlen, dim)
     need = counters(batch, heads, seq_q, dim, cap > 0, varlen)
     if sem.numel() < need:  # (the adds' counters, one a query tile, and the order's)
@@ -279,7 +290,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
-                  DQ_ADDS=DQ_ADDS, DQ_TMA=DQ_TMA[dim] and tma_reduce_available(),
+                  DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
                   num_warps=8)

@@ -656,7 +656,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
-    `[B, H, Sq, D]` (contiguous, zeros, scaled in here), `dq_desc` its TMA descriptor
+    `[B, H, Sq, D]` (zeros, scaled in here; contiguous for the atomics, any layout its
+    descriptor takes with DQ_TMA), `dq_desc` its TMA descriptor
     (blocks `[1, 1, BLOCK_M, D]`, for DQ_TMA); `p_sem` int32 zeros
     `[B, H, n_tiles_m]` (DETERMINISTIC). The mask as the forward's (`left`/`right` >= 0
     bound the keys; qk_scale and cap from `common.Mask.kernel_args`); `scale` is the

@@ -10,18 +10,20 @@ import triton.language as tl
 from fusedattn.tiles.common import MASK_FLAGS, _scores, _sequence, _spans, _visible
 
 
-@triton.jit(do_not_specialize=("n_sem", "sem_chunk", "n_docs", "sort_docs"))
+@triton.jit(do_not_specialize=("n_sem", "sem_chunk", "n_docs", "sort_docs", "sa_b", "sa_h",
+                               "sa_s"))
 def _bwd_preprocess(p_o, p_do, p_dlse, p_delta, p_dq_acc, p_sem, p_cu_k,
-                    so_b, so_h, so_s, so_d, sdo_b, sdo_h, sdo_s, sdo_d,
+                    so_b, so_h, so_s, so_d, sdo_b, sdo_h, sdo_s, sdo_d, sa_b, sa_h, sa_s,
                     n_heads, seq_q, head_dim, dim_q, n_sem, sem_chunk, n_docs, sort_docs,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DLSE: tl.constexpr,
                     ZERO: tl.constexpr, BLOCK_DQ: tl.constexpr, ORDER_DOCS: tl.constexpr):
     """delta = rowsum(dO * O) - dLSE for BLOCK_M rows of one (batch, head). ZERO (the
     Hopper backward's, `hopper.backward`): also zero the same rows of dQ's fp32
-    accumulator (`p_dq_acc`, contiguous `[B, H, seq_q, dim_q]`) and `sem_chunk` of the
-    `n_sem` int32 counters (`p_sem`) each program, in place of two fills. ORDER_DOCS (its
-    compact varlen grid): program (0, 0) also writes the order its programs take the
-    `n_docs` sequences in (`_document_order`) after the counters (`p_sem + n_sem`)."""
+    accumulator (`p_dq_acc`, `[B, H, seq_q, dim_q]` of strides sa_b, sa_h, sa_s, 1: q's
+    where the Hopper kernel adds by TMA) and `sem_chunk` of the `n_sem` int32 counters
+    (`p_sem`) each program, in place of two fills. ORDER_DOCS (its compact varlen grid):
+    program (0, 0) also writes the order its programs take the `n_docs` sequences in
+    (`_document_order`) after the counters (`p_sem + n_sem`)."""
     start = tl.program_id(0).to(tl.int64) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
     b = bh // n_heads
@@ -40,7 +42,8 @@ def _bwd_preprocess(p_o, p_do, p_dlse, p_delta, p_dq_acc, p_sem, p_cu_k,
     tl.store(p_delta + rows, delta, mask=(start + offs_m) < seq_q)
     if ZERO:
         offs_dq = tl.arange(0, BLOCK_DQ)
-        tl.store(p_dq_acc + rows[:, None] * dim_q + offs_dq[None, :],
+        acc_rows = b * sa_b + h * sa_h + (start + offs_m) * sa_s
+        tl.store(p_dq_acc + acc_rows[:, None] + offs_dq[None, :],
                  tl.zeros([BLOCK_M, BLOCK_DQ], dtype=tl.float32),
                  mask=((start + offs_m) < seq_q)[:, None] & (offs_dq < dim_q)[None, :])
         # this program's counters: chunk after chunk in launch order
