@@ -115,8 +115,7 @@ def _bulk_wait(x):
 
 @gluon.jit
 def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right,
-              order,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+              order, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
               COMPACT: gl.constexpr, WARPS: gl.constexpr):
     """This program's (key tile n, sequence b, its batch row, kv head, first key k0 in the
@@ -303,17 +302,16 @@ def _put_rows(t, lse, delta, rows_smem, ready, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order, n_tiles_n,
-               n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right, order, q_desc,
-               k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, ready, free,
-               rows_smem, p_lse, p_delta, sl_b, sl_h, BLOCK_M: gl.constexpr,
+def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
+               n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right,
+               order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
+               kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, D: gl.constexpr,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-               DQ_TMA: gl.constexpr,
-               LSE_SMEM: gl.constexpr):
+               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -426,8 +424,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-           SWAP_SDP: gl.constexpr,
-           DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+           SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
 
@@ -582,17 +579,15 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-           SWAP_SDP: gl.constexpr,
-             DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+             SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
-                    p_cu_k, p_order,
-                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
-                    right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
-                    LSE_SMEM)
+                    p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
+                    qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
+                    HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
+                    DQ_TMA, LSE_SMEM)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -651,8 +646,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
-                    DQ_TMA: gl.constexpr,
-                    LSE_SMEM: gl.constexpr):
+                    DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -727,6 +721,5 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
                       BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                       DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, COMPACT,
-                      DQ_TMA,
-                      LSE_SMEM)),
+                      DQ_TMA, LSE_SMEM)),
     ], [WRITER_WARPS], [WRITER_REGS])

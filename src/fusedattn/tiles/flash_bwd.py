@@ -50,9 +50,9 @@ from fusedattn.tiles.flash_bwd_kernels import _bwd_preprocess, _flash_bwd_dkdv, 
 
 def _preprocess_launch(out, dout, dlse, delta, hopper: tuple | None = None,
                        order: tuple | None = None) -> tuple:
-    """The preprocess's launch (delta), with `hopper` (dQ's fp32 accumulator, contiguous,
-    and the counters) zeroing those too (the Hopper kernel adds into them): no fills of
-    their own (two launches fewer a backward), unless
+    """The preprocess's launch (delta), with `hopper` (dQ's fp32 accumulator, in q's layout
+    or contiguous, and the counters) zeroing those too (the Hopper kernel adds into them):
+    no fills of their own (two launches fewer a backward), unless
     `hopper.backward.ZERO_IN_PREPROCESS` is off (`flash_backward` then fills them).
     `order` (`hopper.backward.sequence_order`: cu_k, the sequences' count, sort or not):
     the compact varlen grid's, whose sequences' order it writes after the counters."""
@@ -278,7 +278,8 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         # (zeroed by the preprocess, `_preprocess_launch`, unless that switch is off); the
         # accumulator in q's layout where TMA adds into it (so that dQ's cast below copies
         # like to like: into q's layout from a contiguous one, the varlen row's took 175
-        # us against about 100), contiguous for the writer's atomics
+        # us, 91 like to like, evidence 20261203T0139Z-bwd-dq-layout), contiguous for the
+        # writer's atomics
         fill = torch.empty if hopper_knobs.ZERO_IN_PREPROCESS else torch.zeros
         acc = (torch.empty_like(q, dtype=torch.float32) if hopper_knobs.tma_adds(dim)
                else torch.empty(q.shape, dtype=torch.float32, device=q.device))
