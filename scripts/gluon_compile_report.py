@@ -69,7 +69,7 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False, COMPACT=False)
+                    VARLEN=False, COMPACT=False, PREFETCH=False)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
@@ -200,7 +200,7 @@ def _ptxas(tools: Path, ptx: str) -> dict:
                               check=True).stderr
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
     return dict(spill_stores=int(spills[1]), spill_loads=int(spills[2]),
-                wgmma_serialised="C7512" in info)
+                wgmma_serialised=bool(re.search(r"C751\d", info)))
 
 
 def cubin_facts(tools: Path, compiled) -> tuple[dict, str]:
