@@ -178,10 +178,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # the compact grid with the sequences in their own order, not longest first
              "hopper-given": _ours("hopper", VARLEN_COMPACT={64: True, 128: True},
                                    VARLEN_LONGEST_FIRST=False),
-             # the next step's S issued under each step's dQ (`hopper.backward.PREFETCH`)
-             # at every head dim, or at none
-             "hopper-prefetch": _ours("hopper", PREFETCH={64: True, 128: True}),
-             "hopper-noprefetch": _ours("hopper", PREFETCH={64: False, 128: False}),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -377,58 +377,6 @@ def test_scores_transposed_under_masks_are_right_and_repeat(dim, options, determ
         assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
-PREFETCH_CASES = [dict(is_causal=True), {}, dict(window=(100, 30)),
-                  dict(is_causal=True, softcap=30.0), "varlen"]
-
-
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
-@pytest.mark.parametrize("options", PREFETCH_CASES)
-@pytest.mark.parametrize("dim", [64, 128])
-def test_s_issued_a_step_ahead_gives_the_same_bits(dim, options, monkeypatch):
-    # `hopper.backward.PREFETCH` on against off: each step issues the next step's S under
-    # its dQ (and after the last step a spare one, never read; varlen programs with no
-    # step issue one too). Right against the reference, the launch says PREFETCH, and the
-    # same bits as without (the arithmetic is the same): GQA 6/2 with Sq != Sk, or 70
-    # ragged sequences, a dozen of them empty
-    from fusedattn.hopper import backward as knobs
-
-    seen, real = [], knobs.hopper_backward_launch
-
-    def spy(*args, **kwargs):
-        launch = real(*args, **kwargs)
-        seen.append(launch[3]["PREFETCH"])
-        return launch
-
-    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
-    monkeypatch.setattr(knobs, "PREFETCH", {64: True, 128: True})
-    if options == "varlen":
-        lengths = torch.randint(0, 300, (70,), generator=torch.Generator().manual_seed(7))
-        lengths[::6] = 0
-        q, k, v, cu_q, cu_k, max_q, max_k = ragged(dim, lengths=(lengths.tolist(),) * 2)
-        dout = rand(*q.shape, dtype=q.dtype, seed=3)
-
-        def grads(backend):
-            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            with use_backend(backend):
-                out = attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, is_causal=True)
-            return torch.autograd.grad(out, leaves, dout)
-
-        ahead = _within_portable(grads, varlen_ref_grads(q, k, v, dout, cu_q, cu_k,
-                                                         causal=True, device=DEVICE))
-        monkeypatch.setattr(knobs, "PREFETCH", {64: False, 128: False})
-        plain = grads("hopper")
-    else:
-        q = rand(1, 6, 777, dim, dtype=torch.bfloat16)
-        k, v = (rand(1, 2, 1290, dim, dtype=torch.bfloat16, seed=i) for i in (1, 2))
-        dout = rand(1, 6, 777, dim, dtype=torch.bfloat16, seed=3)
-        ahead = _dense(q, k, v, dout, _ref_kw(options), **options)
-        monkeypatch.setattr(knobs, "PREFETCH", {64: False, 128: False})
-        plain = _grads(q, k, v, dout, "hopper", **options)
-    assert seen[0] is True and seen[-1] is False, seen
-    assert all(torch.equal(a, b) for a, b in zip(ahead, plain, strict=True))
-
-
 MIB = 1 << 20
 
 

@@ -119,11 +119,6 @@ VARLEN_COMPACT = {64: True, 128: True}
 # 20261203T0124Z-bwd-varlen-longest-first) +3.4% at D128 (347 against 335-337 TFLOP/s),
 # +3.7% at D64 (250-252 against 241-243). False: their order
 VARLEN_LONGEST_FIRST = True
-# per head dim, each step issues the next step's S = Q K^T once its dV and dK products are
-# done, so that S runs under the step's dQ product and its hand-off to the writer, and
-# the next step starts on S made (`backward_kernel._steps`' PREFETCH). Costs registers:
-# the CPU compile report has the D128 loops spilling 200-500 bytes (none to 52 without)
-PREFETCH = {64: False, 128: False}
 
 
 def switches() -> tuple:
@@ -134,8 +129,7 @@ def switches() -> tuple:
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
             tuple(sorted(VARLEN_COMPACT.items())), VARLEN_LONGEST_FIRST,
-            tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())),
-            tuple(sorted(PREFETCH.items())))
+            tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -299,5 +293,5 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
-                  PREFETCH=PREFETCH[dim], num_warps=8)
+                  num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -417,23 +417,6 @@ def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
 
 
 @gluon.jit
-def _product(a_smem, b_smem, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, SWAP_SDP: gl.constexpr):
-    """S = Q K^T (a = Q, b = K) or dP = dO V^T (a = dO, b = V) issued, async, on a slot's
-    tile and the program's: its token; SWAP_SDP the transpose, K Q^T or V dO^T. (The zeros
-    made here, not held across the loop: no registers for them.)"""
-    if SWAP_SDP:
-        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
-        tok = warpgroup_mma(b_smem, a_smem.permute((1, 0)), zero_s, use_acc=False,
-                            is_async=True)
-    else:
-        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        tok = warpgroup_mma(a_smem, b_smem.permute((1, 0)), zero_s, use_acc=False,
-                            is_async=True)
-    return tok
-
-
-@gluon.jit
 def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar, ready,
            free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n,
            n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
@@ -441,8 +424,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-           SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-           PREFETCH: gl.constexpr):
+           SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
 
@@ -478,14 +460,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     if live:
         mbarrier.wait(kv_bar, 0)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    n_total = n_steps * group if GQA else n_steps
-    if PREFETCH:  # step 0's S, issued before the loop (with no step, on whatever slot 0
-        # holds: waited on after the loop, never read)
-        if n_total > 0:
-            mbarrier.wait(ready.index(0), 0)
-        s_next = warpgroup_mma_wait(0, deps=[_product(q_smem.index(0), k_smem, s_layout,
-                                                      BLOCK_M, BLOCK_N, SWAP_SDP), k_smem])[0]
-    for t in range(n_total):
+    for t in range(n_steps * group if GQA else n_steps):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
         h = h_kv * group + hh
@@ -516,13 +491,20 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             lse = rows_smem.index(2 * slot).load(gl.SliceLayout(QX, s_layout))
         q_t = q_smem.index(slot)
         do_t = do_smem.index(slot)
-        if PREFETCH:  # S made by the step before (or before the loop)
-            dp_tok = _product(do_t, v_smem, s_layout, BLOCK_M, BLOCK_N, SWAP_SDP)
-            s = s_next
+        # (the zeros made here, not before the loop: no registers held for them)
+        if SWAP_SDP:
+            zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+            s_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            dp_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
         else:
-            s_tok = _product(q_t, k_smem, s_layout, BLOCK_M, BLOCK_N, SWAP_SDP)
-            dp_tok = _product(do_t, v_smem, s_layout, BLOCK_M, BLOCK_N, SWAP_SDP)
-            s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
+            zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+            s_tok = warpgroup_mma(q_t, k_smem.permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
         if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
             s = _softcap(s * qk_scale) * cap
         else:
@@ -563,35 +545,21 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             gl.thread_barrier()  # both warpgroups' dS^T are in (dQ takes every key)
             dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False,
                                    is_async=True)
-            deps = [dv_tok, dk_tok, dq_tok, p_op, ds_op, ds_smem, q_t, do_t, k_smem]
+            done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op, ds_op, ds_smem,
+                                               q_t, do_t, k_smem])
         else:
             ds_smem.store(ds.to(dtype))
             fence_async_shared()
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
             dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
-            deps = [dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t, do_t, k_smem]
-        if PREFETCH:  # step t + 1's S runs under this step's dQ and its hand-off: issued
-            # once dV and dK are done (their register operands free), dQ's product still
-            # running. After the last step it runs on what the next slot holds (no load
-            # is pending there then; waited on after the loop, never read), so that no
-            # branch joins a token in flight with another (ptxas serialised the wgmmas)
-            dv, dk = warpgroup_mma_wait(1, deps=deps[:2] + deps[3:])[:2]
-            after = (t + 1) % STAGES
-            # (past the last step the phase before: done, no wait; no branch either)
-            mbarrier.wait(ready.index(after),
-                          ((t + 1) // STAGES & 1) ^ (t + 1 >= n_total).to(gl.int32))
-            s_tok = _product(q_smem.index(after), k_smem, s_layout, BLOCK_M, BLOCK_N,
-                             SWAP_SDP)
-            dq = warpgroup_mma_wait(1, deps=[dq_tok, ds_smem, k_smem])[0]
-        else:
-            done = warpgroup_mma_wait(0, deps=deps)
-            dv = done[0]
-            dk = done[1]
-            dq = done[2]
+            done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
+                                               do_t, k_smem])
+        dv = done[0]
+        dk = done[1]
         # this step's dQ to the writer, once it is done with the last one's
         buf = t % DQ_BUFS
         mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
-        dq_smem.index(buf).store(dq * scale)
+        dq_smem.index(buf).store(done[2] * scale)
         if DQ_TMA:  # (the writer's TMA reads it)
             fence_async_shared()
         # every warp is past its products' reads of the slot, P and dS, and its dQ
@@ -599,9 +567,6 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         gl.thread_barrier()
         mbarrier.arrive(dq_ready.index(buf), count=1)
         mbarrier.arrive(free.index(slot), count=1)
-        if PREFETCH:  # (waited on here, not carried in flight across the loop's edge:
-            # ptxas serialised every wgmma then, C7514)
-            s_next = warpgroup_mma_wait(0, deps=[s_tok, k_smem])[0]
     return dk, dv
 
 
@@ -614,8 +579,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-             SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-             PREFETCH: gl.constexpr):
+             SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
@@ -623,7 +587,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
                     qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
-                    DQ_TMA, LSE_SMEM, PREFETCH)
+                    DQ_TMA, LSE_SMEM)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -682,7 +646,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
-                    DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, PREFETCH: gl.constexpr):
+                    DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -749,7 +713,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
-                    LSE_SMEM, PREFETCH)),
+                    LSE_SMEM)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
