@@ -180,7 +180,7 @@ while [ $# -gt 0 ]; do
             --providers flash,sdpa-cudnn 2>&1 | grep "│" | tee -a "$log"
         done ;;
     coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
-    firstcall) python3 scripts/first_call_profile.py --out $ev/first-call 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
+    firstcall) python3 scripts/first_call_profile.py --out $ev/first-call --problems "${PROBLEMS:-3,0}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
   [ -n "${OUT:-}" ] && tar czf "$OUT/ev.tgz" -C /tmp ev

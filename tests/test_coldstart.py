@@ -23,6 +23,19 @@ def test_a_fresh_process_first_call_is_verified_and_timed():
     assert warm["verified"] and warm["compiles"] == "" and warm["second_shape_compiles"] == 0
 
 
+@pytest.mark.gpu_only("nothing is compiled in emulation")
+def test_a_first_training_call_says_what_its_forward_took():
+    from fusedattn_lab.coldstart import run_fresh
+
+    row = run_fresh(BenchProblem(1, 2, 100, 64, "bf16", True, mode="fwd+bwd"))
+    assert "error" not in row, row
+    # the forward alone (synchronised) and the compiles done by then (the backward's
+    # start on threads at the forward: `precompile_backward`); the backward is the rest
+    assert 0 < row["first_forward_s"] < row["first_call_s"], row
+    assert 1 <= row["forward_compiles"] <= row["compiles"].count(" s ("), row
+    assert "_flash_fwd" in row["compiles"] and "bwd" in row["compiles"], row
+
+
 def test_the_compile_listener_keeps_each_compiles_stages_and_skips_cache_hits():
     from types import SimpleNamespace
 
@@ -58,10 +71,10 @@ def test_the_coldstart_table_renders_verified_and_failed_rows():
     render_coldstart(console, [
         {"problem": "bf16 B2 H8 S1000 D128", "primer_s": 4.9, "first_call_s": 1.58,
          "second_call_s": 5e-4, "sdpa_first_call_s": 0.08, "verified": True,
-         "process_s": 10.6},
+         "process_s": 10.6, "first_forward_s": 0.734},
         {"problem": "fp32 B1 H4 S700 D96", "error": "OutOfResources: " + "x" * 100}])
     text = console.export_text()
-    assert "True" in text and "1.58" in text and "0.50" in text
+    assert "True" in text and "1.58" in text and "0.50" in text and "0.73" in text
     assert "OutOfResources: " + "x" * 44 in text and "x" * 46 not in text
 
 

@@ -123,11 +123,16 @@ def measure(problem: dict, primer: bool) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     gqa = (p.heads_kv or p.heads) != p.heads
 
+    split = {}  # the timed call's forward alone (fwd+bwd: the rest is its backward)
+
     def call(q, k, v, fn=None):
         def run():
+            start = time.perf_counter()
             out = (fn or attention)(q, k, v, is_causal=p.causal, **(
                 {} if fn else {"precision": p.precision}), enable_gqa=gqa)
             if p.mode != "fwd":
+                torch.cuda.synchronize()
+                split.update(forward_s=time.perf_counter() - start, compiles=len(compiles))
                 out.backward(torch.ones_like(out))
             return out
         return run
@@ -139,7 +144,7 @@ def measure(problem: dict, primer: bool) -> dict:
     if primer:
         tiny = torch.randn((1, 1, 16, 16), device="cuda", dtype=torch.float16)
         result["primer_s"] = _timed(lambda: attention(tiny, tiny, tiny))[1]
-    compiles: list[dict] = []
+    compiles: list[dict] = []  # (before `call`'s first run: it counts them)
     compilation = getattr(getattr(triton, "knobs", None), "compilation", None)
     listens = hasattr(compilation, "listener")  # Triton 3.4 and later
     if listens:
@@ -154,6 +159,7 @@ def measure(problem: dict, primer: bool) -> dict:
     else:
         out, first = _timed(call(q, k, v))
     first_compiles = list(compiles)
+    first_split = dict(split)
     _, second_shape_s = _timed(call(q2, k2, v2))
     if listens:
         compilation.listener = None
@@ -171,7 +177,11 @@ def measure(problem: dict, primer: bool) -> dict:
         "max_abs_error": verdict.max_abs,
         # compiles overlap (the backward's run on threads): the sum can pass first_call_s
         "compile_sum_s": sum(r["total"] for r in first_compiles),
-        "compiles": compile_profile(first_compiles)}
+        "compiles": compile_profile(first_compiles),
+        # fwd+bwd: the first call's forward alone (synchronised) and the compiles done by
+        # then (the backward's start on threads at the forward); the backward is the rest
+        **({"first_forward_s": first_split["forward_s"],
+            "forward_compiles": first_split["compiles"]} if first_split else {})}
 
 
 def run_fresh(problem, mode: str = MODES[0], profile: str | None = None) -> dict:
