@@ -34,6 +34,8 @@ def test_a_first_training_call_says_what_its_forward_took():
     assert 0 < row["first_forward_s"] < row["first_call_s"], row
     assert 1 <= row["forward_compiles"] <= row["compiles"].count(" s ("), row
     assert "_flash_fwd" in row["compiles"] and "bwd" in row["compiles"], row
+    # torch's import on a first backward with a given gradient, done before either call
+    assert row["torch_backward_import_s"] > 0, row
 
 
 def test_the_compile_listener_keeps_each_compiles_stages_and_skips_cache_hits():

@@ -225,6 +225,7 @@ def render_coldstart(console: Console, rows: list[dict]) -> None:
         ("primer s", lambda r: fmt(r.get("primer_s"), ".2f")),
         ("first call s", lambda r: fmt(r.get("first_call_s"), ".2f")),
         ("its forward s", lambda r: fmt(r.get("first_forward_s"), ".2f")),
+        ("torch's import s", lambda r: fmt(r.get("torch_backward_import_s"), ".2f")),
         ("compiles s (summed)", lambda r: fmt(r.get("compile_sum_s"), ".2f")),
         ("second call ms", lambda r: fmt(r.get("second_call_s") and
                                          r["second_call_s"] * 1e3, ".2f")),
