@@ -48,7 +48,11 @@
 #   hostab D    fusedattn bench --suite host (ours and SDPA cuDNN) with D/src's library,
 #               then with this tree's twice, then D's again (ABBA), on one machine (D:
 #               an ignored folder the device tool carries, holding an older commit's src/)
-#   coldstart   fusedattn bench --suite coldstart
+#   coldstart   fusedattn bench --suite coldstart; PYC=1 first gives every module bytecode,
+#               as an installed environment has it (pip compiles it at install; this host's
+#               site-packages and the copied tree have none, so each fresh process compiled
+#               the sources it imports: sympy alone 2.9 s, evidence 0245Z), through a
+#               writable PYTHONPYCACHEPREFIX filled by one import of them all
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes)
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
@@ -179,7 +183,19 @@ while [ $# -gt 0 ]; do
             --out $ev/hostab-$run-$(basename "$(realpath "$side")") \
             --providers flash,sdpa-cudnn 2>&1 | grep "│" | tee -a "$log"
         done ;;
-    coldstart) python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
+    coldstart) if [ -n "${PYC:-}" ]; then
+                 export PYTHONPYCACHEPREFIX=/tmp/pycache
+                 python3 -m compileall -q -j 0 src >/dev/null 2>&1
+                 # (one small call of each kind the suite makes, forward and backward, in its
+                 # own Triton cache: every module the suite's processes import gets bytecode)
+                 TRITON_CACHE_DIR=/tmp/pyc-triton python3 -c "import torch, fusedattn, fusedattn_lab.coldstart
+for dt, d in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float32, 80)):
+    q = torch.randn(1, 2, 256, d, device='cuda', dtype=dt, requires_grad=True)
+    fusedattn.attention(q, q, q, is_causal=True).backward(torch.ones(1, 2, 256, d, device='cuda', dtype=dt))
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+torch.cuda.synchronize()" 2>&1 | tail -2
+               fi
+               python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     firstcall) python3 scripts/first_call_profile.py --out $ev/first-call --problems "${PROBLEMS:-3,0}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
