@@ -14,9 +14,9 @@ SDPA's first call is timed the same way in the same process, after ours (its ker
 precompiled; CUDA's context and cuBLAS are warm by then, which favours it slightly). A
 training problem imports what torch's autograd imports on a process's first backward with
 a given gradient (sympy, through `torch.fx.experimental.symbolic_shapes`) before either
-call, and reports that import's time on its own (`torch_backward_import_s`: 3.3 s on the
-H200's host, whose Python compiles sympy's sources anew in every process; before, our
-first call paid it and SDPA's, after ours, did not). Each
+call, and reports that import's time on its own (`torch_backward_import_s`: on the H200's
+host 3.3 s where Python compiled sympy's sources, 1.9-2.7 s with their bytecode; before,
+our first call paid it and SDPA's, after ours, did not). Each
 problem runs in three fresh processes (`MODES`: an empty cache, after a primer, after
 `fusedattn.warmup`), and each also times a second new shape of the same kind (another
 length and batch) with the compiles it caused. Issue 31's targets: with an empty cache
