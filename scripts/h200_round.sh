@@ -48,11 +48,14 @@
 #   hostab D    fusedattn bench --suite host (ours and SDPA cuDNN) with D/src's library,
 #               then with this tree's twice, then D's again (ABBA), on one machine (D:
 #               an ignored folder the device tool carries, holding an older commit's src/)
-#   coldstart   fusedattn bench --suite coldstart; PYC=1 first gives every module bytecode,
-#               as an installed environment has it (pip compiles it at install; this host's
-#               site-packages and the copied tree have none, so each fresh process compiled
-#               the sources it imports: sympy alone 2.9 s, evidence 0245Z), through a
-#               writable PYTHONPYCACHEPREFIX filled by one import of them all
+#   coldstart   fusedattn bench --suite coldstart; PYC=1 first gives every module bytecode
+#               (`bytecode` below: pip compiles it at install, but this host's site-packages
+#               and the copied tree have none, so each fresh process compiled the sources it
+#               imported, sympy alone 2.9 s, evidence 0245Z)
+#   coldrow I   one coldstart problem (`coldstart.problems()[I]`) in a fresh process with an
+#               empty Triton cache, $ROUNDS times (default 3), a JSON line each into
+#               $ev/coldrow-I.jsonl: an A/B of a first call without the whole suite (PYC=1
+#               as for coldstart)
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes)
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
@@ -75,6 +78,21 @@ ev=/tmp/ev
 mkdir -p "$ev"
 log=$ev/round-$(date -u +%H%M%S).log
 rc=0
+# PYC=1 (coldstart, coldrow): every module the first calls import gets bytecode first, as
+# an installed environment has it, through a writable PYTHONPYCACHEPREFIX: the tree's by
+# compileall, the rest by one small call of each kind the suite makes, forward and
+# backward, in a Triton cache of its own (once a call)
+bytecode() {
+  [ -z "${PYC:-}" ] || [ -n "${PYTHONPYCACHEPREFIX:-}" ] && return 0
+  export PYTHONPYCACHEPREFIX=/tmp/pycache
+  python3 -m compileall -q -j 0 src >/dev/null 2>&1
+  TRITON_CACHE_DIR=/tmp/pyc-triton python3 -c "import torch, fusedattn, fusedattn_lab.coldstart
+for dt, d in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float32, 80)):
+    q = torch.randn(1, 2, 256, d, device='cuda', dtype=dt, requires_grad=True)
+    fusedattn.attention(q, q, q, is_causal=True).backward(torch.ones(1, 2, 256, d, device='cuda', dtype=dt))
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+torch.cuda.synchronize()" 2>&1 | tail -2
+}
 # Nsight Compute of scripts/ncu_vs_cudnn.py's NVTX ranges fusedattn-fwd and PEER-fwd, or
 # with PEER "-" every kernel between its profiler start and stop (--bwd-only: autograd's
 # thread runs outside NVTX ranges):
@@ -183,19 +201,13 @@ while [ $# -gt 0 ]; do
             --out $ev/hostab-$run-$(basename "$(realpath "$side")") \
             --providers flash,sdpa-cudnn 2>&1 | grep "│" | tee -a "$log"
         done ;;
-    coldstart) if [ -n "${PYC:-}" ]; then
-                 export PYTHONPYCACHEPREFIX=/tmp/pycache
-                 python3 -m compileall -q -j 0 src >/dev/null 2>&1
-                 # (one small call of each kind the suite makes, forward and backward, in its
-                 # own Triton cache: every module the suite's processes import gets bytecode)
-                 TRITON_CACHE_DIR=/tmp/pyc-triton python3 -c "import torch, fusedattn, fusedattn_lab.coldstart
-for dt, d in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float32, 80)):
-    q = torch.randn(1, 2, 256, d, device='cuda', dtype=dt, requires_grad=True)
-    fusedattn.attention(q, q, q, is_causal=True).backward(torch.ones(1, 2, 256, d, device='cuda', dtype=dt))
-    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
-torch.cuda.synchronize()" 2>&1 | tail -2
-               fi
+    coldstart) bytecode
                python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
+    coldrow) i=$1; shift; bytecode
+             for _ in $(seq "${ROUNDS:-3}"); do
+               python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
+print(json.dumps(run_fresh(problems()[int(sys.argv[1])])))" "$i" 2>&1 | tail -1 | tee -a $ev/coldrow-$i.jsonl | tee -a "$log"
+             done ;;
     firstcall) python3 scripts/first_call_profile.py --out $ev/first-call --problems "${PROBLEMS:-3,0}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
