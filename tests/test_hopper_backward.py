@@ -124,6 +124,14 @@ def _grads(q, k, v, dout, backend, **kw):
     return torch.autograd.grad(out, leaves, dout)
 
 
+def _varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, backend, **kw):
+    """`_grads` for `attention_varlen` on packed `[total, H, D]` tensors."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with use_backend(backend):
+        out = attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, **kw)
+    return torch.autograd.grad(out, leaves, dout)
+
+
 def _within_portable(grads, ref):
     """The Hopper backward's dQ, dK, dV (`grads("hopper")`, its kernel seen) each within
     twice the portable backward's error (`grads("portable")`) on the same inputs plus a
@@ -196,10 +204,7 @@ def test_hopper_varlen_gradients_with_empty_and_one_token_sequences(dim, options
     dout = rand(*q.shape, dtype=q.dtype, seed=3)
 
     def grads(backend):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        with use_backend(backend):
-            out = attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, **options)
-        return torch.autograd.grad(out, leaves, dout)
+        return _varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, backend, **options)
 
     ref = varlen_ref_grads(q, k, v, dout, cu_q, cu_k, causal=options["is_causal"],
                            window=options.get("window"), device=DEVICE)
@@ -239,10 +244,7 @@ def test_the_compact_varlen_grid_gives_the_full_grids_bits(dim, options, order,
     monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
 
     def grads(backend):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        with use_backend(backend):
-            out = attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, **options)
-        return torch.autograd.grad(out, leaves, dout)
+        return _varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, backend, **options)
 
     ref = varlen_ref_grads(q, k, v, dout, cu_q, cu_k, causal=options["is_causal"],
                            device=DEVICE)

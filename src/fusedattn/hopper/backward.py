@@ -115,7 +115,8 @@ VARLEN_COMPACT = {64: True, 128: True}
 # `flash_bwd_kernels.SORT_MAX_DOCS`; more keep their own order), so that no long
 # sequence's longest program starts in the launch's last wave: a list schedule of the
 # 24-document row's programs on 132 SMs ends 1.05x its perfect share in the documents'
-# order, 1.004x longest first (`scripts/bwd_order_model.py --varlen`); measured (evidence
+# order, 1.003-1.004x longest first (`scripts/bwd_order_model.py --varlen`, evidence/cpu/
+# 20261203T0400Z-bwd-order-model-varlen); measured (evidence
 # 20261203T0124Z-bwd-varlen-longest-first) +3.4% at D128 (347 against 335-337 TFLOP/s),
 # +3.7% at D64 (250-252 against 241-243). False: their order
 VARLEN_LONGEST_FIRST = True

@@ -280,13 +280,14 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         # like to like: into q's layout from a contiguous one, the varlen row's took 175
         # us, 91 like to like, evidence 20261203T0139Z-bwd-dq-layout), contiguous for the
         # writer's atomics
-        fill = torch.empty if hopper_knobs.ZERO_IN_PREPROCESS else torch.zeros
         acc = (torch.empty_like(q, dtype=torch.float32) if hopper_knobs.tma_adds(dim)
                else torch.empty(q.shape, dtype=torch.float32, device=q.device))
-        hopper = (acc if fill is torch.empty else acc.zero_(),
-                  fill(hopper_knobs.counters(batch, heads, seq_q, dim, bool(mask.softcap),
-                                             varlen),
-                       dtype=torch.int32, device=q.device))
+        sem = torch.empty(hopper_knobs.counters(batch, heads, seq_q, dim, bool(mask.softcap),
+                                                varlen), dtype=torch.int32, device=q.device)
+        if not hopper_knobs.ZERO_IN_PREPROCESS:
+            acc.zero_()
+            sem.zero_()
+        hopper = (acc, sem)
     _wait_for_precompiles()
     inputs = (dout, q, k, v, out, lse, dlse, delta, dq, dk, dv,
               *((varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)),
