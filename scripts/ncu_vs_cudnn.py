@@ -111,15 +111,8 @@ def main() -> None:
             f"fusedattn differs from {peer} by {err}"
     if args.fwd_only:
         return _profiled({"fusedattn": ours, peer: theirs})
-    if args.bwd_only:  # the forwards first, unprofiled; their graphs kept
-        outs = {name: fwd() for name, fwd in (("fusedattn", ours), (peer, theirs))}
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        for out in outs.values():
-            torch.autograd.grad(out, (q, k, v), dout)
-            torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
-        return None
+    if args.bwd_only:
+        return _profiled_backwards({"fusedattn": ours, peer: theirs}, (q, k, v), dout)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     for name, fwd in (("fusedattn", ours), (peer, theirs)):
@@ -139,6 +132,19 @@ def _profiled(calls: dict) -> None:
         with torch.cuda.nvtx.range(f"{name}-fwd"):
             fwd()
     torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def _profiled_backwards(calls: dict, inputs: tuple, dout) -> None:
+    """The calls' forwards first, unprofiled (their graphs kept), then each one's backward
+    (`autograd.grad` of its output, a tuple's first) alone between cudaProfilerStart/Stop:
+    autograd's thread runs outside NVTX ranges, so the kernels' names tell them apart."""
+    outs = [fwd() for fwd in calls.values()]
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for out in outs:
+        torch.autograd.grad(out[0] if isinstance(out, tuple) else out, inputs, dout)
+        torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 
 
@@ -221,14 +227,7 @@ def _varlen(args) -> None:
             assert err < 0.1, f"fusedattn differs from fa4 by {err}"
     if not args.bwd_only:
         return _profiled(calls)
-    outs = {name: fwd() for name, fwd in calls.items()}  # the forwards first, unprofiled
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for out in outs.values():
-        torch.autograd.grad(out[0] if isinstance(out, tuple) else out, (q, k, v), dout)
-        torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-    return None
+    return _profiled_backwards(calls, (q, k, v), dout)
 
 
 if __name__ == "__main__":
