@@ -56,6 +56,8 @@
 #               empty Triton cache, $ROUNDS times (default 3), a JSON line each into
 #               $ev/coldrow-I.jsonl: an A/B of a first call without the whole suite (PYC=1
 #               as for coldstart)
+#   coldab D I  coldrow I alternating an older tree's src/ (D/src) with this one: old, new,
+#               new, old, $ROUNDS (default 2) fresh processes each, into $ev/coldab-I.jsonl
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes)
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
@@ -208,6 +210,15 @@ while [ $# -gt 0 ]; do
                python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
 print(json.dumps(run_fresh(problems()[int(sys.argv[1])])))" "$i" 2>&1 | tail -1 | tee -a $ev/coldrow-$i.jsonl | tee -a "$log"
              done ;;
+    coldab) other=$1 i=$2; shift 2  # coldrow I, an older tree's src/ against this one
+        # old, new, new, old ($ROUNDS each), fresh processes and empty caches throughout
+        bytecode; python3 -m compileall -q -j 0 "$other/src" >/dev/null 2>&1
+        for side in "$other" . . "$other"; do
+          for _ in $(seq "${ROUNDS:-2}"); do
+            PYTHONPATH=/tmp/site:$side/src python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
+print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])]), side=sys.argv[2])))" "$i" "$side" 2>&1 | tail -1 | tee -a $ev/coldab-$i.jsonl | tee -a "$log"
+          done
+        done ;;
     firstcall) python3 scripts/first_call_profile.py --out $ev/first-call --problems "${PROBLEMS:-3,0}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac

@@ -7,6 +7,7 @@ import torch
 from fusedattn.api import attention
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref, attention_ref_grads
+from fusedattn.tiles.common import Mask
 from fusedattn_lab.verify import check
 
 
@@ -443,15 +444,23 @@ def test_the_hopper_preprocess_writes_the_compact_grids_sequence_order(n_docs, s
                                rtol=1e-5, atol=1e-5)
 
 
-def test_the_hopper_path_precompiles_its_preprocess_as_it_launches(monkeypatch):
-    """On the Hopper path `precompile_backward` compiles the preprocess alone, zeroing
-    (ZERO) as the backward will launch it: the same grid, constexprs and specialised
-    arguments; only the counters' count and chunk (unspecialised) may differ."""
+@pytest.mark.parametrize("mask, deterministic", [
+    (Mask(causal=True), True), (Mask(), False), (Mask(window=(40, 0), softcap=20.0), True)])
+def test_the_hopper_path_precompiles_its_kernels_as_it_launches(mask, deterministic,
+                                                                monkeypatch):
+    """On the Hopper path `precompile_backward` compiles the preprocess, zeroing (ZERO), and
+    the Gluon kernel, as the backward will launch them: the same grids, constexprs and
+    specialised arguments, tensors of the same dtypes, TMA descriptors of the same blocks
+    and layouts; only what the kernels leave unspecialised may differ (stand-ins: one
+    step's tile for dQ's accumulator, k and v for dK and dV)."""
     import fusedattn.dispatch as dispatch
     import fusedattn.tiles.flash_bwd as fb
     from fusedattn.hopper import backward as knobs
+    from fusedattn.hopper import backward_kernel
 
-    q, k, v = (_rand(2, 4, 300, 64, dtype=torch.bfloat16, seed=i) for i in range(3))
+    monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
+    q = _rand(2, 4, 300, 64, dtype=torch.bfloat16, seed=0)
+    k, v = (_rand(2, 2, 300, 64, dtype=torch.bfloat16, seed=i) for i in (1, 2))
     submitted = []
 
     class Recorder:
@@ -469,18 +478,31 @@ def test_the_hopper_path_precompiles_its_preprocess_as_it_launches(monkeypatch):
     monkeypatch.setattr(fb, "_POOL", Recorder())
     monkeypatch.setattr(fb, "_SUBMITTED", set())
     monkeypatch.setattr(fb, "_PENDING", [])
-    fb.precompile_backward(q, k, v, is_causal=True, scale=0.1, precision="ieee")
-    assert len(submitted) == 1
+    fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.1, precision="ieee",
+                           mask=mask, deterministic=deterministic)
+    assert len(submitted) == 2
+    # the buffers as `flash_backward` makes them
     out, lse = torch.empty_like(q), torch.empty((2, 4, 300), device=DEVICE)
-    hopper = (torch.empty(q.shape, dtype=torch.float32, device=DEVICE),
-              torch.empty(knobs.counters(2, 4, 300, 64), dtype=torch.int32, device=DEVICE))
-    want = fb._preprocess_launch(out, torch.ones_like(out), None, lse, hopper)
-    (kernel, grid, args, kwargs), (kernel2, grid2, args2, kwargs2) = submitted[0], want
-    assert kernel is kernel2 and grid == grid2 and kwargs == kwargs2 and kwargs["ZERO"]
-    # (`test_flash`: what the kernel leaves unspecialised)
-    free = {"n_sem", "sem_chunk", "sa_b", "sa_h", "sa_s"}
-    for name, a, a2 in zip(kernel.arg_names[:len(args)], args, args2, strict=True):
-        if isinstance(a, torch.Tensor):
-            assert a.dtype == a2.dtype and a.device == a2.device, name
-        elif name not in free:
-            assert a == a2, name
+    dout, delta = torch.ones_like(out), torch.empty_like(lse)
+    hopper = (torch.empty_like(q, dtype=torch.float32),
+              torch.empty(knobs.counters(2, 4, 300, 64, bool(mask.softcap)),
+                          dtype=torch.int32, device=DEVICE))
+    wants = [fb._preprocess_launch(out, dout, None, lse, hopper),
+             knobs.hopper_backward_launch(dout, q, k, v, lse, delta, *hopper,
+                                          torch.empty_like(k), torch.empty_like(v), scale=0.1,
+                                          mask=mask, deterministic=deterministic)]
+    # (`test_flash`, `backward_kernel.UNSPECIALISED`: what the kernels leave unspecialised)
+    free = {"n_sem", "sem_chunk", "sa_b", "sa_h", "sa_s", *backward_kernel.UNSPECIALISED}
+    for (kernel, grid, args, kwargs), want in zip(submitted, wants, strict=True):
+        kernel2, grid2, args2, kwargs2 = want
+        assert kernel is kernel2 and grid == grid2 and kwargs == kwargs2
+        for name, a, a2 in zip(kernel.arg_names[:len(args)], args, args2, strict=True):
+            if isinstance(a, torch.Tensor):
+                assert a.dtype == a2.dtype and a.device == a2.device, name
+            elif hasattr(a, "block_shape"):  # a TMA descriptor: what the compile reads
+                assert (a.block_shape, a.layout, a.base.dtype) == (
+                    a2.block_shape, a2.layout, a2.base.dtype), name
+            elif name not in free:
+                assert a == a2, name
+    assert wants[0][3]["ZERO"] and wants[1][0] is backward_kernel._flash_bwd_sm90
+    assert submitted[1][3]["DETERMINISTIC"] is deterministic

@@ -264,6 +264,7 @@ def test_dq_accumulates_in_qs_layout_where_tma_adds(dim, monkeypatch):
     # `[B, S, H, D]` views: the TMA adds go into an accumulator of q's strides (its cast
     # into dQ then copies like to like), the writer's atomics into a contiguous one; both
     # right against the reference and the same bits
+    import fusedattn.tiles.flash_bwd as fb
     from fusedattn.hopper import backward as knobs
 
     q, k, v, dout = (rand(2, 333, 4, dim, dtype=torch.bfloat16, seed=i).transpose(1, 2)
@@ -276,11 +277,46 @@ def test_dq_accumulates_in_qs_layout_where_tma_adds(dim, monkeypatch):
         return launch
 
     monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+    # (the forward's precompile builds a launch too, on stand-ins: not the backward's)
+    monkeypatch.setattr(fb, "precompile_backward", lambda *args, **kwargs: None)
     tma = _dense(q, k, v, dout, dict(causal=True), is_causal=True)
     monkeypatch.setattr(knobs, "DQ_TMA", {64: False, 128: False})
     atomics = _grads(q, k, v, dout, "hopper", is_causal=True)
     assert all(torch.equal(a, b) for a, b in zip(tma, atomics, strict=True))
     assert seen == [(q.stride(), True), (q.contiguous().stride(), False)], seen
+
+
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_forward_with_grad_compiles_the_hopper_backward_ahead(deterministic, monkeypatch):
+    # `precompile_backward` on the Hopper path: the preprocess and the Gluon kernel compile
+    # on the pool's threads while the forward runs, both without error, and the backward
+    # then launches that kernel (its gradients right against the reference)
+    import fusedattn.tiles.flash_bwd as fb
+    from fusedattn.hopper import backward_kernel
+
+    if fb._POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        monkeypatch.setattr(fb, "_POOL", ThreadPoolExecutor(max_workers=3))
+    real, jobs = fb._POOL, []
+
+    class Seen:
+        def submit(self, fn, kernel, grid, args, kwargs):
+            jobs.append((kernel, real.submit(fn, kernel, grid, args, kwargs)))
+            return jobs[-1][1]
+
+    monkeypatch.setattr(fb, "_POOL", Seen())
+    monkeypatch.setattr(fb, "_SUBMITTED", set())  # (this shape, whatever ran before)
+    q, k, v, dout = (rand(1, 3, 1111, 128, dtype=torch.bfloat16, seed=i) for i in range(4))
+    _dense(q, k, v, dout, _ref_kw(dict(is_causal=True)), is_causal=True,
+           deterministic=deterministic)
+    names = [kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+             for kernel, _ in jobs]
+    assert backward_kernel._flash_bwd_sm90 in [kernel for kernel, _ in jobs], names
+    for _, job in jobs:
+        job.result()  # compiled without error
 
 
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")

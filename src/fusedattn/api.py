@@ -510,7 +510,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
             # the backward's kernels compile on other threads while the forward's does
             precompile_backward(*_as_4d(q, k, v), is_causal=is_causal, scale=call.options[1],
                                 precision=call.options[2], mask=_mask(*call.options[:1],
-                                                                      *call.options[3:6]))
+                                                                      *call.options[3:6]),
+                                deterministic=call.options[6])
         if key is not None:
             _CALLS.put(key, call)
     if compiling or (call.grad and not KEEP_RECORDED):

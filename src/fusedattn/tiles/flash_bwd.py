@@ -157,7 +157,7 @@ _SUBMITTED: set[tuple] = set()
 
 def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                         is_causal: bool, scale: float, precision: str,
-                        mask: Mask | None = None) -> None:
+                        mask: Mask | None = None, deterministic: bool = True) -> None:
     """Start compiling the backward of `attention(q, k, v, ...)` on background threads,
     from stand-ins shaped as the forward's outputs and dO (contiguous, as autograd hands
     them on); returns at once. A backward whose operands specialise differently compiles
@@ -165,7 +165,7 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     global _POOL
     mask = mask or Mask(causal=is_causal)
     key = (q.dtype, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), mask,
-           precision, q.device)
+           precision, q.device, deterministic)
     if EMULATION or key in _SUBMITTED:
         return
     _SUBMITTED.add(key)
@@ -178,13 +178,24 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     from fusedattn.dispatch import backward_path
 
     if backward_path(q, k, v, mask=mask)[0] == "hopper":
-        # the portable passes will not run: the preprocess alone, zeroing as it will there
-        # (a compile reads dQ's accumulator's dtype and alignment and its head dim, so a
-        # row stands for it; the counters' count is not specialised); the Gluon kernel
-        # compiles at the first backward
-        launches = [_preprocess_launch(out, out, None, lse, (
-            torch.empty((1, 1, 1, q.shape[3]), dtype=torch.float32, device=q.device),
-            torch.empty(1, dtype=torch.int32, device=q.device)))]
+        # the portable passes will not run: the preprocess, zeroing as it will there, and
+        # the Gluon kernel (which compiled at the first backward, after the forward's,
+        # before 2026-12-03). A compile reads dQ's accumulator's dtype, alignment and head
+        # dim, and its descriptor's block, so one step's tile stands for it; the counters
+        # are as many as the launch checks for (their count is not specialised); k and v
+        # stand for dK and dV
+        from fusedattn.hopper import backward as hopper_knobs
+
+        batch, heads, seq_q, dim = q.shape
+        softcap = bool(mask.softcap)
+        acc = torch.empty((1, 1, hopper_knobs.tiles(dim, softcap)[0], dim),
+                          dtype=torch.float32, device=q.device)
+        sem = torch.empty(hopper_knobs.counters(batch, heads, seq_q, dim, softcap),
+                          dtype=torch.int32, device=q.device)
+        launches = [_preprocess_launch(out, out, None, lse, (acc, sem)),
+                    hopper_knobs.hopper_backward_launch(
+                        out, q, k, v, lse, lse, acc, sem, k, v, scale=scale, mask=mask,
+                        deterministic=deterministic)]
     else:
         launches = _launches(out, q, k, v, out, lse, None, lse, q, k, v,
                              precision=precision, configs=None, mask=mask, varlen=None,
