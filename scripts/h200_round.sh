@@ -59,7 +59,8 @@
 #   coldab D I  coldrow I alternating an older tree's src/ (D/src) with this one: old, new,
 #               new, old, $ROUNDS (default 2) fresh processes each, into $ev/coldab-I.jsonl
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
-#               after warmup (nothing compiles; where its time goes)
+#               after warmup (nothing compiles; where its time goes), or as $MODE starts
+#               it (e.g. "empty cache"); $PROBLEMS (default 3,0); PYC=1 as for coldstart
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
 #               and SDPA's) by thread and op under torch.profiler, the backward's Python
 #               under cProfile in autograd's thread
@@ -219,7 +220,8 @@ print(json.dumps(run_fresh(problems()[int(sys.argv[1])])))" "$i" 2>&1 | tail -1 
 print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])]), side=sys.argv[2])))" "$i" "$side" 2>&1 | tail -1 | tee -a $ev/coldab-$i.jsonl | tee -a "$log"
           done
         done ;;
-    firstcall) python3 scripts/first_call_profile.py --out $ev/first-call --problems "${PROBLEMS:-3,0}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
+    firstcall) bytecode; m=${MODE:-after warmup}
+               python3 scripts/first_call_profile.py --out "$ev/first-call-${m// /-}" --problems "${PROBLEMS:-3,0}" --mode "${MODE:-after warmup}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
   [ -n "${OUT:-}" ] && tar czf "$OUT/ev.tgz" -C /tmp ev
