@@ -3,9 +3,11 @@ sequence, forward + backward, against one GPU on the whole sequence.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
         torchrun --nproc-per-node P scripts/context_parallel_bench.py OUT.csv \\
-        [--layouts ring,ulysses,usp2] [--seqs 131072,262144] [--heads 32] [--dim 128]
+        [--layouts ring,ulysses,ulysses:4,usp2] [--seqs 131072,262144] [--heads 32] [--dim 128]
 
-`usp<U>` is USP with Ulysses degree U and ring degree P / U (rank r: Ulysses rank r % U, ring
+`ulysses:C` is Ulysses with its all-to-alls overlapped with the attention in C head groups
+(`ulysses_attention(chunks=C)`; against `ulysses`, how much of the exchange the overlap
+hides). `usp<U>` is USP with Ulysses degree U and ring degree P / U (rank r: Ulysses rank r % U, ring
 rank r // U, as `tests/test_ulysses.py` groups them). bf16, B=1, causal (zigzag shards on
 the ring). Per layout and S: the median of 5 timed calls after 2 warm-ups (CUDA events,
 every rank at a barrier before each), one GPU's time on the whole sequence (rank 0, once
@@ -70,9 +72,10 @@ def _layout(name: str, rank: int, world: int):
     if name == "ring":
         return (lambda t: zigzag_shard(t, rank, world),
                 lambda q, k, v: ring_attention(q, k, v, is_causal=True))
-    if name == "ulysses":
+    if name == "ulysses" or name.startswith("ulysses:"):  # ulysses:C, C head groups
+        chunks = int(name.partition(":")[2] or 1)
         return (lambda t: contiguous_shard(t, rank, world),
-                lambda q, k, v: ulysses_attention(q, k, v, is_causal=True))
+                lambda q, k, v: ulysses_attention(q, k, v, is_causal=True, chunks=chunks))
     if name.startswith("usp"):
         ulysses = int(name[3:])
         ring = world // ulysses
@@ -88,7 +91,7 @@ def _layout(name: str, rank: int, world: int):
         return (lambda t: usp_shard(t, u_rank, ulysses, r_rank, ring),
                 lambda q, k, v: usp_attention(q, k, v, ulysses_group=u_groups[r_rank],
                                               ring_group=r_groups[u_rank], is_causal=True))
-    raise SystemExit(f"unknown layout {name!r}: ring, ulysses or usp<U>")
+    raise SystemExit(f"unknown layout {name!r}: ring, ulysses, ulysses:C or usp<U>")
 
 
 def _one(layout: str, seq: int, heads: int, dim: int, rank: int, world: int, device,

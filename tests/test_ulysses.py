@@ -1,4 +1,5 @@
-"""`fusedattn.distributed.ulysses_attention` (and its varlen form) on 2 processes and
+"""`fusedattn.distributed.ulysses_attention` (its all-to-alls overlapped with the
+attention too) and its varlen form on 2 processes, and
 `usp_attention` on 4 (2 Ulysses x 2 ring; gloo on CPUs in emulation, NCCL with a GPU per
 rank where there are enough) against the float64 reference on the whole sequence: outputs
 and gradients, causal and not, GQA and MQA (K/V heads replicated), windows and sinks
@@ -78,6 +79,82 @@ def _ulysses_body(rank: int, world: int, device, results: str) -> list[str]:
     return lines
 
 
+def _overlap_body(rank: int, world: int, device, results: str) -> list[str]:
+    """`ulysses_attention(..., chunks=2)`: outputs and gradients against the reference, its
+    calls in the pipelined order, and the groups' refusals on every rank."""
+    import fusedattn.api
+    from fusedattn.distributed import contiguous_shard, ulysses, ulysses_attention
+    from fusedattn.reference import attention_ref, attention_ref_grads
+
+    lines = []
+    # 8 heads over 2 ranks: 4 query and 2 K/V heads a rank, in 2 groups
+    cases = [("overlap-gqa", dict(is_causal=False), False),
+             ("overlap-causal-window-softcap-sinks",
+              dict(is_causal=True, window=(6, None), softcap=3.0), True)]
+    for name, opts, with_sinks in cases:
+        full = _full(2, 8, 4, 16, 16, seed=4)
+        sinks = torch.randn(8, generator=torch.Generator().manual_seed(8)) * 2 \
+            if with_sinks else None
+        q, k, v, dout = (contiguous_shard(t, rank, world).contiguous().to(device)
+                         .requires_grad_() for t in full)
+        leaves = (q, k, v)
+        sinks_in = None
+        if with_sinks:
+            sinks_in = sinks.to(device).requires_grad_()
+            leaves += (sinks_in,)
+        out = ulysses_attention(q, k, v, sinks=sinks_in, chunks=2, **opts)
+        grads = torch.autograd.grad(out, leaves, dout.detach())
+        ref_opts = dict(causal=opts["is_causal"], window=opts.get("window"),
+                        softcap=opts.get("softcap"), sinks=sinks)
+        refs = attention_ref_grads(*full[:3], full[3], **ref_opts)
+        want = [contiguous_shard(r, rank, world)
+                for r in (attention_ref(*full[:3], **ref_opts), *refs[:3])] + list(refs[3:])
+        if with_sinks:  # each rank has dsinks of its own heads: summed, all of them
+            got_sinks = grads[3].detach().clone()
+            torch.distributed.all_reduce(got_sinks)
+            grads = (*grads[:3], got_sinks)
+        lines += _verdicts(name, (out, *grads), want)
+        with torch.no_grad():  # no graph kept: the same output
+            again = ulysses_attention(q, k, v, sinks=sinks_in, chunks=2, **opts)
+        lines.append(f"{name} no-grad-equal {torch.equal(again, out.detach())}")
+    # the order the work is issued in: each exchange (s<heads>, its parts' heads a
+    # group) ahead of the attention (a) it feeds, each result's sent behind it
+    events, start, attend = [], ulysses._start, fusedattn.api.attention
+
+    def logged_start(parts, group):
+        events.append(f"s{parts.shape[2]}")
+        return start(parts, group)
+
+    def logged_attention(*args, **kwargs):
+        events.append("a")
+        return attend(*args, **kwargs)
+
+    grad = torch.autograd.grad
+
+    def logged_grad(*args, **kwargs):  # a group's backward (b)
+        events.append("b")
+        return grad(*args, **kwargs)
+
+    ulysses._start, fusedattn.api.attention = logged_start, logged_attention
+    torch.autograd.grad = logged_grad
+    try:  # 4 query heads and 2 K/V heads a rank: 2 and 1 a group
+        q = torch.randn(1, 8, 8, 16, device=device, requires_grad=True)
+        kv = torch.randn(1, 4, 8, 16, device=device, requires_grad=True)
+        out = ulysses_attention(q, kv, kv, chunks=2)
+        lines.append("forward " + " ".join(events))
+        events.clear()
+        out.backward(torch.ones_like(out))
+        lines.append("backward " + " ".join(events))
+    finally:
+        ulysses._start, fusedattn.api.attention = start, attend
+        torch.autograd.grad = grad
+    q = torch.zeros(1, 8, 8, 16, device=device)
+    lines.append(refusal("three", lambda: ulysses_attention(q, q, q, chunks=3)))
+    lines.append(refusal("kv", lambda: ulysses_attention(q, q[:, :2], q[:, :2], chunks=2)))
+    lines.append(refusal("bool", lambda: ulysses_attention(q, q, q, chunks=True)))
+    return lines
+
+
 def _usp_body(rank: int, world: int, device, results: str) -> list[str]:
     import torch.distributed as dist
 
@@ -145,6 +222,23 @@ def test_ulysses_matches_the_reference_forward_and_gradients(tmp_path):
             (rank, lines)
         assert any(line.startswith(("heads refused heads ", "heads refused shards "))
                    for line in lines), lines
+
+
+def test_ulysses_overlapped_groups_match_the_reference_in_the_pipelined_order(tmp_path):
+    need_gpus(2)
+    for rank, lines in enumerate(spawn(_overlap_body, 2, tmp_path)):
+        assert not any(line.startswith("ERROR") for line in lines), lines
+        checks = [line.split() for line in lines if line.startswith("overlap")]
+        assert len(checks) == 4 + 1 + 5 + 1 and all(c[2] == "True" for c in checks), \
+            (rank, lines)
+        # the forward: q, k, v of group 0 and of group 1 sent, group 0's attention, its
+        # output sent, group 1's attention, its output sent; the backward: dO of both
+        # groups sent, group 0's backward, its dq, dk, dv sent, group 1's backward, its
+        # gradients sent
+        assert "forward s2 s1 s1 s2 s1 s1 a s2 a s2" in lines, lines
+        assert "backward s2 s2 b s2 s1 s1 b s2 s1 s1" in lines, lines
+        for label in ("three", "kv", "bool"):
+            assert any(line.startswith(f"{label} refused chunks ") for line in lines), lines
 
 
 def test_usp_on_two_by_two_matches_the_reference(tmp_path):

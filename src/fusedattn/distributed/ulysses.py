@@ -20,6 +20,12 @@ Ulysses group). The caller gives both groups (or a 2-D DeviceMesh); nothing is c
 Cost per call (forward): two all-to-alls of q, k, v and O, each moving (P - 1) / P of the
 tensor; Ulysses' attention has no P2P steps. The degree is bounded by the heads: H and the
 K/V heads (after replication) divide by P.
+
+Overlap (`ulysses_attention(..., chunks=C)`): the rank's H/P heads go in C groups, each
+exchanged by its own all-to-all issued ahead (`async_op`), so that group c+1's q, k, v (and
+group c-1's output) travel while group c's attention runs; the backward does the same with
+dO and the gradients (`_Pipelined`). On NCCL the collectives run on NCCL's stream beside the
+kernels; gloo (the CPU tests) runs them on its own threads. C = 1 is the plain exchange.
 """
 
 from __future__ import annotations
@@ -71,6 +77,100 @@ def _heads_to_seq(x: torch.Tensor, group, world: int) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, world * hp, seq // world, d)
 
 
+def _group_parts(x: torch.Tensor, world: int, chunks: int, c: int) -> torch.Tensor:
+    """Head group c of `[B, H, s, D]` for every rank, `[P, B, H/(P*C), s, D]` contiguous:
+    rank p's part holds heads p*H/P + c*H/(P*C) ... (C = 1: `_seq_to_heads`' parts)."""
+    b, h, s, d = x.shape
+    return x.reshape(b, world, chunks, h // (world * chunks), s, d)[:, :, c] \
+        .transpose(0, 1).contiguous()
+
+
+def _start(parts: torch.Tensor, group):
+    """An all-to-all of `parts` along dim 0 issued without waiting: (its output, its
+    work)."""
+    out = torch.empty(parts.shape, dtype=parts.dtype, device=parts.device)
+    return out, dist.all_to_all_single(out, parts, group=group, async_op=True)
+
+
+def _as_heads(got: torch.Tensor) -> torch.Tensor:
+    """A received `[P, B, h, s, D]` (dim 0: the rank whose tokens) as `[B, h, P*s, D]`."""
+    world, b, h, s, d = got.shape
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h, world * s, d)
+
+
+def _back_parts(x: torch.Tensor, world: int) -> torch.Tensor:
+    """`[B, h, P*s, D]` as the parts that return each rank its tokens, `[P, B, h, s, D]`."""
+    b, h, seq, d = x.shape
+    return x.reshape(b, h, world, seq // world, d).permute(2, 0, 1, 3, 4).contiguous()
+
+
+def _place(full: torch.Tensor, got: torch.Tensor, chunks: int, c: int) -> None:
+    """Head group c of every rank, received `[P, B, h, s, D]`, into this rank's
+    `[B, H, s, D]` (`_group_parts`' inverse)."""
+    world, b, h, s, d = got.shape
+    full.view(b, world, chunks, h, s, d)[:, :, c] = got.transpose(0, 1)
+
+
+class _Pipelined(torch.autograd.Function):
+    """Ulysses with its all-to-alls overlapping the attention (the module docstring): the
+    rank's heads in `chunks` groups, group c+1's exchange issued before group c's
+    attention runs and group c's output sent back behind it. Each group's attention is
+    `fusedattn.attention` on leaves of its own, its graph kept for the backward, which
+    pipelines dO's exchange ahead of each group's gradients and theirs behind."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, group, world: int, chunks: int, options: dict):
+        from fusedattn.api import attention
+
+        grads = any(ctx.needs_input_grad[:4])
+        ins = [[_group_parts(t, world, chunks, c) for t in (q, k, v)] for c in range(chunks)]
+        hs = q.shape[1] // (world * chunks)  # a group's query heads (its sinks' count)
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        pending, returns, graphs = [_start(x, group) for x in ins[0]], [], []
+        for c in range(chunks):
+            ahead = [_start(x, group) for x in ins[c + 1]] if c + 1 < chunks else None
+            for _, work in pending:
+                work.wait()
+            leaves = [_as_heads(got).requires_grad_(grads) for got, _ in pending]
+            if sinks is not None:
+                leaves.append(sinks[c * hs:(c + 1) * hs].detach().requires_grad_(grads))
+            with torch.set_grad_enabled(grads):
+                o = attention(*leaves[:3], sinks=leaves[3] if sinks is not None else None,
+                              enable_gqa=leaves[1].shape[1] != leaves[0].shape[1], **options)
+            returns.append(_start(_back_parts(o.detach(), world), group))
+            graphs.append((o, leaves))
+            pending = ahead
+        for c, (got, work) in enumerate(returns):
+            work.wait()
+            _place(out, got, chunks, c)
+        ctx.graphs, ctx.group, ctx.world, ctx.chunks = graphs, group, world, chunks
+        ctx.shapes = (q.shape, k.shape, v.shape)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        group, world, chunks = ctx.group, ctx.world, ctx.chunks
+        dq, dk, dv = (dout.new_empty(shape) for shape in ctx.shapes)
+        dsinks = []
+        pending = _start(_group_parts(dout, world, chunks, 0), group)
+        returns = []
+        for c, (o, leaves) in enumerate(ctx.graphs):
+            ahead = (_start(_group_parts(dout, world, chunks, c + 1), group)
+                     if c + 1 < chunks else None)
+            pending[1].wait()
+            got = torch.autograd.grad(o, leaves, _as_heads(pending[0]))
+            returns.append([_start(_back_parts(g, world), group) for g in got[:3]])
+            dsinks += got[3:]
+            pending = ahead
+        for c, sent in enumerate(returns):
+            for full, (got, work) in zip((dq, dk, dv), sent, strict=True):
+                work.wait()
+                _place(full, got, chunks, c)
+        ctx.graphs = None
+        return dq, dk, dv, torch.cat(dsinks) if dsinks else None, None, None, None, None
+
+
 def _group_size(group, name: str) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         raise ProblemError(name, group, "a process group of an initialised torch.distributed "
@@ -78,21 +178,35 @@ def _group_size(group, name: str) -> int:
     return dist.get_world_size(group)
 
 
-def _checked(q, k, v, group, world: int, is_causal, scale, precision, **options) -> int:
+def _checked(q, k, v, group, world: int, is_causal, scale, precision, chunks: int = 1,
+             **options) -> int:
     """Every rank's inputs valid and alike (`ring._check_shards`: one all_gather, so every
-    rank raises the same error instead of waiting in an all-to-all), then `_heads`."""
+    rank raises the same error instead of waiting in an all-to-all), then `_heads`; the
+    head groups of the overlap (`_chunks`) alike too."""
     from fusedattn.api import _validate
 
     error = None
     try:
         _validate(q, k, v, is_causal, scale, True, precision, **options)
         replicas = _heads(q, k, world)
+        _chunks(chunks, q.shape[1] // world, k.shape[1] * replicas // world)
     except ProblemError as err:
         error = err
     # (no zigzag here: Ulysses gathers whole rows, so an odd shard is fine; USP's ring
     # checks its own shards)
-    _check_shards(q, k, group, is_causal, scale, precision, world, error, zigzag=False)
+    _check_shards(q, k, group, is_causal, scale, precision, world, error,
+                  extra=(("chunks", chunks if error is None else 0),), zigzag=False)
     return replicas
+
+
+def _chunks(chunks, heads: int, heads_kv: int) -> None:
+    """`chunks` (the overlap's head groups) an int >= 1 dividing a rank's H/P query heads
+    and its K/V heads (after replication): a group's query heads keep their K/V heads."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ProblemError("chunks", chunks, "an int >= 1 (1: no overlap)")
+    if heads % chunks or heads_kv % chunks:
+        raise ProblemError("chunks", chunks, f"a divisor of a rank's {heads} query and "
+                           f"{heads_kv} K/V heads (H / P and H_kv / P after replication)")
 
 
 def _heads(q, k, world: int) -> int:
@@ -112,13 +226,20 @@ def _heads(q, k, world: int) -> int:
                        f"{world} (divisors are replicated)")
 
 
-def _scatter_heads(q, k, v, sinks, group, world: int, replicas: int):
-    """q, k, v from sequence shards to head shards (K/V heads replicated first), and the
-    sinks of this rank's heads (None stays None)."""
+def _replicated(k, v, sinks, group, world: int, replicas: int):
+    """k and v with each K/V head replicated `replicas` times, and the sinks of this
+    rank's heads (None stays None)."""
     if replicas > 1:
         k, v = (t.repeat_interleave(replicas, dim=1) for t in (k, v))
     if sinks is not None:
         sinks = sinks.chunk(world)[dist.get_rank(group)]
+    return k, v, sinks
+
+
+def _scatter_heads(q, k, v, sinks, group, world: int, replicas: int):
+    """q, k, v from sequence shards to head shards (K/V heads replicated first), and the
+    sinks of this rank's heads (None stays None)."""
+    k, v, sinks = _replicated(k, v, sinks, group, world, replicas)
     return (*(_seq_to_heads(t, group, world) for t in (q, k, v)), sinks)
 
 
@@ -127,7 +248,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
                       precision: str | None = None,
                       window: tuple[int | None, int | None] | None = None,
                       softcap: float | None = None,
-                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+                      sinks: torch.Tensor | None = None, chunks: int = 1) -> torch.Tensor:
     """Attention over a sequence sharded contiguously across the ranks of `group` (default:
     the world), by Ulysses' all-to-alls (the module docstring).
 
@@ -137,16 +258,26 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     options are `fusedattn.attention`'s (top-left causal on the whole sequence, windows,
     softcap, `sinks: [H]` for all heads). A rank's bad inputs, or shapes that differ across
     the ranks, raise `ProblemError` on every rank (one all_gather compares them first, as
-    `ring_attention` does)."""
+    `ring_attention` does). `chunks` > 1 overlaps the all-to-alls with the attention: the
+    rank's H/P query heads (and its K/V heads) in that many groups, each exchanged while
+    another's attention runs, forward and backward (eager only: `torch.compile` takes
+    `chunks=1`); it divides both head counts."""
     from fusedattn.api import attention
 
     world = _group_size(group, "group")
     if world == 1:
+        if q.dim() == 4:  # (one rank: no groups to overlap, but the same refusals)
+            _chunks(chunks, q.shape[1], k.shape[1])
         return attention(q, k, v, is_causal=is_causal, scale=scale, precision=precision,
                          enable_gqa=k.shape[1] != q.shape[1], window=window, softcap=softcap,
                          sinks=sinks)
-    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, window=window,
-                        softcap=softcap, sinks=sinks)
+    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, chunks,
+                        window=window, softcap=softcap, sinks=sinks)
+    if chunks > 1:
+        return _Pipelined.apply(q, *_replicated(k, v, sinks, group, world, replicas), group,
+                                world, chunks,
+                                dict(is_causal=is_causal, scale=scale, precision=precision,
+                                     window=window, softcap=softcap))
     qh, kh, vh, sinks = _scatter_heads(q, k, v, sinks, group, world, replicas)
     out = attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
                     enable_gqa=kh.shape[1] != qh.shape[1], window=window, softcap=softcap,
