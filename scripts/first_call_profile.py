@@ -3,8 +3,9 @@
 
 For each cold-start problem given (default: the Hopper kernel's bf16 S1000 D128 and the
 portable bf16 H28/4 S1777 D112 causal), it runs `fusedattn_lab.coldstart.run_fresh` in the
-"after warmup" mode (or `--mode`'s) with cProfile around the first call, and prints that call's time, its
-compiles (none expected) and the functions with the most cumulative time.
+"after warmup" mode (or `--mode`'s) with cProfile around the first call, and prints that
+call's time, its compiles (none expected after warmup) and the functions with the most
+cumulative time, then those `--match` names (the compiles' and launchers' parts).
 
     python3 scripts/first_call_profile.py [--out DIR] [--top N] [--problems 0,3] [--mode M]
 """
