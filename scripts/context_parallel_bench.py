@@ -8,8 +8,8 @@ sequence, forward + backward, against one GPU on the whole sequence.
 `ulysses:C` is Ulysses with its all-to-alls overlapped with the attention in C head groups
 (`ulysses_attention(chunks=C)`; against `ulysses`, how much of the exchange the overlap
 hides). `usp<U>` is USP with Ulysses degree U and ring degree P / U (rank r: Ulysses rank
-r % U, ring rank r // U, as `tests/test_ulysses.py` groups them). bf16, B=1, causal (zigzag shards on
-the ring). Per layout and S: the median of 5 timed calls after 2 warm-ups (CUDA events,
+r % U, ring rank r // U, as `tests/test_ulysses.py` groups them). bf16, B=1, causal
+(zigzag shards on the ring). Per layout and S: the median of 5 timed calls after 2 warm-ups (CUDA events,
 every rank at a barrier before each), one GPU's time on the whole sequence (rank 0, once
 per S), the speedup over it and its ratio to P (the issue's target: >= 0.9 x P at
 S >= 128k for the best layout), TFLOP/s per GPU by FlashAttention's convention (3.5x the
