@@ -7,15 +7,15 @@ sequence, forward + backward, against one GPU on the whole sequence.
 
 `ulysses:C` is Ulysses with its all-to-alls overlapped with the attention in C head groups
 (`ulysses_attention(chunks=C)`; against `ulysses`, how much of the exchange the overlap
-hides). `usp<U>` is USP with Ulysses degree U and ring degree P / U (rank r: Ulysses rank r
-% U, ring rank r // U, as `tests/test_ulysses.py` groups them). bf16, B=1, causal (zigzag
-shards on the ring). Per layout and S: the median of 5 timed calls after 2 warm-ups (CUDA
-events, every rank at a barrier before each), one GPU's time on the whole sequence (rank 0,
-once per S), the speedup over it and its ratio to P (the issue's target: >= 0.9 x P at S >=
-128k for the best layout), TFLOP/s per GPU by FlashAttention's convention (3.5x the causal
-forward's 2*B*H*S^2*D, over P), and the peak memory per GPU. Before timing, rank 0's output
-of each layout is checked against the one-GPU output on its rows (bf16: within 2^-6 of it;
-the float64 tests are the suite's).
+hides; `usp<U>:C` likewise). `usp<U>` is USP with Ulysses degree U and ring degree P / U
+(rank r: Ulysses rank r % U, ring rank r // U, as `tests/test_ulysses.py` groups them).
+bf16, B=1, causal (zigzag shards on the ring). Per layout and S: the median of 5 timed calls
+after 2 warm-ups (CUDA events, every rank at a barrier before each), one GPU's time on the
+whole sequence (rank 0, once per S), the speedup over it and its ratio to P (the issue's
+target: >= 0.9 x P at S >= 128k for the best layout), TFLOP/s per GPU by FlashAttention's
+convention (3.5x the causal forward's 2*B*H*S^2*D, over P), and the peak memory per GPU.
+Before timing, rank 0's output of each layout is checked against the one-GPU output on its
+rows (bf16: within 2^-6 of it; the float64 tests are the suite's).
 
 Without CUDA it runs on gloo in Triton's interpreter at a tiny default size
 (`--seqs 64 --heads 4 --dim 16`), to check the script's logic: no time it prints means
@@ -76,8 +76,9 @@ def _layout(name: str, rank: int, world: int):
         chunks = int(name.partition(":")[2] or 1)
         return (lambda t: contiguous_shard(t, rank, world),
                 lambda q, k, v: ulysses_attention(q, k, v, is_causal=True, chunks=chunks))
-    if name.startswith("usp"):
-        ulysses = int(name[3:])
+    if name.startswith("usp"):  # usp<U>, or usp<U>:C with C head groups overlapped
+        degree, _, groups = name[3:].partition(":")
+        ulysses, chunks = int(degree), int(groups or 1)
         ring = world // ulysses
         if ulysses < 2 or ring < 2 or ulysses * ring != world:
             raise SystemExit(f"{name}: Ulysses degree {ulysses} must be >= 2 and leave a ring "
@@ -90,8 +91,9 @@ def _layout(name: str, rank: int, world: int):
         u_rank, r_rank = rank % ulysses, rank // ulysses
         return (lambda t: usp_shard(t, u_rank, ulysses, r_rank, ring),
                 lambda q, k, v: usp_attention(q, k, v, ulysses_group=u_groups[r_rank],
-                                              ring_group=r_groups[u_rank], is_causal=True))
-    raise SystemExit(f"unknown layout {name!r}: ring, ulysses, ulysses:C or usp<U>")
+                                              ring_group=r_groups[u_rank], is_causal=True,
+                                              chunks=chunks))
+    raise SystemExit(f"unknown layout {name!r}: ring, ulysses, ulysses:C, usp<U> or usp<U>:C")
 
 
 def _one(layout: str, seq: int, heads: int, dim: int, rank: int, world: int, device,

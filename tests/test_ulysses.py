@@ -1,9 +1,9 @@
-"""`fusedattn.distributed.ulysses_attention` (its all-to-alls overlapped with the
-attention too) and its varlen form on 2 processes, and
-`usp_attention` on 4 (2 Ulysses x 2 ring; gloo on CPUs in emulation, NCCL with a GPU per
-rank where there are enough) against the float64 reference on the whole sequence: outputs
-and gradients, causal and not, GQA and MQA (K/V heads replicated), windows and sinks
-through Ulysses, packed documents, and the refusals every rank agrees on."""
+"""`fusedattn.distributed.ulysses_attention` (its all-to-alls overlapped with the attention
+too) and its varlen form on 2 processes, and `usp_attention` on 4 (2 Ulysses x 2 ring,
+overlapped too; gloo on CPUs in emulation, NCCL with a GPU per rank where there are enough)
+against the float64 reference on the whole sequence: outputs and gradients, causal and not,
+GQA and MQA (K/V heads replicated), windows and sinks through Ulysses, packed documents, and
+the refusals every rank agrees on."""
 
 import pytest
 import torch
@@ -167,12 +167,14 @@ def _usp_body(rank: int, world: int, device, results: str) -> list[str]:
     r_groups = [dist.new_group([r * ulysses + u for r in range(ring)]) for u in range(ulysses)]
     u_rank, r_rank = rank % ulysses, rank // ulysses
     lines = []
-    for name, causal in (("full", False), ("causal", True)):
-        full = _full(1, 4, 2, 24, 16, seed=1)
+    # (overlapped: 8 query and 4 K/V heads, 2 and 1 a Ulysses rank's head group)
+    for name, causal, chunks in (("full", False, 1), ("causal", True, 1),
+                                 ("overlap-causal", True, 2)):
+        full = _full(1, 8 if chunks > 1 else 4, 4 if chunks > 1 else 2, 24, 16, seed=1)
         q, k, v, dout = (usp_shard(t, u_rank, ulysses, r_rank, ring).contiguous().to(device)
                          .requires_grad_() for t in full)
         out = usp_attention(q, k, v, ulysses_group=u_groups[r_rank],
-                            ring_group=r_groups[u_rank], is_causal=causal)
+                            ring_group=r_groups[u_rank], is_causal=causal, chunks=chunks)
         grads = torch.autograd.grad(out, (q, k, v), dout.detach())
         ref = attention_ref(*full[:3], causal=causal)
         refs = attention_ref_grads(*full[:3], full[3], causal=causal)
@@ -246,7 +248,7 @@ def test_usp_on_two_by_two_matches_the_reference(tmp_path):
     for rank, lines in enumerate(spawn(_usp_body, 4, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
         checks = [line.split() for line in lines]
-        assert len(checks) == 14 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert len(checks) == 18 and all(c[2] == "True" for c in checks), (rank, lines)
 
 
 def test_usp_shards_and_its_refusals():

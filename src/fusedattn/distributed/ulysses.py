@@ -114,14 +114,13 @@ def _place(full: torch.Tensor, got: torch.Tensor, chunks: int, c: int) -> None:
 class _Pipelined(torch.autograd.Function):
     """Ulysses with its all-to-alls overlapping the attention (the module docstring): the
     rank's heads in `chunks` groups, group c+1's exchange issued before group c's
-    attention runs and group c's output sent back behind it. Each group's attention is
-    `fusedattn.attention` on leaves of its own, its graph kept for the backward, which
-    pipelines dO's exchange ahead of each group's gradients and theirs behind."""
+    attention runs and group c's output sent back behind it. Each group's attention,
+    `attend(q, k, v, sinks)` (`attention`, or USP's ring), runs on leaves of its own, its
+    graph kept for the backward, which pipelines dO's exchange ahead of each group's
+    gradients and theirs behind."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, group, world: int, chunks: int, options: dict):
-        from fusedattn.api import attention
-
+    def forward(ctx, q, k, v, sinks, group, world: int, chunks: int, attend):
         grads = any(ctx.needs_input_grad[:4])
         ins = [[_group_parts(t, world, chunks, c) for t in (q, k, v)] for c in range(chunks)]
         hs = q.shape[1] // (world * chunks)  # a group's query heads (its sinks' count)
@@ -135,8 +134,7 @@ class _Pipelined(torch.autograd.Function):
             if sinks is not None:
                 leaves.append(sinks[c * hs:(c + 1) * hs].detach().requires_grad_(grads))
             with torch.set_grad_enabled(grads):
-                o = attention(*leaves[:3], sinks=leaves[3] if sinks is not None else None,
-                              enable_gqa=leaves[1].shape[1] != leaves[0].shape[1], **options)
+                o = attend(*leaves[:3], leaves[3] if sinks is not None else None)
             returns.append(_start(_back_parts(o.detach(), world), group))
             graphs.append((o, leaves))
             pending = ahead
@@ -274,10 +272,13 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     replicas = _checked(q, k, v, group, world, is_causal, scale, precision, chunks,
                         window=window, softcap=softcap, sinks=sinks)
     if chunks > 1:
+        def attend(qh, kh, vh, sinks):
+            return attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
+                             enable_gqa=kh.shape[1] != qh.shape[1], window=window,
+                             softcap=softcap, sinks=sinks)
+
         return _Pipelined.apply(q, *_replicated(k, v, sinks, group, world, replicas), group,
-                                world, chunks,
-                                dict(is_causal=is_causal, scale=scale, precision=precision,
-                                     window=window, softcap=softcap))
+                                world, chunks, attend)
     qh, kh, vh, sinks = _scatter_heads(q, k, v, sinks, group, world, replicas)
     out = attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
                     enable_gqa=kh.shape[1] != qh.shape[1], window=window, softcap=softcap,
@@ -354,9 +355,11 @@ def _usp_groups(mesh, ulysses_group, ring_group):
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_group=None,
                   ring_group=None, mesh=None, is_causal: bool = False,
                   scale: float | None = None, precision: str | None = None,
-                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, chunks: int = 1) -> torch.Tensor:
     """USP: Ulysses over `ulysses_group` inside a ring over `ring_group` (the module
     docstring), or over a 2-D `DeviceMesh` `mesh` whose dim 0 is Ulysses and dim 1 the ring.
+    `chunks` > 1 overlaps the Ulysses all-to-alls with the rings as `ulysses_attention`'s
+    does (a ring a head group).
 
     `q: [B, H, S/P, D]`, `k, v: [B, H_kv, S/P, D]` shards cut by `usp_shard` (P = U x R);
     H divides by U, and H_kv divides by U or divides it. Returns this rank's
@@ -367,10 +370,19 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
 
     ulysses_group, ring_group, world = _usp_groups(mesh, ulysses_group, ring_group)
     if world == 1:
+        if q.dim() == 4:  # (a Ulysses degree of 1: no groups to overlap, the same refusals)
+            _chunks(chunks, q.shape[1], k.shape[1])
         return ring_attention(q, k, v, group=ring_group, is_causal=is_causal, scale=scale,
                               precision=precision, sinks=sinks)
-    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision,
+    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision, chunks,
                         sinks=sinks)
+    if chunks > 1:
+        def attend(qh, kh, vh, sinks):
+            return ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal,
+                                  scale=scale, precision=precision, sinks=sinks)
+
+        return _Pipelined.apply(q, *_replicated(k, v, sinks, ulysses_group, world, replicas),
+                                ulysses_group, world, chunks, attend)
     qh, kh, vh, sinks = _scatter_heads(q, k, v, sinks, ulysses_group, world, replicas)
     out = ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
                          precision=precision, sinks=sinks)
