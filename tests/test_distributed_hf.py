@@ -2,7 +2,7 @@
 on a machine with 2 GPUs), each with a shard of the sequence, through `sequence_parallel`
 and the "fusedattn" attention implementation, against one process on the whole sequence
 with the same weights: Llama over the ring (zigzag shards), Mistral's sliding window over
-Ulysses (contiguous shards)."""
+Ulysses (contiguous shards; with its all-to-alls overlapped in two head groups too)."""
 
 import pytest
 import torch
@@ -25,8 +25,10 @@ def _model(device, kind="ring"):
     torch.manual_seed(0)
     sizes = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    config = (transformers.MistralConfig(sliding_window=6, **sizes) if kind == "ulysses"
-              else transformers.LlamaConfig(**sizes))
+    if kind == "ulysses-overlap":  # 4 query and 2 K/V heads a rank: two head groups
+        sizes.update(hidden_size=128, num_attention_heads=8, num_key_value_heads=4)
+    config = (transformers.MistralConfig(sliding_window=6, **sizes)
+              if kind.startswith("ulysses") else transformers.LlamaConfig(**sizes))
     return transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="fusedattn").to(device)
 
@@ -64,7 +66,8 @@ def _step(rank: int, world: int, device, results: str, kind: str, **kw) -> list[
     else:
         shard = zigzag_shard if kind == "ring" else contiguous_shard
         shards = [shard(t, rank, world, dim=1).contiguous().to(device) for t in _data()]
-        context = sequence_parallel(kind=kind)
+        context = (sequence_parallel(kind="ulysses", chunks=2) if kind == "ulysses-overlap"
+                   else sequence_parallel(kind=kind))
     return _sharded_step(model, shards, context, rank, results, **kw)
 
 
@@ -92,6 +95,10 @@ def _ulysses_step(rank, world, device, results):
     return _step(rank, world, device, results, "ulysses")
 
 
+def _ulysses_overlap_step(rank, world, device, results):
+    return _step(rank, world, device, results, "ulysses-overlap")
+
+
 def _ring_step_without_cache(rank, world, device, results):
     return _step(rank, world, device, results, "ring", use_cache=False)
 
@@ -102,6 +109,7 @@ def _usp_step_without_cache(rank, world, device, results):
 
 @pytest.mark.parametrize("kind, body, world", [
     ("ring", _ring_step, 2), ("ulysses", _ulysses_step, 2),
+    ("ulysses-overlap", _ulysses_overlap_step, 2),
     ("ring", _ring_step_without_cache, 2), ("usp", _usp_step_without_cache, 4)])
 def test_a_training_step_over_sequence_shards_matches_one_process(tmp_path, kind, body,
                                                                   world):
@@ -139,6 +147,10 @@ def test_sequence_parallel_takes_known_kinds_only():
     with pytest.raises(ProblemError, match="kind"):
         with sequence_parallel(kind="tree"):
             pass
+    for chunks, kw in ((0, {}), (True, {}), (2, {}), (2, dict(kind="ulysses", cu_seqlens=DOCS))):
+        with pytest.raises(ProblemError, match="chunks"):  # (the ring takes no head groups)
+            with sequence_parallel(chunks=chunks, **kw):
+                pass
     with pytest.raises(ProblemError, match="mesh"):
         with sequence_parallel(object(), mesh=object()):
             pass

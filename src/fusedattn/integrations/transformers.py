@@ -96,6 +96,7 @@ class _Spec(NamedTuple):
     cu_seqlens: torch.Tensor | None = None
     longest: int = 0
     on_device: dict | None = None
+    chunks: int = 1  # Ulysses' (and USP's) head groups overlapped with the attention
 
     def offsets(self, device: torch.device) -> torch.Tensor:
         if device not in self.on_device:
@@ -118,7 +119,8 @@ def _offsets(cu_seqlens) -> tuple[torch.Tensor, int]:
 
 
 @contextmanager
-def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=None):
+def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=None,
+                      chunks: int = 1):
     """Inside: "fusedattn" layers run context-parallel attention on sequence shards; see the
     module docstring. `kind="ring"`: `ring_attention` over `group` (default: the world;
     zigzag shards when causal); `kind="ulysses"`: `ulysses_attention` over `group`
@@ -127,13 +129,20 @@ def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=N
     one row of packed documents at these offsets (the whole batch's, the same on every rank),
     each rank's tokens and positions its `varlen_shard` (ring), `contiguous_shard` (Ulysses)
     or `usp_varlen_shard` (USP) of them; the layers run the `*_attention_varlen` functions.
+    `chunks` > 1 (Ulysses and USP, not packed documents): the all-to-alls overlap the
+    attention in that many head groups (`ulysses_attention`'s `chunks`).
     It holds for the thread (or asyncio task) that enters it, not for others."""
     if kind not in SEQUENCE_PARALLEL:
         raise ProblemError("kind", kind, " or ".join(map(repr, SEQUENCE_PARALLEL)))
     if mesh is not None and (group is not None or kind != "ring"):
         raise ProblemError("mesh", mesh, "a mesh alone (USP: its dim 0 Ulysses, dim 1 the "
                            "ring), not with a group or kind")
-    spec = _Spec(group, "usp" if mesh is not None else kind, mesh)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ProblemError("chunks", chunks, "an int >= 1 (1: no overlap)")
+    if chunks > 1 and (cu_seqlens is not None or (kind == "ring" and mesh is None)):
+        raise ProblemError("chunks", chunks, "1 for the ring and for packed documents (head "
+                           "groups overlap Ulysses' all-to-alls: kind='ulysses' or a mesh)")
+    spec = _Spec(group, "usp" if mesh is not None else kind, mesh, chunks=chunks)
     if cu_seqlens is not None:
         offsets, longest = _offsets(cu_seqlens)
         spec = spec._replace(cu_seqlens=offsets, longest=longest, on_device={})
@@ -214,7 +223,7 @@ def _context_parallel(query, key, value, spec, causal, scaling, window, sinks, k
     if kind == "ulysses":
         out = ulysses_attention(query, key, value, group=group, is_causal=causal,
                                 scale=scaling, window=window, softcap=kwargs.get("softcap"),
-                                sinks=sinks)
+                                sinks=sinks, chunks=spec.chunks)
         return out.transpose(1, 2).contiguous()
     for name in ("sliding_window", "softcap"):
         if kwargs.get(name) is not None:
@@ -223,7 +232,7 @@ def _context_parallel(query, key, value, spec, causal, scaling, window, sinks, k
                                "kind='ulysses' has them)")
     if kind == "usp":
         out = usp_attention(query, key, value, mesh=mesh, is_causal=causal, scale=scaling,
-                            sinks=sinks)
+                            sinks=sinks, chunks=spec.chunks)
     else:
         out = ring_attention(query, key, value, group=group, is_causal=causal, scale=scaling,
                              sinks=sinks)
