@@ -80,8 +80,9 @@ def _ulysses_body(rank: int, world: int, device, results: str) -> list[str]:
 
 
 def _overlap_body(rank: int, world: int, device, results: str) -> list[str]:
-    """`ulysses_attention(..., chunks=2)`: outputs and gradients against the reference, its
-    calls in the pipelined order, and the groups' refusals on every rank."""
+    """`ulysses_attention(..., chunks=2)` (and its varlen form): outputs and gradients
+    against the reference, its calls in the pipelined order, and the groups' refusals on
+    every rank."""
     import fusedattn.api
     from fusedattn.distributed import contiguous_shard, ulysses, ulysses_attention
     from fusedattn.reference import attention_ref, attention_ref_grads
@@ -117,6 +118,23 @@ def _overlap_body(rank: int, world: int, device, results: str) -> list[str]:
         with torch.no_grad():  # no graph kept: the same output
             again = ulysses_attention(q, k, v, sinks=sinks_in, chunks=2, **opts)
         lines.append(f"{name} no-grad-equal {torch.equal(again, out.detach())}")
+    # packed documents (an empty one), causal per document, in two head groups
+    from fusedattn.distributed import ulysses_attention_varlen
+    from fusedattn.reference import varlen_ref, varlen_ref_grads
+
+    lengths = [5, 17, 0, 1, 7]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    g = torch.Generator().manual_seed(9)
+    full = [torch.randn(sum(lengths), n, 16, generator=g) for n in (8, 4, 4, 8)]
+    q, k, v, dout = (contiguous_shard(t, rank, world, dim=0).contiguous().to(device)
+                     .requires_grad_() for t in full)
+    out = ulysses_attention_varlen(q, k, v, cu.to(device), cu.to(device), max(lengths),
+                                   max(lengths), is_causal=True, chunks=2)
+    grads = torch.autograd.grad(out, (q, k, v), dout.detach())
+    refs = (varlen_ref(*full[:3], cu, cu, causal=True),
+            *varlen_ref_grads(*full[:3], full[3], cu, cu, causal=True))
+    lines += _verdicts("overlap-varlen", (out, *grads),
+                       [contiguous_shard(r, rank, world, dim=0) for r in refs])
     # the order the work is issued in: each exchange (s<heads>, its parts' heads a
     # group) ahead of the attention (a) it feeds, each result's sent behind it
     events, start, attend = [], ulysses._start, fusedattn.api.attention
@@ -231,7 +249,7 @@ def test_ulysses_overlapped_groups_match_the_reference_in_the_pipelined_order(tm
     for rank, lines in enumerate(spawn(_overlap_body, 2, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
         checks = [line.split() for line in lines if line.startswith("overlap")]
-        assert len(checks) == 4 + 1 + 5 + 1 and all(c[2] == "True" for c in checks), \
+        assert len(checks) == 4 + 1 + 5 + 1 + 4 and all(c[2] == "True" for c in checks), \
             (rank, lines)
         # the forward: q, k, v of group 0 and of group 1 sent, group 0's attention, its
         # output sent, group 1's attention, its output sent; the backward: dO of both

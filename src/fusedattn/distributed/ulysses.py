@@ -234,11 +234,26 @@ def _replicated(k, v, sinks, group, world: int, replicas: int):
     return k, v, sinks
 
 
-def _scatter_heads(q, k, v, sinks, group, world: int, replicas: int):
-    """q, k, v from sequence shards to head shards (K/V heads replicated first), and the
-    sinks of this rank's heads (None stays None)."""
+def _over_heads(q, k, v, sinks, group, world: int, replicas: int, chunks: int, attend):
+    """Checked `[B, H, s, D]` sequence shards (`_checked`): `attend(qh, kh, vh, sinks)` on
+    this rank's head shards of the whole sequence (K/V heads replicated first, the sinks
+    its heads'), and its output back to the sequence shards; the exchanges overlapped with
+    `attend` in `chunks` head groups (`_Pipelined`) where chunks > 1."""
     k, v, sinks = _replicated(k, v, sinks, group, world, replicas)
-    return (*(_seq_to_heads(t, group, world) for t in (q, k, v)), sinks)
+    if chunks > 1:
+        return _Pipelined.apply(q, k, v, sinks, group, world, chunks, attend)
+    return _heads_to_seq(attend(*(_seq_to_heads(t, group, world) for t in (q, k, v)), sinks),
+                         group, world)
+
+
+def _as_bhsd(t):
+    """Packed `[rows, H, D]` as `[1, H, rows, D]` (a view); anything else as it is."""
+    return t.permute(1, 0, 2)[None] if isinstance(t, torch.Tensor) and t.dim() == 3 else t
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """`_as_bhsd`'s inverse: `[1, H, rows, D]` as `[rows, H, D]` (a view)."""
+    return t[0].permute(1, 0, 2)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
@@ -271,19 +286,13 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
                          sinks=sinks)
     replicas = _checked(q, k, v, group, world, is_causal, scale, precision, chunks,
                         window=window, softcap=softcap, sinks=sinks)
-    if chunks > 1:
-        def attend(qh, kh, vh, sinks):
-            return attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
-                             enable_gqa=kh.shape[1] != qh.shape[1], window=window,
-                             softcap=softcap, sinks=sinks)
 
-        return _Pipelined.apply(q, *_replicated(k, v, sinks, group, world, replicas), group,
-                                world, chunks, attend)
-    qh, kh, vh, sinks = _scatter_heads(q, k, v, sinks, group, world, replicas)
-    out = attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
-                    enable_gqa=kh.shape[1] != qh.shape[1], window=window, softcap=softcap,
-                    sinks=sinks)
-    return _heads_to_seq(out, group, world)
+    def attend(qh, kh, vh, sinks):
+        return attention(qh, kh, vh, is_causal=is_causal, scale=scale, precision=precision,
+                         enable_gqa=kh.shape[1] != qh.shape[1], window=window, softcap=softcap,
+                         sinks=sinks)
+
+    return _over_heads(q, k, v, sinks, group, world, replicas, chunks, attend)
 
 
 def ulysses_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -293,35 +302,36 @@ def ulysses_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              precision: str | None = None,
                              window: tuple[int | None, int | None] | None = None,
                              softcap: float | None = None,
-                             sinks: torch.Tensor | None = None) -> torch.Tensor:
+                             sinks: torch.Tensor | None = None,
+                             chunks: int = 1) -> torch.Tensor:
     """Packed documents under Ulysses: `q: [total_q/P, H, D]`, `k, v: [total_k/P, H_kv, D]`,
     rank r holding rows r*total/P .. of the packed batch (`contiguous_shard(x, r, P,
     dim=0)`; pad the batch to a multiple of P, as a document of its own), and the whole
     batch's `cu_seqlens_q/k` and max lengths, the same on every rank. One all-to-all gives
     each rank every row of H/P heads, `attention_varlen` runs there (documents whole:
     causal per document, bottom-right; every rank the same work), and the output's rows go
-    back. Returns this rank's `[total_q/P, H, Dv]`, differentiable."""
+    back. Returns this rank's `[total_q/P, H, Dv]`, differentiable. `chunks`: as
+    `ulysses_attention`'s."""
     from fusedattn.varlen import attention_varlen
 
     options = dict(is_causal=is_causal, scale=scale, precision=precision, window=window,
                    softcap=softcap)
     world = _group_size(group, "group")
     if world == 1:
+        if q.dim() == 3:  # (one rank: no groups to overlap, but the same refusals)
+            _chunks(chunks, q.shape[1], k.shape[1])
         return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, sinks=sinks, **options)
+    q, k, v = map(_as_bhsd, (q, k, v))
+    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, chunks,
+                        window=window, softcap=softcap, sinks=sinks)
 
-    def as_bhsd(t):  # [rows, H, D] -> [1, H, rows, D] (a view)
-        return t.permute(1, 0, 2)[None] if isinstance(t, torch.Tensor) and t.dim() == 3 \
-            else t
+    def attend(qh, kh, vh, sinks):
+        return _as_bhsd(attention_varlen(_as_rows(qh), _as_rows(kh), _as_rows(vh),
+                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                         max_seqlen_k, sinks=sinks, **options))
 
-    q, k, v = map(as_bhsd, (q, k, v))
-    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, window=window,
-                        softcap=softcap, sinks=sinks)
-    *heads, sinks = _scatter_heads(q, k, v, sinks, group, world, replicas)
-    qh, kh, vh = (t[0].permute(1, 0, 2) for t in heads)
-    out = attention_varlen(qh, kh, vh, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                           max_seqlen_k, sinks=sinks, **options)
-    return _heads_to_seq(as_bhsd(out), group, world)[0].permute(1, 0, 2)
+    return _as_rows(_over_heads(q, k, v, sinks, group, world, replicas, chunks, attend))
 
 
 def usp_shard(x: torch.Tensor, ulysses_rank: int, ulysses: int, ring_rank: int, ring: int,
@@ -376,17 +386,12 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
                               precision=precision, sinks=sinks)
     replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision, chunks,
                         sinks=sinks)
-    if chunks > 1:
-        def attend(qh, kh, vh, sinks):
-            return ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal,
-                                  scale=scale, precision=precision, sinks=sinks)
 
-        return _Pipelined.apply(q, *_replicated(k, v, sinks, ulysses_group, world, replicas),
-                                ulysses_group, world, chunks, attend)
-    qh, kh, vh, sinks = _scatter_heads(q, k, v, sinks, ulysses_group, world, replicas)
-    out = ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
-                         precision=precision, sinks=sinks)
-    return _heads_to_seq(out, ulysses_group, world)
+    def attend(qh, kh, vh, sinks):
+        return ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
+                              precision=precision, sinks=sinks)
+
+    return _over_heads(q, k, v, sinks, ulysses_group, world, replicas, chunks, attend)
 
 
 def usp_varlen_shard(x: torch.Tensor, cu_seqlens, ulysses_rank: int, ulysses: int,
@@ -408,28 +413,28 @@ def usp_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          cu_seqlens: torch.Tensor, max_seqlen: int, *, ulysses_group=None,
                          ring_group=None, mesh=None, is_causal: bool = False,
                          scale: float | None = None, precision: str | None = None,
-                         sinks: torch.Tensor | None = None) -> torch.Tensor:
+                         sinks: torch.Tensor | None = None, chunks: int = 1) -> torch.Tensor:
     """Packed documents under USP: `usp_attention`'s groups (or mesh), q `[rows, H, D]`,
     k, v `[rows, H_kv, D]` cut by `usp_varlen_shard`, and the whole batch's `cu_seqlens`
     and `max_seqlen` on every rank (documents as `ring_attention_varlen` takes them). The
     Ulysses all-to-all gives each rank its ring shard's rows for H/U heads, the ring runs
     `ring_attention_varlen` on them, and the output's rows go back. Returns this rank's
-    `[rows, H, D]`, differentiable."""
+    `[rows, H, D]`, differentiable. `chunks`: as `usp_attention`'s."""
     from fusedattn.distributed.ring import ring_attention_varlen
 
     ulysses_group, ring_group, world = _usp_groups(mesh, ulysses_group, ring_group)
     options = dict(group=ring_group, is_causal=is_causal, scale=scale, precision=precision)
     if world == 1:
+        if q.dim() == 3:  # (a Ulysses degree of 1: no groups to overlap, the same refusals)
+            _chunks(chunks, q.shape[1], k.shape[1])
         return ring_attention_varlen(q, k, v, cu_seqlens, max_seqlen, sinks=sinks, **options)
-
-    def as_bhsd(t):  # [rows, H, D] -> [1, H, rows, D] (a view)
-        return t.permute(1, 0, 2)[None] if isinstance(t, torch.Tensor) and t.dim() == 3 \
-            else t
-
-    q, k, v = map(as_bhsd, (q, k, v))
-    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision,
+    q, k, v = map(_as_bhsd, (q, k, v))
+    replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision, chunks,
                         sinks=sinks)
-    *heads, sinks = _scatter_heads(q, k, v, sinks, ulysses_group, world, replicas)
-    qh, kh, vh = (t[0].permute(1, 0, 2) for t in heads)
-    out = ring_attention_varlen(qh, kh, vh, cu_seqlens, max_seqlen, sinks=sinks, **options)
-    return _heads_to_seq(as_bhsd(out), ulysses_group, world)[0].permute(1, 0, 2)
+
+    def attend(qh, kh, vh, sinks):
+        return _as_bhsd(ring_attention_varlen(_as_rows(qh), _as_rows(kh), _as_rows(vh),
+                                              cu_seqlens, max_seqlen, sinks=sinks, **options))
+
+    return _as_rows(_over_heads(q, k, v, sinks, ulysses_group, world, replicas, chunks,
+                                attend))
