@@ -147,7 +147,7 @@ def test_sequence_parallel_takes_known_kinds_only():
     with pytest.raises(ProblemError, match="kind"):
         with sequence_parallel(kind="tree"):
             pass
-    for chunks, kw in ((0, {}), (True, {}), (2, {}), (2, dict(kind="ulysses", cu_seqlens=DOCS))):
+    for chunks, kw in ((0, {}), (True, {}), (2, {}), (2, dict(cu_seqlens=DOCS))):
         with pytest.raises(ProblemError, match="chunks"):  # (the ring takes no head groups)
             with sequence_parallel(chunks=chunks, **kw):
                 pass
@@ -193,7 +193,9 @@ def _packed_step(rank: int, world: int, device, results: str, kind: str) -> list
         shard = ((lambda x: varlen_shard(x, DOCS, rank, world)) if kind == "ring"
                  else (lambda x: contiguous_shard(x, rank, world, dim=0)))
         shards = [shard(t[0])[None] for t in _packed_data()]
-        context = sequence_parallel(kind=kind, cu_seqlens=DOCS)
+        context = (sequence_parallel(kind="ulysses", cu_seqlens=DOCS, chunks=2)
+                   if kind == "ulysses-overlap" else sequence_parallel(kind=kind,
+                                                                       cu_seqlens=DOCS))
     shards = [t.contiguous().to(device) for t in shards]
     return _sharded_step(model, shards, context, rank, results)
 
@@ -206,12 +208,18 @@ def _packed_ulysses_step(rank, world, device, results):
     return _packed_step(rank, world, device, results, "ulysses")
 
 
+def _packed_ulysses_overlap_step(rank, world, device, results):
+    return _packed_step(rank, world, device, results, "ulysses-overlap")
+
+
 def _packed_usp_step(rank, world, device, results):
     return _packed_step(rank, world, device, results, "usp")
 
 
 @pytest.mark.parametrize("kind, body, world", [("ring", _packed_ring_step, 2),
                                                ("ulysses", _packed_ulysses_step, 2),
+                                               ("ulysses-overlap",
+                                                _packed_ulysses_overlap_step, 2),
                                                ("usp", _packed_usp_step, 4)])
 def test_packed_documents_over_sequence_shards_match_one_process(tmp_path, kind, body,
                                                                  world):

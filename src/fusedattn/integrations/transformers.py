@@ -129,8 +129,8 @@ def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=N
     one row of packed documents at these offsets (the whole batch's, the same on every rank),
     each rank's tokens and positions its `varlen_shard` (ring), `contiguous_shard` (Ulysses)
     or `usp_varlen_shard` (USP) of them; the layers run the `*_attention_varlen` functions.
-    `chunks` > 1 (Ulysses and USP, not packed documents): the all-to-alls overlap the
-    attention in that many head groups (`ulysses_attention`'s `chunks`).
+    `chunks` > 1 (Ulysses and USP): the all-to-alls overlap the attention in that many head
+    groups (`ulysses_attention`'s `chunks`).
     It holds for the thread (or asyncio task) that enters it, not for others."""
     if kind not in SEQUENCE_PARALLEL:
         raise ProblemError("kind", kind, " or ".join(map(repr, SEQUENCE_PARALLEL)))
@@ -139,9 +139,9 @@ def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=N
                            "ring), not with a group or kind")
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise ProblemError("chunks", chunks, "an int >= 1 (1: no overlap)")
-    if chunks > 1 and (cu_seqlens is not None or (kind == "ring" and mesh is None)):
-        raise ProblemError("chunks", chunks, "1 for the ring and for packed documents (head "
-                           "groups overlap Ulysses' all-to-alls: kind='ulysses' or a mesh)")
+    if chunks > 1 and kind == "ring" and mesh is None:
+        raise ProblemError("chunks", chunks, "1 for the ring (head groups overlap Ulysses' "
+                           "all-to-alls: kind='ulysses' or a mesh)")
     spec = _Spec(group, "usp" if mesh is not None else kind, mesh, chunks=chunks)
     if cu_seqlens is not None:
         offsets, longest = _offsets(cu_seqlens)
@@ -258,7 +258,8 @@ def _packed_context_parallel(query, key, value, spec, causal, scaling, window, s
     if spec.kind == "ulysses":
         out = ulysses_attention_varlen(q, k, v, cu, cu, longest, longest, group=spec.group,
                                        is_causal=causal, scale=scaling, window=window,
-                                       softcap=kwargs.get("softcap"), sinks=sinks)
+                                       softcap=kwargs.get("softcap"), sinks=sinks,
+                                       chunks=spec.chunks)
         return out[None]
     for name in ("sliding_window", "softcap"):
         if kwargs.get(name) is not None:
@@ -267,7 +268,7 @@ def _packed_context_parallel(query, key, value, spec, causal, scaling, window, s
                                "kind='ulysses' has them)")
     if spec.kind == "usp":
         out = usp_attention_varlen(q, k, v, cu, longest, mesh=spec.mesh, is_causal=causal,
-                                   scale=scaling, sinks=sinks)
+                                   scale=scaling, sinks=sinks, chunks=spec.chunks)
     else:
         out = ring_attention_varlen(q, k, v, cu, longest, group=spec.group,
                                     is_causal=causal, scale=scaling, sinks=sinks)
