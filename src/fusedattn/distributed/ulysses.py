@@ -60,23 +60,6 @@ def _exchange(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def _seq_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
-    """`[B, H, s, D]` sequence shards -> `[B, H/P, P*s, D]`: this rank's heads, every rank's
-    tokens in rank order."""
-    b, h, s, d = x.shape
-    parts = x.reshape(b, world, h // world, s, d).transpose(0, 1)  # [P, B, H/P, s, D]
-    got = _AllToAll.apply(parts, group)                             # dim 0: the token shard
-    return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
-
-
-def _heads_to_seq(x: torch.Tensor, group, world: int) -> torch.Tensor:
-    """The inverse of `_seq_to_heads`: `[B, H/P, P*s, D]` -> `[B, H, s, D]`."""
-    b, hp, seq, d = x.shape
-    parts = x.reshape(b, hp, world, seq // world, d).permute(2, 0, 1, 3, 4)  # [P, B, H/P, s, D]
-    got = _AllToAll.apply(parts, group)                                       # dim 0: heads
-    return got.transpose(0, 1).reshape(b, world * hp, seq // world, d)
-
-
 def _group_parts(x: torch.Tensor, world: int, chunks: int, c: int) -> torch.Tensor:
     """Head group c of `[B, H, s, D]` for every rank, `[P, B, H/(P*C), s, D]` contiguous:
     rank p's part holds heads p*H/P + c*H/(P*C) ... (C = 1: `_seq_to_heads`' parts)."""
@@ -111,6 +94,19 @@ def _place(full: torch.Tensor, got: torch.Tensor, chunks: int, c: int) -> None:
     full.view(b, world, chunks, h, s, d)[:, :, c] = got.transpose(0, 1)
 
 
+def _seq_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """`[B, H, s, D]` sequence shards -> `[B, H/P, P*s, D]`: this rank's heads, every rank's
+    tokens in rank order."""
+    return _as_heads(_AllToAll.apply(_group_parts(x, world, 1, 0), group))
+
+
+def _heads_to_seq(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """The inverse of `_seq_to_heads`: `[B, H/P, P*s, D]` -> `[B, H, s, D]`."""
+    got = _AllToAll.apply(_back_parts(x, world), group)  # [P, B, H/P, s, D], dim 0: heads
+    world, b, hp, s, d = got.shape
+    return got.transpose(0, 1).reshape(b, world * hp, s, d)
+
+
 class _Pipelined(torch.autograd.Function):
     """Ulysses with its all-to-alls overlapping the attention (the module docstring): the
     rank's heads in `chunks` groups, group c+1's exchange issued before group c's
@@ -141,7 +137,8 @@ class _Pipelined(torch.autograd.Function):
         for c, (got, work) in enumerate(returns):
             work.wait()
             _place(out, got, chunks, c)
-        ctx.graphs, ctx.group, ctx.world, ctx.chunks = graphs, group, world, chunks
+        ctx.graphs = graphs if grads else None  # (no graph kept where none is wanted)
+        ctx.group, ctx.world, ctx.chunks = group, world, chunks
         ctx.shapes = (q.shape, k.shape, v.shape)
         return out
 
