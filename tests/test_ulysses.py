@@ -28,6 +28,29 @@ def _full(b, h, hk, s, d, seed=0):
     return [torch.randn(b, n, s, d, generator=g) for n in (h, hk, hk, h)]
 
 
+def _varlen_lines(name, rank: int, world: int, device, heads: int, heads_kv: int, seed: int,
+                  **options) -> list[str]:
+    """`ulysses_attention_varlen` on packed documents (one empty), causal per document,
+    the rows split over the ranks: outputs and gradients against the float64 reference."""
+    from fusedattn.distributed import contiguous_shard, ulysses_attention_varlen
+    from fusedattn.reference import varlen_ref, varlen_ref_grads
+
+    lengths = [5, 17, 0, 1, 7]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    g = torch.Generator().manual_seed(seed)
+    full = [torch.randn(sum(lengths), n, 16, generator=g)
+            for n in (heads, heads_kv, heads_kv, heads)]
+    q, k, v, dout = (contiguous_shard(t, rank, world, dim=0).contiguous().to(device)
+                     .requires_grad_() for t in full)
+    out = ulysses_attention_varlen(q, k, v, cu.to(device), cu.to(device), max(lengths),
+                                   max(lengths), is_causal=True, **options)
+    grads = torch.autograd.grad(out, (q, k, v), dout.detach())
+    refs = (varlen_ref(*full[:3], cu, cu, causal=True),
+            *varlen_ref_grads(*full[:3], full[3], cu, cu, causal=True))
+    return _verdicts(name, (out, *grads),
+                     [contiguous_shard(r, rank, world, dim=0) for r in refs])
+
+
 def _ulysses_body(rank: int, world: int, device, results: str) -> list[str]:
     from fusedattn.distributed import contiguous_shard, ulysses_attention
     from fusedattn.reference import attention_ref, attention_ref_grads
@@ -58,22 +81,8 @@ def _ulysses_body(rank: int, world: int, device, results: str) -> list[str]:
             grads = (*grads[:3], got_sinks)
         lines += _verdicts(name, (out, *grads), want)
     # packed documents (an empty one too), causal per document, rows split over the ranks
-    from fusedattn.distributed import ulysses_attention_varlen
-    from fusedattn.reference import varlen_ref, varlen_ref_grads
-
-    lengths = [5, 17, 0, 1, 7]  # 30 rows: 15 a rank, odd (no zigzag in Ulysses)
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    g = torch.Generator().manual_seed(3)
-    full = [torch.randn(sum(lengths), n, 16, generator=g) for n in (4, 2, 2, 4)]
-    q, k, v, dout = (contiguous_shard(t, rank, world, dim=0).contiguous().to(device)
-                     .requires_grad_() for t in full)
-    out = ulysses_attention_varlen(q, k, v, cu.to(device), cu.to(device), max(lengths),
-                                   max(lengths), is_causal=True)
-    grads = torch.autograd.grad(out, (q, k, v), dout.detach())
-    refs = (varlen_ref(*full[:3], cu, cu, causal=True),
-            *varlen_ref_grads(*full[:3], full[3], cu, cu, causal=True))
-    lines += _verdicts("varlen", (out, *grads),
-                       [contiguous_shard(r, rank, world, dim=0) for r in refs])
+    # (30 rows: 15 a rank, odd: no zigzag in Ulysses)
+    lines += _varlen_lines("varlen", rank, world, device, 4, 2, seed=3)
     q = torch.zeros(1, 3, 8, 16, device=device)  # 3 heads: not divisible by 2
     lines.append(refusal("heads", lambda: ulysses_attention(q, q, q)))
     return lines
@@ -119,22 +128,7 @@ def _overlap_body(rank: int, world: int, device, results: str) -> list[str]:
             again = ulysses_attention(q, k, v, sinks=sinks_in, chunks=2, **opts)
         lines.append(f"{name} no-grad-equal {torch.equal(again, out.detach())}")
     # packed documents (an empty one), causal per document, in two head groups
-    from fusedattn.distributed import ulysses_attention_varlen
-    from fusedattn.reference import varlen_ref, varlen_ref_grads
-
-    lengths = [5, 17, 0, 1, 7]
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    g = torch.Generator().manual_seed(9)
-    full = [torch.randn(sum(lengths), n, 16, generator=g) for n in (8, 4, 4, 8)]
-    q, k, v, dout = (contiguous_shard(t, rank, world, dim=0).contiguous().to(device)
-                     .requires_grad_() for t in full)
-    out = ulysses_attention_varlen(q, k, v, cu.to(device), cu.to(device), max(lengths),
-                                   max(lengths), is_causal=True, chunks=2)
-    grads = torch.autograd.grad(out, (q, k, v), dout.detach())
-    refs = (varlen_ref(*full[:3], cu, cu, causal=True),
-            *varlen_ref_grads(*full[:3], full[3], cu, cu, causal=True))
-    lines += _verdicts("overlap-varlen", (out, *grads),
-                       [contiguous_shard(r, rank, world, dim=0) for r in refs])
+    lines += _varlen_lines("overlap-varlen", rank, world, device, 8, 4, seed=9, chunks=2)
     # the order the work is issued in: each exchange (s<heads>, its parts' heads a
     # group) ahead of the attention (a) it feeds, each result's sent behind it
     events, start, attend = [], ulysses._start, fusedattn.api.attention
