@@ -270,8 +270,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     the ranks, raise `ProblemError` on every rank (one all_gather compares them first, as
     `ring_attention` does). `chunks` > 1 overlaps the all-to-alls with the attention: the
     rank's H/P query heads (and its K/V heads) in that many groups, each exchanged while
-    another's attention runs, forward and backward (eager only: `torch.compile` takes
-    `chunks=1`); it divides both head counts."""
+    another's attention runs, forward and backward (built for eager mode: not tried under
+    `torch.compile`); it divides both head counts."""
     from fusedattn.api import attention
 
     world = _group_size(group, "group")
