@@ -70,9 +70,9 @@ def _group_parts(x: torch.Tensor, world: int, chunks: int, c: int) -> torch.Tens
 
 def _start(parts: torch.Tensor, group):
     """An all-to-all of `parts` along dim 0 issued without waiting: (its output, its
-    work)."""
+    work, `parts`, held until the work is waited on)."""
     out = torch.empty(parts.shape, dtype=parts.dtype, device=parts.device)
-    return out, dist.all_to_all_single(out, parts, group=group, async_op=True)
+    return out, dist.all_to_all_single(out, parts, group=group, async_op=True), parts
 
 
 def _as_heads(got: torch.Tensor) -> torch.Tensor:
@@ -118,15 +118,18 @@ class _Pipelined(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, group, world: int, chunks: int, attend):
         grads = any(ctx.needs_input_grad[:4])
-        ins = [[_group_parts(t, world, chunks, c) for t in (q, k, v)] for c in range(chunks)]
         hs = q.shape[1] // (world * chunks)  # a group's query heads (its sinks' count)
         out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-        pending, returns, graphs = [_start(x, group) for x in ins[0]], [], []
+
+        def send(c):  # group c's q, k and v on their way (each group's parts made then)
+            return [_start(_group_parts(t, world, chunks, c), group) for t in (q, k, v)]
+
+        pending, returns, graphs = send(0), [], []
         for c in range(chunks):
-            ahead = [_start(x, group) for x in ins[c + 1]] if c + 1 < chunks else None
-            for _, work in pending:
+            ahead = send(c + 1) if c + 1 < chunks else None
+            for _, work, _ in pending:
                 work.wait()
-            leaves = [_as_heads(got).requires_grad_(grads) for got, _ in pending]
+            leaves = [_as_heads(got).requires_grad_(grads) for got, _, _ in pending]
             if sinks is not None:
                 leaves.append(sinks[c * hs:(c + 1) * hs].detach().requires_grad_(grads))
             with torch.set_grad_enabled(grads):
@@ -134,7 +137,7 @@ class _Pipelined(torch.autograd.Function):
             returns.append(_start(_back_parts(o.detach(), world), group))
             graphs.append((o, leaves))
             pending = ahead
-        for c, (got, work) in enumerate(returns):
+        for c, (got, work, _) in enumerate(returns):
             work.wait()
             _place(out, got, chunks, c)
         ctx.graphs = graphs if grads else None  # (no graph kept where none is wanted)
@@ -159,7 +162,7 @@ class _Pipelined(torch.autograd.Function):
             dsinks += got[3:]
             pending = ahead
         for c, sent in enumerate(returns):
-            for full, (got, work) in zip((dq, dk, dv), sent, strict=True):
+            for full, (got, work, _) in zip((dq, dk, dv), sent, strict=True):
                 work.wait()
                 _place(full, got, chunks, c)
         ctx.graphs = None
