@@ -147,45 +147,6 @@ def test_an_unwritable_cache_folder_still_gives_the_key(monkeypatch, tmp_path):
     assert got == "k2" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-def test_the_key_is_computed_once_by_threads_that_ask_together():
-    import threading
-    import time
-
-    from fusedattn.launch import once
-
-    calls, gate = [], threading.Barrier(4)
-
-    def slow():
-        calls.append(1)
-        time.sleep(0.2)  # every other thread asks while the first computes
-        return f"key-{len(calls)}"
-
-    key, got = once(slow), []
-
-    def ask():
-        gate.wait()
-        got.append(key())
-
-    threads = [threading.Thread(target=ask) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert got == ["key-1"] * 4 and len(calls) == 1
-    key.cache_clear()
-    assert key() == "key-2" and len(calls) == 2  # forgotten, computed again
-
-    def fails():
-        calls.append(1)
-        raise OSError("unreadable")
-
-    failing = once(fails)
-    for _ in range(2):  # a raise keeps nothing: the next caller tries again
-        with pytest.raises(OSError):
-            failing()
-    assert len(calls) == 4
-
-
 def test_fusedattn_puts_its_remembered_key_in_place_of_tritons(monkeypatch, tmp_path):
     from triton.runtime import cache
 

@@ -20,6 +20,7 @@ arguments; the key is theirs to make complete (`dispatch.forward`, `flash_bwd`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -350,36 +351,16 @@ def remember_triton_key() -> None:
     if original is None or getattr(original, "remembered", False):
         return
 
-    def remembered() -> str:
+    @functools.cache
+    def triton_key() -> str:
         try:
             return remembered_triton_key(original, Path(knobs.cache.dir),
                                          Path(triton.__file__).parent)
         except Exception:  # a Triton laid out otherwise: its own key
             return original()
 
-    triton_key = once(remembered)
     triton_key.remembered, triton_key.original = True, original
     cache.triton_key = triton_key
-
-
-def once(compute):
-    """`compute()`'s value, computed by the first caller and kept (`cache_clear()` forgets
-    it). A caller that comes while another thread computes it waits for that value: at an
-    empty cache's first training call the backward's precompile pool compiles beside the
-    forward, and each compile asks for Triton's key, which `functools.cache` would let
-    every thread compute at once (0.43 s of hashing each on the H200's host). A raise keeps
-    nothing: the next caller computes again."""
-    lock, kept = threading.Lock(), []
-
-    def value():
-        if not kept:
-            with lock:
-                if not kept:
-                    kept.append(compute())
-        return kept[0]
-
-    value.cache_clear = kept.clear
-    return value
 
 
 remember_triton_key()
