@@ -96,6 +96,12 @@ for dt, d in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float32, 80)):
     torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
 torch.cuda.synchronize()" 2>&1 | tail -2
 }
+# fresh_row I SIDE: coldstart.problems()[I] in a fresh process with an empty Triton cache,
+# with SIDE/src's library, its JSON line (naming SIDE) added to $ev/$3 and the log
+fresh_row() {
+  PYTHONPATH=/tmp/site:$2/src python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
+print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])]), side=sys.argv[2])))" "$1" "$2" 2>&1 | tail -1 | tee -a "$ev/$3" | tee -a "$log"
+}
 # Nsight Compute of scripts/ncu_vs_cudnn.py's NVTX ranges fusedattn-fwd and PEER-fwd, or
 # with PEER "-" every kernel between its profiler start and stop (--bwd-only: autograd's
 # thread runs outside NVTX ranges):
@@ -207,18 +213,12 @@ while [ $# -gt 0 ]; do
     coldstart) bytecode
                python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     coldrow) i=$1; shift; bytecode
-             for _ in $(seq "${ROUNDS:-3}"); do
-               python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
-print(json.dumps(run_fresh(problems()[int(sys.argv[1])])))" "$i" 2>&1 | tail -1 | tee -a $ev/coldrow-$i.jsonl | tee -a "$log"
-             done ;;
+             for _ in $(seq "${ROUNDS:-3}"); do fresh_row "$i" . "coldrow-$i.jsonl"; done ;;
     coldab) other=$1 i=$2; shift 2  # coldrow I, an older tree's src/ against this one
         # old, new, new, old ($ROUNDS each), fresh processes and empty caches throughout
         bytecode; python3 -m compileall -q -j 0 "$other/src" >/dev/null 2>&1
         for side in "$other" . . "$other"; do
-          for _ in $(seq "${ROUNDS:-2}"); do
-            PYTHONPATH=/tmp/site:$side/src python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
-print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])]), side=sys.argv[2])))" "$i" "$side" 2>&1 | tail -1 | tee -a $ev/coldab-$i.jsonl | tee -a "$log"
-          done
+          for _ in $(seq "${ROUNDS:-2}"); do fresh_row "$i" "$side" "coldab-$i.jsonl"; done
         done ;;
     firstcall) bytecode; m=${MODE:-after warmup}
                python3 scripts/first_call_profile.py --out "$ev/first-call-${m// /-}" --problems "${PROBLEMS:-3,0}" --mode "${MODE:-after warmup}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;

@@ -207,6 +207,15 @@ def _chunks(chunks, heads: int, heads_kv: int) -> None:
                            f"{heads_kv} K/V heads (H / P and H_kv / P after replication)")
 
 
+def _chunks_alone(chunks, q, k, ndim: int) -> None:
+    """`_chunks` where one rank holds the whole sequence (a group of one): nothing to
+    overlap, but the refusals a larger group would make, for q of the entry point's own
+    rank `ndim` (`[B, H, S, D]`, or packed `[rows, H, D]`: the heads dim 1 in both); other
+    shapes are left to the attention's own checks."""
+    if q.dim() == ndim:
+        _chunks(chunks, q.shape[1], k.shape[1])
+
+
 def _heads(q, k, world: int) -> int:
     """Heads for a Ulysses degree `world`: q's divide by it; K/V heads too, or divide it
     (then replicated). Returns the replication of each K/V head (1: none)."""
@@ -279,8 +288,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
 
     world = _group_size(group, "group")
     if world == 1:
-        if q.dim() == 4:  # (one rank: no groups to overlap, but the same refusals)
-            _chunks(chunks, q.shape[1], k.shape[1])
+        _chunks_alone(chunks, q, k, 4)
         return attention(q, k, v, is_causal=is_causal, scale=scale, precision=precision,
                          enable_gqa=k.shape[1] != q.shape[1], window=window, softcap=softcap,
                          sinks=sinks)
@@ -318,8 +326,7 @@ def ulysses_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    softcap=softcap)
     world = _group_size(group, "group")
     if world == 1:
-        if q.dim() == 3:  # (one rank: no groups to overlap, but the same refusals)
-            _chunks(chunks, q.shape[1], k.shape[1])
+        _chunks_alone(chunks, q, k, 3)
         return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, sinks=sinks, **options)
     q, k, v = map(_as_bhsd, (q, k, v))
@@ -380,8 +387,7 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
 
     ulysses_group, ring_group, world = _usp_groups(mesh, ulysses_group, ring_group)
     if world == 1:
-        if q.dim() == 4:  # (a Ulysses degree of 1: no groups to overlap, the same refusals)
-            _chunks(chunks, q.shape[1], k.shape[1])
+        _chunks_alone(chunks, q, k, 4)
         return ring_attention(q, k, v, group=ring_group, is_causal=is_causal, scale=scale,
                               precision=precision, sinks=sinks)
     replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision, chunks,
@@ -425,8 +431,7 @@ def usp_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ulysses_group, ring_group, world = _usp_groups(mesh, ulysses_group, ring_group)
     options = dict(group=ring_group, is_causal=is_causal, scale=scale, precision=precision)
     if world == 1:
-        if q.dim() == 3:  # (a Ulysses degree of 1: no groups to overlap, the same refusals)
-            _chunks(chunks, q.shape[1], k.shape[1])
+        _chunks_alone(chunks, q, k, 3)
         return ring_attention_varlen(q, k, v, cu_seqlens, max_seqlen, sinks=sinks, **options)
     q, k, v = map(_as_bhsd, (q, k, v))
     replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision, chunks,

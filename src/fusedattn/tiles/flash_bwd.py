@@ -179,9 +179,9 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     if backward_path(q, k, v, mask=mask)[0] == "hopper":
         # the portable passes will not run: the preprocess, zeroing as it will there, and
-        # the Gluon kernel (which compiled at the first backward, after the forward's,
-        # before 2026-12-03). A compile reads dQ's accumulator's dtype, alignment and head
-        # dim, and its descriptor's block, so one step's tile stands for it; the counters
+        # the Gluon kernel, beside the forward's compile (evidence 20261203T0401Z). A
+        # compile reads dQ's accumulator's dtype, alignment and head dim, and its
+        # descriptor's block, so one step's tile stands for it; the counters
         # are as many as the launch checks for (their count is not specialised); k and v
         # stand for dK and dV
         from fusedattn.hopper import backward as hopper_knobs
