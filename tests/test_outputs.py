@@ -20,10 +20,21 @@ def _err(capsys) -> list[str]:
     return capsys.readouterr().err.strip().splitlines()
 
 
-def test_two_runs_in_the_same_second_get_their_own_folders(tmp_path):
+def test_two_runs_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    import datetime as dt
+    import types
+
+    from fusedattn_lab import runall
+
+    # the clock held at one second, so the second run cannot fall into the next one
+    now = dt.datetime(2026, 12, 3, 6, 29, 8, 999999, tzinfo=dt.UTC)
+    frozen = types.SimpleNamespace(UTC=dt.UTC, datetime=types.SimpleNamespace(
+        now=lambda tz=None: now))
+    monkeypatch.setattr(runall, "_dt", frozen)
     env = {"gpu": "NVIDIA H200", "git_dirty": False}
     first = outputs.new_run_dir(tmp_path, env, "-bench")
     second = outputs.new_run_dir(tmp_path, env, "-bench")  # the same stamp
+    assert first.name == "20261203T062908Z-bench"
     assert first != second and first.is_dir() and second.is_dir()
     assert second.name.startswith(first.name) and second.name.endswith("-2")
 
