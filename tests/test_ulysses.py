@@ -160,10 +160,47 @@ def _overlap_body(rank: int, world: int, device, results: str) -> list[str]:
     finally:
         ulysses._start, fusedattn.api.attention = start, attend
         torch.autograd.grad = grad
+    lines += _retained_lines(device, ulysses_attention)
     q = torch.zeros(1, 8, 8, 16, device=device)
     lines.append(refusal("three", lambda: ulysses_attention(q, q, q, chunks=3)))
     lines.append(refusal("kv", lambda: ulysses_attention(q, q[:, :2], q[:, :2], chunks=2)))
     lines.append(refusal("bool", lambda: ulysses_attention(q, q, q, chunks=True)))
+    return lines
+
+
+def _retained_lines(device, ulysses_attention) -> list[str]:
+    """Two head groups' graphs: a retain_graph backward leaves them for a second one (the
+    gradients add up), a plain one frees them while the output lives, and a backward after
+    that is torch's own error."""
+    import gc
+    import weakref
+
+    import fusedattn.api
+
+    attend, inner = fusedattn.api.attention, []
+
+    def kept_attention(*args, **kwargs):  # each group's output, watched
+        o = attend(*args, **kwargs)
+        inner.append(weakref.ref(o))
+        return o
+
+    fusedattn.api.attention = kept_attention
+    try:
+        q = torch.randn(1, 8, 8, 16, device=device, requires_grad=True)
+        out = ulysses_attention(q, q, q, chunks=2, is_causal=True)
+    finally:
+        fusedattn.api.attention = attend
+    out.sum().backward(retain_graph=True)
+    once = q.grad.clone()
+    out.sum().backward()
+    gc.collect()
+    lines = [f"retained twice {torch.allclose(q.grad, 2 * once)}",
+             f"retained freed {len(inner) == 2 and all(o() is None for o in inner)}"]
+    try:
+        out.sum().backward()
+        lines.append("retained third-backward ran")
+    except RuntimeError as err:
+        lines.append(f"retained third {'a second time' in str(err)}")
     return lines
 
 
@@ -251,6 +288,10 @@ def test_ulysses_overlapped_groups_match_the_reference_in_the_pipelined_order(tm
         # gradients sent
         assert "forward s2 s1 s1 s2 s1 s1 a s2 a s2" in lines, lines
         assert "backward s2 s2 b s2 s1 s1 b s2 s1 s1" in lines, lines
+        # a retain_graph backward, a second one, the groups' graphs freed, then refused
+        retained = [line.split() for line in lines if line.startswith("retained")]
+        assert [r[1:] for r in retained] == [["twice", "True"], ["freed", "True"],
+                                             ["third", "True"]], lines
         for label in ("three", "kv", "bool"):
             assert any(line.startswith(f"{label} refused chunks ") for line in lines), lines
 

@@ -112,8 +112,9 @@ class _Pipelined(torch.autograd.Function):
     rank's heads in `chunks` groups, group c+1's exchange issued before group c's
     attention runs and group c's output sent back behind it. Each group's attention,
     `attend(q, k, v, sinks)` (`attention`, or USP's ring), runs on leaves of its own, its
-    graph kept for the backward, which pipelines dO's exchange ahead of each group's
-    gradients and theirs behind."""
+    graph saved for the backward (freed with the node's saved tensors, kept by
+    retain_graph), which pipelines dO's exchange ahead of each group's gradients and
+    theirs behind."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, group, world: int, chunks: int, attend):
@@ -140,7 +141,9 @@ class _Pipelined(torch.autograd.Function):
         for c, (got, work, _) in enumerate(returns):
             work.wait()
             _place(out, got, chunks, c)
-        ctx.graphs = graphs if grads else None  # (no graph kept where none is wanted)
+        if grads:  # each group's graph saved as autograd saves tensors: kept for a
+            # retain_graph backward, freed with this node's saved tensors otherwise
+            ctx.save_for_backward(*(t for o, leaves in graphs for t in (o, *leaves)))
         ctx.group, ctx.world, ctx.chunks = group, world, chunks
         ctx.shapes = (q.shape, k.shape, v.shape)
         return out
@@ -153,11 +156,14 @@ class _Pipelined(torch.autograd.Function):
         dsinks = []
         pending = _start(_group_parts(dout, world, chunks, 0), group)
         returns = []
-        for c, (o, leaves) in enumerate(ctx.graphs):
+        saved = ctx.saved_tensors
+        per = len(saved) // chunks  # a group's output and its 3 or 4 leaves
+        for c in range(chunks):
+            o, *leaves = saved[c * per:(c + 1) * per]
             ahead = (_start(_group_parts(dout, world, chunks, c + 1), group)
                      if c + 1 < chunks else None)
             pending[1].wait()
-            got = torch.autograd.grad(o, leaves, _as_heads(pending[0]))
+            got = torch.autograd.grad(o, leaves, _as_heads(pending[0]), retain_graph=True)
             returns.append([_start(_back_parts(g, world), group) for g in got[:3]])
             dsinks += got[3:]
             pending = ahead
@@ -165,7 +171,6 @@ class _Pipelined(torch.autograd.Function):
             for full, (got, work, _) in zip((dq, dk, dv), sent, strict=True):
                 work.wait()
                 _place(full, got, chunks, c)
-        ctx.graphs = None
         return dq, dk, dv, torch.cat(dsinks) if dsinks else None, None, None, None, None
 
 
