@@ -83,7 +83,54 @@ def test_softcaps_outside_fp32s_range_are_refused_and_tiny_ones_stay_finite():
     _passes(out, attention_ref(q, q, q, softcap=1e-30))
 
 
+def test_scales_whose_scores_overflow_fp32_are_refused_and_large_ones_stay_right():
+    q = _rand(1, 1, 8, 16)
+    for scale in (1e31, 3e38, 1e300):  # 3e38 was NaN in every row, silently
+        with pytest.raises(ProblemError, match="scale"):
+            fusedattn.attention(q, q, q, scale=scale)
+    out = fusedattn.attention(q, q, q, scale=1e30, precision="ieee")  # a hard argmax
+    assert torch.isfinite(out).all()
+    _passes(out, attention_ref(q, q, q, scale=1e30))
+
+
 # --- 9. errors that came out raw ---------------------------------------------------------------
+
+def test_nested_and_sparse_tensors_are_refused_by_every_entry_point():
+    x, packed = _rand(1, 2, 8, 16), _rand(10, 2, 16)
+    nested = torch.nested.nested_tensor([_rand(2, 8, 16), _rand(2, 4, 16)])
+    jagged = torch.nested.nested_tensor([_rand(2, 8, 16), _rand(2, 4, 16)],
+                                        layout=torch.jagged)
+    cu, lens = _i32([0, 4, 10]), _i32([3, 5])
+    cache = _rand(2, 2, 8, 16)
+    calls = [lambda: fusedattn.attention(nested, x, x),
+             lambda: fusedattn.attention(jagged, x, x),
+             lambda: fusedattn.attention(x, x.to_sparse(), x.to_sparse()),
+             lambda: fusedattn.attention_varlen(packed.to_sparse(), packed, packed, cu, cu,
+                                                6, 6),
+             lambda: fusedattn.attention_with_kvcache(
+                 _rand(2, 2, 1, 16), cache.to_sparse(), cache, cache_seqlens=lens,
+                 check_lengths=False)]
+    for call in calls:  # (a nested tensor's strides raised from torch's internals)
+        with pytest.raises(ProblemError, match=r"\.layout=.*a dense \(strided\) tensor"):
+            call()
+
+
+def test_switches_take_true_or_false_only_even_after_a_call_passed():
+    q, packed, cu = _rand(1, 2, 8, 16), _rand(10, 2, 16), _i32([0, 4, 10])
+    cache, lens = _rand(2, 2, 8, 16), _i32([3, 5])
+    fusedattn.attention(q, q, q)  # the same call's metadata seen and kept first
+    fusedattn.attention_varlen(packed, packed, packed, cu, cu, 6, 6)
+    calls = {"enable_gqa": lambda: fusedattn.attention(q, q, q, enable_gqa="no"),
+             "return_lse": lambda: fusedattn.attention(q, q, q, return_lse=1),
+             "return_lse ": lambda: fusedattn.attention_varlen(packed, packed, packed, cu, cu,
+                                                               6, 6, return_lse="yes"),
+             "check_lengths": lambda: fusedattn.attention_with_kvcache(
+                 _rand(2, 2, 1, 16), cache, cache, cache_seqlens=lens, check_lengths=0),
+             " return_lse": lambda: fusedattn.attention_with_kvcache(
+                 _rand(2, 2, 1, 16), cache, cache, cache_seqlens=lens, return_lse=1)}
+    for field, call in calls.items():
+        with pytest.raises(ProblemError, match=f"^{field.strip()}=.*True or False"):
+            call()
 
 def test_clear_errors_where_raw_ones_came_out(tmp_path, monkeypatch):
     with pytest.raises(ProblemError, match="^q="):

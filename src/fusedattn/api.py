@@ -80,7 +80,9 @@ from fusedattn.problem import (
     FP8,
     MAX_FLASH_DIM,
     MAX_FP32_GRAD_DIM,
+    SCALE_MAX,
     ProblemError,
+    check_flag,
     check_fp8,
     check_qkv,
     check_sinks,
@@ -350,11 +352,10 @@ def check_options(q, k, v, is_causal, scale, precision, window, softcap):
     if d > MAX_FLASH_DIM or v.shape[-1] > MAX_FLASH_DIM:
         raise ProblemError("head_dim", (d, v.shape[-1]),
                            f"1..{MAX_FLASH_DIM} for q/k and for v")
-    if not isinstance(is_causal, bool):
-        raise ProblemError("is_causal", is_causal, "True or False")
+    check_flag("is_causal", is_causal)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
-                              or not (math.isfinite(scale) and scale > 0)):
-        raise ProblemError("scale", scale, "None or a finite number > 0")
+                              or not 0 < scale <= SCALE_MAX):
+        raise ProblemError("scale", scale, f"None or a number > 0, at most {SCALE_MAX:g}")
     if precision is not None and q.dtype != torch.float32:
         raise ProblemError("precision", precision, "None for float16/bfloat16/float8_e4m3fn "
                            "inputs (their products run on tensor cores as they are); 'ieee', "
@@ -397,6 +398,7 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, precision, window=None, sof
         if t.numel() == 0:
             raise ProblemError(f"{name}.shape", tuple(t.shape), "no zero-sized dimension")
     options = check_options(q, k, v, is_causal, scale, precision, window, softcap)
+    check_flag("enable_gqa", enable_gqa)
     if k.shape[:-1] != v.shape[:-1]:
         raise ProblemError("k/v shapes", (tuple(k.shape), tuple(v.shape)),
                            "k and v alike but for the head dim")
@@ -441,7 +443,8 @@ def call_key(tensors, options, window, *extra):
     tensor's `launch.tensor_key`, whether autograd records the call, the options with
     their types (`typed`), the window's sides, and `extra` as it is. None for a call that
     takes the full path each time: tensor subclasses, a window that is not a pair,
-    unhashable options (the full path says what is wrong with them)."""
+    unhashable options, nested or sparse tensors (the full path says what is wrong with
+    them)."""
     if any(t is not None and type(t) is not torch.Tensor for t in tensors):
         return None
     if window is not None:
@@ -451,9 +454,9 @@ def call_key(tensors, options, window, *extra):
     options = tuple(map(typed, options))
     try:  # (the tensors' parts always hash: the cache's lookup hashes them, once)
         hash((options, window, extra))
-    except TypeError:
-        return None
-    return (*map(tensor_key, tensors), wants_grads(tensors), *options, window, *extra)
+        return (*map(tensor_key, tensors), wants_grads(tensors), *options, window, *extra)
+    except (TypeError, RuntimeError):  # (RuntimeError: a nested tensor has no strides, a
+        return None                    # sparse one no data pointer)
 
 
 _CALLS = Plans()
@@ -498,10 +501,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     descales = (descale_q, descale_k, descale_v)
     key = None if compiling else call_key(
         (q, k, v, sinks, *descales),
-        (is_causal, scale, enable_gqa, precision, softcap, deterministic), window,
-        aliases((q, k, v)))
+        (is_causal, scale, enable_gqa, precision, softcap, deterministic, return_lse),
+        window, aliases((q, k, v)))
     call = _CALLS.get(key) if key is not None else None
     if call is None:
+        check_flag("return_lse", return_lse)
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
                         sinks, deterministic, descales)
         if call.grad and not compiling:

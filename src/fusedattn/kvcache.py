@@ -65,6 +65,7 @@ from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
     ProblemError,
+    check_flag,
     check_index_tensor,
     check_qkv,
     check_sinks,
@@ -118,6 +119,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
     """Check everything (the lengths and block table's values only with `check_lengths`);
     returns (capacity per sequence, S_new, cache_seqlens, block_table), the index tensors
     contiguous."""
+    check_flag("check_lengths", check_lengths)
     check_qkv(q, k_cache, v_cache, device=DEVICE, ranks={4: "[B, H, S, D]"}, dtypes=DTYPES)
     if k_cache.shape[:-1] != v_cache.shape[:-1]:
         raise ProblemError("k_cache/v_cache shapes",
@@ -209,8 +211,9 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, s
     """The metadata every check and decision of a `check_lengths=False` call reads
     (`api.call_key`; the caches' addresses too: the overlap checks read them), or None:
     `check_lengths=True` reads the lengths' values each call."""
-    if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
-        return None
+    if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor) \
+            or k_cache.layout is not torch.strided or v_cache.layout is not torch.strided:
+        return None  # (a sparse cache has no data pointer: the full path refuses it)
     tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks)
     return call_key(tensors, options[:1] + options[2:], options[1], k_cache.data_ptr(),
                     v_cache.data_ptr(), aliases(tensors))
@@ -240,6 +243,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)
         window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision,
                                         window, softcap)
+        check_flag("return_lse", return_lse)
         window = clamp_window(window, q.shape[2], capacity)
         check_sinks(sinks, q.shape[1], q.device)
         if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):

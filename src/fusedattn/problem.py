@@ -97,8 +97,7 @@ class Problem:
         _check_positive("seq", self.seq)
         _check_positive("dim", self.dim)
         check_block(self.block)
-        if not isinstance(self.causal, bool):
-            raise ProblemError("causal", self.causal, "True or False")
+        check_flag("causal", self.causal)
 
     @property
     def scale(self) -> float:
@@ -137,6 +136,10 @@ def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: d
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ProblemError(name, type(t).__name__, "a torch.Tensor")
+        if t.is_nested or t.layout != torch.strided:
+            raise ProblemError(f"{name}.layout", "nested" if t.is_nested else str(t.layout),
+                               "a dense (strided) tensor; pack nested sequences for "
+                               "attention_varlen")
         if t.dim() not in ranks:
             raise ProblemError(f"{name}.shape", tuple(t.shape), layouts)
         if t.dtype not in dtypes:
@@ -197,6 +200,19 @@ def clamp_window(window: tuple[int | None, int | None] | None, seq_q: int,
     window = tuple(None if w is None or w >= far else w for w in window)
     return None if window == (None, None) else window
 
+
+def check_flag(name: str, value: object) -> None:
+    """A switch (is_causal, enable_gqa, return_lse, ...): True or False, not a truthy
+    stand-in such as 1 or "yes" (a SymBool too: a comparison of shapes under
+    torch.compile)."""
+    if not isinstance(value, (bool, torch.SymBool)):
+        raise ProblemError(name, value, "True or False")
+
+
+SCALE_MAX = 1e30
+"""The largest `scale`: the kernels fold scale * log2(e) into their fp32 scores, and a
+scale of 3e38 made ordinary scores infinite and every row NaN (1e300 the fold itself);
+like the softcap's, the bound keeps scores of usual inputs finite."""
 
 SOFTCAP_RANGE = (1e-30, 1e30)
 """Softcaps the kernels compute in fp32 without overflow or underflow: they scale the

@@ -63,6 +63,7 @@ from fusedattn.precision import resolve
 from fusedattn.problem import (
     FP8,
     ProblemError,
+    check_flag,
     check_fp8,
     check_index_tensor,
     check_qkv,
@@ -339,16 +340,16 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      descale_v: torch.Tensor | None = None):
     """Attention over a packed batch of sequences; see the module docstring."""
     q, k, v = autocast_inputs(q, k, v, precision)
-    if not isinstance(check_lengths, bool):
-        raise ProblemError("check_lengths", check_lengths, "True or False")
+    check_flag("check_lengths", check_lengths)
     descales = (descale_q, descale_k, descale_v)
     compiling = torch.compiler.is_compiling()
     key = None if compiling else call_key(
         (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, *descales),
-        (is_causal, softcap, scale, precision, check_lengths), window, typed(max_seqlen_q),
-        typed(max_seqlen_k), aliases((q, k, v)))
+        (is_causal, softcap, scale, precision, check_lengths, return_lse), window,
+        typed(max_seqlen_q), typed(max_seqlen_k), aliases((q, k, v)))
     decided = _DECIDED.get(key) if key is not None else None
     if decided is None:
+        check_flag("return_lse", return_lse)
         max_q, max_k, scale, window, softcap = _checked(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
             window, softcap, scale, precision, check_lengths, sinks, descales)
