@@ -316,6 +316,70 @@ def train_profile(calls: int) -> dict:
     return result
 
 
+def tma_ab(calls: int, rounds: int = 5) -> dict:
+    """`launch.KEEP_TMA_MAPS` A/B'd in one process: the host µs a call of calls forced onto
+    the Hopper path (short rows: the host-bound ones), with each descriptor's CUtensorMap
+    kept per address and with Triton's encoding at every launch, in rounds that alternate
+    with SDPA cuDNN's same call. The two sides' outputs (and gradients) are checked equal,
+    bit for bit, first."""
+    problems = {  # (B, H, S, D, causal, training)
+        "fwd B1 H8 S128 D64": (1, 8, 128, 64, False, False),
+        "fwd B4 H16 S512 D128 causal": (4, 16, 512, 128, True, False),
+        "fwd+bwd B4 H8 S256 D128 causal": (4, 8, 256, 128, True, True),
+    }
+    result = {}
+    for name, problem in problems.items():
+        sides = _tma_sides(*problem)
+        got = [sides[side]() for side in ("Triton's encoding", "maps kept", "maps kept")]
+        same = all(torch.equal(a, b) for other in got[1:]
+                   for a, b in zip(got[0], other, strict=True))
+        readings: dict[str, list] = {side: [] for side in sides}
+        for _ in range(rounds):
+            for side, call in sides.items():
+                readings[side].append(round(wall_us(call, calls), 1))
+        result[name] = {"same_bits": same, **{
+            side: {"median": sorted(r)[len(r) // 2], "rounds": r}
+            for side, r in readings.items()}}
+        print(f"{name}: same bits {same}; " + "; ".join(
+            f"{side} {r['median']} us" for side, r in result[name].items()
+            if side != "same_bits"), flush=True)
+    return result
+
+
+def _tma_sides(b, h, s, d, causal, train) -> dict:
+    """`tma_ab`'s three calls on one problem: ours with the maps kept, ours with Triton's
+    encoding, SDPA cuDNN; each returns the output (and the gradients where `train`)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from fusedattn import launch
+    from fusedattn.dispatch import use_backend
+
+    q, k, v = (torch.randn(b, h, s, d, device=DEVICE, dtype=torch.bfloat16,
+                           requires_grad=train) for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def run(attend):
+        out = attend(q, k, v, is_causal=causal)
+        return [out, *torch.autograd.grad(out, (q, k, v), dout)] if train else [out]
+
+    def ours(keep):
+        def call():
+            launch.KEEP_TMA_MAPS = keep
+            try:
+                with use_backend("hopper"):
+                    return run(attention)
+            finally:
+                launch.KEEP_TMA_MAPS = False
+        return call
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return run(sdpa)
+
+    return {"maps kept": ours(True), "Triton's encoding": ours(False), "sdpa cudnn": cudnn}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -324,12 +388,17 @@ def main() -> None:
                         help="also count the kernels forward calls over S=100..16384 compile")
     parser.add_argument("--train", action="store_true",
                         help="only a training step's host cost taken apart (a GPU)")
+    parser.add_argument("--tma-ab", action="store_true",
+                        help="only launch.KEEP_TMA_MAPS A/B'd on the Hopper path (an H200)")
     args = parser.parse_args()
     result = {"device": str(DEVICE), "emulation": EMULATION, "torch": torch.__version__}
-    if args.train:
-        if DEVICE.type != "cuda":
-            parser.error("--train profiles the GPU's host cost: it needs a GPU")
-        result["train"] = train_profile(min(args.calls, 100))
+    if args.train or args.tma_ab:
+        if DEVICE.type != "cuda" or not torch.cuda.is_available():
+            parser.error("--train and --tma-ab time the GPU's host cost: they need a GPU")
+        if args.train:
+            result["train"] = train_profile(min(args.calls, 100))
+        else:
+            result["tma_ab"] = tma_ab(args.calls)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)

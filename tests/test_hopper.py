@@ -212,3 +212,78 @@ def test_hopper_forward_takes_a_bshd_view_and_writes_every_row(dim):
     assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
     # the same call twice gives the same bits (no atomics, no race)
     assert torch.equal(out, attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("entry", ["forward", "training", "varlen"])
+def test_a_replayed_hopper_call_keeps_its_tma_maps_per_address_and_the_same_bits(
+        entry, monkeypatch):
+    # `launch.TmaLaunch`: a replay encodes each descriptor's CUtensorMap once per address
+    # and passes the launcher what Triton's own launch would (the same bits as the fresh
+    # call, forward and backward); new addresses are encoded anew, never served stale
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from triton.runtime.driver import driver
+
+    from fusedattn import dispatch
+    from fusedattn.api import _CALLS
+    from fusedattn.tiles import flash_bwd
+    from fusedattn.varlen import _DECIDED
+
+    def forget():
+        for plans in (dispatch._PLANS, flash_bwd._PLANS, _CALLS, _DECIDED):
+            plans.clear()
+
+    utils = driver.active.utils
+    fill, encoded = utils.fill_tma_descriptor, []
+
+    def counted(*args):
+        encoded.append(args[0])
+        return fill(*args)
+
+    cu = torch.tensor([0, 700, 701, 1900], dtype=torch.int32, device=DEVICE)
+
+    def inputs(seed):
+        shape = (1900, 4, 128) if entry == "varlen" else (2, 4, 777, 128)
+        return [_rand(*shape, seed=seed + i).requires_grad_(entry == "training")
+                for i in range(3)]
+
+    def call(q, k, v):
+        if entry == "varlen":
+            return [attention_varlen(q, k, v, cu, cu, 1199, 1199, is_causal=True)]
+        out = attention(q, k, v, is_causal=True)
+        if entry != "training":
+            return [out]
+        return [out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))]
+
+    def ptrs(tensors):
+        return {t.data_ptr() for t in tensors}
+
+    def same(got, want):
+        return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+    from fusedattn import launch
+
+    first, second = inputs(0), inputs(10)
+    monkeypatch.setattr(launch, "KEEP_TMA_MAPS", True)
+    monkeypatch.setattr(utils, "fill_tma_descriptor", counted)
+    try:
+        with use_backend("hopper"):
+            forget()
+            fresh_second = call(*second)  # Triton's own launches, no plan
+            forget()
+            fresh = call(*first)  # recorded
+            encoded.clear()
+            assert same(call(*first), fresh)  # replayed: q, k and v's maps encoded
+            at_first = set(encoded)
+            encoded.clear()
+            assert same(call(*first), fresh) and same(call(*first), fresh)
+            kept = set(encoded)  # (only buffers the call made at new addresses, if any)
+            encoded.clear()
+            assert same(call(*second), fresh_second)  # the same plan, new addresses
+            at_second = set(encoded)
+    finally:
+        forget()  # (no plan keeps the counting encoder)
+    # Triton's own launch encodes every descriptor at every launch
+    assert ptrs(first) <= at_first and not ptrs(first) & kept, (at_first, kept)
+    assert ptrs(second) <= at_second

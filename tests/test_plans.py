@@ -509,3 +509,135 @@ def test_a_recorded_varlen_call_keeps_its_forward_and_backward_plans(monkeypatch
     before = counts()
     step(30, transposed=True)
     assert counts() == (before[0], before[1] + 1)
+
+
+def _triton36_launcher(signature: list, metas: list, calls: list, real: bool):
+    """Triton 3.6's `CudaLauncher` as `backends/nvidia/driver.py` builds it (a stand-in):
+    `launch` is a closure over the compiled launcher (`launcher`, which records what it
+    gets), the descriptors' positions (`tensordesc_indices`) and metadata
+    (`tensordesc_meta`), and turns each descriptor into its CUtensorMap (the driver's
+    `fill_tma_descriptor`), shape and strides; `__call__` allocates no scratch."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    from triton.runtime.driver import driver
+
+    tensordesc_indices = {i for i, sig in enumerate(signature) if sig.startswith("tensordesc")}
+    tensordesc_meta = metas
+
+    def launcher(*args):
+        calls.append(args)
+
+    def inner(*args):  # (3.6's own instead where `real`: this Triton is 3.6, the GPU's)
+        head, rest, kept = list(args[:13]), args[13:], iter(tensordesc_meta)
+        for i, arg in enumerate(rest):
+            if i not in tensordesc_indices:
+                head.append(arg)
+                continue
+            meta = next(kept)
+            head += [driver.active.utils.fill_tma_descriptor(
+                arg.base.data_ptr(), meta["swizzle"], meta["elem_size"],
+                TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"], arg.shape,
+                arg.strides, 1 if arg.padding == "nan" else 0), *arg.shape, *arg.strides]
+        return launcher(*head)
+
+    if real:
+        inner = nvidia.wrap_handle_tensordesc(launcher, dict(enumerate(signature)), metas)
+
+    class CudaLauncher:
+        launch = staticmethod(inner)
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def __call__(self, gx, gy, gz, stream, function, *args):
+            self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid,
+                        self.launch_pdl, None, None, *args)
+
+    return CudaLauncher()
+
+
+def test_a_tma_replay_passes_what_tritons_launcher_would_and_encodes_an_address_once(
+        monkeypatch):
+    # `launch.TmaLaunch` calls Triton 3.6's compiled launcher itself, with each descriptor's
+    # CUtensorMap kept per base address: against a launcher built as 3.6's is, the same
+    # arguments as Triton's own path, one encoding per new address, none for one seen
+    import types
+
+    import triton
+    from triton.runtime.driver import driver
+
+    from fusedattn import launch
+
+    encoded = []
+
+    def fill(*args):  # a CUtensorMap stand-in: what it was encoded from
+        encoded.append(args)
+        return ("map", *args)
+
+    real = triton.__version__.startswith("3.6.")
+    fake = types.SimpleNamespace(utils=types.SimpleNamespace(fill_tma_descriptor=fill),
+                                 get_current_device=lambda: 0,
+                                 get_current_stream=lambda device: 77)
+    monkeypatch.setattr(driver, "_active", fake)
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(launch, "EMULATION", False)
+    monkeypatch.setattr(launch, "TMA_MAPS", 2)
+    monkeypatch.setattr(launch, "KEEP_TMA_MAPS", True)
+    meta = dict(swizzle=3, elem_size=2, elem_type=10, block_size=[1, 1, 64, 64],
+                fp4_padded=False)
+    # a kernel of (q_desc, p_o, n, q2_desc (None: constexpr), k_desc, BLOCK)
+    signature = ["tensordesc<bf16[1, 1, 64, 128]>", "*bf16", "i32", "constexpr",
+                 "tensordesc<bf16[1, 1, 128, 128]>", "constexpr"]
+    metas = [meta, dict(meta, block_size=[1, 1, 128, 64])]
+    calls = []
+    compiled = types.SimpleNamespace(
+        run=_triton36_launcher(signature, metas, calls, real), function=5,
+        packed_metadata=(4, 1, 1000), metadata=types.SimpleNamespace(tensordesc_meta=metas))
+    shape, strides = [1, 2, 64, 128], [16384, 8192, 128, 1]
+    replay = launch.Replay(None, compiled, (132, 1, 1), list("abcdef"),
+                           [None, None, 99, None, None, 64],
+                           ((0, 0, (shape, strides, "zero")), (1, 2, None),
+                            (4, 1, (shape, strides, "nan"))))
+
+    def tensors():
+        return [torch.empty(shape, dtype=torch.bfloat16) for _ in range(3)]
+
+    def both(inputs):  # (Triton's own path, the TmaLaunch), the launcher's arguments each
+        got = []
+        for tma in (False, None):
+            replay.tma = tma
+            replay(inputs)
+            got.append(calls.pop())
+        return got
+
+    first = tensors()
+    own, ours = both(first)
+    assert isinstance(replay.tma, launch.TmaLaunch)
+    assert ours == own and len(own) == 13 + 9 + 1 + 1 + 1 + 9 + 1
+    assert own[:4] == (132, 1, 1, 77) and own[13][1] == first[0].data_ptr()
+    assert own[14:22] == (*shape, *strides) and own[22] is first[2] and own[23] == 99
+    assert own[25][1] == first[1].data_ptr() and own[25][5] == [1, 1, 128, 64]
+    assert own[13][-1] == 0 and own[25][-1] == 1  # padding: zeros, NaNs
+    assert len(encoded) == 4  # two descriptors, each encoded by both paths
+    encoded.clear()
+    replay(first)  # the same addresses: the maps kept
+    assert calls.pop() == own and encoded == []
+    second = tensors()  # new addresses: encoded once, then kept too
+    replay(second)
+    replay(second)
+    assert len(encoded) == 2 and calls[0] == calls[1] == both(second)[0]
+    calls.clear()
+    for inputs in (tensors(), tensors()):  # past TMA_MAPS: every map dropped, none stale
+        replay(inputs)
+    encoded.clear()
+    replay(first)
+    assert len(encoded) == 2 and calls[-1] == own
+    monkeypatch.setattr(launch, "KEEP_TMA_MAPS", False)  # the switch off: Triton's launch
+    encoded.clear()
+    replay(first)
+    assert len(encoded) == 2 and calls.pop() == own
+    # a Triton other than 3.6, or a launcher unlike 3.6's: Triton's own path
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    assert launch.TmaLaunch.of(replay) is None
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    compiled.run.launch = staticmethod(lambda *args: None)
+    assert launch.TmaLaunch.of(replay) is None

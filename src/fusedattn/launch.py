@@ -54,11 +54,12 @@ class Replay:
     shapes and strides are the recorded call's, so an input may be any tensor that starts
     where the recorded one did over the same storage (a view's base: `varlen`)."""
 
-    __slots__ = ("kernel", "compiled", "grid", "names", "args", "slots")
+    __slots__ = ("kernel", "compiled", "grid", "names", "args", "slots", "tma")
 
     def __init__(self, kernel, compiled, grid, names, args, slots):
         self.kernel, self.compiled, self.grid = kernel, compiled, grid
         self.names, self.args, self.slots = names, args, slots
+        self.tma = None  # its `TmaLaunch` (False: none), made at the first replay
 
     def _args(self, inputs) -> list:
         args = list(self.args)
@@ -75,14 +76,126 @@ class Replay:
             return
         from triton.runtime.driver import driver
 
-        compiled, grid, args = self.compiled, self.grid, self._args(inputs)
+        compiled, grid = self.compiled, self.grid
         device = driver.active.get_current_device()
         stream = driver.active.get_current_stream(device)
         enter, leave = _hooks()
+        if KEEP_TMA_MAPS and enter is None and leave is None:
+            if self.tma is None:
+                self.tma = TmaLaunch.of(self) or False
+            if self.tma:
+                self.tma(stream, inputs)
+                return
+        args = self._args(inputs)
         metadata = (None if enter is None and leave is None
                     else compiled.launch_metadata(grid, stream, *args))
         compiled.run(grid[0], grid[1], grid[2], stream, compiled.function,
                      compiled.packed_metadata, metadata, enter, leave, *args)
+
+
+KEEP_TMA_MAPS = False
+"""Replays of kernels that take TMA descriptors go through `TmaLaunch` (each descriptor's
+CUtensorMap kept per address). Off until the GPU tier has run it and a host A/B has timed
+it on the H200 (`h200_round.sh tmaab`); its arguments were checked against Triton 3.6's
+own launcher on the CPU (`tests/test_plans.py`)."""
+
+TMA_MAPS = 64
+"""The CUtensorMaps a `TmaLaunch` keeps per descriptor (one per base address seen; all
+dropped when one more comes): a model's layers each give their q, k, v and O addresses,
+the same ones step after step under torch's caching allocator."""
+
+
+class TmaLaunch:
+    """A replay of a kernel that takes host TMA descriptors, as Triton 3.6's launcher runs
+    it, without encoding each descriptor again at every launch. Triton's launcher
+    (`backends/nvidia/driver.py`'s `wrap_handle_tensordesc`) turns each descriptor into a
+    CUtensorMap by a driver call (`fill_tma_descriptor`, cuTensorMapEncodeTiled) followed
+    by its shape and strides, then calls the compiled launcher; a replay's shapes, strides
+    and block boxes are fixed, so a map depends on its base address alone. This keeps the
+    maps per address (`TMA_MAPS`) and the argument list with every fixed value in place,
+    and calls the compiled launcher itself. The map is passed by value (a kernel
+    parameter), so one kept for an address serves any tensor that starts there.
+
+    `TmaLaunch.of(replay)` is None (Triton's own launch) unless the Triton is 3.6 and its
+    launcher is as read: the closure's descriptor positions are the replay's, the
+    descriptors' metadata is there (no fp4 padding), and the kernel needs no scratch."""
+
+    __slots__ = ("raw", "head", "template", "tensors", "maps", "fill")
+
+    def __init__(self, raw, head, template, tensors, maps, fill):
+        self.raw, self.head, self.template = raw, head, template
+        self.tensors, self.maps, self.fill = tensors, maps, fill
+
+    @staticmethod
+    def of(replay) -> TmaLaunch | None:
+        import triton
+
+        descriptors = [slot for slot in replay.slots if slot[2] is not None]
+        compiled = replay.compiled
+        metas = getattr(getattr(compiled, "metadata", None), "tensordesc_meta", None)
+        if (not descriptors or not triton.__version__.startswith("3.6.")
+                or not metas or len(metas) != len(descriptors)
+                or any(meta.get("fp4_padded") for meta in metas)):
+            return None
+        try:
+            from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+            from triton.runtime.driver import driver
+
+            launcher = compiled.run
+            inner = launcher.launch
+            cells = dict(zip(inner.__code__.co_freevars,
+                             (cell.cell_contents for cell in inner.__closure__ or ()),
+                             strict=True))
+            fill = driver.active.utils.fill_tma_descriptor
+            if (launcher.global_scratch_size or launcher.profile_scratch_size
+                    or set(cells.get("tensordesc_indices", ()))
+                    != {position for position, _, _ in descriptors}):
+                return None
+            raw = cells["launcher"]
+            head = (*replay.grid, None, compiled.function, launcher.launch_cooperative_grid,
+                    launcher.launch_pdl, None, None, compiled.packed_metadata, None, None,
+                    None)
+        except (AttributeError, ImportError, KeyError, TypeError, ValueError):
+            return None
+        return TmaLaunch._built(replay, raw, head, metas, fill, TMA_DTYPE_DEVICE_TO_HOST)
+
+    @staticmethod
+    def _built(replay, raw, head, metas, fill, host_dtypes) -> TmaLaunch:
+        """The argument list with its fixed values in place: each tensor slot (position,
+        input index) and each descriptor's (position, input index, the encoder's other
+        arguments, its maps by address) to fill per launch."""
+        at = {position: (index, desc) for position, index, desc in replay.slots}
+        template, tensors, maps, metas = [], [], [], iter(metas)
+        for position, value in enumerate(replay.args):
+            if position not in at:
+                template.append(value)
+                continue
+            index, desc = at[position]
+            if desc is None:
+                tensors.append((len(template), index))
+                template.append(None)
+                continue
+            meta, (shape, strides, padding) = next(metas), desc
+            encode = (meta["swizzle"], meta["elem_size"], host_dtypes[meta["elem_type"]],
+                      meta["block_size"], shape, strides, 1 if padding == "nan" else 0)
+            maps.append((len(template), index, encode, {}))
+            template += [None, *shape, *strides]
+        return TmaLaunch(raw, head, template, tuple(tensors), tuple(maps), fill)
+
+    def __call__(self, stream, inputs) -> None:
+        args = list(self.template)
+        for at, index in self.tensors:
+            args[at] = inputs[index]
+        for at, index, encode, kept in self.maps:
+            base = inputs[index].data_ptr()
+            found = kept.get(base)
+            if found is None:
+                if len(kept) >= TMA_MAPS:
+                    kept.clear()
+                found = kept[base] = self.fill(base, *encode)
+            args[at] = found
+        head = self.head
+        self.raw(head[0], head[1], head[2], stream, *head[4:], *args)
 
 
 def _hooks() -> tuple:
