@@ -64,8 +64,8 @@
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
 #               and SDPA's) by thread and op under torch.profiler, the backward's Python
 #               under cProfile in autograd's thread
-#   tmaab       scripts/host_profile.py --tma-ab: launch.KEEP_TMA_MAPS on and off in one
-#               process on Hopper-path calls (forward, fwd+bwd), beside SDPA cuDNN
+#   directab    scripts/host_profile.py --direct-ab: launch.DIRECT_LAUNCH on and off in one
+#               process (forward, fwd+bwd; auto and the Hopper path), beside SDPA cuDNN
 #   pyk F K     the tests of file F matching pytest's -k expression K
 #   hostprof    scripts/host_profile.py --sweep: host time a call by layer, SDPA's, the
 #               layers one by one, and the kernels a sweep of lengths compiles
@@ -199,7 +199,7 @@ while [ $# -gt 0 ]; do
               python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     train) python3 scripts/host_profile.py --train --out $ev/train_profile.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
-    tmaab) python3 scripts/host_profile.py --tma-ab --out $ev/tma_ab.json 2>&1 | grep -v UserWarning | tail -20 | tee -a "$log" ;;
+    directab) python3 scripts/host_profile.py --direct-ab --out $ev/direct_ab.json 2>&1 | grep -v UserWarning | tail -20 | tee -a "$log" ;;
     cp) layouts=$1; shift; n=$(nvidia-smi -L | wc -l); mkdir -p $ev/cp
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
           torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \

@@ -316,21 +316,23 @@ def train_profile(calls: int) -> dict:
     return result
 
 
-def tma_ab(calls: int, rounds: int = 5) -> dict:
-    """`launch.KEEP_TMA_MAPS` A/B'd in one process: the host µs a call of calls forced onto
-    the Hopper path (short rows: the host-bound ones), with each descriptor's CUtensorMap
-    kept per address and with Triton's encoding at every launch, in rounds that alternate
-    with SDPA cuDNN's same call. The two sides' outputs (and gradients) are checked equal,
-    bit for bit, first."""
-    problems = {  # (B, H, S, D, causal, training)
-        "fwd B1 H8 S128 D64": (1, 8, 128, 64, False, False),
-        "fwd B4 H16 S512 D128 causal": (4, 16, 512, 128, True, False),
-        "fwd+bwd B4 H8 S256 D128 causal": (4, 8, 256, 128, True, True),
+def direct_ab(calls: int, rounds: int = 5) -> dict:
+    """`launch.DIRECT_LAUNCH` A/B'd in one process: the host µs a call, replays calling
+    Triton's compiled launcher themselves (TMA maps kept per address) against Triton's
+    own launch, on short rows (the host-bound ones) by "auto" and forced onto the Hopper
+    path, in rounds that alternate with SDPA cuDNN's same call. The two sides' outputs
+    (and gradients) are checked equal, bit for bit, first."""
+    problems = {  # (B, H, S, D, causal, training, backend)
+        "fwd B1 H8 S128 D64": (1, 8, 128, 64, False, False, "auto"),
+        "fwd B1 H8 S128 D64, hopper": (1, 8, 128, 64, False, False, "hopper"),
+        "fwd B4 H16 S512 D128 causal, hopper": (4, 16, 512, 128, True, False, "hopper"),
+        "fwd+bwd B4 H8 S256 D64 causal": (4, 8, 256, 64, True, True, "auto"),
+        "fwd+bwd B4 H8 S256 D128 causal, hopper": (4, 8, 256, 128, True, True, "hopper"),
     }
     result = {}
     for name, problem in problems.items():
-        sides = _tma_sides(*problem)
-        got = [sides[side]() for side in ("Triton's encoding", "maps kept", "maps kept")]
+        sides = _direct_sides(*problem)
+        got = [sides[side]() for side in ("Triton's launch", "direct", "direct")]
         same = all(torch.equal(a, b) for other in got[1:]
                    for a, b in zip(got[0], other, strict=True))
         readings: dict[str, list] = {side: [] for side in sides}
@@ -346,9 +348,9 @@ def tma_ab(calls: int, rounds: int = 5) -> dict:
     return result
 
 
-def _tma_sides(b, h, s, d, causal, train) -> dict:
-    """`tma_ab`'s three calls on one problem: ours with the maps kept, ours with Triton's
-    encoding, SDPA cuDNN; each returns the output (and the gradients where `train`)."""
+def _direct_sides(b, h, s, d, causal, train, backend) -> dict:
+    """`direct_ab`'s three calls on one problem: ours launched directly, ours by Triton's
+    launch, SDPA cuDNN; each returns the output (and the gradients where `train`)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -363,21 +365,21 @@ def _tma_sides(b, h, s, d, causal, train) -> dict:
         out = attend(q, k, v, is_causal=causal)
         return [out, *torch.autograd.grad(out, (q, k, v), dout)] if train else [out]
 
-    def ours(keep):
+    def ours(direct):
         def call():
-            launch.KEEP_TMA_MAPS = keep
+            launch.DIRECT_LAUNCH = direct
             try:
-                with use_backend("hopper"):
+                with use_backend(backend):
                     return run(attention)
             finally:
-                launch.KEEP_TMA_MAPS = False
+                launch.DIRECT_LAUNCH = False
         return call
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return run(sdpa)
 
-    return {"maps kept": ours(True), "Triton's encoding": ours(False), "sdpa cudnn": cudnn}
+    return {"direct": ours(True), "Triton's launch": ours(False), "sdpa cudnn": cudnn}
 
 
 def main() -> None:
@@ -388,17 +390,17 @@ def main() -> None:
                         help="also count the kernels forward calls over S=100..16384 compile")
     parser.add_argument("--train", action="store_true",
                         help="only a training step's host cost taken apart (a GPU)")
-    parser.add_argument("--tma-ab", action="store_true",
-                        help="only launch.KEEP_TMA_MAPS A/B'd on the Hopper path (an H200)")
+    parser.add_argument("--direct-ab", action="store_true",
+                        help="only launch.DIRECT_LAUNCH A/B'd in one process (a GPU)")
     args = parser.parse_args()
     result = {"device": str(DEVICE), "emulation": EMULATION, "torch": torch.__version__}
-    if args.train or args.tma_ab:
+    if args.train or args.direct_ab:
         if DEVICE.type != "cuda" or not torch.cuda.is_available():
-            parser.error("--train and --tma-ab time the GPU's host cost: they need a GPU")
+            parser.error("--train and --direct-ab time the GPU's host cost: they need a GPU")
         if args.train:
             result["train"] = train_profile(min(args.calls, 100))
         else:
-            result["tma_ab"] = tma_ab(args.calls)
+            result["direct_ab"] = direct_ab(args.calls)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)

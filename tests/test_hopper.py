@@ -214,18 +214,21 @@ def test_hopper_forward_takes_a_bshd_view_and_writes_every_row(dim):
     assert torch.equal(out, attention(q, k, v, is_causal=True))
 
 
-@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
-@pytest.mark.parametrize("entry", ["forward", "training", "varlen"])
-def test_a_replayed_hopper_call_keeps_its_tma_maps_per_address_and_the_same_bits(
-        entry, monkeypatch):
-    # `launch.TmaLaunch`: a replay encodes each descriptor's CUtensorMap once per address
-    # and passes the launcher what Triton's own launch would (the same bits as the fresh
-    # call, forward and backward); new addresses are encoded anew, never served stale
+@pytest.mark.gpu_only("Triton's compiled launcher runs on a GPU only")
+@pytest.mark.parametrize("entry, backend", [
+    ("forward", "hopper"), ("training", "hopper"), ("varlen", "hopper"),
+    ("training", "portable"), ("varlen", "portable")])
+def test_a_direct_replay_gives_the_same_bits_and_keeps_its_tma_maps_per_address(
+        entry, backend, monkeypatch):
+    # `launch.DirectLaunch` (DIRECT_LAUNCH on): replays call Triton's compiled launcher
+    # with what Triton's own launch would pass (the same bits as the fresh call, forward
+    # and backward, Hopper and portable kernels), encoding each TMA descriptor's map once
+    # per address; new addresses are encoded anew, never served stale
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     from triton.runtime.driver import driver
 
-    from fusedattn import dispatch
+    from fusedattn import dispatch, launch
     from fusedattn.api import _CALLS
     from fusedattn.tiles import flash_bwd
     from fusedattn.varlen import _DECIDED
@@ -235,11 +238,16 @@ def test_a_replayed_hopper_call_keeps_its_tma_maps_per_address_and_the_same_bits
             plans.clear()
 
     utils = driver.active.utils
-    fill, encoded = utils.fill_tma_descriptor, []
+    fill, encoded, direct = utils.fill_tma_descriptor, [], launch.DirectLaunch.__call__
+    directs = []
 
     def counted(*args):
         encoded.append(args[0])
         return fill(*args)
+
+    def counted_direct(self, stream, inputs):
+        directs.append(self)
+        return direct(self, stream, inputs)
 
     cu = torch.tensor([0, 700, 701, 1900], dtype=torch.int32, device=DEVICE)
 
@@ -262,13 +270,12 @@ def test_a_replayed_hopper_call_keeps_its_tma_maps_per_address_and_the_same_bits
     def same(got, want):
         return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
-    from fusedattn import launch
-
     first, second = inputs(0), inputs(10)
-    monkeypatch.setattr(launch, "KEEP_TMA_MAPS", True)
+    monkeypatch.setattr(launch, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(launch.DirectLaunch, "__call__", counted_direct)
     monkeypatch.setattr(utils, "fill_tma_descriptor", counted)
     try:
-        with use_backend("hopper"):
+        with use_backend(backend):
             forget()
             fresh_second = call(*second)  # Triton's own launches, no plan
             forget()
@@ -284,6 +291,9 @@ def test_a_replayed_hopper_call_keeps_its_tma_maps_per_address_and_the_same_bits
             at_second = set(encoded)
     finally:
         forget()  # (no plan keeps the counting encoder)
-    # Triton's own launch encodes every descriptor at every launch
-    assert ptrs(first) <= at_first and not ptrs(first) & kept, (at_first, kept)
-    assert ptrs(second) <= at_second
+    assert directs  # the replays went through `DirectLaunch`
+    if backend == "hopper":  # (Triton's own launch encodes every descriptor every launch)
+        assert ptrs(first) <= at_first and not ptrs(first) & kept, (at_first, kept)
+        assert ptrs(second) <= at_second
+    else:
+        assert not encoded and not at_first

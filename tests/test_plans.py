@@ -540,6 +540,8 @@ def _triton36_launcher(signature: list, metas: list, calls: list, real: bool):
                 arg.strides, 1 if arg.padding == "nan" else 0), *arg.shape, *arg.strides]
         return launcher(*head)
 
+    if not tensordesc_indices:  # (3.6 wraps no launcher that takes no descriptor)
+        inner = launcher
     if real:
         inner = nvidia.wrap_handle_tensordesc(launcher, dict(enumerate(signature)), metas)
 
@@ -555,11 +557,10 @@ def _triton36_launcher(signature: list, metas: list, calls: list, real: bool):
     return CudaLauncher()
 
 
-def test_a_tma_replay_passes_what_tritons_launcher_would_and_encodes_an_address_once(
-        monkeypatch):
-    # `launch.TmaLaunch` calls Triton 3.6's compiled launcher itself, with each descriptor's
-    # CUtensorMap kept per base address: against a launcher built as 3.6's is, the same
-    # arguments as Triton's own path, one encoding per new address, none for one seen
+def _direct_setup(monkeypatch, signature, metas, slots, values):
+    """A `launch.Replay` over a launcher built as Triton 3.6's (`_triton36_launcher`),
+    with DIRECT_LAUNCH on and a fake driver whose encoder records what it encoded: (the
+    replay, the launcher's calls, the encodings)."""
     import types
 
     import triton
@@ -581,63 +582,105 @@ def test_a_tma_replay_passes_what_tritons_launcher_would_and_encodes_an_address_
     monkeypatch.setattr(triton, "__version__", "3.6.0")
     monkeypatch.setattr(launch, "EMULATION", False)
     monkeypatch.setattr(launch, "TMA_MAPS", 2)
-    monkeypatch.setattr(launch, "KEEP_TMA_MAPS", True)
-    meta = dict(swizzle=3, elem_size=2, elem_type=10, block_size=[1, 1, 64, 64],
-                fp4_padded=False)
-    # a kernel of (q_desc, p_o, n, q2_desc (None: constexpr), k_desc, BLOCK)
-    signature = ["tensordesc<bf16[1, 1, 64, 128]>", "*bf16", "i32", "constexpr",
-                 "tensordesc<bf16[1, 1, 128, 128]>", "constexpr"]
-    metas = [meta, dict(meta, block_size=[1, 1, 128, 64])]
+    monkeypatch.setattr(launch, "DIRECT_LAUNCH", True)
     calls = []
     compiled = types.SimpleNamespace(
         run=_triton36_launcher(signature, metas, calls, real), function=5,
         packed_metadata=(4, 1, 1000), metadata=types.SimpleNamespace(tensordesc_meta=metas))
-    shape, strides = [1, 2, 64, 128], [16384, 8192, 128, 1]
-    replay = launch.Replay(None, compiled, (132, 1, 1), list("abcdef"),
-                           [None, None, 99, None, None, 64],
-                           ((0, 0, (shape, strides, "zero")), (1, 2, None),
-                            (4, 1, (shape, strides, "nan"))))
+    replay = launch.Replay(None, compiled, (132, 1, 1), list("abcdef")[:len(values)],
+                           values, slots)
+    return replay, calls, encoded
 
-    def tensors():
-        return [torch.empty(shape, dtype=torch.bfloat16) for _ in range(3)]
 
-    def both(inputs):  # (Triton's own path, the TmaLaunch), the launcher's arguments each
-        got = []
-        for tma in (False, None):
-            replay.tma = tma
-            replay(inputs)
-            got.append(calls.pop())
-        return got
+def _both(replay, calls, inputs) -> list:
+    """The launcher's arguments by Triton's own path, then by the `DirectLaunch`, each
+    tensor as its address (what the compiled launcher reads of it)."""
+    got = []
+    for direct in (False, None):
+        replay.direct = direct
+        replay(inputs)
+        got.append(_addresses(calls.pop()))
+    return got
 
-    first = tensors()
-    own, ours = both(first)
-    assert isinstance(replay.tma, launch.TmaLaunch)
+
+def _addresses(args) -> tuple:
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+SHAPE, STRIDES = [1, 2, 64, 128], [16384, 8192, 128, 1]
+
+
+def _tensors():
+    return [torch.empty(SHAPE, dtype=torch.bfloat16) for _ in range(3)]
+
+
+def test_a_direct_replay_passes_what_tritons_launcher_would_and_encodes_an_address_once(
+        monkeypatch):
+    # `launch.DirectLaunch` calls Triton 3.6's compiled launcher itself, with each
+    # descriptor's CUtensorMap kept per base address: against a launcher built as 3.6's
+    # is, the same arguments as Triton's own path, one encoding per new address, none for
+    # one seen
+    import triton
+
+    from fusedattn import launch
+
+    meta = dict(swizzle=3, elem_size=2, elem_type=10, block_size=[1, 1, 64, 64],
+                fp4_padded=False)
+    # a kernel of (q_desc, p_o, n, q2_desc (None: constexpr), k_desc, BLOCK)
+    replay, calls, encoded = _direct_setup(
+        monkeypatch, ["tensordesc<bf16[1, 1, 64, 128]>", "*bf16", "i32", "constexpr",
+                      "tensordesc<bf16[1, 1, 128, 128]>", "constexpr"],
+        [meta, dict(meta, block_size=[1, 1, 128, 64])],
+        ((0, 0, (SHAPE, STRIDES, "zero")), (1, 2, None), (4, 1, (SHAPE, STRIDES, "nan"))),
+        [None, None, 99, None, None, 64])
+    first = _tensors()
+    own, ours = _both(replay, calls, first)
+    assert isinstance(replay.direct, launch.DirectLaunch)
     assert ours == own and len(own) == 13 + 9 + 1 + 1 + 1 + 9 + 1
     assert own[:4] == (132, 1, 1, 77) and own[13][1] == first[0].data_ptr()
-    assert own[14:22] == (*shape, *strides) and own[22] is first[2] and own[23] == 99
-    assert own[25][1] == first[1].data_ptr() and own[25][5] == [1, 1, 128, 64]
+    assert own[14:22] == (*SHAPE, *STRIDES) and own[22] == first[2].data_ptr()
+    assert own[23] == 99 and own[25][1] == first[1].data_ptr()
+    assert own[25][5] == [1, 1, 128, 64]
     assert own[13][-1] == 0 and own[25][-1] == 1  # padding: zeros, NaNs
     assert len(encoded) == 4  # two descriptors, each encoded by both paths
     encoded.clear()
     replay(first)  # the same addresses: the maps kept
-    assert calls.pop() == own and encoded == []
-    second = tensors()  # new addresses: encoded once, then kept too
+    assert _addresses(calls.pop()) == own and encoded == []
+    second = _tensors()  # new addresses: encoded once, then kept too
     replay(second)
     replay(second)
-    assert len(encoded) == 2 and calls[0] == calls[1] == both(second)[0]
+    assert len(encoded) == 2 and calls[0] == calls[1]
+    direct_second = _addresses(calls[0])
+    replay(_tensors())  # a third address past TMA_MAPS: every map dropped, none stale
+    encoded.clear()
+    replay(first)
+    assert len(encoded) == 2 and _addresses(calls[-1]) == own
     calls.clear()
-    for inputs in (tensors(), tensors()):  # past TMA_MAPS: every map dropped, none stale
-        replay(inputs)
+    assert _both(replay, calls, second) == [direct_second] * 2
+    monkeypatch.setattr(launch, "DIRECT_LAUNCH", False)  # the switch off: Triton's launch
     encoded.clear()
     replay(first)
-    assert len(encoded) == 2 and calls[-1] == own
-    monkeypatch.setattr(launch, "KEEP_TMA_MAPS", False)  # the switch off: Triton's launch
-    encoded.clear()
-    replay(first)
-    assert len(encoded) == 2 and calls.pop() == own
+    assert len(encoded) == 2 and _addresses(calls.pop()) == own
     # a Triton other than 3.6, or a launcher unlike 3.6's: Triton's own path
     monkeypatch.setattr(triton, "__version__", "3.7.0")
-    assert launch.TmaLaunch.of(replay) is None
+    assert launch.DirectLaunch.of(replay) is None
     monkeypatch.setattr(triton, "__version__", "3.6.0")
-    compiled.run.launch = staticmethod(lambda *args: None)
-    assert launch.TmaLaunch.of(replay) is None
+    replay.compiled.run.launch = staticmethod(lambda *args: None)
+    assert launch.DirectLaunch.of(replay) is None
+
+
+def test_a_direct_replay_without_descriptors_passes_its_tensors_as_addresses(monkeypatch):
+    # the portable kernels' replays: Triton's wrapper is the compiled launcher itself (no
+    # descriptors), each tensor passed as its int address
+    from fusedattn import launch
+
+    replay, calls, encoded = _direct_setup(
+        monkeypatch, ["*bf16", "*fp32", "i32", "constexpr"], [],
+        ((0, 2, None), (1, 0, None)), [None, None, 7, 128])
+    inputs = _tensors()
+    own, ours = _both(replay, calls, inputs)
+    assert isinstance(replay.direct, launch.DirectLaunch)
+    assert ours == own == (132, 1, 1, 77, 5, False, True, None, None, (4, 1, 1000), None,
+                           None, None, inputs[2].data_ptr(), inputs[0].data_ptr(), 7, 128)
+    replay(inputs)
+    assert all(isinstance(a, int) for a in calls.pop()[13:15]) and encoded == []

@@ -54,12 +54,12 @@ class Replay:
     shapes and strides are the recorded call's, so an input may be any tensor that starts
     where the recorded one did over the same storage (a view's base: `varlen`)."""
 
-    __slots__ = ("kernel", "compiled", "grid", "names", "args", "slots", "tma")
+    __slots__ = ("kernel", "compiled", "grid", "names", "args", "slots", "direct")
 
     def __init__(self, kernel, compiled, grid, names, args, slots):
         self.kernel, self.compiled, self.grid = kernel, compiled, grid
         self.names, self.args, self.slots = names, args, slots
-        self.tma = None  # its `TmaLaunch` (False: none), made at the first replay
+        self.direct = None  # its `DirectLaunch` (False: none), made at the first replay
 
     def _args(self, inputs) -> list:
         args = list(self.args)
@@ -80,11 +80,11 @@ class Replay:
         device = driver.active.get_current_device()
         stream = driver.active.get_current_stream(device)
         enter, leave = _hooks()
-        if KEEP_TMA_MAPS and enter is None and leave is None:
-            if self.tma is None:
-                self.tma = TmaLaunch.of(self) or False
-            if self.tma:
-                self.tma(stream, inputs)
+        if DIRECT_LAUNCH and enter is None and leave is None:
+            if self.direct is None:
+                self.direct = DirectLaunch.of(self) or False
+            if self.direct:
+                self.direct(stream, inputs)
                 return
         args = self._args(inputs)
         metadata = (None if enter is None and leave is None
@@ -93,32 +93,35 @@ class Replay:
                      compiled.packed_metadata, metadata, enter, leave, *args)
 
 
-KEEP_TMA_MAPS = False
-"""Replays of kernels that take TMA descriptors go through `TmaLaunch` (each descriptor's
-CUtensorMap kept per address). Off until the GPU tier has run it and a host A/B has timed
-it on the H200 (`h200_round.sh tmaab`); its arguments were checked against Triton 3.6's
-own launcher on the CPU (`tests/test_plans.py`)."""
+DIRECT_LAUNCH = False
+"""Replays call Triton's compiled launcher themselves (`DirectLaunch`). Off until the GPU
+tier has run it and a host A/B has timed it on the H200 (`h200_round.sh directab`); its
+arguments were checked against Triton 3.6's own launcher on the CPU
+(`tests/test_plans.py`)."""
 
 TMA_MAPS = 64
-"""The CUtensorMaps a `TmaLaunch` keeps per descriptor (one per base address seen; all
+"""The CUtensorMaps a `DirectLaunch` keeps per descriptor (one per base address seen; all
 dropped when one more comes): a model's layers each give their q, k, v and O addresses,
 the same ones step after step under torch's caching allocator."""
 
 
-class TmaLaunch:
-    """A replay of a kernel that takes host TMA descriptors, as Triton 3.6's launcher runs
-    it, without encoding each descriptor again at every launch. Triton's launcher
-    (`backends/nvidia/driver.py`'s `wrap_handle_tensordesc`) turns each descriptor into a
-    CUtensorMap by a driver call (`fill_tma_descriptor`, cuTensorMapEncodeTiled) followed
-    by its shape and strides, then calls the compiled launcher; a replay's shapes, strides
-    and block boxes are fixed, so a map depends on its base address alone. This keeps the
-    maps per address (`TMA_MAPS`) and the argument list with every fixed value in place,
-    and calls the compiled launcher itself. The map is passed by value (a kernel
+class DirectLaunch:
+    """A replay as Triton 3.6's launcher runs it, less the work that repeats. Triton's
+    `CompiledKernel.run` (`backends/nvidia/driver.py`'s `CudaLauncher`) makes its scratch
+    allocator closures, and its `wrap_handle_tensordesc` turns each TMA descriptor into a
+    CUtensorMap by a driver call (`fill_tma_descriptor`, cuTensorMapEncodeTiled) followed by
+    its shape and strides, before the compiled launcher, which asks the driver for each
+    tensor's device pointer (`cuPointerGetAttribute`, skipped for an int). A replay's
+    shapes, strides and block boxes are fixed, so this keeps the argument list with every
+    fixed value in place, passes each tensor's address as an int (a CUDA tensor's
+    `data_ptr` is its device address), keeps each descriptor's map per base address
+    (`TMA_MAPS`), and calls the compiled launcher. A map is passed by value (a kernel
     parameter), so one kept for an address serves any tensor that starts there.
 
-    `TmaLaunch.of(replay)` is None (Triton's own launch) unless the Triton is 3.6 and its
-    launcher is as read: the closure's descriptor positions are the replay's, the
-    descriptors' metadata is there (no fp4 padding), and the kernel needs no scratch."""
+    `DirectLaunch.of(replay)` is None (Triton's own launch) unless the Triton is 3.6 and its
+    launcher is as read: no scratch; where the kernel takes descriptors, the wrapper's
+    closure holds the replay's descriptor positions and the compiled launcher, and the
+    descriptors' metadata is there (no fp4 padding)."""
 
     __slots__ = ("raw", "head", "template", "tensors", "maps", "fill")
 
@@ -127,14 +130,13 @@ class TmaLaunch:
         self.tensors, self.maps, self.fill = tensors, maps, fill
 
     @staticmethod
-    def of(replay) -> TmaLaunch | None:
+    def of(replay) -> DirectLaunch | None:
         import triton
 
-        descriptors = [slot for slot in replay.slots if slot[2] is not None]
         compiled = replay.compiled
-        metas = getattr(getattr(compiled, "metadata", None), "tensordesc_meta", None)
-        if (not descriptors or not triton.__version__.startswith("3.6.")
-                or not metas or len(metas) != len(descriptors)
+        positions = {position for position, _, desc in replay.slots if desc is not None}
+        metas = getattr(getattr(compiled, "metadata", None), "tensordesc_meta", None) or []
+        if (not triton.__version__.startswith("3.6.") or len(metas) != len(positions)
                 or any(meta.get("fp4_padded") for meta in metas)):
             return None
         try:
@@ -142,25 +144,28 @@ class TmaLaunch:
             from triton.runtime.driver import driver
 
             launcher = compiled.run
-            inner = launcher.launch
-            cells = dict(zip(inner.__code__.co_freevars,
-                             (cell.cell_contents for cell in inner.__closure__ or ()),
-                             strict=True))
-            fill = driver.active.utils.fill_tma_descriptor
-            if (launcher.global_scratch_size or launcher.profile_scratch_size
-                    or set(cells.get("tensordesc_indices", ()))
-                    != {position for position, _, _ in descriptors}):
+            raw = launcher.launch
+            cells = dict(zip(getattr(getattr(raw, "__code__", None), "co_freevars", ()),
+                             (cell.cell_contents for cell in getattr(raw, "__closure__", None)
+                              or ()), strict=True))
+            if positions:  # `wrap_handle_tensordesc`'s closure over the compiled launcher
+                if set(cells.get("tensordesc_indices", ())) != positions:
+                    return None
+                raw = cells["launcher"]
+            elif "tensordesc_indices" in cells:
                 return None
-            raw = cells["launcher"]
+            if launcher.global_scratch_size or launcher.profile_scratch_size:
+                return None
             head = (*replay.grid, None, compiled.function, launcher.launch_cooperative_grid,
                     launcher.launch_pdl, None, None, compiled.packed_metadata, None, None,
                     None)
+            fill = driver.active.utils.fill_tma_descriptor if positions else None
         except (AttributeError, ImportError, KeyError, TypeError, ValueError):
             return None
-        return TmaLaunch._built(replay, raw, head, metas, fill, TMA_DTYPE_DEVICE_TO_HOST)
+        return DirectLaunch._built(replay, raw, head, metas, fill, TMA_DTYPE_DEVICE_TO_HOST)
 
     @staticmethod
-    def _built(replay, raw, head, metas, fill, host_dtypes) -> TmaLaunch:
+    def _built(replay, raw, head, metas, fill, host_dtypes) -> DirectLaunch:
         """The argument list with its fixed values in place: each tensor slot (position,
         input index) and each descriptor's (position, input index, the encoder's other
         arguments, its maps by address) to fill per launch."""
@@ -180,12 +185,12 @@ class TmaLaunch:
                       meta["block_size"], shape, strides, 1 if padding == "nan" else 0)
             maps.append((len(template), index, encode, {}))
             template += [None, *shape, *strides]
-        return TmaLaunch(raw, head, template, tuple(tensors), tuple(maps), fill)
+        return DirectLaunch(raw, head, template, tuple(tensors), tuple(maps), fill)
 
     def __call__(self, stream, inputs) -> None:
         args = list(self.template)
         for at, index in self.tensors:
-            args[at] = inputs[index]
+            args[at] = inputs[index].data_ptr()
         for at, index, encode, kept in self.maps:
             base = inputs[index].data_ptr()
             found = kept.get(base)
