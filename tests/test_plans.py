@@ -684,3 +684,118 @@ def test_a_direct_replay_without_descriptors_passes_its_tensors_as_addresses(mon
                            None, None, inputs[2].data_ptr(), inputs[0].data_ptr(), 7, 128)
     replay(inputs)
     assert all(isinstance(a, int) for a in calls.pop()[13:15]) and encoded == []
+
+
+def test_the_launcher_hook_builds_fusedattns_kernels_ahead_and_answers_as_before(
+        monkeypatch):
+    # `launch.launcher_ahead`: Triton's jit_cache_hook submits a fusedattn kernel's
+    # launcher build and nothing else's, answers as the hook it wraps, and never raises
+    import types
+
+    from fusedattn import launch
+
+    submitted, answers = [], []
+
+    class Pool:
+        def submit(self, *args):
+            submitted.append(args)
+
+    def previous(**kwargs):
+        answers.append(kwargs["key"])
+        return kwargs["key"] == "skip"
+
+    monkeypatch.setattr(launch, "_AHEAD", [Pool()])
+    hook = launch.launcher_ahead(previous)
+    signature = {"q_desc": "tensordesc<bf16[1, 1, 64, 128],x>", "n": "i32"}
+
+    def kwargs(module, key="k"):
+        return dict(key=key, repr="r", fn=types.SimpleNamespace(module=module),
+                    compile={"signature": signature}, is_manual_warmup=False,
+                    already_compiled=False)
+
+    assert hook(**kwargs("fusedattn.hopper.forward_kernel")) is False
+    assert submitted == [(launch._quietly, launch.build_launcher, signature)]
+    assert hook(**kwargs("someone.else", key="skip")) is True and len(submitted) == 1
+    assert answers == ["k", "skip"]
+    assert launch.launcher_ahead(None)(**kwargs("someone.else")) is None
+    monkeypatch.setattr(launch, "_AHEAD", [])  # a pool that is not there: still answers
+    assert hook(**kwargs("fusedattn.tiles.flash_kernels")) is False
+    launch._quietly(launch.build_launcher, {"p": object()})  # a build that fails: quiet
+    # installed once a process, around the hook that was there
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", previous)
+    launch.build_launchers_ahead()
+    installed = knobs.runtime.jit_cache_hook
+    launch.build_launchers_ahead()
+    assert installed is knobs.runtime.jit_cache_hook is not previous
+    assert len(launch._AHEAD) == 1 and installed(**kwargs("x", key="skip")) is True
+    launch._AHEAD[0].shutdown()
+
+
+@pytest.mark.parametrize("kernel", ["hopper forward", "hopper backward", "portable"])
+def test_the_launcher_built_ahead_has_the_source_triton_builds_after_the_compile(kernel):
+    # `launch.launcher_source` from the signature alone (what the hook gets) equals what
+    # Triton 3.6's `CudaLauncher` builds from the compiled kernel (its signature and
+    # descriptors' metadata): the launch then finds the module in the cache
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"Triton 3.6's launcher (this Triton is {triton.__version__}); the GPU "
+                    "tier and a CPU venv of triton==3.6.0 run it")
+    from triton.backends.nvidia import driver as nvidia
+
+    from fusedattn import launch
+
+    if kernel == "portable":
+        from fusedattn.mode import EMULATION
+
+        if EMULATION:  # (Gluon kernels compile here all the same: no interpreter for them)
+            pytest.skip("the portable kernel is the interpreter's here: the GPU tier's case")
+        compiled = script("portable_compile_report").compile_row("bf16", 64, True)
+    else:
+        report = script("gluon_compile_report")
+        backward = kernel == "hopper backward"
+        module = report._load("k", report.BACKWARD if backward else report.KERNEL)
+        fn = module._flash_bwd_sm90 if backward else module._flash_fwd_sm90
+        config = dict(name="D128", D=128) if backward else report.CONFIGS[0]
+        compiled = report.compile_config(fn, config, backward=backward)
+    metas = compiled.metadata.tensordesc_meta
+    assert bool(metas) == (kernel != "portable")
+    assert launch.launcher_source(compiled.src.signature) == nvidia.make_launcher(
+        compiled.src.constants, compiled.src.signature, metas)
+
+
+def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
+                                                                        monkeypatch):
+    # `launch.build_launcher` under Triton 3.6: a launcher module already in Triton's
+    # cache (as after `warmup`) is neither built nor loaded; a missing one is built from
+    # `launcher_source`
+    import hashlib
+    import sysconfig
+
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"Triton 3.6's launcher (this Triton is {triton.__version__})")
+    from triton import knobs
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime import build
+    from triton.runtime.cache import get_cache_manager
+
+    from fusedattn import launch
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))
+    monkeypatch.setattr(nvidia, "library_dirs", lambda: [])  # (no libcuda on a CPU)
+    built = []
+    monkeypatch.setattr(build, "compile_module_from_src",
+                        lambda src, name, **kw: built.append((src, name)))
+    signature = {"q_desc": "tensordesc<bf16[1, 1, 64, 128],x>", "p": "*bf16", "n": "i32"}
+    launch.build_launcher(signature)
+    assert built == [(launch.launcher_source(signature), "__triton_launcher")]
+    source = launch.launcher_source(signature)
+    key = hashlib.sha256((source + build.platform_key()).encode("utf-8")).hexdigest()
+    get_cache_manager(key).put(b"\0", "__triton_launcher"
+                               + sysconfig.get_config_var("EXT_SUFFIX"), binary=True)
+    launch.build_launcher(signature)
+    assert len(built) == 1

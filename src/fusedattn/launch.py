@@ -264,12 +264,94 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
     """`kernel[grid](*args, **kwargs)` (grid a tuple): (what it returned, the compiled
     kernel on the GPU; its `Replay` over `inputs`, the call's tensors, which its tensor
     args must be among, or None)."""
+    if not EMULATION and not _AHEAD:
+        build_launchers_ahead()
     with kernel_launches():
         compiled = kernel[grid](*args, **kwargs)
     try:
         return compiled, _capture(kernel, compiled, grid, args, kwargs, inputs)
     except (AttributeError, TypeError, KeyError, IndexError):
         return compiled, None  # a Triton whose internals differ: Triton's launches only
+
+
+_AHEAD: list = []  # the pool that builds launchers ahead, once installed
+
+
+def build_launchers_ahead() -> None:
+    """Install `launcher_ahead` as Triton's `jit_cache_hook` (once a process, on the first
+    GPU launch; a hook already there is called after it, and its answer kept). Triton
+    builds a kernel's launcher, a C module, after the kernel has compiled: a host
+    compiler run, 0.37 s of the D128 forward's empty-cache first call on the H200
+    (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache, under cProfile). Its
+    source depends on the kernel's signature alone, which the hook is given before the
+    compile starts, so it is built on a thread meanwhile, into Triton's cache, where the
+    launch then finds it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton import knobs
+
+    if _AHEAD:
+        return
+    _AHEAD.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="fusedattn-launcher"))
+    knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
+
+
+def launcher_ahead(previous):
+    """A `jit_cache_hook` (Triton calls it before each compile, with the kernel and its
+    signature) that submits a fusedattn kernel's launcher build (`build_launcher`) to the
+    pool, then answers as `previous` does (None: compile). It never raises: a build that
+    fails or guesses another source costs a host compiler run, nothing else."""
+
+    def hook(**kwargs):
+        try:
+            if str(kwargs["fn"].module).startswith("fusedattn"):
+                _AHEAD[0].submit(_quietly, build_launcher, kwargs["compile"]["signature"])
+        except Exception:  # noqa: BLE001 (a hook that raised would fail the compile)
+            pass
+        return previous(**kwargs) if previous is not None else None
+
+    return hook
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 (Triton builds its launcher itself, as ever)
+        pass
+
+
+def build_launcher(signature: dict) -> None:
+    """Triton 3.6's launcher module for a kernel of this signature, built into its cache
+    (`compile_module_from_src`, keyed by the source) as `CudaLauncher` would build it
+    after the compile. Its source reads the descriptors' metadata only for whether each
+    is there; on sm90 each host descriptor has it (a TMA map), so one stands for all."""
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        return
+    import hashlib
+    import sysconfig
+
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.build import compile_module_from_src, get_cache_manager, platform_key
+
+    source, name = launcher_source(signature), "__triton_launcher"
+    # (in the cache already, as after `warmup`: not loaded here, the launch loads it)
+    key = hashlib.sha256((source + platform_key()).encode("utf-8")).hexdigest()
+    if get_cache_manager(key).get_file(name + sysconfig.get_config_var("EXT_SUFFIX")):
+        return
+    compile_module_from_src(src=source, name=name, library_dirs=nvidia.library_dirs(),
+                            include_dirs=nvidia.include_dirs, libraries=nvidia.libraries)
+
+
+def launcher_source(signature: dict) -> str:
+    """The C source of Triton 3.6's launcher for a kernel of this signature (its
+    `make_launcher`, with a stand-in metadata entry for each descriptor)."""
+    from triton.backends.nvidia import driver as nvidia
+
+    descriptors = sum(isinstance(ty, str) and ty.startswith("tensordesc")
+                      for ty in signature.values())
+    return nvidia.make_launcher(None, signature, [{}] * descriptors or None)
 
 
 class Plan:
