@@ -275,6 +275,7 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
 
 
 _AHEAD: list = []  # the pool that builds launchers ahead, once installed
+_AHEAD_LOCK = threading.Lock()  # (threads making their first launches at once install once)
 
 
 def build_launchers_ahead() -> None:
@@ -290,10 +291,12 @@ def build_launchers_ahead() -> None:
 
     from triton import knobs
 
-    if _AHEAD:
-        return
-    _AHEAD.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="fusedattn-launcher"))
-    knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
+    with _AHEAD_LOCK:
+        if _AHEAD:
+            return
+        _AHEAD.append(ThreadPoolExecutor(max_workers=2,
+                                         thread_name_prefix="fusedattn-launcher"))
+        knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
 
 
 def launcher_ahead(previous):
