@@ -445,18 +445,25 @@ def call_key(tensors, options, window, *extra):
     takes the full path each time: tensor subclasses, a window that is not a pair,
     unhashable options, nested or sparse tensors (the full path says what is wrong with
     them)."""
-    if any(t is not None and type(t) is not torch.Tensor for t in tensors):
-        return None
     if window is not None:
         if type(window) not in (tuple, list) or len(window) != 2:
             return None
         window = tuple(map(typed, window))
     options = tuple(map(typed, options))
-    try:  # (the tensors' parts always hash: the cache's lookup hashes them, once)
-        hash((options, window, extra))
-        return (*map(tensor_key, tensors), wants_grads(tensors), *options, window, *extra)
-    except (TypeError, RuntimeError):  # (RuntimeError: a nested tensor has no strides, a
-        return None                    # sparse one no data pointer)
+    parts, grad = [], False  # (`tensor_key` and `wants_grads`, in one pass)
+    try:
+        for t in tensors:
+            if t is None:
+                parts.append(None)
+                continue
+            if type(t) is not torch.Tensor:
+                return None
+            parts.append(tensor_key(t))
+            grad = grad or t.requires_grad
+        hash((options, window, extra))  # (the tensors' parts always hash; the cache's
+    except (TypeError, RuntimeError):   # lookup hashes them, once. RuntimeError: a nested
+        return None                     # tensor has no strides, a sparse one no pointer)
+    return (*parts, grad and torch.is_grad_enabled(), *options, window, *extra)
 
 
 _CALLS = Plans()
