@@ -147,6 +147,47 @@ def test_an_unwritable_cache_folder_still_gives_the_key(monkeypatch, tmp_path):
     assert got == "k2" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+def test_the_key_is_computed_once_by_threads_that_ask_together():
+    # `launch.once`: the first GPU launch starts Triton's key on a thread, and the launch's
+    # own compile asks for it while that thread hashes: it waits, it does not hash again
+    import threading
+    import time
+
+    from fusedattn.launch import once
+
+    calls, gate = [], threading.Barrier(4)
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.2)  # every other thread asks while the first computes
+        return f"key-{len(calls)}"
+
+    key, got = once(slow), []
+
+    def ask():
+        gate.wait()
+        got.append(key())
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == ["key-1"] * 4 and len(calls) == 1
+    key.cache_clear()
+    assert key() == "key-2" and len(calls) == 2  # forgotten, computed again
+
+    def fails():
+        calls.append(1)
+        raise OSError("unreadable")
+
+    failing = once(fails)
+    for _ in range(2):  # a raise keeps nothing: the next caller tries again
+        with pytest.raises(OSError):
+            failing()
+    assert len(calls) == 4
+
+
 def test_fusedattn_puts_its_remembered_key_in_place_of_tritons(monkeypatch, tmp_path):
     from triton.runtime import cache
 
@@ -162,3 +203,25 @@ def test_fusedattn_puts_its_remembered_key_in_place_of_tritons(monkeypatch, tmp_
         assert (tmp_path / fusedattn.launch.TRITON_KEY_FILE).exists()
     finally:
         cache.triton_key.cache_clear()
+
+
+def test_the_first_launch_starts_the_remembered_key_only(monkeypatch):
+    # `launch._triton_key` (on the launcher pool at the first GPU launch): fusedattn's
+    # remembered key, computed once for the launch to find; Triton's own key (with
+    # FUSEDATTN_TRITON_KEY=compute) is left to the launch, which would hash it again
+    from triton.runtime import cache
+
+    from fusedattn import launch
+
+    asked = []
+
+    def key():
+        asked.append(1)
+        return "k"
+
+    monkeypatch.setattr(cache, "triton_key", key)
+    launch._triton_key()
+    assert asked == []
+    key.remembered = True
+    launch._triton_key()
+    assert asked == [1]

@@ -721,16 +721,19 @@ def test_the_launcher_hook_builds_fusedattns_kernels_ahead_and_answers_as_before
     monkeypatch.setattr(launch, "_AHEAD", [])  # a pool that is not there: still answers
     assert hook(**kwargs("fusedattn.tiles.flash_kernels")) is False
     launch._quietly(launch.build_launcher, {"p": object()})  # a build that fails: quiet
-    # installed once a process, around the hook that was there
+    # installed once a process, around the hook that was there, Triton's key started
     from triton import knobs
 
+    started = []
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", previous)
+    monkeypatch.setattr(launch, "_triton_key", lambda: started.append(1))
     launch.build_launchers_ahead()
     installed = knobs.runtime.jit_cache_hook
     launch.build_launchers_ahead()
     assert installed is knobs.runtime.jit_cache_hook is not previous
     assert len(launch._AHEAD) == 1 and installed(**kwargs("x", key="skip")) is True
     launch._AHEAD[0].shutdown()
+    assert started == [1]
 
 
 @pytest.mark.parametrize("kernel", ["hopper forward", "hopper backward", "portable"])

@@ -20,7 +20,6 @@ arguments; the key is theirs to make complete (`dispatch.forward`, `flash_bwd`).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import json
@@ -280,7 +279,8 @@ _AHEAD_LOCK = threading.Lock()  # (threads making their first launches at once i
 
 def build_launchers_ahead() -> None:
     """Install `launcher_ahead` as Triton's `jit_cache_hook` (once a process, on the first
-    GPU launch; a hook already there is called after it, and its answer kept). Triton
+    GPU launch; a hook already there is called after it, and its answer kept), and start
+    Triton's key on its pool (`_triton_key`). Triton
     builds a kernel's launcher, a C module, after the kernel has compiled: a host
     compiler run, 0.37 s of the D128 forward's empty-cache first call on the H200
     (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache, under cProfile). Its
@@ -297,6 +297,18 @@ def build_launchers_ahead() -> None:
         _AHEAD.append(ThreadPoolExecutor(max_workers=2,
                                          thread_name_prefix="fusedattn-launcher"))
         knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
+        _AHEAD[0].submit(_quietly, _triton_key)
+
+
+def _triton_key() -> None:
+    """Triton's cache key (`remember_triton_key`'s, computed `once`), on the pool while the
+    first launch makes Triton's driver (a host compiler run for its `cuda_utils` on an
+    empty cache, 0.42 s; the key's hashing, 0.43 s, comes after it in that launch:
+    evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache)."""
+    from triton.runtime import cache
+
+    if getattr(cache.triton_key, "remembered", False):  # (Triton's own would be computed
+        cache.triton_key()                               # by the launch again, meanwhile)
 
 
 def launcher_ahead(previous):
@@ -554,16 +566,36 @@ def remember_triton_key() -> None:
     if original is None or getattr(original, "remembered", False):
         return
 
-    @functools.cache
-    def triton_key() -> str:
+    def remembered() -> str:
         try:
             return remembered_triton_key(original, Path(knobs.cache.dir),
                                          Path(triton.__file__).parent)
         except Exception:  # a Triton laid out otherwise: its own key
             return original()
 
+    triton_key = once(remembered)
     triton_key.remembered, triton_key.original = True, original
     cache.triton_key = triton_key
+
+
+def once(compute):
+    """`compute()`'s value, computed by the first caller and kept (`cache_clear()` forgets
+    it). A caller that comes while another thread computes it waits for that value, where
+    `functools.cache` would let each compute it (0.43 s of hashing each on the H200's
+    host): `build_launchers_ahead` starts Triton's key on a thread at the first GPU launch,
+    and the launch's compile asks for it soon after. A raise keeps nothing: the next caller
+    computes again."""
+    lock, kept = threading.Lock(), []
+
+    def value():
+        if not kept:
+            with lock:
+                if not kept:
+                    kept.append(compute())
+        return kept[0]
+
+    value.cache_clear = kept.clear
+    return value
 
 
 remember_triton_key()
