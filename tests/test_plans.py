@@ -794,6 +794,10 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
     monkeypatch.setattr(build, "compile_module_from_src",
                         lambda src, name, **kw: built.append((src, name)))
     signature = {"q_desc": "tensordesc<bf16[1, 1, 64, 128],x>", "p": "*bf16", "n": "i32"}
+    monkeypatch.setattr(nvidia, "PyCUtensorMap", None)  # Triton's driver not made yet:
+    launch.build_launcher(signature)  # nothing built (nor loaded, keeping a None type)
+    assert built == []
+    monkeypatch.setattr(nvidia, "PyCUtensorMap", type("PyCUtensorMap", (), {}))
     launch.build_launcher(signature)
     assert built == [(launch.launcher_source(signature), "__triton_launcher")]
     source = launch.launcher_source(signature)

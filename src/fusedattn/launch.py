@@ -350,6 +350,8 @@ def build_launcher(signature: dict) -> None:
     from triton.backends.nvidia import driver as nvidia
     from triton.runtime.build import compile_module_from_src, get_cache_manager, platform_key
 
+    if nvidia.PyCUtensorMap is None:  # a launcher's module reads it once, as it loads:
+        return  # loaded before Triton's driver sets it, every later load would keep None
     source, name = launcher_source(signature), "__triton_launcher"
     # (in the cache already, as after `warmup`: not loaded here, the launch loads it)
     key = hashlib.sha256((source + platform_key()).encode("utf-8")).hexdigest()
