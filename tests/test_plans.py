@@ -688,23 +688,20 @@ def test_a_direct_replay_without_descriptors_passes_its_tensors_as_addresses(mon
 
 def test_the_launcher_hook_builds_fusedattns_kernels_ahead_and_answers_as_before(
         monkeypatch):
-    # `launch.launcher_ahead`: Triton's jit_cache_hook submits a fusedattn kernel's
+    # `launch.launcher_ahead`: Triton's jit_cache_hook starts a fusedattn kernel's
     # launcher build and nothing else's, answers as the hook it wraps, and never raises
+    import threading
     import types
 
     from fusedattn import launch
 
-    submitted, answers = [], []
-
-    class Pool:
-        def submit(self, *args):
-            submitted.append(args)
+    started, answers = [], []
 
     def previous(**kwargs):
         answers.append(kwargs["key"])
         return kwargs["key"] == "skip"
 
-    monkeypatch.setattr(launch, "_AHEAD", [Pool()])
+    monkeypatch.setattr(launch, "ahead", lambda fn, *args: started.append((fn, *args)))
     hook = launch.launcher_ahead(previous)
     signature = {"q_desc": "tensordesc<bf16[1, 1, 64, 128],x>", "n": "i32"}
 
@@ -714,26 +711,44 @@ def test_the_launcher_hook_builds_fusedattns_kernels_ahead_and_answers_as_before
                     already_compiled=False)
 
     assert hook(**kwargs("fusedattn.hopper.forward_kernel")) is False
-    assert submitted == [(launch._quietly, launch.build_launcher, signature)]
-    assert hook(**kwargs("someone.else", key="skip")) is True and len(submitted) == 1
+    assert started == [(launch.build_launcher, signature)]
+    assert hook(**kwargs("someone.else", key="skip")) is True and len(started) == 1
     assert answers == ["k", "skip"]
     assert launch.launcher_ahead(None)(**kwargs("someone.else")) is None
-    monkeypatch.setattr(launch, "_AHEAD", [])  # a pool that is not there: still answers
+
+    def broken(fn, *args):
+        raise RuntimeError("no thread")
+
+    monkeypatch.setattr(launch, "ahead", broken)  # a start that fails: it still answers
     assert hook(**kwargs("fusedattn.tiles.flash_kernels")) is False
     launch._quietly(launch.build_launcher, {"p": object()})  # a build that fails: quiet
     # installed once a process, around the hook that was there, Triton's key started
     from triton import knobs
 
-    started = []
+    monkeypatch.setattr(launch, "ahead", lambda fn, *args: started.append((fn, *args)))
+    monkeypatch.setattr(launch, "_AHEAD", [])
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", previous)
-    monkeypatch.setattr(launch, "_triton_key", lambda: started.append(1))
     launch.build_launchers_ahead()
     installed = knobs.runtime.jit_cache_hook
     launch.build_launchers_ahead()
     assert installed is knobs.runtime.jit_cache_hook is not previous
-    assert len(launch._AHEAD) == 1 and installed(**kwargs("x", key="skip")) is True
-    launch._AHEAD[0].shutdown()
-    assert started == [1]
+    assert installed(**kwargs("x", key="skip")) is True
+    assert started[1:] == [(launch._triton_key,)]
+    # `ahead`'s thread ends with its work, its errors dropped
+    monkeypatch.undo()
+    done = threading.Event()
+    before = threading.active_count()
+
+    def work(x):
+        done.set()
+        raise ValueError(x)
+
+    launch.ahead(work, 1)
+    assert done.wait(5)
+    for t in threading.enumerate():
+        if t.name == "fusedattn-ahead":
+            t.join(5)
+    assert threading.active_count() <= before
 
 
 @pytest.mark.parametrize("kernel", ["hopper forward", "hopper backward", "portable"])

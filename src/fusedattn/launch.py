@@ -273,35 +273,38 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
         return compiled, None  # a Triton whose internals differ: Triton's launches only
 
 
-_AHEAD: list = []  # the pool that builds launchers ahead, once installed
+_AHEAD: list = []  # True once `build_launchers_ahead` has run in this process
 _AHEAD_LOCK = threading.Lock()  # (threads making their first launches at once install once)
 
 
 def build_launchers_ahead() -> None:
     """Install `launcher_ahead` as Triton's `jit_cache_hook` (once a process, on the first
     GPU launch; a hook already there is called after it, and its answer kept), and start
-    Triton's key on its pool (`_triton_key`). Triton
-    builds a kernel's launcher, a C module, after the kernel has compiled: a host
-    compiler run, 0.37 s of the D128 forward's empty-cache first call on the H200
+    Triton's key on a thread (`_triton_key`). Triton builds a kernel's launcher, a C
+    module, after the kernel has compiled: a host compiler run, 0.37 s of the D128
+    forward's empty-cache first call on the H200
     (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache, under cProfile). Its
     source depends on the kernel's signature alone, which the hook is given before the
     compile starts, so it is built on a thread meanwhile, into Triton's cache, where the
     launch then finds it."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from triton import knobs
 
     with _AHEAD_LOCK:
         if _AHEAD:
             return
-        _AHEAD.append(ThreadPoolExecutor(max_workers=2,
-                                         thread_name_prefix="fusedattn-launcher"))
+        _AHEAD.append(True)
         knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
-        _AHEAD[0].submit(_quietly, _triton_key)
+        ahead(_triton_key)
+
+
+def ahead(fn, *args) -> None:
+    """`fn(*args)` on a thread of its own that ends with it (no pool keeps threads alive
+    after the work: a process that forks later has none of ours), its errors dropped."""
+    threading.Thread(target=_quietly, args=(fn, *args), name="fusedattn-ahead").start()
 
 
 def _triton_key() -> None:
-    """Triton's cache key (`remember_triton_key`'s, computed `once`), on the pool while the
+    """Triton's cache key (`remember_triton_key`'s, computed `once`), on a thread while the
     first launch makes Triton's driver (a host compiler run for its `cuda_utils` on an
     empty cache, 0.42 s; the key's hashing, 0.43 s, comes after it in that launch:
     evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache)."""
@@ -313,14 +316,14 @@ def _triton_key() -> None:
 
 def launcher_ahead(previous):
     """A `jit_cache_hook` (Triton calls it before each compile, with the kernel and its
-    signature) that submits a fusedattn kernel's launcher build (`build_launcher`) to the
-    pool, then answers as `previous` does (None: compile). It never raises: a build that
+    signature) that starts a fusedattn kernel's launcher build (`build_launcher`) on a
+    thread, then answers as `previous` does (None: compile). It never raises: a build that
     fails or guesses another source costs a host compiler run, nothing else."""
 
     def hook(**kwargs):
         try:
             if str(kwargs["fn"].module).startswith("fusedattn"):
-                _AHEAD[0].submit(_quietly, build_launcher, kwargs["compile"]["signature"])
+                ahead(build_launcher, kwargs["compile"]["signature"])
         except Exception:  # noqa: BLE001 (a hook that raised would fail the compile)
             pass
         return previous(**kwargs) if previous is not None else None
