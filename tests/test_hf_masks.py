@@ -250,6 +250,10 @@ def test_refusals_name_what_is_supported():
     custom = (noise > 0.5).to(DEVICE) | torch.eye(SEQ, dtype=torch.bool, device=DEVICE)
     with pytest.raises(ProblemError, match="allow_mask_fallback"):
         ours(ids, attention_mask=custom)
+    with pytest.raises(ProblemError, match="^allowed=.*True or False"):
+        hf.allow_mask_fallback("no")  # (a truthy string allowed it before)
+    with pytest.raises(ProblemError, match="allow_mask_fallback"):
+        ours(ids, attention_mask=custom)  # still refused
     # the opt-in: the plain formula for that call, said once
     hf.allow_mask_fallback(True)
     try:

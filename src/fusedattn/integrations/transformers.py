@@ -74,7 +74,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fusedattn.api import attention
 from fusedattn.integrations.masks import MaskPlan, plan_from_mask, plan_from_positions
-from fusedattn.problem import ProblemError
+from fusedattn.problem import ProblemError, check_flag
 
 NAME = "fusedattn"
 # the process groups of the `sequence_parallel` blocks around this thread's (or task's)
@@ -164,7 +164,8 @@ _FALLBACK = {"allowed": False, "said": False}
 def allow_mask_fallback(allowed: bool = True) -> None:
     """Let masks fusedattn cannot run (an arbitrary 4D mask) fall back, per call, to the
     plain formula (PyTorch's SDPA with the mask), with one warning, instead of raising."""
-    _FALLBACK["allowed"] = bool(allowed)
+    check_flag("allowed", allowed)  # ("no" would have allowed it)
+    _FALLBACK["allowed"] = allowed
 
 
 def fusedattn_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
