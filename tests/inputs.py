@@ -101,3 +101,17 @@ def spread_sinks(model) -> None:
         for module in model.modules():
             if isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
                 module.sinks.copy_(torch.randn(module.sinks.shape, generator=g) * 2)
+
+
+def background_done() -> None:
+    """No compile or build of an earlier test still running on a thread (the backward's
+    precompiles, `launch.ahead`'s builds): for tests that patch what those would call
+    (Triton's driver, its key, its module builder)."""
+    import threading
+
+    from fusedattn.tiles import flash_bwd
+
+    flash_bwd._wait_for_precompiles()
+    for t in threading.enumerate():
+        if t.name == "fusedattn-ahead":
+            t.join()

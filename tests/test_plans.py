@@ -14,7 +14,7 @@ from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref
 from fusedattn.tiles import flash_bwd
 from fusedattn_lab.verify import check
-from inputs import i32, passes, rand, script
+from inputs import background_done, i32, passes, rand, script
 
 
 def _fresh(fn):
@@ -568,7 +568,7 @@ def _direct_setup(monkeypatch, signature, metas, slots, values):
 
     from fusedattn import launch
 
-    _background_done()  # (a compile on a thread would meet the fake driver)
+    background_done()  # (a compile on a thread would meet the fake driver)
     encoded = []
 
     def fill(*args):  # a CUtensorMap stand-in: what it was encoded from
@@ -687,17 +687,6 @@ def test_a_direct_replay_without_descriptors_passes_its_tensors_as_addresses(mon
     assert all(isinstance(a, int) for a in calls.pop()[13:15]) and encoded == []
 
 
-def _background_done() -> None:
-    """No compile or build of an earlier test still running on a thread (the backward's
-    precompiles, `launch.ahead`'s builds): the tests below patch what those would call."""
-    import threading
-
-    flash_bwd._wait_for_precompiles()
-    for t in threading.enumerate():
-        if t.name == "fusedattn-ahead":
-            t.join()
-
-
 def test_the_launcher_hook_builds_fusedattns_kernels_ahead_and_answers_as_before(
         monkeypatch):
     # `launch.launcher_ahead`: Triton's jit_cache_hook starts a fusedattn kernel's
@@ -707,7 +696,7 @@ def test_the_launcher_hook_builds_fusedattns_kernels_ahead_and_answers_as_before
 
     from fusedattn import launch
 
-    _background_done()
+    background_done()
     started, answers = [], []
 
     def previous(**kwargs):
@@ -816,7 +805,7 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
 
     from fusedattn import launch
 
-    _background_done()
+    background_done()
     monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))
     monkeypatch.setattr(nvidia, "library_dirs", lambda: [])  # (no libcuda on a CPU)
     built = []
