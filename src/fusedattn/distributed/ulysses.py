@@ -202,11 +202,17 @@ def _checked(q, k, v, group, world: int, is_causal, scale, precision, chunks: in
     return replicas
 
 
-def _chunks(chunks, heads: int, heads_kv: int) -> None:
-    """`chunks` (the overlap's head groups) an int >= 1 dividing a rank's H/P query heads
-    and its K/V heads (after replication): a group's query heads keep their K/V heads."""
+def check_chunks(chunks) -> None:
+    """`chunks` (the overlap's head groups) an int >= 1, wherever it is given (the entry
+    points, Hugging Face's `sequence_parallel`)."""
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise ProblemError("chunks", chunks, "an int >= 1 (1: no overlap)")
+
+
+def _chunks(chunks, heads: int, heads_kv: int) -> None:
+    """`chunks` (`check_chunks`) dividing a rank's H/P query heads and its K/V heads (after
+    replication): a group's query heads keep their K/V heads."""
+    check_chunks(chunks)
     if heads % chunks or heads_kv % chunks:
         raise ProblemError("chunks", chunks, f"a divisor of a rank's {heads} query and "
                            f"{heads_kv} K/V heads (H / P and H_kv / P after replication)")

@@ -137,8 +137,9 @@ def sequence_parallel(group=None, *, kind: str = "ring", mesh=None, cu_seqlens=N
     if mesh is not None and (group is not None or kind != "ring"):
         raise ProblemError("mesh", mesh, "a mesh alone (USP: its dim 0 Ulysses, dim 1 the "
                            "ring), not with a group or kind")
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ProblemError("chunks", chunks, "an int >= 1 (1: no overlap)")
+    from fusedattn.distributed.ulysses import check_chunks
+
+    check_chunks(chunks)
     if chunks > 1 and kind == "ring" and mesh is None:
         raise ProblemError("chunks", chunks, "1 for the ring (head groups overlap Ulysses' "
                            "all-to-alls: kind='ulysses' or a mesh)")
