@@ -211,8 +211,9 @@ def check_flag(name: str, value: object) -> None:
 
 SCALE_MAX = 1e30
 """The largest `scale`: the kernels fold scale * log2(e) into their fp32 scores, and a
-scale of 3e38 made ordinary scores infinite and every row NaN (1e300 the fold itself);
-like the softcap's, the bound keeps scores of usual inputs finite."""
+scale of 3e38 made ordinary scores infinite and every row NaN (1e300 the fold itself;
+evidence/cpu/20261203T0830Z-cpu-checks); like the softcap's, the bound keeps scores of
+usual inputs finite."""
 
 SOFTCAP_RANGE = (1e-30, 1e30)
 """Softcaps the kernels compute in fp32 without overflow or underflow: they scale the
