@@ -92,7 +92,7 @@ class Replay:
                      compiled.packed_metadata, metadata, enter, leave, *args)
 
 
-DIRECT_LAUNCH = False
+DIRECT_LAUNCH = True
 """Replays call Triton's compiled launcher themselves (`DirectLaunch`). Off until the GPU
 tier has run it and a host A/B has timed it on the H200 (`h200_round.sh directab`); its
 arguments were checked against Triton 3.6's own launcher on the CPU
