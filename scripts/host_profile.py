@@ -367,12 +367,12 @@ def _direct_sides(b, h, s, d, causal, train, backend) -> dict:
 
     def ours(direct):
         def call():
-            launch.DIRECT_LAUNCH = direct
+            kept, launch.DIRECT_LAUNCH = launch.DIRECT_LAUNCH, direct
             try:
                 with use_backend(backend):
                     return run(attention)
             finally:
-                launch.DIRECT_LAUNCH = False
+                launch.DIRECT_LAUNCH = kept
         return call
 
     def cudnn():
