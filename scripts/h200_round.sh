@@ -53,11 +53,12 @@
 #               and the copied tree have none, so each fresh process compiled the sources it
 #               imported, sympy alone 2.9 s, evidence 0245Z)
 #   coldrow I   one coldstart problem (`coldstart.problems()[I]`) in a fresh process with an
-#               empty Triton cache, $ROUNDS times (default 3), a JSON line each into
+#               empty Triton cache (or as $COLDMODE starts it), $ROUNDS times (default 3), a JSON line each into
 #               $ev/coldrow-I.jsonl: an A/B of a first call without the whole suite (PYC=1
 #               as for coldstart)
 #   coldab D I  coldrow I alternating an older tree's src/ (D/src) with this one: old, new,
 #               new, old, $ROUNDS (default 2) fresh processes each, into $ev/coldab-I.jsonl
+#               ($COLDMODE as for coldrow; each side's warmup then runs with its own src)
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes), or as $MODE starts
 #               it (e.g. "empty cache"); $PROBLEMS (default 3,0); PYC=1 as for coldstart
@@ -98,11 +99,12 @@ for dt, d in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float32, 80)):
     torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
 torch.cuda.synchronize()" 2>&1 | tail -2
 }
-# fresh_row I SIDE: coldstart.problems()[I] in a fresh process with an empty Triton cache,
-# with SIDE/src's library, its JSON line (naming SIDE) added to $ev/$3 and the log
+# fresh_row I SIDE: coldstart.problems()[I] in a fresh process with an empty Triton cache
+# (or started as $COLDMODE says: "after warmup", "after a primer"), with SIDE/src's library,
+# its JSON line (naming SIDE) added to $ev/$3 and the log
 fresh_row() {
   PYTHONPATH=/tmp/site:$2/src python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
-print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])]), side=sys.argv[2])))" "$1" "$2" 2>&1 | tail -1 | tee -a "$ev/$3" | tee -a "$log"
+print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])], sys.argv[3]), side=sys.argv[2])))" "$1" "$2" "${COLDMODE:-empty cache}" 2>&1 | tail -1 | tee -a "$ev/$3" | tee -a "$log"
 }
 # Nsight Compute of scripts/ncu_vs_cudnn.py's NVTX ranges fusedattn-fwd and PEER-fwd, or
 # with PEER "-" every kernel between its profiler start and stop (--bwd-only: autograd's

@@ -9,6 +9,8 @@
 
 Depends on torch and triton only. Importing it reads where the kernels run (the GPU, or
 Triton's interpreter where the user set TRITON_INTERPRET=1; see `mode`) and sets nothing.
+On a GPU it starts one thread that imports the kernels a first call would (`prime`;
+FUSEDATTN_PRIME=0 turns it off).
 """
 
 from fusedattn import mode as _mode  # noqa: F401  (must run before kernel imports)
@@ -30,3 +32,8 @@ def __getattr__(name: str):
         value = globals()[name] = getattr(importlib.import_module(_PUBLIC[name]), name)
         return value
     raise AttributeError(f"module 'fusedattn' has no attribute {name!r}")
+
+
+from fusedattn import prime as _prime  # noqa: E402  (after the package's names are set)
+
+_prime.start()

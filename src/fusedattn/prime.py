@@ -1,0 +1,94 @@
+"""What a process's first GPU call would import, done on a thread started as fusedattn is
+imported (issue 31: a first call after `fusedattn.warmup` at most 0.1 s).
+
+After warmup nothing compiles, yet the D128 forward's first call took 0.195 s under
+cProfile on the H200: 0.097 s importing Triton's Gluon for the Hopper kernels and 0.073 s
+in Triton's first launch (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache).
+`import fusedattn` itself imports neither Triton nor the kernels. So `start` runs `prime` on
+a thread of its own. It imports the modules a forward and a backward import at their first
+calls (`MODULES`), then hashes the Hopper kernels' sources as Triton's first launch would
+(`KERNELS`, `JITFunction.cache_key`). A process that calls fusedattn later than that finds
+the work done. One that calls it sooner waits on Python's import locks, or on the
+kernel's hash lock, for what the thread has begun, so nothing is done twice.
+
+The process pays the same CPU time as before, on another thread, usually while it loads its
+model. It starts only where kernels could run on a GPU: not in emulation, nor under a torch
+without CUDA. `FUSEDATTN_PRIME=0` turns it off; the variable is read once, at import.
+
+A fork waits for the thread (`os.register_at_fork`, at most `FORK_WAIT` seconds), so a child
+never inherits an import that is half done. The thread is not a daemon, so a process that
+exits at once waits for it rather than tearing Triton down under it. It never raises: an
+import that fails there fails again, with its own error, where the call makes it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+
+MODULES = ("fusedattn.api", "fusedattn.dispatch", "fusedattn.tiles.flash",
+           "fusedattn.hopper.forward", "fusedattn.hopper.forward_kernel",
+           "fusedattn.tiles.flash_bwd", "fusedattn.hopper.backward",
+           "fusedattn.hopper.backward_kernel")
+"""The modules a process's first forward and backward import, in import order."""
+
+KERNELS = (("fusedattn.hopper.forward_kernel", "_flash_fwd_sm90"),
+           ("fusedattn.hopper.backward_kernel", "_flash_bwd_sm90"))
+"""The kernels whose source hash (`cache_key`: the source and every function it calls,
+parsed) Triton's first launch of them computes: 18-27 ms each on the development CPU."""
+
+FORK_WAIT = 2.0
+"""Seconds a fork waits for the thread, at most."""
+
+_THREAD: threading.Thread | None = None
+_START = threading.Lock()
+
+
+def wanted() -> bool:
+    """Whether this process primes: a CUDA build of torch outside emulation, and
+    `FUSEDATTN_PRIME` not "0"."""
+    import torch
+
+    from fusedattn.mode import EMULATION
+
+    return (not EMULATION and torch.version.cuda is not None
+            and os.environ.get("FUSEDATTN_PRIME", "1") != "0")
+
+
+def prime() -> list[str]:
+    """Import `MODULES` and hash `KERNELS`; what failed, by name (never raises)."""
+    failed = []
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 (the call's own import raises it again)
+            failed.append(name)
+    for module, kernel in KERNELS:
+        try:
+            getattr(sys.modules[module], kernel).cache_key  # noqa: B018 (computed, kept)
+        except Exception:  # noqa: BLE001
+            failed.append(f"{module}.{kernel}")
+    return failed
+
+
+def start() -> bool:
+    """`prime` on a thread, once a process, where `wanted`; whether it started now."""
+    global _THREAD
+    with _START:
+        if _THREAD is not None or not wanted():
+            return False
+        _THREAD = threading.Thread(target=prime, name="fusedattn-prime")
+        _THREAD.start()
+    return True
+
+
+def join(timeout: float = FORK_WAIT) -> None:
+    """Wait for the thread, at most `timeout` seconds (before a fork; any time)."""
+    thread = _THREAD
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)
+
+
+os.register_at_fork(before=join)
