@@ -53,7 +53,8 @@
 #               and the copied tree have none, so each fresh process compiled the sources it
 #               imported, sympy alone 2.9 s, evidence 0245Z)
 #   coldrow I   one coldstart problem (`coldstart.problems()[I]`) in a fresh process with an
-#               empty Triton cache (or as $COLDMODE starts it), $ROUNDS times (default 3), a JSON line each into
+#               empty Triton cache (or as $COLDMODE starts it: "after warmup", "after a
+#               primer"), $ROUNDS times (default 3), a JSON line each into
 #               $ev/coldrow-I.jsonl: an A/B of a first call without the whole suite (PYC=1
 #               as for coldstart)
 #   coldab D I  coldrow I alternating an older tree's src/ (D/src) with this one: old, new,
