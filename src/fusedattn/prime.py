@@ -91,4 +91,5 @@ def join(timeout: float = FORK_WAIT) -> None:
         thread.join(timeout)
 
 
-os.register_at_fork(before=join)
+if hasattr(os, "register_at_fork"):  # POSIX: where a process can fork
+    os.register_at_fork(before=join)
