@@ -728,7 +728,7 @@ def test_the_launcher_hook_builds_fusedattns_kernels_ahead_and_answers_as_before
     from triton import knobs
 
     monkeypatch.setattr(launch, "ahead", lambda fn, *args: started.append((fn, *args)))
-    monkeypatch.setattr(launch, "_AHEAD", [])
+    monkeypatch.setattr(launch, "_AHEAD", False)
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", previous)
     launch.build_launchers_ahead()
     installed = knobs.runtime.jit_cache_hook

@@ -211,12 +211,12 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, s
     """The metadata every check and decision of a `check_lengths=False` call reads
     (`api.call_key`; the caches' addresses too: the overlap checks read them), or None:
     `check_lengths=True` reads the lengths' values each call."""
-    if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor) \
-            or k_cache.layout is not torch.strided or v_cache.layout is not torch.strided:
-        return None  # (a sparse cache has no data pointer: the full path refuses it)
+    if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
+        return None
     tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks)
-    return call_key(tensors, options[:1] + options[2:], options[1], k_cache.data_ptr(),
-                    v_cache.data_ptr(), aliases(tensors))
+    key = call_key(tensors, options[:1] + options[2:], options[1], aliases(tensors))
+    # (the addresses after `call_key`, which has refused what has none: sparse tensors)
+    return None if key is None else (*key, k_cache.data_ptr(), v_cache.data_ptr())
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,

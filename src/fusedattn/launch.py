@@ -130,12 +130,10 @@ class DirectLaunch:
 
     @staticmethod
     def of(replay) -> DirectLaunch | None:
-        import triton
-
         compiled = replay.compiled
         positions = {position for position, _, desc in replay.slots if desc is not None}
         metas = getattr(getattr(compiled, "metadata", None), "tensordesc_meta", None) or []
-        if (not triton.__version__.startswith("3.6.") or len(metas) != len(positions)
+        if (not _triton_36() or len(metas) != len(positions)
                 or any(meta.get("fp4_padded") for meta in metas)):
             return None
         try:
@@ -273,7 +271,7 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
         return compiled, None  # a Triton whose internals differ: Triton's launches only
 
 
-_AHEAD: list = []  # True once `build_launchers_ahead` has run in this process
+_AHEAD = False  # True once `build_launchers_ahead` has run in this process
 _AHEAD_LOCK = threading.Lock()  # (threads making their first launches at once install once)
 
 
@@ -289,10 +287,11 @@ def build_launchers_ahead() -> None:
     launch then finds it."""
     from triton import knobs
 
+    global _AHEAD
     with _AHEAD_LOCK:
         if _AHEAD:
             return
-        _AHEAD.append(True)
+        _AHEAD = True
         knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
         ahead(_triton_key)
 
@@ -343,9 +342,7 @@ def build_launcher(signature: dict) -> None:
     (`compile_module_from_src`, keyed by the source) as `CudaLauncher` would build it
     after the compile. Its source reads the descriptors' metadata only for whether each
     is there; on sm90 each host descriptor has it (a TMA map), so one stands for all."""
-    import triton
-
-    if not triton.__version__.startswith("3.6."):
+    if not _triton_36():
         return
     import hashlib
     import sysconfig
@@ -362,6 +359,14 @@ def build_launcher(signature: dict) -> None:
         return
     compile_module_from_src(src=source, name=name, library_dirs=nvidia.library_dirs(),
                             include_dirs=nvidia.include_dirs, libraries=nvidia.libraries)
+
+
+def _triton_36() -> bool:
+    """Whether this Triton is 3.6, whose launcher internals `DirectLaunch` and
+    `build_launcher` were read from (elsewhere both leave Triton's own way in place)."""
+    import triton
+
+    return triton.__version__.startswith("3.6.")
 
 
 def launcher_source(signature: dict) -> str:
