@@ -37,7 +37,8 @@ MODULES = ("fusedattn.api", "fusedattn.dispatch", "fusedattn.tiles.flash",
 KERNELS = (("fusedattn.hopper.forward_kernel", "_flash_fwd_sm90"),
            ("fusedattn.hopper.backward_kernel", "_flash_bwd_sm90"))
 """The kernels whose source hash (`cache_key`: the source and every function it calls,
-parsed) Triton's first launch of them computes: 18-27 ms each on the development CPU."""
+parsed) Triton's first launch of them computes: 10-21 ms each on the development CPU
+(evidence/cpu/20261203T0905Z-prime-right-after-import/cache_key.txt)."""
 
 FORK_WAIT = 2.0
 """Seconds a fork waits for the thread, at most."""
