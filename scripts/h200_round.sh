@@ -14,8 +14,9 @@
 #               cuDNN, FA4); under $ev/bwd-TIME/ (so a round may take several)
 #   losscurves  scripts/hf_loss_curves.py: 100 training steps of a small Mistral, fusedattn
 #               (the Hopper path) against sdpa and eager, and the plot
-#   varlengrid  scripts/varlen_grid_ab.py: the varlen forward's grid, one program per item
-#               against the persistent grid (`hopper.forward.VARLEN_DYNAMIC`), alternately
+#   switchab N V  scripts/switch_ab.py: `hopper.forward`'s switch N at values V (Python
+#               literals, comma-separated, the first the reference) in turn in one process,
+#               rows $ABROWS (default all: dense, window, varlen), verified, bits compared
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
@@ -139,7 +140,9 @@ while [ $# -gt 0 ]; do
     bwd) d=$ev/bwd-$(date -u +%H%M%S); mkdir -p $d
          python3 scripts/hopper_bwd_check.py --out $d --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;
-    varlengrid) python3 scripts/varlen_grid_ab.py --out $ev 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
+    switchab) name=$1 values=$2; shift 2
+              python3 scripts/switch_ab.py --switch "$name" --values "$values" --out $ev \
+                ${ABROWS:+--rows "$ABROWS"} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     rows) d=$ev/rows-$(date -u +%H%M%S); mkdir -p $d

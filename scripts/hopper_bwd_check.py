@@ -163,6 +163,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # S transposed under masks at every head dim, or at none
              "hopper-swap-masked": _ours("hopper", SWAP_MASKED={64: True, 128: True}),
              "hopper-swap-unmasked": _ours("hopper", SWAP_MASKED={64: False, 128: False}),
+             # the mask's key indices a [BLOCK_N] tensor, not constants
+             # (`hopper.backward.MASK_CONSTANTS`)
+             "hopper-mask-indices": _ours("hopper", MASK_CONSTANTS=False),
              # the deterministic adds' orders forced (`hopper.backward.order`)
              "hopper-down": _ours("hopper", ORDER="down"),
              # "down" with a (batch, head)'s programs launched one after another, as

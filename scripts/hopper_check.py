@@ -70,6 +70,8 @@ def providers(q, k, v, causal):
     calls["hopper-2wg"] = knob("WARPGROUPS", {})  # two consumers at D64 too
     calls["hopper-rowsum"] = knob("LANE_SUM", False)  # row sums shuffled every tile
     calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
+    calls["hopper-mask0"] = knob("MASK_FORM", 0)  # key indices a [BLOCK_N] tensor
+    calls["hopper-mask1"] = knob("MASK_FORM", 1)  # constants, the row max in each arm
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):

@@ -201,6 +201,45 @@ def test_the_varlen_items_model_gives_every_tile_once():
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("form", [0, 1])
+@pytest.mark.parametrize("case", [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
+    (1, 2, 2, 129, 300, 128, True, None, None), (1, 2, 2, 300, 129, 128, True, None, None),
+    (1, 3, 1, 2500, 3001, 64, True, None, None), (1, 2, 2, 777, 777, 64, False, (50, 3000), None),
+    (1, 2, 2, 777, 777, 64, False, (0, 0), None), (2, 4, 1, 1025, 301, 192, False, (64, 64), None),
+    (1, 4, 2, 517, 517, 96, True, (40, 0), 30.0), (1, 4, 2, 255, 129, 112, True, None, None),
+    (1, 2, 2, 333, 333, 128, False, None, None)])
+def test_every_mask_form_gives_the_defaults_bits(case, form, monkeypatch):
+    # `hopper.forward.MASK_FORM` moves the mask's compares and the row max's place, never
+    # a value: each form's output and LSE are the default's bits (the default's against
+    # the reference: test_hopper_forward_matches_the_reference), varlen and FP8 too
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    b, h, hk, sq, sk, d, causal, window, softcap = case
+    q, k, v = (_rand(b, n, s, d, seed=i)
+               for i, (n, s) in enumerate(((h, sq), (hk, sk), (hk, sk))))
+    calls = [lambda: attention(q, k, v, is_causal=causal, enable_gqa=hk != h, window=window,
+                               softcap=softcap, return_lse=True)]
+    if sq == sk and hk == h:
+        cu = torch.tensor([0, 5, sq // 2, sq], dtype=torch.int32, device=DEVICE)
+        flat = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]
+        calls.append(lambda: attention_varlen(*flat, cu, cu, sq, sq, is_causal=causal,
+                                              window=window, softcap=softcap))
+    if d in (64, 128) and softcap is None and window is None:
+        f8 = [t.to(torch.float8_e4m3fn) for t in (q, k, v)]
+        calls.append(lambda: attention(*f8, is_causal=causal, enable_gqa=hk != h))
+    with use_backend("hopper"):
+        default = [call() for call in calls]
+        monkeypatch.setattr(knobs, "MASK_FORM", form)
+        for call, want in zip(calls, default, strict=True):
+            got = call()
+            for a, b_ in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want)),
+                             strict=True):
+                assert torch.equal(a, b_)
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("dim", [64, 192])
 def test_hopper_forward_takes_a_bshd_view_and_writes_every_row(dim):
     if not ON_HOPPER:

@@ -415,6 +415,29 @@ def test_scores_transposed_under_masks_are_right_and_repeat(dim, options, determ
         assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
+@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("options", [o for o in ORDER_MASKS if o])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_the_masks_key_indices_and_constants_give_the_same_bits(dim, options, swap,
+                                                                 monkeypatch):
+    # `hopper.backward.MASK_CONSTANTS` moves the mask's compares, never a value: with S or
+    # S^T (`SWAP_MASKED`), GQA 6/2 with Sq != Sk, the gradients of both forms are one set
+    # of bits (the default's against the reference: the tests above)
+    from fusedattn.hopper import backward as knobs
+
+    monkeypatch.setattr(knobs, "SWAP_MASKED", {64: swap, 128: swap})
+    q = rand(1, 6, 777, dim, dtype=torch.bfloat16)
+    k, v = (rand(1, 2, 1290, dim, dtype=torch.bfloat16, seed=i) for i in (1, 2))
+    dout = rand(1, 6, 777, dim, dtype=torch.bfloat16, seed=3)
+    grads = []
+    for constants in (True, False):
+        monkeypatch.setattr(knobs, "MASK_CONSTANTS", constants)
+        grads.append(_grads(q, k, v, dout, "hopper", **options))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
 MIB = 1 << 20
 
 

@@ -120,6 +120,12 @@ VARLEN_COMPACT = {64: True, 128: True}
 # 20261203T0124Z-bwd-varlen-longest-first) +3.4% at D128 (347 against 335-337 TFLOP/s),
 # +3.7% at D64 (250-252 against 241-243). False: their order
 VARLEN_LONGEST_FIRST = True
+# a tile's mask compares its bounds, less the lane's offset, with constants in a [R, N / 8,
+# 4, 2] view of the accumulator (`backward_kernel._masked_p`, as the forward's
+# `MASK_FORM`), where False builds the key indices as a [BLOCK_N] tensor. The sm90 compile
+# report: D128 causal spills 52/52 -> 28/28 B, its loop's local-memory operations 14 -> 10
+# (evidence/sm90-compile/20261203T0935Z-bwd-mask-constants) (A/B)
+MASK_CONSTANTS = True
 
 
 def switches() -> tuple:
@@ -129,7 +135,7 @@ def switches() -> tuple:
             tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
-            tuple(sorted(VARLEN_COMPACT.items())), VARLEN_LONGEST_FIRST,
+            tuple(sorted(VARLEN_COMPACT.items())), VARLEN_LONGEST_FIRST, MASK_CONSTANTS,
             tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
@@ -294,5 +300,5 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
-                  num_warps=8)
+                  MASK_CONSTANTS=MASK_CONSTANTS, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -417,6 +417,44 @@ def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
 
 
 @gluon.jit
+def _masked_p(p, k0, q0, seq_k, left, right, QX: gl.constexpr, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr):
+    """`p` with 0 where the mask drops a (key, query) pair: keys k0 + i along axis QX, the
+    queries' positions among the keys q0 + i along the other (`_key_mask`'s rule). The
+    wgmma accumulator's axis 1 is compared in `[R, N / 8, 4, 2]`, where a thread's index
+    along it is 8j + e (constants a register) plus 2(lane % 4) (one value a thread), as the
+    forward's `_masked` does: no register a key or query held for the compares."""
+    R: gl.constexpr = p.shape[0]
+    N: gl.constexpr = p.shape[1]
+    p4 = gl.reshape(p, [R, N // 8, 4, 2])
+    l4: gl.constexpr = p4.type.layout
+    l3: gl.constexpr = gl.SliceLayout(3, l4)
+    l2: gl.constexpr = gl.SliceLayout(2, l3)
+    j = gl.arange(0, N // 8, layout=gl.SliceLayout(0, l2)) * 8
+    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3))) * 2
+    e = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
+    r = gl.arange(0, R, layout=gl.SliceLayout(1, l2))
+    const = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 2), 3) + gl.expand_dims(
+        gl.expand_dims(gl.expand_dims(e, 0), 1), 2)
+    lane = gl.expand_dims(gl.expand_dims(gl.expand_dims(q, 0), 1), 3)
+    r4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(r, 1), 2), 3)
+    if QX == 1:  # p is [queries, keys]: key k0 + n, query position q0 + r
+        valid = const < seq_k - k0 - lane
+        if HAS_RIGHT:
+            valid = valid & (const <= (q0 + right - k0 + r4) - lane)
+        if HAS_LEFT:
+            valid = valid & (const >= (q0 - left - k0 + r4) - lane)
+    else:  # p is [keys, queries] (S^T): key k0 + r, query position q0 + n
+        valid = k0 + r4 < seq_k
+        if HAS_RIGHT:  # key <= q0 + n + right
+            valid = valid & (const >= (k0 - q0 - right + r4) - lane)
+        if HAS_LEFT:  # key >= q0 + n - left
+            valid = valid & (const <= (k0 - q0 + left + r4) - lane)
+    p4 = gl.where(valid, p4, 0.0)
+    return gl.convert_layout(gl.reshape(p4, [R, N]), p.type.layout, assert_trivial=True)
+
+
+@gluon.jit
 def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar, ready,
            free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n,
            n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
@@ -424,7 +462,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-           SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+           SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
+           MASK_CONSTANTS: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
 
@@ -516,11 +555,14 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             edge = edge | (k0 + BLOCK_N - 1 > pos + right)
         if HAS_LEFT:
             edge = edge | (k0 < pos + BLOCK_M - 1 - left)
-        if edge:  # (the key indices made here: no registers held for them)
-            keys = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1 - QX, s_layout))
-            p = gl.where(_key_mask(gl.expand_dims(keys, 1 - QX),
-                                   gl.expand_dims(queries + diag, QX), seq_k, left, right,
-                                   HAS_LEFT, HAS_RIGHT), p, 0.0)
+        if edge:
+            if MASK_CONSTANTS:
+                p = _masked_p(p, k0, pos, seq_k, left, right, QX, HAS_LEFT, HAS_RIGHT)
+            else:  # (the key indices made here: no registers held for them)
+                keys = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1 - QX, s_layout))
+                p = gl.where(_key_mask(gl.expand_dims(keys, 1 - QX),
+                                       gl.expand_dims(queries + diag, QX), seq_k, left, right,
+                                       HAS_LEFT, HAS_RIGHT), p, 0.0)
         if SWAP_SDP:
             p_op = gl.convert_layout(p.to(dtype), op_layout)
             dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)
@@ -579,7 +621,8 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-             SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+             SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
+             MASK_CONSTANTS: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
@@ -587,7 +630,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
                     qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
-                    DQ_TMA, LSE_SMEM)
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -646,7 +689,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     WRITER_WARPS: gl.constexpr,
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
-                    DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+                    DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
+                    MASK_CONSTANTS: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -713,7 +757,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
-                    LSE_SMEM)),
+                    LSE_SMEM, MASK_CONSTANTS)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,

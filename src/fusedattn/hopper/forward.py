@@ -126,6 +126,15 @@ MAX_SPLIT = 4
 # faster in one process, D128 793 against 665 TFLOP/s (evidence/nvidia-h200/
 # 20261202T1646Z-fp8-pack-ab) (A/B)
 FP8_PACK = True
+# how `forward_kernel._softmax_tile` masks a tile a bound cuts: 0 compares a [BLOCK_N]
+# tensor of key indices (32 registers a thread, held across the key loop) with the bounds;
+# 1 compares the bounds, less the lane's offset, with constants in `_lane_sums`' [M,
+# BLOCK_N / 8, 4, 2] view (`_masked`); 2 is 1 with the row max taken once after the branch,
+# not once in each of its arms. The sm90 compile report (evidence/sm90-compile/
+# 20261203T0910Z-mask-constants): at 1, D64 causal (three warpgroups) spills 336/424 -> 80/80
+# B and its key loop loses 5 STL + 5 LDL, D128 causal's spills 8/16 -> 0, every key loop
+# 9-51 instructions shorter; 2 shortens them by 43-81 more (A/B: 0 is the kernel as before)
+MASK_FORM = 2
 
 
 def switches() -> tuple:
@@ -136,7 +145,7 @@ def switches() -> tuple:
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
             tuple(FP8_WARPGROUPS.items()), WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC,
-            MAX_SPLIT, FP8_PACK)
+            MAX_SPLIT, FP8_PACK, MASK_FORM)
 
 
 @functools.cache
@@ -239,5 +248,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
-        MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8, num_warps=4)
+        MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8, MASK_FORM=MASK_FORM, num_warps=4)
     return out

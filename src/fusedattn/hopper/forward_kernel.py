@@ -263,7 +263,7 @@ def _softcap(x):
 def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap, left,
                   right, BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
                   HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, LANE_SUM: gl.constexpr,
-                  MAX_SPLIT: gl.constexpr, P_OFFSET: gl.constexpr):
+                  MAX_SPLIT: gl.constexpr, P_OFFSET: gl.constexpr, MASK_FORM: gl.constexpr):
     """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
     where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
     exponent (m is kept scaled). SOFTCAP: the scores are cap * tanh(s * qk_scale) first
@@ -271,7 +271,9 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
     `_lane_sums`' [BLOCK_M, 4], each of a row's four lanes summing its own columns (no
     shuffles a tile; `_row_sums` adds them once, after the loop). MAX_SPLIT: the row max's
     chains a thread (`_row_max`). P_OFFSET: p is 2^P_OFFSET times the softmax's (FP8's P
-    scale, folded into the exponent's subtraction; l carries it too)."""
+    scale, folded into the exponent's subtraction; l carries it too). MASK_FORM (`forward.
+    MASK_FORM`): 0 the key indices a [BLOCK_N] tensor, 1 the bounds against constants
+    (`_masked`), 2 as 1 with the row max taken once, after the mask's branch."""
     if SOFTCAP:
         s = _softcap(s * qk_scale) * cap
         scale = 1.0
@@ -282,14 +284,24 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
         edge = edge | (start_n + BLOCK_N - 1 > first_pos + right)
     if HAS_LEFT:
         edge = edge | (start_n < last_pos - left)
-    if edge:
-        cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
-        valid = gl.expand_dims(cols < seq_k, 0)
-        if HAS_RIGHT:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
-        if HAS_LEFT:
-            valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
-        s = gl.where(valid, s, float("-inf"))
+    if MASK_FORM == 2:  # the row max once, after the branch (one copy in the loop)
+        if edge:
+            s = _masked(s, start_n, pos, seq_k, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
+        # a row that has seen no key (only where a tile was masked) keeps m = -inf:
+        # subtract 0 instead (no -inf - -inf)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    elif edge:
+        if MASK_FORM == 1:
+            s = _masked(s, start_n, pos, seq_k, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        else:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
+            valid = gl.expand_dims(cols < seq_k, 0)
+            if HAS_RIGHT:
+                valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
+            if HAS_LEFT:
+                valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
+            s = gl.where(valid, s, float("-inf"))
         m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
         # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -308,6 +320,44 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
     else:
         l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _masked(s, start_n, pos, seq_k, left, right, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+            HAS_RIGHT: gl.constexpr):
+    """`s` (a wgmma accumulator of keys start_n ...) with -inf where a key is out of bounds:
+    at or past seq_k, past pos + right (HAS_RIGHT), before pos - left (HAS_LEFT). The
+    accumulator gives a lane the keys 8j + 2(lane % 4) + e (j < BLOCK_N / 8, e < 2), j and e
+    its own registers; in `_lane_sums`' [M, BLOCK_N / 8, 4, 2] view each bound is compared
+    with 8j + e, constants a register, less the lane's 2(lane % 4) (one value a thread),
+    where a [BLOCK_N] tensor of key indices (`gl.arange`) is a register a key held across
+    the key loop."""
+    M: gl.constexpr = s.shape[0]
+    s4 = gl.reshape(s, [M, BLOCK_N // 8, 4, 2])
+    l4: gl.constexpr = s4.type.layout
+    l3: gl.constexpr = gl.SliceLayout(3, l4)
+    l2: gl.constexpr = gl.SliceLayout(2, l3)
+    j = gl.arange(0, BLOCK_N // 8, layout=gl.SliceLayout(0, l2)) * 8
+    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3))) * 2
+    e = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
+    # key - start_n = (8j + e) + 2 lane: the constants [1, J, 1, 2], the lane's part [1, 1, 4, 1]
+    const = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 2), 3) + gl.expand_dims(
+        gl.expand_dims(gl.expand_dims(e, 0), 1), 2)
+    lane = gl.expand_dims(gl.expand_dims(gl.expand_dims(q, 0), 1), 3)
+    rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, l3))
+    # each bound as a limit on the constants: key < seq_k <=> 8j + e < seq_k - start_n - 2 lane
+    limit = seq_k - start_n - lane
+    valid = const < limit
+    if HAS_RIGHT:
+        top = gl.convert_layout(pos + right - start_n, rows)
+        top4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(top, 1), 2), 3) - lane
+        valid = valid & (const <= top4)
+    if HAS_LEFT:
+        bottom = gl.convert_layout(pos - left - start_n, rows)
+        bottom4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(bottom, 1), 2), 3) - lane
+        valid = valid & (const >= bottom4)
+    s4 = gl.where(valid, s4, float("-inf"))
+    return gl.convert_layout(gl.reshape(s4, [M, BLOCK_N]), s.type.layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -468,7 +518,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
-              LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr):
+              LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
+              MASK_FORM: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -568,7 +619,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                 p, m_i, l_i, alpha = _softmax_tile(
                     s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
                     right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM, MAX_SPLIT,
-                    P_OFFSET)
+                    P_OFFSET, MASK_FORM)
                 p_op = _p_carried(p, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
@@ -602,7 +653,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     p, m_i, l_i, alpha = _softmax_tile(
                         s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
                         item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
-                        SOFTCAP, LANE_SUM, MAX_SPLIT, P_OFFSET)
+                        SOFTCAP, LANE_SUM, MAX_SPLIT, P_OFFSET, MASK_FORM)
                     if DV_B > 0:
                         both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use,
                                                            v_smem.index(prev),
@@ -707,7 +758,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
-                    FP8_PACK: gl.constexpr):
+                    FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -802,15 +853,15 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
@@ -820,11 +871,11 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),

@@ -1,0 +1,163 @@
+"""A/B of one of the Hopper forward's switches (`hopper.forward`'s module constants, part
+of the forward's plan key) in one process, on dense, window and varlen rows.
+
+Each row: the settings called in turn (A B C A B C ..., `--rounds` times), the first output
+of each checked against the float64 reference (`fusedattn_lab.verify.check`, the portable
+path's error as the peer's; dense and window rows on the first batch's first four heads, the
+whole output on varlen rows), every output after timing compared bit for bit with that
+setting's first, and each setting's output with the first setting's (reported: a switch
+that moves the arithmetic differs, one that moves only work or registers should not). Each
+round's median of 30 calls (`fusedattn_lab.timing.time_gpu`), the median of the rounds.
+The GPU only (the Hopper kernel runs on sm90).
+
+    python3 scripts/switch_ab.py --switch MASK_FORM --values 2,0,1 [--rows a,b] [--out DIR]
+    (values: Python literals, the first the reference; writes DIR/switch_ab-NAME.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import statistics
+import sys
+
+import torch
+
+from fusedattn import attention, attention_varlen
+from fusedattn.dispatch import use_backend
+from fusedattn.hopper import forward as knobs
+from fusedattn.reference import attention_ref, varlen_ref
+from fusedattn_lab.evidence import REPO, environment, sha256_file, write_json
+from fusedattn_lab.serving import _lengths
+from fusedattn_lab.timing import time_gpu
+from fusedattn_lab.verify import check
+
+# name: ("dense", B, H, H_kv, S, D, causal) | ("window", B, H, S, D, left) (causal, the
+# window bench suite's row) | ("varlen", D, causal) (the varlen suite's 24 documents, H16)
+ROWS = {
+    "d128": ("dense", 4, 32, 32, 4096, 128, False),
+    "d128c": ("dense", 4, 32, 32, 4096, 128, True),
+    "d128c16k": ("dense", 1, 32, 32, 16384, 128, True),
+    "gqa": ("dense", 1, 32, 8, 8192, 128, True),
+    "d64": ("dense", 4, 32, 32, 4096, 64, False),
+    "d64c": ("dense", 2, 32, 32, 8192, 64, True),
+    "d96": ("dense", 4, 32, 32, 4096, 96, False),
+    "d192": ("dense", 4, 32, 32, 4096, 192, False),
+    "window": ("window", 1, 32, 8192, 128, 1024),
+    "varlen128c": ("varlen", 128, True),
+    "varlen64c": ("varlen", 64, True),
+    "varlen128": ("varlen", 128, False),
+}
+SLICE_HEADS = 4  # dense and window rows: the reference of batch 0's first heads
+
+
+def problem(spec):
+    """(call(backend), reference, the part of the output the reference covers, flops)."""
+    kind = spec[0]
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    if kind == "varlen":
+        _, d, causal = spec
+        lengths = _lengths(24, 32768, 0)
+        q, k, v = (rand(sum(lengths), 16, d) for _ in range(3))
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
+                          dtype=torch.int32)
+
+        def call(backend="hopper"):
+            with use_backend(backend):
+                return attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths),
+                                        is_causal=causal, check_lengths=False)
+        flops = sum(4 * n * n * d * 16 // (2 if causal else 1) for n in lengths)
+        return call, varlen_ref(q, k, v, cu, cu, causal=causal, device="cuda"), (
+            lambda o: o), flops
+    if kind == "window":
+        _, b, h, s, d, left = spec
+        q, k, v = (rand(b, h, s, d) for _ in range(3))
+        window, hk, causal = (left, None), h, True
+
+        def call(backend="hopper"):
+            with use_backend(backend):
+                return attention(q, k, v, is_causal=True, window=window)
+        flops = 4 * b * h * d * sum(min(i + 1, left + 1) for i in range(s))
+    else:
+        _, b, h, hk, s, d, causal = spec
+        q, k, v = (rand(b, n, s, d) for n in (h, hk, hk))
+        window = None
+
+        def call(backend="hopper"):
+            with use_backend(backend):
+                return attention(q, k, v, is_causal=causal, enable_gqa=hk != h)
+        flops = 4 * b * h * s * s * d // (2 if causal else 1)
+    kv = max(1, SLICE_HEADS * hk // h)
+    ref = attention_ref(q[:1, :SLICE_HEADS], k[:1, :kv], v[:1, :kv], causal=causal,
+                        window=window, device="cuda")
+    return call, ref, (lambda o: o[:1, :SLICE_HEADS]), flops
+
+
+def row(name: str, switch: str, values: list, rounds: int) -> dict:
+    call, ref, part, flops = problem(ROWS[name])
+    peer = (part(call("portable")).double() - ref).abs().max().item()
+    default = getattr(knobs, switch)
+    outs, errs = {}, {}
+    times = {i: [] for i in range(len(values))}
+    try:
+        for _ in range(rounds):
+            for i, value in enumerate(values):
+                setattr(knobs, switch, value)
+                first = call()
+                if i not in outs:
+                    verdict = check(part(first), ref, peer_error=peer)
+                    if not verdict.ok:
+                        raise SystemExit(f"{name} {switch}={value!r}: "
+                                         f"{'; '.join(verdict.reasons)}")
+                    outs[i], errs[i] = first, verdict.max_abs
+                times[i].append(time_gpu(call, warmup=5, repeat=30).median_ms)
+                if not torch.equal(call(), outs[i]):
+                    raise SystemExit(f"{name} {switch}={value!r}: the output changed "
+                                     "between calls")
+    finally:
+        setattr(knobs, switch, default)
+    result = {"row": name, "spec": list(ROWS[name]), "settings": []}
+    for i, value in enumerate(values):
+        ms = statistics.median(times[i])
+        result["settings"].append({
+            "value": repr(value), "ms": ms, "rounds_ms": times[i], "tflops": flops / ms / 1e9,
+            "max_err": errs[i], "same_bits_as_first": torch.equal(outs[i], outs[0])})
+    cells = ", ".join(f"{s['value']}: {s['tflops']:.0f} (err {s['max_err']:.1e}, "
+                      f"{'same' if s['same_bits_as_first'] else 'other'} bits)"
+                      for s in result["settings"])
+    print(f"{name} {switch}: {cells}", flush=True)
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", required=True, help="a module constant of hopper.forward")
+    ap.add_argument("--values", required=True, help="Python literals, comma-separated")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    if not hasattr(knobs, args.switch) or not args.switch.isupper():
+        ap.error(f"--switch {args.switch!r}: not one of hopper.forward's switches")
+    try:
+        values = [ast.literal_eval(v) for v in args.values.split(",")]
+    except (ValueError, SyntaxError) as e:
+        ap.error(f"--values {args.values!r}: Python literals, comma-separated ({e})")
+    rows = args.rows.split(",")
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        ap.error(f"--rows: {unknown} unknown; rows are {', '.join(ROWS)}")
+    results = [row(r, args.switch, values, args.rounds) for r in rows]
+    write_json(f"{args.out}/switch_ab-{args.switch}.json", dict(
+        switch=args.switch, rows=results, environment=environment(),
+        command=" ".join(sys.argv),
+        sources={str(p.relative_to(REPO)): sha256_file(p)
+                 for p in sorted(REPO.glob("src/fusedattn/hopper/forward*.py"))}))
+
+
+if __name__ == "__main__":
+    main()
