@@ -61,6 +61,10 @@
 #   coldab D I  coldrow I alternating an older tree's src/ (D/src) with this one: old, new,
 #               new, old, $ROUNDS (default 2) fresh processes each, into $ev/coldab-I.jsonl
 #               ($COLDMODE as for coldrow; each side's warmup then runs with its own src)
+#   coldenv I V  coldrow I with the environment's V (VAR=VALUE, e.g. FUSEDATTN_PREBUILT=0)
+#               set, then unset twice, then set ($ROUNDS each), into $ev/coldenv-I.jsonl
+#   prebuild    scripts/prebuild.py: the package's prebuilt kernels made anew into
+#               src/fusedattn/prebuilt (used by the steps after it) and $ev/prebuilt.tgz
 #   firstcall   scripts/first_call_profile.py: cProfile of a fresh process's first call
 #               after warmup (nothing compiles; where its time goes), or as $MODE starts
 #               it (e.g. "empty cache"); $PROBLEMS (default 3,0); PYC=1 as for coldstart
@@ -101,12 +105,12 @@ for dt, d in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float32, 80)):
     torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
 torch.cuda.synchronize()" 2>&1 | tail -2
 }
-# fresh_row I SIDE: coldstart.problems()[I] in a fresh process with an empty Triton cache
-# (or started as $COLDMODE says: "after warmup", "after a primer"), with SIDE/src's library,
-# its JSON line (naming SIDE) added to $ev/$3 and the log
+# fresh_row I SIDE FILE [LABEL]: coldstart.problems()[I] in a fresh process with an empty
+# Triton cache (or started as $COLDMODE says: "after warmup", "after a primer"), with
+# SIDE/src's library, its JSON line (naming LABEL, default SIDE) added to $ev/FILE and the log
 fresh_row() {
   PYTHONPATH=/tmp/site:$2/src python3 -c "import json, sys; from fusedattn_lab.coldstart import problems, run_fresh
-print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])], sys.argv[3]), side=sys.argv[2])))" "$1" "$2" "${COLDMODE:-empty cache}" 2>&1 | tail -1 | tee -a "$ev/$3" | tee -a "$log"
+print(json.dumps(dict(run_fresh(problems()[int(sys.argv[1])], sys.argv[3]), side=sys.argv[2])))" "$1" "${4:-$2}" "${COLDMODE:-empty cache}" 2>&1 | tail -1 | tee -a "$ev/$3" | tee -a "$log"
 }
 # Nsight Compute of scripts/ncu_vs_cudnn.py's NVTX ranges fusedattn-fwd and PEER-fwd, or
 # with PEER "-" every kernel between its profiler start and stop (--bwd-only: autograd's
@@ -229,6 +233,16 @@ while [ $# -gt 0 ]; do
         for side in "$other" . . "$other"; do
           for _ in $(seq "${ROUNDS:-2}"); do fresh_row "$i" "$side" "coldab-$i.jsonl"; done
         done ;;
+    coldenv) i=$1 setting=$2; shift 2  # coldrow I with VAR=VALUE set against unset
+        # (set, unset, unset, set; $ROUNDS each), fresh processes and empty caches throughout
+        bytecode
+        for side in "$setting" default default "$setting"; do
+          if [ "$side" = default ]; then unset "${setting%%=*}"; else export "$setting"; fi
+          for _ in $(seq "${ROUNDS:-2}"); do fresh_row "$i" . "coldenv-$i.jsonl" "$side"; done
+        done
+        unset "${setting%%=*}" ;;
+    prebuild) python3 scripts/prebuild.py --out $ev 2>&1 | grep -v "UserWarning" | tail -40 | tee -a "$log"
+              rc=$((rc | PIPESTATUS[0])) ;;
     firstcall) bytecode; m=${MODE:-after warmup}
                python3 scripts/first_call_profile.py --out "$ev/first-call-${m// /-}" --problems "${PROBLEMS:-3,0}" --mode "${MODE:-after warmup}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;

@@ -284,13 +284,18 @@ def build_launchers_ahead() -> None:
     (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache, under cProfile). Its
     source depends on the kernel's signature alone, which the hook is given before the
     compile starts, so it is built on a thread meanwhile, into Triton's cache, where the
-    launch then finds it."""
+    launch then finds it. First the package's prebuilt kernels go into Triton's cache
+    (`prebuilt.ensure`: done by `fusedattn.prime`'s thread where it ran, else here), so
+    that no launch looks a kernel up before they are in."""
     from triton import knobs
+
+    from fusedattn import prebuilt
 
     global _AHEAD
     with _AHEAD_LOCK:
         if _AHEAD:
             return
+        prebuilt.ensure()
         _AHEAD = True
         knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
         ahead(_triton_key)

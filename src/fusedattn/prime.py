@@ -5,11 +5,13 @@ After warmup nothing compiles, yet the D128 forward's first call took 0.195 s un
 cProfile on the H200: 0.097 s importing Triton's Gluon for the Hopper kernels and 0.073 s
 in Triton's first launch (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache).
 `import fusedattn` itself imports neither Triton nor the kernels. So `start` runs `prime` on
-a thread of its own. It imports the modules a forward and a backward import at their first
-calls (`MODULES`), then hashes the Hopper kernels' sources as Triton's first launch would
-(`KERNELS`, `JITFunction.cache_key`). A process that calls fusedattn later than that finds
-the work done. One that calls it sooner waits on Python's import locks, or on the
-kernel's hash lock, for what the thread has begun, so nothing is done twice.
+a thread of its own. It puts the package's prebuilt kernels into Triton's cache
+(`fusedattn.prebuilt`), imports the modules a forward and a backward import at their first
+calls (`MODULES`), hashes the Hopper kernels' sources as Triton's first launch would
+(`KERNELS`, `JITFunction.cache_key`), and computes Triton's key. A process that calls
+fusedattn later than that finds the work done. One that calls it sooner waits on Python's
+import locks, or on the kernel's hash lock, for what the thread has begun, so nothing is
+done twice.
 
 The process pays the same CPU time as before, on another thread, usually while it loads its
 model. It starts only where kernels could run on a GPU: not in emulation, nor under a torch
@@ -59,8 +61,18 @@ def wanted() -> bool:
 
 
 def prime() -> list[str]:
-    """Import `MODULES` and hash `KERNELS`; what failed, by name (never raises)."""
+    """Put the package's prebuilt kernels into Triton's cache (`prebuilt.ensure`: first,
+    before anything makes Triton's driver, which builds its `cuda_utils` module unless the
+    cache has it), import `MODULES`, hash `KERNELS`, then compute Triton's key
+    (`triton_key`, which `fusedattn.launch` keeps in the cache: 0.43 s of hashing at an
+    empty one); what failed, by name (never raises)."""
     failed = []
+    try:
+        from fusedattn import prebuilt
+
+        prebuilt.ensure()  # (never raises; a build it must not install compiles as before)
+    except Exception:  # noqa: BLE001
+        failed.append("fusedattn.prebuilt")
     for name in MODULES:
         try:
             importlib.import_module(name)
@@ -71,6 +83,12 @@ def prime() -> list[str]:
             getattr(sys.modules[module], kernel).cache_key  # noqa: B018 (computed, kept)
         except Exception:  # noqa: BLE001
             failed.append(f"{module}.{kernel}")
+    try:
+        from triton.runtime import cache
+
+        cache.triton_key()  # (`launch.remember_triton_key`'s: kept, and computed once)
+    except Exception:  # noqa: BLE001
+        failed.append("triton_key")
     return failed
 
 

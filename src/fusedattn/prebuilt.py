@@ -1,0 +1,152 @@
+"""Kernels compiled ahead of time and shipped in the package (issue 31: a first call with an
+empty Triton cache).
+
+A first call in a fresh container compiles its kernels: the Gluon forward alone took 3.0-3.8 s
+on the H200's host, against a target of 1 s for the whole call. `fusedattn.warmup` fills
+Triton's cache where a deployment runs it; this module is the same cache, filled once on the
+H200 by `scripts/prebuild.py` for the common calls (`SPECS`), and kept in the package under
+`prebuilt/`: each entry the files a cache hit reads at run time (a kernel's `.cubin` and its
+`.json` metadata; a C module's `.so`: Triton's `cuda_utils` and the kernels' launchers), under
+Triton's own key.
+
+`install` copies the entries a cache lacks into it, through Triton's cache manager (each file
+written whole, then renamed, as Triton writes its own; a kernel's group file last, which is
+what Triton looks up). A process does it once, on the thread `fusedattn.prime` starts at
+import, before its first call needs it. It installs only where the build matches: Triton's
+version, CPython's version and the platform of `scripts/prebuild.py`'s run, as the manifest
+records them. Even then an entry is only found by the key Triton computes for a call: the
+hash of Triton's own build (`triton_key`), the kernel's source and constants, the target GPU,
+ptxas's version and the options. A kernel changed since the entries were made, another GPU or
+another Triton build computes another key and compiles as before; a shipped entry can never
+stand in for another kernel. `FUSEDATTN_PREBUILT=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).parent / "prebuilt"
+MANIFEST = ROOT / "manifest.json"
+
+SPECS = [  # `fusedattn.warmup`'s arguments for the calls the shipped kernels serve
+    dict(head_dims=(64, 128), heads=(8,), dtypes=("bf16", "fp16"), causal=(True, False),
+         training=True, max_len=4096),
+    dict(head_dims=(64, 128), heads=(8,), dtypes=("bf16", "fp16"), causal=(True, False),
+         training=False, max_len=4096),
+]
+KEEP = (".cubin", ".json", ".so")  # a cache entry's files a hit reads (not its IRs)
+
+_DONE: dict | None = None  # `ensure`'s answer, once a process
+_LOCK = threading.Lock()
+
+
+def build() -> dict:
+    """This process's build, as the manifest records it: Triton's version, CPython's
+    (major.minor) and Triton's platform key (`triton.runtime.build.platform_key`)."""
+    import triton
+    from triton.runtime.build import platform_key
+
+    return {"triton": triton.__version__, "python": "{}.{}".format(*sys.version_info[:2]),
+            "platform": platform_key()}
+
+
+def key_of(folder: str) -> str:
+    """The hex key behind a cache folder's name (Triton names it by the key's base32)."""
+    return base64.b32decode(folder + "=" * (-len(folder) % 8)).hex()
+
+
+def pack(cache: Path, out: Path, made_by: dict) -> dict:
+    """The entries of Triton cache folder `cache` (filled by `fusedattn.warmup` from empty)
+    as `out`/entries/FOLDER/FILE and `out`/manifest.json; returns the manifest. A kernel's
+    entry keeps its cubin and metadata, a module's its `.so`; `made_by` (the commit, the GPU,
+    the specs) goes into the manifest as it is."""
+    entries = []
+    for folder in sorted(p for p in cache.iterdir() if p.is_dir()):
+        files = sorted(p for p in folder.iterdir()
+                       if p.suffix in KEEP and not p.name.startswith("__grp__"))
+        groups = [p.name.removeprefix("__grp__") for p in folder.glob("__grp__*.json")]
+        if not files:
+            continue
+        if len(groups) > 1:
+            raise ValueError(f"{folder}: {len(groups)} groups; a kernel's entry has one")
+        entry = {"folder": folder.name, "key": key_of(folder.name),
+                 "group": groups[0] if groups else None, "files": {}}
+        for path in files:
+            data = path.read_bytes()
+            entry["files"][path.name] = hashlib.sha256(data).hexdigest()
+            target = out / "entries" / folder.name / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        if entry["group"] and entry["group"] not in entry["files"]:
+            raise ValueError(f"{folder}: group {entry['group']} without its metadata")
+        entries.append(entry)
+    manifest = {"build": build(), "made_by": made_by, "entries": entries}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def refusal(manifest: dict) -> str | None:
+    """Why this process must not install `manifest`'s entries, or None."""
+    if os.environ.get("FUSEDATTN_PREBUILT", "1") == "0":
+        return "FUSEDATTN_PREBUILT=0"
+    here, there = build(), manifest.get("build", {})
+    for name, value in here.items():
+        if there.get(name) != value:
+            return f"built for {name} {there.get(name)!r}, this process has {value!r}"
+    return None
+
+
+def install(root: Path = ROOT) -> dict:
+    """Copy the entries of `root`'s manifest that Triton's cache lacks into it; returns
+    {"installed": n, "present": n} or {"skipped": why}. Never raises: a cache it cannot
+    write is left to compile as before."""
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except FileNotFoundError:
+        return {"skipped": "no prebuilt kernels in this package"}
+    except (OSError, ValueError) as e:
+        return {"skipped": f"unreadable manifest: {e}"}
+    try:
+        why = refusal(manifest)
+        if why:
+            return {"skipped": why}
+        from triton.runtime.cache import get_cache_manager
+
+        installed = present = 0
+        for entry in manifest["entries"]:
+            cache = get_cache_manager(entry["key"])
+            group = entry["group"]
+            if (cache.get_group(group) if group else
+                    all(cache.get_file(name) for name in entry["files"])):
+                present += 1
+                continue
+            paths = {}
+            for name, digest in entry["files"].items():
+                data = (root / "entries" / entry["folder"] / name).read_bytes()
+                if hashlib.sha256(data).hexdigest() != digest:
+                    raise ValueError(f"{entry['folder']}/{name}: not the file the manifest "
+                                     "records")
+                paths[name] = cache.put(data, name, binary=True)
+            if group:  # the metadata's group last: what a lookup finds
+                cache.put_group(group, paths)
+            installed += 1
+        return {"installed": installed, "present": present}
+    except Exception as e:  # noqa: BLE001 (a cache it cannot fill compiles as before)
+        return {"skipped": f"{type(e).__name__}: {e}"}
+
+
+def ensure() -> dict:
+    """`install`'s answer, installed once a process: by `fusedattn.prime`'s thread at
+    import, or by the first GPU launch (`launch.build_launchers_ahead`), which waits for the
+    thread's install where it runs (a lookup before the install ends would compile)."""
+    global _DONE
+    with _LOCK:
+        if _DONE is None:
+            _DONE = install()
+        return _DONE

@@ -1,0 +1,160 @@
+"""`fusedattn.prebuilt`: kernels compiled ahead of time, shipped in the package and put into
+Triton's cache before a first call (issue 31's empty-cache first call).
+
+CPU: packing a cache folder and installing it into another, the refusals (another build,
+the switch), a file that is not the one the manifest records, and the shipped manifest's
+own files. GPU tier: in a fresh process with an empty cache, a call of a shipped kind
+compiles nothing and is right; it fails where a kernel changed after the entries were made
+(`bash scripts/h200_round.sh prebuild` makes them anew)."""
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fusedattn import prebuilt
+from inputs import ON_HOPPER
+
+KEY_A, KEY_B = hashlib.sha256(b"kernel").hexdigest(), hashlib.sha256(b"module").hexdigest()
+
+
+def folder(key: str) -> str:
+    return base64.b32encode(bytes.fromhex(key)).decode().rstrip("=")
+
+
+@pytest.fixture
+def made(tmp_path):
+    """A Triton cache folder as a warmup leaves it (a kernel with its IRs and group, a C
+    module), packed into `tmp_path/pack`: (pack folder, manifest)."""
+    cache = tmp_path / "made"
+    kernel = cache / folder(KEY_A)
+    kernel.mkdir(parents=True)
+    for name, data in (("k.cubin", b"\x7fELF cubin"), ("k.json", b'{"name": "k"}'),
+                       ("k.ptx", b"ptx text"), ("k.ttgir", b"ir")):
+        (kernel / name).write_bytes(data)
+    (kernel / "__grp__k.json").write_text(json.dumps({"child_paths": {
+        n: str(kernel / n) for n in ("k.cubin", "k.json", "k.ptx", "k.ttgir")}}))
+    module = cache / folder(KEY_B)
+    module.mkdir()
+    (module / "cuda_utils.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF so")
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    return pack, prebuilt.pack(cache, pack, {"commit": "test"})
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty Triton cache for the test (`TRITON_CACHE_DIR`)."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(path))
+    monkeypatch.delenv("FUSEDATTN_PREBUILT", raising=False)
+    return path
+
+
+def test_pack_keeps_what_a_hit_reads_under_the_key_triton_names_it_by(made):
+    pack, manifest = made
+    assert manifest["build"] == prebuilt.build()
+    assert [e["key"] for e in manifest["entries"]] == sorted(
+        (KEY_A, KEY_B), key=folder)  # (the folders' order)
+    kernel = next(e for e in manifest["entries"] if e["key"] == KEY_A)
+    assert kernel["group"] == "k.json" and sorted(kernel["files"]) == ["k.cubin", "k.json"]
+    assert not (pack / "entries" / folder(KEY_A) / "k.ptx").exists()  # no IRs
+    assert json.loads((pack / "manifest.json").read_text()) == manifest
+
+
+def test_install_puts_the_entries_where_triton_looks_them_up_once(made, cache):
+    from triton.runtime.cache import get_cache_manager
+
+    pack, _ = made
+    assert prebuilt.install(pack) == {"installed": 2, "present": 0}
+    group = get_cache_manager(KEY_A).get_group("k.json")
+    assert sorted(group) == ["k.cubin", "k.json"]
+    assert open(group["k.cubin"], "rb").read() == b"\x7fELF cubin"
+    assert get_cache_manager(KEY_B).get_file("cuda_utils.cpython-312-x86_64-linux-gnu.so")
+    assert prebuilt.install(pack) == {"installed": 0, "present": 2}
+    assert not list(cache.rglob("tmp.*"))  # no temporary file left behind
+
+
+def test_install_refuses_another_build_and_the_switch(made, cache, monkeypatch):
+    pack, manifest = made
+    for name in ("triton", "python", "platform"):
+        other = dict(manifest, build=dict(manifest["build"], **{name: "0.0"}))
+        (pack / "manifest.json").write_text(json.dumps(other))
+        why = prebuilt.install(pack)["skipped"]
+        assert f"built for {name} '0.0'" in why
+    (pack / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("FUSEDATTN_PREBUILT", "0")
+    assert prebuilt.install(pack) == {"skipped": "FUSEDATTN_PREBUILT=0"}
+    assert not cache.exists() or not list(cache.rglob("*.cubin"))
+
+
+def test_a_file_that_is_not_the_manifests_leaves_its_kernel_unfindable(made, cache):
+    from triton.runtime.cache import get_cache_manager
+
+    pack, _ = made
+    (pack / "entries" / folder(KEY_A) / "k.cubin").write_bytes(b"another kernel")
+    why = prebuilt.install(pack)["skipped"]
+    assert "k.cubin: not the file the manifest records" in why
+    assert get_cache_manager(KEY_A).get_group("k.json") is None  # compiles as before
+
+
+def test_a_missing_or_unreadable_manifest_is_skipped(tmp_path, cache):
+    assert prebuilt.install(tmp_path) == {"skipped": "no prebuilt kernels in this package"}
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert prebuilt.install(tmp_path)["skipped"].startswith("unreadable manifest")
+
+
+@pytest.mark.skipif(not prebuilt.MANIFEST.exists(), reason="no prebuilt kernels shipped")
+def test_the_shipped_manifest_holds_its_files():
+    manifest = json.loads(prebuilt.MANIFEST.read_text())
+    assert manifest["entries"] and set(manifest["build"]) == {"triton", "python", "platform"}
+    for entry in manifest["entries"]:
+        assert prebuilt.key_of(entry["folder"]) == entry["key"]
+        assert entry["group"] is None or entry["group"] in entry["files"]
+        for name, digest in entry["files"].items():
+            data = (prebuilt.ROOT / "entries" / entry["folder"] / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == digest, name
+    shipped = {p.relative_to(prebuilt.ROOT / "entries").as_posix()
+               for p in (prebuilt.ROOT / "entries").rglob("*") if p.is_file()}
+    assert shipped == {f"{e['folder']}/{n}" for e in manifest["entries"] for n in e["files"]}
+
+
+FIRST_CALL = """
+import json, sys, torch, triton
+compiles = []
+triton.knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, \\
+    cache_hit: None if cache_hit else compiles.append(metadata["name"])
+import fusedattn
+from fusedattn.reference import attention_ref
+q, k, v = (torch.randn(1, 8, 1000, 128, device="cuda", dtype=torch.bfloat16,
+                       requires_grad=True) for _ in range(3))
+out = fusedattn.attention(q, k, v, is_causal=True)
+out.backward(torch.ones_like(out))
+err = (out.double() - attention_ref(q, k, v, causal=True, device="cuda")).abs().max().item()
+print(json.dumps(dict(compiles=compiles, err=err, prebuilt=fusedattn.prebuilt.ensure())))
+"""
+
+
+@pytest.mark.gpu_only("the prebuilt kernels are sm90 cubins")
+@pytest.mark.skipif(not prebuilt.MANIFEST.exists(), reason="no prebuilt kernels shipped")
+def test_a_first_call_of_a_shipped_kind_compiles_nothing(tmp_path):
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    why = prebuilt.refusal(json.loads(prebuilt.MANIFEST.read_text()))
+    if why:
+        pytest.skip(f"the shipped kernels are not for this process: {why}")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("FUSEDATTN_PREBUILT", None)
+    proc = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["prebuilt"].get("installed"), got["prebuilt"]
+    assert got["compiles"] == [], (
+        f"compiled {got['compiles']}: a kernel changed after the prebuilt entries were made "
+        "(bash scripts/h200_round.sh prebuild makes them anew)")
+    assert got["err"] < 2e-2
