@@ -33,9 +33,11 @@ def made(tmp_path):
     cache = tmp_path / "made"
     kernel = cache / folder(KEY_A)
     kernel.mkdir(parents=True)
-    for name, data in (("k.cubin", b"\x7fELF cubin"), ("k.json", b'{"name": "k"}'),
-                       ("k.ptx", b"ptx text"), ("k.ttgir", b"ir")):
+    for name, data in (("k.cubin", b"\x7fELF cubin"), ("k.ptx", b"ptx text"),
+                       ("k.ttgir", b"ir")):
         (kernel / name).write_bytes(data)
+    (kernel / "k.json").write_text(json.dumps({"name": "k", "target": {
+        "backend": "cuda", "arch": 90, "warp_size": 32}}))
     (kernel / "__grp__k.json").write_text(json.dumps({"child_paths": {
         n: str(kernel / n) for n in ("k.cubin", "k.json", "k.ptx", "k.ttgir")}}))
     module = cache / folder(KEY_B)
@@ -62,20 +64,29 @@ def test_pack_keeps_what_a_hit_reads_under_the_key_triton_names_it_by(made):
         (KEY_A, KEY_B), key=folder)  # (the folders' order)
     kernel = next(e for e in manifest["entries"] if e["key"] == KEY_A)
     assert kernel["group"] == "k.json" and sorted(kernel["files"]) == ["k.cubin", "k.json"]
+    assert kernel["arch"] == 90  # (the metadata's target)
+    assert next(e for e in manifest["entries"] if e["key"] == KEY_B)["arch"] is None
     assert not (pack / "entries" / folder(KEY_A) / "k.ptx").exists()  # no IRs
     assert json.loads((pack / "manifest.json").read_text()) == manifest
 
 
 def test_install_puts_the_entries_where_triton_looks_them_up_once(made, cache):
+    # the C modules (arch None) and each architecture's kernels apart: the modules at
+    # import, the kernels where the first launch knows the GPU
     from triton.runtime.cache import get_cache_manager
 
     pack, _ = made
-    assert prebuilt.install(pack) == {"installed": 2, "present": 0}
+    assert prebuilt.install(pack) == {"installed": 1, "present": 0}
+    assert get_cache_manager(KEY_B).get_file("cuda_utils.cpython-312-x86_64-linux-gnu.so")
+    assert get_cache_manager(KEY_A).get_group("k.json") is None
+    assert prebuilt.install(pack, arch=80) == {"installed": 0, "present": 0}
+    assert get_cache_manager(KEY_A).get_group("k.json") is None  # no sm80 kernel
+    assert prebuilt.install(pack, arch=90) == {"installed": 1, "present": 0}
     group = get_cache_manager(KEY_A).get_group("k.json")
     assert sorted(group) == ["k.cubin", "k.json"]
     assert open(group["k.cubin"], "rb").read() == b"\x7fELF cubin"
-    assert get_cache_manager(KEY_B).get_file("cuda_utils.cpython-312-x86_64-linux-gnu.so")
-    assert prebuilt.install(pack) == {"installed": 0, "present": 2}
+    assert prebuilt.install(pack) == {"installed": 0, "present": 1}
+    assert prebuilt.install(pack, arch=90) == {"installed": 0, "present": 1}
     assert not list(cache.rglob("tmp.*"))  # no temporary file left behind
 
 
@@ -97,7 +108,7 @@ def test_a_file_that_is_not_the_manifests_leaves_its_kernel_unfindable(made, cac
 
     pack, _ = made
     (pack / "entries" / folder(KEY_A) / "k.cubin").write_bytes(b"another kernel")
-    why = prebuilt.install(pack)["skipped"]
+    why = prebuilt.install(pack, arch=90)["skipped"]
     assert "k.cubin: not the file the manifest records" in why
     assert get_cache_manager(KEY_A).get_group("k.json") is None  # compiles as before
 
@@ -135,7 +146,7 @@ q, k, v = (torch.randn(1, 8, 1000, 128, device="cuda", dtype=torch.bfloat16,
 out = fusedattn.attention(q, k, v, is_causal=True)
 out.backward(torch.ones_like(out))
 err = (out.double() - attention_ref(q, k, v, causal=True, device="cuda")).abs().max().item()
-print(json.dumps(dict(compiles=compiles, err=err, prebuilt=fusedattn.prebuilt.ensure())))
+print(json.dumps(dict(compiles=compiles, err=err, prebuilt=fusedattn.prebuilt.ensure(90))))
 """
 
 

@@ -284,9 +284,11 @@ def build_launchers_ahead() -> None:
     (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache, under cProfile). Its
     source depends on the kernel's signature alone, which the hook is given before the
     compile starts, so it is built on a thread meanwhile, into Triton's cache, where the
-    launch then finds it. First the package's prebuilt kernels go into Triton's cache
-    (`prebuilt.ensure`: done by `fusedattn.prime`'s thread where it ran, else here), so
-    that no launch looks a kernel up before they are in."""
+    launch then finds it. First the package's prebuilt C modules and the kernels of this
+    GPU's architecture go into Triton's cache (`prebuilt.ensure`; the modules by
+    `fusedattn.prime`'s thread where it ran), so that no launch looks one up before they
+    are in."""
+    import torch
     from triton import knobs
 
     from fusedattn import prebuilt
@@ -296,6 +298,9 @@ def build_launchers_ahead() -> None:
         if _AHEAD:
             return
         prebuilt.ensure()
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            prebuilt.ensure(10 * major + minor)
         _AHEAD = True
         knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
         ahead(_triton_key)

@@ -11,10 +11,13 @@ Triton's own key.
 
 `install` copies the entries a cache lacks into it, through Triton's cache manager (each file
 written whole, then renamed, as Triton writes its own; a kernel's group file last, which is
-what Triton looks up). A process does it once, on the thread `fusedattn.prime` starts at
-import, before its first call needs it. It installs only where the build matches: Triton's
-version, CPython's version and the platform of `scripts/prebuild.py`'s run, as the manifest
-records them. Even then an entry is only found by the key Triton computes for a call: the
+what Triton looks up). A process does it once for the C modules, on the thread
+`fusedattn.prime` starts at import (Triton's driver builds `cuda_utils` as it starts), and
+once for the kernels of its GPU's architecture, at its first GPU launch
+(`launch.build_launchers_ahead`: the thread makes no CUDA call, so it cannot know the GPU; a
+copy of the cubins there costs milliseconds). It installs only where the build matches:
+Triton's version, CPython's version and the platform of `scripts/prebuild.py`'s run, as the
+manifest records them. Even then an entry is only found by the key Triton computes for a call: the
 hash of Triton's own build (`triton_key`), the kernel's source and constants, the target GPU,
 ptxas's version and the options. A kernel changed since the entries were made, another GPU or
 another Triton build computes another key and compiles as before; a shipped entry can never
@@ -42,7 +45,7 @@ SPECS = [  # `fusedattn.warmup`'s arguments for the calls the shipped kernels se
 ]
 KEEP = (".cubin", ".json", ".so")  # a cache entry's files a hit reads (not its IRs)
 
-_DONE: dict | None = None  # `ensure`'s answer, once a process
+_DONE: dict = {}  # `ensure`'s answers by architecture (None: the C modules), once a process
 _LOCK = threading.Lock()
 
 
@@ -76,7 +79,10 @@ def pack(cache: Path, out: Path, made_by: dict) -> dict:
         if len(groups) > 1:
             raise ValueError(f"{folder}: {len(groups)} groups; a kernel's entry has one")
         entry = {"folder": folder.name, "key": key_of(folder.name),
-                 "group": groups[0] if groups else None, "files": {}}
+                 "group": groups[0] if groups else None, "arch": None, "files": {}}
+        if entry["group"]:  # a kernel: the architecture its metadata names
+            meta = json.loads((folder / entry["group"]).read_text())
+            entry["arch"] = meta.get("target", {}).get("arch")
         for path in files:
             data = path.read_bytes()
             entry["files"][path.name] = hashlib.sha256(data).hexdigest()
@@ -102,8 +108,9 @@ def refusal(manifest: dict) -> str | None:
     return None
 
 
-def install(root: Path = ROOT) -> dict:
-    """Copy the entries of `root`'s manifest that Triton's cache lacks into it; returns
+def install(root: Path = ROOT, arch: int | None = None) -> dict:
+    """Copy the entries of `root`'s manifest that Triton's cache lacks into it: the C
+    modules (arch None), or the kernels for GPU architecture `arch` (90: sm90); returns
     {"installed": n, "present": n} or {"skipped": why}. Never raises: a cache it cannot
     write is left to compile as before."""
     try:
@@ -120,6 +127,8 @@ def install(root: Path = ROOT) -> dict:
 
         installed = present = 0
         for entry in manifest["entries"]:
+            if entry["arch"] != arch:
+                continue
             cache = get_cache_manager(entry["key"])
             group = entry["group"]
             if (cache.get_group(group) if group else
@@ -141,12 +150,12 @@ def install(root: Path = ROOT) -> dict:
         return {"skipped": f"{type(e).__name__}: {e}"}
 
 
-def ensure() -> dict:
-    """`install`'s answer, installed once a process: by `fusedattn.prime`'s thread at
-    import, or by the first GPU launch (`launch.build_launchers_ahead`), which waits for the
-    thread's install where it runs (a lookup before the install ends would compile)."""
-    global _DONE
+def ensure(arch: int | None = None) -> dict:
+    """`install(arch=arch)`'s answer, installed once a process: the C modules by
+    `fusedattn.prime`'s thread at import or else by the first GPU launch, the kernels of
+    the GPU's architecture by the first GPU launch (`launch.build_launchers_ahead`), which
+    waits for the thread's install where it runs (a lookup before it ends would compile)."""
     with _LOCK:
-        if _DONE is None:
-            _DONE = install()
-        return _DONE
+        if arch not in _DONE:
+            _DONE[arch] = install(arch=arch)
+        return _DONE[arch]
