@@ -61,11 +61,12 @@ def wanted() -> bool:
 
 
 def prime() -> list[str]:
-    """Put the package's prebuilt kernels into Triton's cache (`prebuilt.ensure`: first,
+    """Put the package's prebuilt C modules into Triton's cache (`prebuilt.ensure`: first,
     before anything makes Triton's driver, which builds its `cuda_utils` module unless the
-    cache has it), import `MODULES`, hash `KERNELS`, then compute Triton's key
-    (`triton_key`, which `fusedattn.launch` keeps in the cache: 0.43 s of hashing at an
-    empty one); what failed, by name (never raises)."""
+    cache has it), compute Triton's key (`triton_key`, kept in the cache by
+    `fusedattn.launch`: 0.43 s at an empty one, mostly hashlib over libtriton, which lets
+    the main thread run meanwhile), import `MODULES` and hash `KERNELS`; what failed, by
+    name (never raises)."""
     failed = []
     try:
         from fusedattn import prebuilt
@@ -73,6 +74,13 @@ def prime() -> list[str]:
         prebuilt.ensure()  # (never raises; a build it must not install compiles as before)
     except Exception:  # noqa: BLE001
         failed.append("fusedattn.prebuilt")
+    try:
+        import fusedattn.launch  # noqa: F401 (puts the kept key in place of Triton's)
+        from triton.runtime import cache
+
+        cache.triton_key()  # (computed once: a first launch meanwhile waits for it)
+    except Exception:  # noqa: BLE001
+        failed.append("triton_key")
     for name in MODULES:
         try:
             importlib.import_module(name)
@@ -83,12 +91,6 @@ def prime() -> list[str]:
             getattr(sys.modules[module], kernel).cache_key  # noqa: B018 (computed, kept)
         except Exception:  # noqa: BLE001
             failed.append(f"{module}.{kernel}")
-    try:
-        from triton.runtime import cache
-
-        cache.triton_key()  # (`launch.remember_triton_key`'s: kept, and computed once)
-    except Exception:  # noqa: BLE001
-        failed.append("triton_key")
     return failed
 
 
