@@ -75,8 +75,9 @@ def prime() -> list[str]:
     except Exception:  # noqa: BLE001
         failed.append("fusedattn.prebuilt")
     try:
-        import fusedattn.launch  # noqa: F401 (puts the kept key in place of Triton's)
         from triton.runtime import cache
+
+        import fusedattn.launch  # noqa: F401 (puts the kept key in place of Triton's)
 
         cache.triton_key()  # (computed once: a first launch meanwhile waits for it)
     except Exception:  # noqa: BLE001
