@@ -7,8 +7,10 @@ from fusedattn_lab.suites import BenchProblem
 
 
 @pytest.mark.gpu_only("nothing is compiled in emulation")
-def test_a_fresh_process_first_call_is_verified_and_timed():
+def test_a_fresh_process_first_call_is_verified_and_timed(monkeypatch):
     from fusedattn_lab.coldstart import run_fresh
+
+    monkeypatch.setenv("FUSEDATTN_PREBUILT", "0")  # (the shipped kernels would compile none)
 
     row = run_fresh(BenchProblem(1, 2, 100, 64, "bf16", True))
     assert "error" not in row, row
@@ -24,8 +26,10 @@ def test_a_fresh_process_first_call_is_verified_and_timed():
 
 
 @pytest.mark.gpu_only("nothing is compiled in emulation")
-def test_a_first_training_call_says_what_its_forward_took():
+def test_a_first_training_call_says_what_its_forward_took(monkeypatch):
     from fusedattn_lab.coldstart import run_fresh
+
+    monkeypatch.setenv("FUSEDATTN_PREBUILT", "0")  # (the shipped kernels would compile none)
 
     row = run_fresh(BenchProblem(1, 2, 100, 64, "bf16", True, mode="fwd+bwd"))
     assert "error" not in row, row

@@ -50,11 +50,15 @@ def made(tmp_path):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """An empty Triton cache for the test (`TRITON_CACHE_DIR`)."""
+    """An empty Triton cache for the test (Triton's knob, in a scope that restores it: a
+    process that set the knob before reads no TRITON_CACHE_DIR)."""
+    from triton import knobs
+
     path = tmp_path / "cache"
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(path))
     monkeypatch.delenv("FUSEDATTN_PREBUILT", raising=False)
-    return path
+    with knobs.cache.scope():
+        knobs.cache.dir = str(path)
+        yield path
 
 
 def test_pack_keeps_what_a_hit_reads_under_the_key_triton_names_it_by(made):
@@ -132,6 +136,47 @@ def test_the_shipped_manifest_holds_its_files():
     shipped = {p.relative_to(prebuilt.ROOT / "entries").as_posix()
                for p in (prebuilt.ROOT / "entries").rglob("*") if p.is_file()}
     assert shipped == {f"{e['folder']}/{n}" for e in manifest["entries"] for n in e["files"]}
+
+
+KEYS = """
+import importlib, sys
+from fusedattn import prime
+for name in prime.MODULES:
+    importlib.import_module(name)
+
+def kernel(spec):
+    module, name = spec.split(":")
+    fn = getattr(importlib.import_module(module), name)
+    while not hasattr(fn, "cache_key"):  # (under triton.heuristics)
+        fn = fn.fn
+    return fn
+
+for spec in sys.argv[1].split(","):  # hashed first, in this order
+    kernel(spec).cache_key
+for spec in sys.argv[2].split(","):
+    print(spec, kernel(spec).cache_key)
+"""
+SHOWN = ("fusedattn.hopper.backward_kernel:_flash_bwd_sm90,fusedattn.hopper.forward_kernel:"
+         "_flash_fwd_sm90,fusedattn.tiles.flash_bwd_kernels:_flash_bwd_dq,"
+         "fusedattn.tiles.flash_kernels:_flash_fwd")
+
+
+def test_a_kernels_cache_key_does_not_hang_on_the_order_of_hashing():
+    # `launch.settle_keys`: Triton 3.6 merged a callee's constexpr globals into its
+    # caller's key only where the callee had been hashed first, so the Hopper backward had
+    # three keys for one source (evidence/cpu/20261203T1110Z-key-order), and the prebuilt
+    # entries missed. Fresh processes (outside emulation: the kernels' own keys), helpers
+    # hashed first in one, the kernels themselves in the other
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FUSEDATTN_PRIME"] = "0"
+    keys = []
+    for first in ("fusedattn.hopper.backward_kernel:_steps,fusedattn.hopper.backward_kernel:"
+                  "_masked_p", SHOWN):
+        proc = subprocess.run([sys.executable, "-c", KEYS, first, SHOWN], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        keys.append(proc.stdout)
+    assert keys[0] == keys[1] and keys[0].count("\n") == 4, keys
 
 
 FIRST_CALL = """

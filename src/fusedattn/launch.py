@@ -570,6 +570,59 @@ def remembered_triton_key(compute, folder: Path, root: Path) -> str:
     return key
 
 
+def settle_keys(module: str) -> None:
+    """Compute the cache keys of module `module`'s Triton and Gluon functions, each after
+    the keys of the functions it calls (post-order, as Triton's own hash walk finds them).
+    Triton 3.6's key of a function takes in the constexpr globals its callees read, merged
+    from each callee before that callee's key is computed (`DependenciesFinder.
+    _update_hash`; 3.9 computes it first): a callee not hashed yet adds none. So a kernel's
+    key hung on which kernels a process had hashed before it. `_flash_bwd_sm90` had three
+    keys for one source (evidence/cpu/20261203T1110Z-key-order), and the prebuilt kernels
+    (`fusedattn.prebuilt`) made by warmups missed where a first call hashed in another
+    order. Settled callees first, every process computes the one key Triton 3.9 would.
+    Called by each kernel module as it is imported, outside emulation; a function that
+    Triton cannot hash is left to raise where it launches."""
+    if EMULATION:
+        return
+    try:
+        import inspect
+        import sys
+
+        from triton.runtime.jit import DependenciesFinder, JITCallable
+    except ImportError:
+        return
+
+    class Callees(DependenciesFinder):
+        """Triton's walk of a function's source, recording what it would hash."""
+
+        def __init__(self, fn):
+            super().__init__(name=fn._fn_name, globals=fn.__globals__,
+                             nonlocals=inspect.getclosurevars(fn.fn).nonlocals, src=fn.src)
+            self.found = []
+
+        def _update_hash(self, func):
+            self.found.append(func)
+
+    seen = set()
+
+    def settle(fn):
+        if id(fn) in seen or fn.hash is not None:
+            return
+        seen.add(id(fn))
+        finder = Callees(fn)
+        finder.visit(fn.parse())
+        for callee in finder.found:
+            settle(callee)
+        fn.cache_key  # noqa: B018 (computed and kept by Triton)
+
+    for value in list(vars(sys.modules[module]).values()):
+        if isinstance(value, JITCallable) and getattr(value, "__module__", None) == module:
+            try:
+                settle(value)
+            except Exception:  # noqa: BLE001 (Triton's own hash raises it at the launch)
+                pass
+
+
 def remember_triton_key() -> None:
     """Put `remembered_triton_key` in place of `triton.runtime.cache.triton_key` (once a
     process; a Triton without it is left alone). FUSEDATTN_TRITON_KEY=compute leaves

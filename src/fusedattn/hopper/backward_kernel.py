@@ -79,6 +79,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fusedattn.hopper.forward_kernel import _document, _load_rows, _softcap
+from fusedattn.launch import settle_keys
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # the deterministic adds' orders (`order`, the module docstring), a runtime argument: which
@@ -767,3 +768,6 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, COMPACT,
                       DQ_TMA, LSE_SMEM)),
     ], [WRITER_WARPS], [WRITER_REGS])
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

@@ -49,6 +49,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from fusedattn.launch import settle_keys
+
 
 @gluon.jit
 def _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A: gl.constexpr,
@@ -880,3 +882,6 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

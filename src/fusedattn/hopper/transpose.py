@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedattn.launch import Recording
+from fusedattn.launch import Recording, settle_keys
 
 BLOCK_S = 64  # keys per program
 ALIGN = 16  # keys (bytes, in float8) a TMA box's column start and row stride align to
@@ -108,3 +108,6 @@ def v_transposed(v: torch.Tensor, recording: Recording | None = None,
                      *vt.stride()[:3], heads_kv, batch, seq, width, DV=dim, BLOCK_S=BLOCK_S,
                      ALIGN=ALIGN, VARLEN=varlen is not None)
     return vt, cu_t
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fusedattn.launch import settle_keys
 from fusedattn.mode import kernel_launches
 
 BLOCK_S = 16  # new rows per program
@@ -84,3 +85,6 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
             heads_kv, s_new, capacity, k_cache.shape[0], k_cache.shape[2], dim,
             v_new.shape[3], BLOCK_S=BLOCK_S, BLOCK_D=triton.next_power_of_2(dim),
             BLOCK_DV=triton.next_power_of_2(v_new.shape[3]), PAGED=block_table is not None)
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

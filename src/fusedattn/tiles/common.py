@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from fusedattn import configs
+from fusedattn.launch import settle_keys
 from fusedattn.mode import EMULATION
 
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
@@ -228,3 +229,6 @@ class KVCache:
     seqlens: torch.Tensor
     block_table: torch.Tensor | None = None
     added: int = 0
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fusedattn.launch import settle_keys
 from fusedattn.mode import kernel_launches
 
 BLOCK = 1024  # elements per program
@@ -47,3 +48,6 @@ def dequantize_as(t: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dt
             _lookup[(triton.cdiv(n, BLOCK),)](t.view(torch.uint8), table, out, n,
                                              max(per_head, 1), heads, BLOCK=BLOCK)
     return out
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

@@ -7,6 +7,7 @@ shared with the forward."""
 import triton
 import triton.language as tl
 
+from fusedattn.launch import settle_keys
 from fusedattn.tiles.common import MASK_FLAGS, _scores, _sequence, _spans, _visible
 
 
@@ -360,3 +361,6 @@ def _flash_bwd_dq(
     dq *= scale
     tl.store(p_dq + b * sdq_b + h * sdq_h + first_m * sdq_s + offs_m[:, None] * sdq_s
              + offs_d[None, :] * sdq_d, dq.to(p_dq.dtype.element_ty), mask=mask_md)
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

@@ -7,6 +7,7 @@ backward."""
 import triton
 import triton.language as tl
 
+from fusedattn.launch import settle_keys
 from fusedattn.mode import EMULATION
 from fusedattn.tiles.common import (
     FP8_P_SCALE,
@@ -332,3 +333,6 @@ def _flash_fwd(
         # natural-log LSE of the scaled scores: m and log2(l) are in base 2; * ln(2)
         tl.store(p_lse + split * sl_split + b * sl_b + heads.to(INDEX) * sl_h + row_q,
                  (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=mask_m)
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedattn.launch import Recording
+from fusedattn.launch import Recording, settle_keys
 
 
 @triton.jit(do_not_specialize=["n_heads", "seq_q"])  # read only to find a row's sink
@@ -68,3 +68,6 @@ def merge_splits(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
         BLOCK_D=max(16, triton.next_power_of_2(dim)),
         SPLITS=max(2, triton.next_power_of_2(splits)), WRITE_LSE=lse is not None,
         SINKS=sinks is not None)
+
+
+settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)
