@@ -67,9 +67,8 @@ def main():
         runs = list(pool.map(warm, specs))
     for run in runs:
         print(run, flush=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or os.environ.get("FUSEDATTN_GIT_COMMIT")
-    env = environment()
+    env = environment()  # (its commit: FUSEDATTN_GIT_COMMIT where set, as on the device)
+    commit = env.get("git_commit")
     made_by = dict(commit=commit, gpu=env.get("gpu"), driver=env.get("driver"),
                    torch=torch.__version__, warmups=runs,
                    seconds=round(time.perf_counter() - start, 1),
