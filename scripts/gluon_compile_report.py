@@ -33,7 +33,7 @@ COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
-                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, MASK_FORM=2)
+                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
@@ -141,6 +141,8 @@ def compile_config(fn, config: dict, backward: bool = False):
         return _compile(fn, c, _backward_types(c), 8)
     c = DEFAULTS | {k: v for k, v in config.items() if k != "name"}
     c.setdefault("FP8_PACK", c["FP8"])  # the launcher's `FP8_PACK and fp8`
+    # the launcher's MASK_FORM where a causal or window bound cuts tiles, else MASK_FORM_EDGE
+    c.setdefault("MASK_FORM", 2 if c["HAS_LEFT"] or c["HAS_RIGHT"] else 0)
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
     bm, bn = c["BLOCK_M"], c["BLOCK_N"]

@@ -72,6 +72,7 @@ def providers(q, k, v, causal):
     calls["hopper-split1"] = knob("MAX_SPLIT", 1)  # the row max in one chain a row
     calls["hopper-mask0"] = knob("MASK_FORM", 0)  # key indices a [BLOCK_N] tensor
     calls["hopper-mask1"] = knob("MASK_FORM", 1)  # constants, the row max in each arm
+    calls["hopper-edge2"] = knob("MASK_FORM_EDGE", 2)  # unbounded launches as bounded ones
     for name, which in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                         ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         def call(which=which):

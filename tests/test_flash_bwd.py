@@ -324,6 +324,14 @@ def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case)
 
     monkeypatch.setattr(fb, "EMULATION", False)
     monkeypatch.setattr(fb, "_POOL", Recorder())
+    # a GPU process's first launch preparation (the prebuilt kernels into Triton's cache)
+    # runs before anything is submitted
+    from fusedattn import launch
+
+    ahead = []
+    monkeypatch.setattr(launch, "_AHEAD", False)
+    monkeypatch.setattr(launch, "build_launchers_ahead",
+                        lambda: ahead.append(len(submitted)))
     from fusedattn import configs
 
     configs.tuned_table()  # asks torch.cuda for the GPU's name, before `device` is stubbed
@@ -335,6 +343,7 @@ def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case)
         fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.3, precision="ieee",
                                mask=mask)
     assert len(submitted) == 3
+    assert ahead and ahead[0] == 0
     with torch.no_grad():
         out, lse = torch.empty_like(q), torch.empty((b, h, sq), device=DEVICE)
     fb.flash_backward(torch.ones_like(out), q.detach(), k.detach(), v.detach(), out, lse,
@@ -476,6 +485,14 @@ def test_the_hopper_path_precompiles_its_kernels_as_it_launches(mask, determinis
     monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: ("hopper", "forced"))
     monkeypatch.setattr(fb, "EMULATION", False)
     monkeypatch.setattr(fb, "_POOL", Recorder())
+    # a GPU process's first launch preparation (the prebuilt kernels into Triton's cache)
+    # runs before anything is submitted
+    from fusedattn import launch
+
+    ahead = []
+    monkeypatch.setattr(launch, "_AHEAD", False)
+    monkeypatch.setattr(launch, "build_launchers_ahead",
+                        lambda: ahead.append(len(submitted)))
     monkeypatch.setattr(fb, "_SUBMITTED", set())
     monkeypatch.setattr(fb, "_PENDING", [])
     fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.1, precision="ieee",

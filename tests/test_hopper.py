@@ -209,9 +209,10 @@ def test_the_varlen_items_model_gives_every_tile_once():
     (1, 4, 2, 517, 517, 96, True, (40, 0), 30.0), (1, 4, 2, 255, 129, 112, True, None, None),
     (1, 2, 2, 333, 333, 128, False, None, None)])
 def test_every_mask_form_gives_the_defaults_bits(case, form, monkeypatch):
-    # `hopper.forward.MASK_FORM` moves the mask's compares and the row max's place, never
-    # a value: each form's output and LSE are the default's bits (the default's against
-    # the reference: test_hopper_forward_matches_the_reference), varlen and FP8 too
+    # `hopper.forward.MASK_FORM` (launches a causal or window bound cuts) and
+    # MASK_FORM_EDGE (the others) move the mask's compares and the row max's place, never a
+    # value: each form's output and LSE are the defaults' bits (the defaults' against the
+    # reference: test_hopper_forward_matches_the_reference), varlen and FP8 too
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     from fusedattn.hopper import forward as knobs
@@ -232,6 +233,7 @@ def test_every_mask_form_gives_the_defaults_bits(case, form, monkeypatch):
     with use_backend("hopper"):
         default = [call() for call in calls]
         monkeypatch.setattr(knobs, "MASK_FORM", form)
+        monkeypatch.setattr(knobs, "MASK_FORM_EDGE", 2 - form)  # (0 -> 2, 1 -> 1)
         for call, want in zip(calls, default, strict=True):
             got = call()
             for a, b_ in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want)),

@@ -133,8 +133,15 @@ FP8_PACK = True
 # not once in each of its arms. The sm90 compile report (evidence/sm90-compile/
 # 20261203T0910Z-mask-constants): at 1, D64 causal (three warpgroups) spills 336/424 -> 80/80
 # B and its key loop loses 5 STL + 5 LDL, D128 causal's spills 8/16 -> 0, every key loop
-# 9-51 instructions shorter; 2 shortens them by 43-81 more (A/B: 0 is the kernel as before)
+# 9-51 instructions shorter; 2 shortens them by 43-81 more (A/B: 0 is the kernel as before).
+# In one process on the H200 (evidence/nvidia-h200/20261203T1112Z-mask-form-ab, 3 rounds),
+# against 0: D64 causal +4% (2) and +2% (1) in every round, varlen D64 causal +7% (2) and
+# +9% (1); D128 causal, S16384 causal, GQA, the window and varlen D128 within the rounds'
+# spread; but D128 without a mask -6% (2) and -3% (1) in every round, though its loop is
+# 110 instructions shorter at 2. So MASK_FORM serves launches where a causal or window
+# bound cuts tiles, and MASK_FORM_EDGE those where only the keys' end can (A/B)
 MASK_FORM = 2
+MASK_FORM_EDGE = 0
 
 
 def switches() -> tuple:
@@ -145,7 +152,7 @@ def switches() -> tuple:
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
             tuple(FP8_WARPGROUPS.items()), WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC,
-            MAX_SPLIT, FP8_PACK, MASK_FORM)
+            MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE)
 
 
 @functools.cache
@@ -248,5 +255,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
-        MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8, MASK_FORM=MASK_FORM, num_warps=4)
+        MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
+        MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE, num_warps=4)
     return out
