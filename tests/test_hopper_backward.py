@@ -362,6 +362,13 @@ ORDER_MASKS = [dict(is_causal=True), {}, dict(window=(100, 30)), dict(window=(15
                dict(window=(None, 40))]
 
 
+def _gqa_operands(dim: int) -> tuple:
+    """q, k, v and dO of the order and mask tests: GQA 6/2, Sq 777 against Sk 1290, bf16."""
+    q = rand(1, 6, 777, dim, dtype=torch.bfloat16)
+    k, v = (rand(1, 2, 1290, dim, dtype=torch.bfloat16, seed=i) for i in (1, 2))
+    return q, k, v, rand(1, 6, 777, dim, dtype=torch.bfloat16, seed=3)
+
+
 @pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
 @pytest.mark.parametrize("options", ORDER_MASKS)
@@ -376,9 +383,7 @@ def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, optio
 
     monkeypatch.setattr(knobs, "DOWN_ACROSS_HEADS", order != "down-heads")
     monkeypatch.setattr(knobs, "ORDER", order.removesuffix("-heads"))
-    q = rand(1, 6, 777, 128, dtype=torch.bfloat16)
-    k, v = (rand(1, 2, 1290, 128, dtype=torch.bfloat16, seed=i) for i in (1, 2))
-    dout = rand(1, 6, 777, 128, dtype=torch.bfloat16, seed=3)
+    q, k, v, dout = _gqa_operands(128)
     got = _dense(q, k, v, dout, _ref_kw(options), **options)
     again = _grads(q, k, v, dout, "hopper", **options)
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
@@ -405,9 +410,7 @@ def test_scores_transposed_under_masks_are_right_and_repeat(dim, options, determ
         return launch
 
     monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
-    q = rand(1, 6, 777, dim, dtype=torch.bfloat16)
-    k, v = (rand(1, 2, 1290, dim, dtype=torch.bfloat16, seed=i) for i in (1, 2))
-    dout = rand(1, 6, 777, dim, dtype=torch.bfloat16, seed=3)
+    q, k, v, dout = _gqa_operands(dim)
     got = _dense(q, k, v, dout, _ref_kw(options), deterministic=deterministic, **options)
     assert seen and all(seen), seen
     if deterministic:
@@ -428,9 +431,7 @@ def test_the_masks_key_indices_and_constants_give_the_same_bits(dim, options, sw
     from fusedattn.hopper import backward as knobs
 
     monkeypatch.setattr(knobs, "SWAP_MASKED", {64: swap, 128: swap})
-    q = rand(1, 6, 777, dim, dtype=torch.bfloat16)
-    k, v = (rand(1, 2, 1290, dim, dtype=torch.bfloat16, seed=i) for i in (1, 2))
-    dout = rand(1, 6, 777, dim, dtype=torch.bfloat16, seed=3)
+    q, k, v, dout = _gqa_operands(dim)
     grads = []
     for constants in (True, False):
         monkeypatch.setattr(knobs, "MASK_CONSTANTS", constants)
