@@ -5,8 +5,8 @@ After warmup nothing compiles, yet the D128 forward's first call took 0.195 s un
 cProfile on the H200: 0.097 s importing Triton's Gluon for the Hopper kernels and 0.073 s
 in Triton's first launch (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache).
 `import fusedattn` itself imports neither Triton nor the kernels. So `start` runs `prime` on
-a thread of its own. It puts the package's prebuilt kernels into Triton's cache
-(`fusedattn.prebuilt`), imports the modules a forward and a backward import at their first
+a thread of its own. It puts the package's prebuilt C modules into Triton's cache
+(`fusedattn.prebuilt`; the kernels wait for the first launch, which knows the GPU), imports the modules a forward and a backward import at their first
 calls (`MODULES`), hashes the Hopper kernels' sources as Triton's first launch would
 (`KERNELS`, `JITFunction.cache_key`), and computes Triton's key. A process that calls
 fusedattn later than that finds the work done. One that calls it sooner waits on Python's

@@ -173,8 +173,8 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     if not launch._AHEAD:  # what a first GPU launch does first, before these compiles start:
         # the package's prebuilt kernels go into Triton's cache there (`prebuilt.ensure`);
-        # a compile submitted before would miss them (the H200, 20261203T1117Z: the
-        # backward's kernels compiled on an empty cache, the forward's hit)
+        # a compile submitted before would miss them (the H200: the backward's kernels
+        # compiled on an empty cache, the forward's hit, evidence 20261203T1114Z, 1124Z)
         launch.build_launchers_ahead()
     # stand-ins: a compile reads dtypes, strides and pointer alignment, never the data, so
     # q, k and v stand for dQ, dK, dV (`empty_like`: the same strides where dense) and q for
