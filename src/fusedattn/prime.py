@@ -6,12 +6,12 @@ cProfile on the H200: 0.097 s importing Triton's Gluon for the Hopper kernels an
 in Triton's first launch (evidence/nvidia-h200/20261203T0528Z-first-call-empty-cache).
 `import fusedattn` itself imports neither Triton nor the kernels. So `start` runs `prime` on
 a thread of its own. It puts the package's prebuilt C modules into Triton's cache
-(`fusedattn.prebuilt`; the kernels wait for the first launch, which knows the GPU), imports the modules a forward and a backward import at their first
-calls (`MODULES`), hashes the Hopper kernels' sources as Triton's first launch would
-(`KERNELS`, `JITFunction.cache_key`), and computes Triton's key. A process that calls
-fusedattn later than that finds the work done. One that calls it sooner waits on Python's
-import locks, or on the kernel's hash lock, for what the thread has begun, so nothing is
-done twice.
+(`fusedattn.prebuilt`; the kernels wait for the first launch, which knows the GPU),
+imports the modules a forward and a backward import at their first calls (`MODULES`),
+hashes the Hopper kernels' sources as Triton's first launch would (`KERNELS`,
+`JITFunction.cache_key`), and computes Triton's key. A process that calls fusedattn later
+than that finds the work done. One that calls it sooner waits on Python's import locks,
+or on the kernel's hash lock, for what the thread has begun, so nothing is done twice.
 
 The process pays the same CPU time as before, on another thread, usually while it loads its
 model. It starts only where kernels could run on a GPU: not in emulation, nor under a torch
