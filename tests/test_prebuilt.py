@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -70,7 +71,8 @@ def test_pack_keeps_what_a_hit_reads_under_the_key_triton_names_it_by(made):
     assert kernel["group"] == "k.json" and sorted(kernel["files"]) == ["k.cubin", "k.json"]
     assert kernel["arch"] == 90  # (the metadata's target)
     assert next(e for e in manifest["entries"] if e["key"] == KEY_B)["arch"] is None
-    assert not (pack / "entries" / folder(KEY_A) / "k.ptx").exists()  # no IRs
+    stored = sorted(p.name for p in (pack / "entries" / folder(KEY_A)).iterdir())
+    assert stored == ["k.cubin.z", "k.json.z"]  # zlib, no IRs
     assert json.loads((pack / "manifest.json").read_text()) == manifest
 
 
@@ -111,7 +113,8 @@ def test_a_file_that_is_not_the_manifests_leaves_its_kernel_unfindable(made, cac
     from triton.runtime.cache import get_cache_manager
 
     pack, _ = made
-    (pack / "entries" / folder(KEY_A) / "k.cubin").write_bytes(b"another kernel")
+    (pack / "entries" / folder(KEY_A) / "k.cubin.z").write_bytes(
+        zlib.compress(b"another kernel"))
     why = prebuilt.install(pack, arch=90)["skipped"]
     assert "k.cubin: not the file the manifest records" in why
     assert get_cache_manager(KEY_A).get_group("k.json") is None  # compiles as before
@@ -131,11 +134,13 @@ def test_the_shipped_manifest_holds_its_files():
         assert prebuilt.key_of(entry["folder"]) == entry["key"]
         assert entry["group"] is None or entry["group"] in entry["files"]
         for name, digest in entry["files"].items():
-            data = (prebuilt.ROOT / "entries" / entry["folder"] / name).read_bytes()
+            data = zlib.decompress(
+                (prebuilt.ROOT / "entries" / entry["folder"] / f"{name}.z").read_bytes())
             assert hashlib.sha256(data).hexdigest() == digest, name
     shipped = {p.relative_to(prebuilt.ROOT / "entries").as_posix()
                for p in (prebuilt.ROOT / "entries").rglob("*") if p.is_file()}
-    assert shipped == {f"{e['folder']}/{n}" for e in manifest["entries"] for n in e["files"]}
+    assert shipped == {f"{e['folder']}/{n}.z" for e in manifest["entries"]
+                       for n in e["files"]}
 
 
 KEYS = """
