@@ -329,7 +329,6 @@ def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case)
     from fusedattn import launch
 
     ahead = []
-    monkeypatch.setattr(launch, "_AHEAD", False)
     monkeypatch.setattr(launch, "build_launchers_ahead",
                         lambda: ahead.append(len(submitted)))
     from fusedattn import configs
@@ -490,7 +489,6 @@ def test_the_hopper_path_precompiles_its_kernels_as_it_launches(mask, determinis
     from fusedattn import launch
 
     ahead = []
-    monkeypatch.setattr(launch, "_AHEAD", False)
     monkeypatch.setattr(launch, "build_launchers_ahead",
                         lambda: ahead.append(len(submitted)))
     monkeypatch.setattr(fb, "_SUBMITTED", set())

@@ -261,7 +261,7 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
     """`kernel[grid](*args, **kwargs)` (grid a tuple): (what it returned, the compiled
     kernel on the GPU; its `Replay` over `inputs`, the call's tensors, which its tensor
     args must be among, or None)."""
-    if not EMULATION and not _AHEAD:
+    if not EMULATION:
         build_launchers_ahead()
     with kernel_launches():
         compiled = kernel[grid](*args, **kwargs)
@@ -288,12 +288,14 @@ def build_launchers_ahead() -> None:
     GPU's architecture go into Triton's cache (`prebuilt.ensure`; the modules by
     `fusedattn.prime`'s thread where it ran), so that no launch looks one up before they
     are in."""
+    global _AHEAD
+    if _AHEAD:  # (done: a later call costs a read)
+        return
     import torch
     from triton import knobs
 
     from fusedattn import prebuilt
 
-    global _AHEAD
     with _AHEAD_LOCK:
         if _AHEAD:
             return

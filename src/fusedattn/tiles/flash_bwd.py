@@ -171,11 +171,11 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     _SUBMITTED.add(key)
     from fusedattn import launch
 
-    if not launch._AHEAD:  # what a first GPU launch does first, before these compiles start:
-        # the package's prebuilt kernels go into Triton's cache there (`prebuilt.ensure`);
-        # a compile submitted before would miss them (the H200: the backward's kernels
-        # compiled on an empty cache, the forward's hit, evidence 20261203T1114Z, 1124Z)
-        launch.build_launchers_ahead()
+    # what a first GPU launch does first (once a process), before these compiles start: the
+    # package's prebuilt kernels go into Triton's cache there (`prebuilt.ensure`); a compile
+    # submitted before would miss them (the H200: the backward's kernels compiled on an
+    # empty cache, the forward's hit, evidence 20261203T1114Z, 1124Z)
+    launch.build_launchers_ahead()
     # stand-ins: a compile reads dtypes, strides and pointer alignment, never the data, so
     # q, k and v stand for dQ, dK, dV (`empty_like`: the same strides where dense) and q for
     # O and dO where it is contiguous as they are; only the LSE-sized buffer is new
