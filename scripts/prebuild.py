@@ -17,7 +17,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -38,9 +37,9 @@ def singles(spec: dict) -> list[dict]:
 
 def warm(spec: dict) -> dict:
     """`fusedattn.warmup(**spec)` in a process of its own (this one's environment)."""
-    proc = subprocess.run([sys.executable, "-c", "import json, sys, fusedattn; print(json.dumps("
-                           "fusedattn.warmup(**json.loads(sys.argv[1]))))", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=900)
+    from fusedattn_lab.coldstart import warmup_process
+
+    proc = warmup_process(spec)
     if proc.returncode != 0:
         raise SystemExit(f"warmup {spec}: exit {proc.returncode}: {proc.stderr[-2000:]}")
     return dict(spec=spec, **json.loads(proc.stdout.strip().splitlines()[-1]))

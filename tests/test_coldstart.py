@@ -61,6 +61,24 @@ def test_the_compile_listener_keeps_each_compiles_stages_and_skips_cache_hits():
 
 
 @pytest.mark.emulation_only("on a GPU the suite runs")
+def test_a_warmup_process_answers_what_it_did():
+    # `coldstart.warmup_process` (the "after warmup" start and scripts/prebuild.py): a
+    # fresh process, the environment passed on (here the interpreter: nothing compiles)
+    import json
+    import os
+
+    from fusedattn_lab.coldstart import warmup_process
+
+    proc = warmup_process(dict(head_dims=(16,), heads=(1,), max_len=16),
+                          dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert done["calls"] == 6 and done["compiled"] == 0, done
+    bad = warmup_process(dict(head_dims=(0,), heads=(1,)), dict(os.environ,
+                                                                TRITON_INTERPRET="1"))
+    assert bad.returncode != 0 and "head_dims" in bad.stderr
+
+
 def test_coldstart_is_refused_in_emulation(capsys):
     assert main(["bench", "--suite", "coldstart"]) == 2
     assert "in emulation nothing is compiled" in capsys.readouterr().err

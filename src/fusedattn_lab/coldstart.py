@@ -195,6 +195,15 @@ def measure(problem: dict, primer: bool) -> dict:
             "forward_compiles": first_split["compiles"]} if first_split else {})}
 
 
+def warmup_process(spec: dict, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`fusedattn.warmup(**spec)` in a fresh process (environment `env`, default this
+    one's), its answer as JSON on the last line of its stdout."""
+    return subprocess.run([sys.executable, "-c", "import json, sys, fusedattn; print(json."
+                           "dumps(fusedattn.warmup(**json.loads(sys.argv[1]))))",
+                           json.dumps(spec)], capture_output=True, text=True, env=env,
+                          timeout=900)
+
+
 def run_fresh(problem, mode: str = MODES[0], profile: str | None = None) -> dict:
     """One problem in a fresh process, started as `mode` says (`MODES`); `profile`: a path
     where that process writes cProfile's stats of its first call."""
@@ -205,10 +214,7 @@ def run_fresh(problem, mode: str = MODES[0], profile: str | None = None) -> dict
         warm_s = None
         if mode == "after warmup":
             start = time.perf_counter()
-            warm = subprocess.run([sys.executable, "-c", "import json, sys, fusedattn; "
-                                   "print(json.dumps(fusedattn.warmup(**json.loads("
-                                   "sys.argv[1]))))", json.dumps(warmup_spec(problem))],
-                                  capture_output=True, text=True, env=env, timeout=900)
+            warm = warmup_process(warmup_spec(problem), env)
             warm_s = time.perf_counter() - start
             if warm.returncode != 0:
                 tail = " | ".join(warm.stderr.strip().splitlines()[-3:])
