@@ -229,9 +229,10 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False,
 
     import triton
 
-    if backward:  # its import of the forward's helpers, without the package (and torch)
-        for name in ("fusedattn", "fusedattn.hopper"):
-            sys.modules.setdefault(name, types.ModuleType(name)).__path__ = []
+    if backward:  # its import of the forward's helpers, without the packages' __init__
+        for name in ("fusedattn", "fusedattn.hopper"):  # (their submodules still import)
+            folder = ROOT / "src" / name.replace(".", "/")
+            sys.modules.setdefault(name, types.ModuleType(name)).__path__ = [str(folder)]
         _load("fusedattn.hopper.forward_kernel", KERNEL)
     module = _load("kernel_under_report", kernel_file)
     tools = Path(triton.__file__).parent / "backends/nvidia/bin"

@@ -78,7 +78,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fusedattn.hopper.forward_kernel import _document, _load_rows, _softcap
+from fusedattn.hopper.forward_kernel import _document, _index_view, _load_rows, _softcap
 from fusedattn.launch import settle_keys
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -421,23 +421,14 @@ def _key_mask(keys, qpos, seq_k, left, right, HAS_LEFT: gl.constexpr,
 def _masked_p(p, k0, q0, seq_k, left, right, QX: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr):
     """`p` with 0 where the mask drops a (key, query) pair: keys k0 + i along axis QX, the
-    queries' positions among the keys q0 + i along the other (`_key_mask`'s rule). The
-    wgmma accumulator's axis 1 is compared in `[R, N / 8, 4, 2]`, where a thread's index
-    along it is 8j + e (constants a register) plus 2(lane % 4) (one value a thread), as the
-    forward's `_masked` does: no register a key or query held for the compares."""
+    queries' positions among the keys q0 + i along the other (`_key_mask`'s rule). Axis 1 is
+    compared in `forward_kernel._index_view`'s split, as the forward's `_masked` does: no
+    register a key or query held for the compares."""
     R: gl.constexpr = p.shape[0]
     N: gl.constexpr = p.shape[1]
-    p4 = gl.reshape(p, [R, N // 8, 4, 2])
-    l4: gl.constexpr = p4.type.layout
-    l3: gl.constexpr = gl.SliceLayout(3, l4)
-    l2: gl.constexpr = gl.SliceLayout(2, l3)
-    j = gl.arange(0, N // 8, layout=gl.SliceLayout(0, l2)) * 8
-    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3))) * 2
-    e = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
+    p4, const, lane = _index_view(p)
+    l2: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, p4.type.layout))
     r = gl.arange(0, R, layout=gl.SliceLayout(1, l2))
-    const = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 2), 3) + gl.expand_dims(
-        gl.expand_dims(gl.expand_dims(e, 0), 1), 2)
-    lane = gl.expand_dims(gl.expand_dims(gl.expand_dims(q, 0), 1), 3)
     r4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(r, 1), 2), 3)
     if QX == 1:  # p is [queries, keys]: key k0 + n, query position q0 + r
         valid = const < seq_k - k0 - lane

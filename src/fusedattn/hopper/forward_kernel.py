@@ -325,27 +325,37 @@ def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scal
 
 
 @gluon.jit
-def _masked(s, start_n, pos, seq_k, left, right, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-            HAS_RIGHT: gl.constexpr):
-    """`s` (a wgmma accumulator of keys start_n ...) with -inf where a key is out of bounds:
-    at or past seq_k, past pos + right (HAS_RIGHT), before pos - left (HAS_LEFT). The
-    accumulator gives a lane the keys 8j + 2(lane % 4) + e (j < BLOCK_N / 8, e < 2), j and e
-    its own registers; in `_lane_sums`' [M, BLOCK_N / 8, 4, 2] view each bound is compared
-    with 8j + e, constants a register, less the lane's 2(lane % 4) (one value a thread),
-    where a [BLOCK_N] tensor of key indices (`gl.arange`) is a register a key held across
-    the key loop."""
-    M: gl.constexpr = s.shape[0]
-    s4 = gl.reshape(s, [M, BLOCK_N // 8, 4, 2])
-    l4: gl.constexpr = s4.type.layout
+def _index_view(x):
+    """A wgmma accumulator `x` [R, N] as [R, N / 8, 4, 2], with its column indices split in
+    two: `const` [1, N / 8, 1, 2], 8j + e, a constant in each register, and `lane` [1, 1, 4,
+    1], 2(lane % 4), one value a thread (column = const + lane). Compares against a bound
+    written as a limit on `const` then hold no register of column indices (`_masked`,
+    `backward_kernel._masked_p`)."""
+    R: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    x4 = gl.reshape(x, [R, N // 8, 4, 2])
+    l4: gl.constexpr = x4.type.layout
     l3: gl.constexpr = gl.SliceLayout(3, l4)
     l2: gl.constexpr = gl.SliceLayout(2, l3)
-    j = gl.arange(0, BLOCK_N // 8, layout=gl.SliceLayout(0, l2)) * 8
+    j = gl.arange(0, N // 8, layout=gl.SliceLayout(0, l2)) * 8
     q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3))) * 2
     e = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
-    # key - start_n = (8j + e) + 2 lane: the constants [1, J, 1, 2], the lane's part [1, 1, 4, 1]
     const = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 2), 3) + gl.expand_dims(
         gl.expand_dims(gl.expand_dims(e, 0), 1), 2)
     lane = gl.expand_dims(gl.expand_dims(gl.expand_dims(q, 0), 1), 3)
+    return x4, const, lane
+
+
+@gluon.jit
+def _masked(s, start_n, pos, seq_k, left, right, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+            HAS_RIGHT: gl.constexpr):
+    """`s` (a wgmma accumulator of keys start_n ...) with -inf where a key is out of bounds:
+    at or past seq_k, past pos + right (HAS_RIGHT), before pos - left (HAS_LEFT). Each
+    bound is compared in `_index_view`'s split, with constants, where a [BLOCK_N] tensor of
+    key indices (`gl.arange`) is a register a key held across the key loop."""
+    M: gl.constexpr = s.shape[0]
+    s4, const, lane = _index_view(s)
+    l3: gl.constexpr = gl.SliceLayout(3, s4.type.layout)
     rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, l3))
     # each bound as a limit on the constants: key < seq_k <=> 8j + e < seq_k - start_n - 2 lane
     limit = seq_k - start_n - lane
