@@ -19,6 +19,12 @@ from inputs import ON_HOPPER, ragged, rand, script
 KERNEL = "_flash_bwd_sm90"
 
 
+def on_hopper(test):
+    """A test of the Gluon backward itself: an sm90 GPU, never the interpreter."""
+    test = pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")(test)
+    return pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")(test)
+
+
 class Launches:
     """The names of the kernels launched inside (Triton's launch hook, which plans'
     replays call too)."""
@@ -178,8 +184,7 @@ def _ref_kw(options: dict) -> dict:
                 softcap=options.get("softcap"))
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", CASES)
 def test_hopper_gradients_against_the_reference(case, dtype):
@@ -192,8 +197,7 @@ def test_hopper_gradients_against_the_reference(case, dtype):
         assert not got[1][:, :, sq:].any() and not got[2][:, :, sq:].any()
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("options", [dict(is_causal=False), dict(is_causal=True),
                                      dict(is_causal=True, window=(200, 0))])
 @pytest.mark.parametrize("dim", [64, 128])
@@ -212,8 +216,7 @@ def test_hopper_varlen_gradients_with_empty_and_one_token_sequences(dim, options
     assert all(torch.equal(a, b) for a, b in zip(got, grads("hopper"), strict=True))
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("order", ["up", "down"])
 @pytest.mark.parametrize("options", [dict(is_causal=False), dict(is_causal=True)])
 @pytest.mark.parametrize("dim", [64, 128])
@@ -257,8 +260,7 @@ def test_the_compact_varlen_grid_gives_the_full_grids_bits(dim, options, order,
     assert grids == [((k.shape[0] + 70 * 127) // 128 * 2, True), (70 * 8 * 2, False)], grids
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("dim", [64, 128])
 def test_dq_accumulates_in_qs_layout_where_tma_adds(dim, monkeypatch):
     # `[B, S, H, D]` views: the TMA adds go into an accumulator of q's strides (its cast
@@ -286,8 +288,7 @@ def test_dq_accumulates_in_qs_layout_where_tma_adds(dim, monkeypatch):
     assert seen == [(q.stride(), True), (q.contiguous().stride(), False)], seen
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_a_forward_with_grad_compiles_the_hopper_backward_ahead(deterministic, monkeypatch):
     # `precompile_backward` on the Hopper path: the preprocess and the Gluon kernel compile
@@ -319,8 +320,7 @@ def test_a_forward_with_grad_compiles_the_hopper_backward_ahead(deterministic, m
         job.result()  # compiled without error
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 def test_hopper_backward_with_sinks_lse_gradient_and_strided_dout():
     # sinks' gradient (host side, from delta), a used LSE (dLSE enters delta), [B, S, H, D]
     # views (TMA over their strides) and a dO that is not TMA-ready (made contiguous)
@@ -343,8 +343,7 @@ def test_hopper_backward_with_sinks_lse_gradient_and_strided_dout():
         assert err <= 2 * err_p + 1e-3, (name, err, err_p)
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_backward_gives_the_same_bits_every_run(causal):
     # many key tiles add into each query tile's dQ: the order is what could vary
@@ -369,8 +368,7 @@ def _gqa_operands(dim: int) -> tuple:
     return q, k, v, rand(1, 6, 777, dim, dtype=torch.bfloat16, seed=3)
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("options", ORDER_MASKS)
 @pytest.mark.parametrize("order", ["down", "down-heads", "up", "rotated"])
 def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, options,
@@ -389,8 +387,7 @@ def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, optio
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("options", [o for o in ORDER_MASKS if o])
 @pytest.mark.parametrize("dim", [64, 128])
@@ -418,8 +415,7 @@ def test_scores_transposed_under_masks_are_right_and_repeat(dim, options, determ
         assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 @pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("options", [o for o in ORDER_MASKS if o])
 @pytest.mark.parametrize("dim", [64, 128])
@@ -571,8 +567,7 @@ def test_the_launch_passes_down_across_the_heads_by_its_switch(across, monkeypat
         assert dict(zip(kernel_.arg_names[:len(args)], args, strict=True))["order"] == want.value
 
 
-@pytest.mark.gpu_only("the Gluon kernel needs an sm90 GPU (no interpreter)")
-@pytest.mark.skipif(not ON_HOPPER, reason="the Hopper backward runs on sm90 only")
+@on_hopper
 def test_the_racing_variant_is_right_too():
     q, k, v = (rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=i) for i in range(3))
     dout = rand(1, 8, 1000, 128, dtype=torch.bfloat16, seed=3)
