@@ -60,7 +60,8 @@ def test_the_compile_listener_keeps_each_compiles_stages_and_skips_cache_hits():
     assert compile_profile(records) == "_flash_fwd 1.53 s (ir 0.03, ttir 0.10, cubin 1.40)"
 
 
-@pytest.mark.emulation_only("on a GPU the suite runs")
+@pytest.mark.emulation_only("the interpreter's process; on a GPU the suite and the prebuild "
+                            "run warmup processes")
 def test_a_warmup_process_answers_what_it_did():
     # `coldstart.warmup_process` (the "after warmup" start and scripts/prebuild.py): a
     # fresh process, the environment passed on (here the interpreter: nothing compiles)
@@ -79,6 +80,7 @@ def test_a_warmup_process_answers_what_it_did():
     assert bad.returncode != 0 and "head_dims" in bad.stderr
 
 
+@pytest.mark.emulation_only("on a GPU the suite runs")
 def test_coldstart_is_refused_in_emulation(capsys):
     assert main(["bench", "--suite", "coldstart"]) == 2
     assert "in emulation nothing is compiled" in capsys.readouterr().err
