@@ -281,6 +281,17 @@ def test_bench_flops_convention():
         3.5 * fwd.flops())
 
 
+def _launch_preparation(monkeypatch, submitted: list) -> list:
+    """`launch.build_launchers_ahead` stubbed (a GPU process's first launch preparation: the
+    prebuilt kernels into Triton's cache, which the precompile must run before it submits
+    anything): how many compiles `submitted` held at each of its calls."""
+    from fusedattn import launch
+
+    ahead = []
+    monkeypatch.setattr(launch, "build_launchers_ahead", lambda: ahead.append(len(submitted)))
+    return ahead
+
+
 @pytest.mark.parametrize("case", [
     (2, 4, 2, 40, 40, 24, torch.bfloat16, "causal"),   # GQA, padded D, bf16
     (1, 2, 2, 33, 50, 16, torch.float32, "window"),    # Sq != Sk, fp32, a window
@@ -324,13 +335,7 @@ def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case)
 
     monkeypatch.setattr(fb, "EMULATION", False)
     monkeypatch.setattr(fb, "_POOL", Recorder())
-    # a GPU process's first launch preparation (the prebuilt kernels into Triton's cache)
-    # runs before anything is submitted
-    from fusedattn import launch
-
-    ahead = []
-    monkeypatch.setattr(launch, "build_launchers_ahead",
-                        lambda: ahead.append(len(submitted)))
+    ahead = _launch_preparation(monkeypatch, submitted)
     from fusedattn import configs
 
     configs.tuned_table()  # asks torch.cuda for the GPU's name, before `device` is stubbed
@@ -342,7 +347,7 @@ def test_backward_precompile_specialises_as_the_backward_does(monkeypatch, case)
         fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.3, precision="ieee",
                                mask=mask)
     assert len(submitted) == 3
-    assert ahead and ahead[0] == 0
+    assert ahead == [0]
     with torch.no_grad():
         out, lse = torch.empty_like(q), torch.empty((b, h, sq), device=DEVICE)
     fb.flash_backward(torch.ones_like(out), q.detach(), k.detach(), v.detach(), out, lse,
@@ -484,18 +489,13 @@ def test_the_hopper_path_precompiles_its_kernels_as_it_launches(mask, determinis
     monkeypatch.setattr(dispatch, "backward_path", lambda *a, **kw: ("hopper", "forced"))
     monkeypatch.setattr(fb, "EMULATION", False)
     monkeypatch.setattr(fb, "_POOL", Recorder())
-    # a GPU process's first launch preparation (the prebuilt kernels into Triton's cache)
-    # runs before anything is submitted
-    from fusedattn import launch
-
-    ahead = []
-    monkeypatch.setattr(launch, "build_launchers_ahead",
-                        lambda: ahead.append(len(submitted)))
+    ahead = _launch_preparation(monkeypatch, submitted)
     monkeypatch.setattr(fb, "_SUBMITTED", set())
     monkeypatch.setattr(fb, "_PENDING", [])
     fb.precompile_backward(q, k, v, is_causal=mask.causal, scale=0.1, precision="ieee",
                            mask=mask, deterministic=deterministic)
     assert len(submitted) == 2
+    assert ahead == [0]
     # the buffers as `flash_backward` makes them
     out, lse = torch.empty_like(q), torch.empty((2, 4, 300), device=DEVICE)
     dout, delta = torch.ones_like(out), torch.empty_like(lse)
