@@ -11,7 +11,8 @@ round's median of 30 calls (`fusedattn_lab.timing.time_gpu`), the median of the 
 The GPU only (the Hopper kernel runs on sm90).
 
     python3 scripts/switch_ab.py --switch MASK_FORM --values 2,0,1 [--rows a,b] [--out DIR]
-    (values: Python literals, the first the reference; writes DIR/switch_ab-NAME.json)
+    (values: Python literals, comma-separated, tuples in parentheses, the first the
+    reference; writes DIR/switch_ab-NAME.json)
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ ROWS = {
     "gqa": ("dense", 1, 32, 8, 8192, 128, True),
     "d64": ("dense", 4, 32, 32, 4096, 64, False),
     "d64c": ("dense", 2, 32, 32, 8192, 64, True),
+    "d80": ("dense", 4, 32, 32, 4096, 80, False),
+    "d80c": ("dense", 4, 32, 32, 4096, 80, True),
     "d96": ("dense", 4, 32, 32, 4096, 96, False),
     "d192": ("dense", 4, 32, 32, 4096, 192, False),
     "window": ("window", 1, 32, 8192, 128, 1024),
@@ -144,7 +147,7 @@ def main():
     if not hasattr(knobs, args.switch) or not args.switch.isupper():
         ap.error(f"--switch {args.switch!r}: not one of hopper.forward's switches")
     try:
-        values = [ast.literal_eval(v) for v in args.values.split(",")]
+        values = list(ast.literal_eval(f"({args.values},)"))  # (tuples' commas kept)
     except (ValueError, SyntaxError) as e:
         ap.error(f"--values {args.values!r}: Python literals, comma-separated ({e})")
     rows = args.rows.split(",")

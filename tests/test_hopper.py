@@ -48,8 +48,8 @@ def test_the_hopper_path_says_why_it_refuses(change, reason):
 
 
 @pytest.mark.parametrize("dims, pair", [
-    ((128, 128), (128, 128)), ((80, 80), (96, 96)), ((112, 112), (128, 128)),
-    ((72, 72), (96, 96)), ((160, 160), (192, 192)), ((200, 200), (256, 256)),
+    ((128, 128), (128, 128)), ((80, 80), (80, 80)), ((112, 112), (128, 128)),
+    ((72, 72), (80, 80)), ((88, 88), (96, 96)), ((160, 160), (192, 192)), ((200, 200), (256, 256)),
     ((128, 112), (128, 128)), ((112, 64), (128, 64)), ((160, 120), (192, 128)), ((200, 120), None),
     ((48, 48), None), ((32, 32), None), ((264, 264), None), ((128, 96), None),
 ])
@@ -64,7 +64,7 @@ def test_a_padded_head_dim_is_refused_only_for_what_padding_cannot_fix():
     why = hopper_refusal(*(_rand(1, 2, 16, 100),) * 3, mask=Mask())  # rows of 200 bytes
     assert why is not None and "TMA-aligned" in why
     why = hopper_refusal(*(_rand(1, 2, 16, 40),) * 3, mask=Mask())
-    assert why is not None and "padded up to the next of 96/128/192/256" in why
+    assert why is not None and "padded up to the next of 80/96/128/192/256" in why
 
 
 @pytest.mark.emulation_only("the CPU's answer: the portable path, and why")
@@ -115,8 +115,10 @@ CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (1, 3, 1, 2500, 3001, 64, True, None, None), (1, 2, 2, 2100, 2100, 64, False, (300, 0), None),
     # two head-dim pieces against Sq != Sk, GQA and windows
     (1, 6, 2, 301, 1025, 96, True, None, None), (2, 4, 1, 1025, 301, 192, False, (64, 64), None),
-    # head dims run padded (D80 as 96, D112 as 128, D200 as 256): Sq != Sk, GQA, windows
+    # D80 (64 + 16) and head dims run padded (D72 as 80, D112 as 128, D200 as 256): Sq != Sk,
+    # GQA, windows
     (1, 3, 1, 517, 517, 80, True, None, None), (2, 4, 2, 300, 700, 112, False, (64, 0), None),
+    (1, 2, 1, 700, 333, 72, False, (100, 20), None),
     (1, 2, 2, 1000, 1000, 200, True, None, None), (1, 4, 2, 255, 129, 112, True, None, None),
     # softcap: a tight cap, one large enough that tanh is its series, and with masks
     (1, 2, 2, 600, 600, 128, False, None, 5.0), (1, 2, 2, 333, 333, 64, True, None, 1e8),

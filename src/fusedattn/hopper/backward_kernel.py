@@ -270,29 +270,43 @@ def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, gr
 
 
 @gluon.jit
-def _row_loads(t, valid, p_lse, p_delta, sl_b, sl_h, b_row, h_kv, group, q_start, m_lo,
-               n_steps, rot, order, seq_q, BLOCK_M: gl.constexpr, GQA: gl.constexpr,
-               WARPS: gl.constexpr):
-    """LSE_SMEM: step t's rows' LSE (base 2, +inf where P must be 0) and delta, loaded by
-    these WARPS warps into registers (none where not `valid`: a step past the last), for
-    `_put_rows` to store once they arrive."""
+def _step_rows(t, valid, group, m_lo, n_steps, rot, order, b_row, h_kv, sl_b, sl_h, q_start,
+               p_lse, p_delta, seq_q, layout: gl.constexpr, BLOCK_M: gl.constexpr,
+               GQA: gl.constexpr, FIRST_ROW: gl.constexpr):
+    """Step t's rows' LSE (base 2) and delta from global memory, as `layout`'s [BLOCK_M]
+    vectors, none where not `valid` (a step past the last): rows past Sq (zeros from TMA;
+    varlen: the next sequence's) and rows that saw no key (LSE = -inf) get LSE = +inf, so
+    P = 0. Loaded by the writer's warps for `_put_rows` (LSE_SMEM), else by the compute
+    warps at the step's start, or with LSE_AHEAD at the end of the step before, so that
+    their latency is behind that step's end and this step's first products, not in front
+    of its exp2s. FIRST_ROW: the tile's first row a scalar and the rows offsets from it
+    (S transposed, 16 queries a thread: each address a register and a constant, each mask
+    a 32-bit compare; with the rows' indices ptxas made 64-bit sums of each once the
+    orders changed m0's form, a longer loop in the CPU compile report, not committed);
+    else the rows' indices (2 a thread, where the first form compiled to a longer loop)."""
     j, hh = _step(t, group, GQA)
     m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
-    h = h_kv * group + hh
-    vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    rows = gl.arange(0, BLOCK_M, layout=vec)
-    # rows past Sq (zeros from TMA; varlen: the next sequence's) and rows that saw no key
-    # (LSE = -inf): P = 0
-    here = (rows < seq_q - m0) & valid
-    base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start + m0
-    lse = gl.load(p_lse + base + rows, mask=here, other=float("inf"))
-    delta = gl.load(p_delta + base + rows, mask=here, other=0.0)
+    lse_base = b_row.to(gl.int64) * sl_b + (h_kv * group + hh).to(gl.int64) * sl_h + q_start
+    rows = gl.arange(0, BLOCK_M, layout=layout)
+    if FIRST_ROW:
+        lse_ptr = p_lse + (lse_base + m0)
+        delta_ptr = p_delta + (lse_base + m0)
+        offs = rows
+        here = rows < seq_q - m0
+    else:
+        lse_ptr = p_lse + lse_base
+        delta_ptr = p_delta + lse_base
+        offs = m0 + rows
+        here = offs < seq_q
+    here = here & valid
+    lse = gl.load(lse_ptr + offs, mask=here, other=float("inf"))
+    delta = gl.load(delta_ptr + offs, mask=here, other=0.0)
     return gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, delta
 
 
 @gluon.jit
 def _put_rows(t, lse, delta, rows_smem, ready, STAGES: gl.constexpr):
-    """`_row_loads`' values into slot t % STAGES's two rows of `rows_smem`, then an arrival
+    """`_step_rows`' values into slot t % STAGES's two rows of `rows_smem`, then an arrival
     of their own on the slot's ready barrier (which counts two under LSE_SMEM: TMA's and
     this)."""
     slot = t % STAGES
@@ -326,6 +340,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
     COLS: gl.constexpr = 32
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+    vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])  # LSE_SMEM's rows
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, WARPS)
@@ -338,14 +353,14 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
                        q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
             if LSE_SMEM:
-                lse, delta = _row_loads(t, True, p_lse, p_delta, sl_b, sl_h, b_row, h_kv,
-                                        group, q_start, m_lo, n_steps, rot, order, seq_q,
-                                        BLOCK_M, GQA, WARPS)
+                lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
+                                        sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
+                                        BLOCK_M, GQA, True)
                 _put_rows(t, lse, delta, rows_smem, ready, STAGES)
     if LSE_SMEM:  # step STAGES's rows, which the loop's first turn stores
-        lse, delta = _row_loads(STAGES, STAGES < n_total, p_lse, p_delta, sl_b, sl_h, b_row,
-                                h_kv, group, q_start, m_lo, n_steps, rot, order, seq_q,
-                                BLOCK_M, GQA, WARPS)
+        lse, delta = _step_rows(STAGES, STAGES < n_total, group, m_lo, n_steps, rot, order,
+                                b_row, h_kv, sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
+                                BLOCK_M, GQA, True)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
@@ -367,9 +382,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             # end: deterministic and unmasked, 0.89x both ways, evidence 2042Z, 2045Z.)
             if t + STAGES < n_total:
                 _put_rows(t + STAGES, lse, delta, rows_smem, ready, STAGES)
-            lse, delta = _row_loads(t + STAGES + 1, t + STAGES + 1 < n_total, p_lse, p_delta,
-                                    sl_b, sl_h, b_row, h_kv, group, q_start, m_lo, n_steps,
-                                    rot, order, seq_q, BLOCK_M, GQA, WARPS)
+            lse, delta = _step_rows(t + STAGES + 1, t + STAGES + 1 < n_total, group, m_lo,
+                                    n_steps, rot, order, b_row, h_kv, sl_b, sl_h, q_start,
+                                    p_lse, p_delta, seq_q, vec, BLOCK_M, GQA, True)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
                                       n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
@@ -455,7 +470,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
            SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-           MASK_CONSTANTS: gl.constexpr):
+           MASK_CONSTANTS: gl.constexpr, LSE_AHEAD: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
 
@@ -472,6 +487,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
     QX: gl.constexpr = 0 if SWAP_SDP else 1  # the axis a query vector is expanded along
+    row_layout: gl.constexpr = gl.SliceLayout(QX, s_layout)  # a query vector's
     # dK, dV: [BLOCK_N keys, D], each warpgroup BLOCK_N / 2 keys
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
@@ -491,35 +507,26 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     if live:
         mbarrier.wait(kv_bar, 0)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    for t in range(n_steps * group if GQA else n_steps):
+    n_total = n_steps * group if GQA else n_steps
+    if LSE_AHEAD and not LSE_SMEM:
+        lse_next, delta_next = _step_rows(0, n_total > 0, group, m_lo, n_steps, rot, order,
+                                          b_row, h_kv, sl_b, sl_h, q_start, p_lse, p_delta,
+                                          seq_q, row_layout, BLOCK_M, GQA, SWAP_SDP)
+    for t in range(n_total):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
-        h = h_kv * group + hh
-        lse_base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
         slot = t % STAGES
-        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(QX, s_layout))
-        queries = m0 + rows
-        if SWAP_SDP:  # 16 queries a thread: the tile's first row a scalar and the rows
-            # offsets from it (each address a register and a constant, each mask a 32-bit
-            # compare; with `queries` ptxas made 64-bit sums of each once the orders
-            # changed m0's form: a longer loop in the CPU compile report, not committed)
-            lse_ptr = p_lse + (lse_base + m0)
-            delta_ptr = p_delta + (lse_base + m0)
-            offs = rows
-            here = rows < seq_q - m0
-        else:  # 2 a thread: here the form above compiled to a longer loop (the same report)
-            lse_ptr = p_lse + lse_base
-            delta_ptr = p_delta + lse_base
-            offs = queries
-            here = queries < seq_q
+        queries = m0 + gl.arange(0, BLOCK_M, layout=row_layout)
         if not LSE_SMEM:
-            # rows past Sq (zeros from TMA) and rows that saw no key (LSE = -inf): P = 0
-            lse = gl.load(lse_ptr + offs, mask=here, other=float("inf"))
-            lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-            delta = gl.load(delta_ptr + offs, mask=here, other=0.0)
+            if LSE_AHEAD:  # (loaded at the end of the step before)
+                lse, delta = lse_next, delta_next
+            else:
+                lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
+                                        sl_b, sl_h, q_start, p_lse, p_delta, seq_q,
+                                        row_layout, BLOCK_M, GQA, SWAP_SDP)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         if LSE_SMEM:  # (delta at its use, below)
-            lse = rows_smem.index(2 * slot).load(gl.SliceLayout(QX, s_layout))
+            lse = rows_smem.index(2 * slot).load(row_layout)
         q_t = q_smem.index(slot)
         do_t = do_smem.index(slot)
         # (the zeros made here, not before the loop: no registers held for them)
@@ -564,7 +571,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
         if LSE_SMEM:
-            delta = rows_smem.index(2 * slot + 1).load(gl.SliceLayout(QX, s_layout))
+            delta = rows_smem.index(2 * slot + 1).load(row_layout)
         ds = p * (dp - gl.expand_dims(delta, QX))
         if SOFTCAP:  # times d(cap tanh(x)) / dx = 1 - tanh^2, tanh = s / cap
             th = s / cap
@@ -594,6 +601,11 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         buf = t % DQ_BUFS
         mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
         dq_smem.index(buf).store(done[2] * scale)
+        if LSE_AHEAD and not LSE_SMEM:
+            lse_next, delta_next = _step_rows(t + 1, t + 1 < n_total, group, m_lo, n_steps,
+                                              rot, order, b_row, h_kv, sl_b, sl_h, q_start,
+                                              p_lse, p_delta, seq_q, row_layout, BLOCK_M,
+                                              GQA, SWAP_SDP)
         if DQ_TMA:  # (the writer's TMA reads it)
             fence_async_shared()
         # every warp is past its products' reads of the slot, P and dS, and its dQ
@@ -614,7 +626,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-             MASK_CONSTANTS: gl.constexpr):
+             MASK_CONSTANTS: gl.constexpr, LSE_AHEAD: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
@@ -622,7 +634,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
                     qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
-                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS)
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, LSE_AHEAD)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -682,7 +694,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-                    MASK_CONSTANTS: gl.constexpr):
+                    MASK_CONSTANTS: gl.constexpr, LSE_AHEAD: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -749,7 +761,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
-                    LSE_SMEM, MASK_CONSTANTS)),
+                    LSE_SMEM, MASK_CONSTANTS, LSE_AHEAD)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,

@@ -20,13 +20,14 @@ from fusedattn.tiles.common import FP8_P_SCALE
 
 # (Q/K head dim, V head dim) -> (D_A, D_B, DV_A, DV_B, BLOCK_M per warpgroup, BLOCK_N,
 # STAGES): each head dim in one or two power-of-two pieces (TMA boxes and Gluon's tensors
-# are powers of two; 96 = 64 + 32 and 192 = 128 + 64 take two wgmmas per product instead of
-# padding to 128 and 256). Shared memory is 2 * BLOCK_M * D * 2 bytes of Q plus STAGES *
-# BLOCK_N * (D + Dv) * 2 of K and V. V's head dim may be less than Q's (DeepSeek's MLA:
-# 192 and 128; 128 and 64), each of its pieces no wider than Q's: O goes out through Q's
-# shared tiles
+# are powers of two; 80 = 64 + 16, 96 = 64 + 32 and 192 = 128 + 64 take two wgmmas per
+# product instead of padding to 96, 128 and 256). Shared memory is 2 * BLOCK_M * D * 2
+# bytes of Q plus STAGES * BLOCK_N * (D + Dv) * 2 of K and V. V's head dim may be less
+# than Q's (DeepSeek's MLA: 192 and 128; 128 and 64), each of its pieces no wider than
+# Q's: O goes out through Q's shared tiles
 TILES = {
     (64, 64): (64, 0, 64, 0, 64, 128, 4),
+    (80, 80): (64, 16, 64, 16, 64, 128, 4),
     (96, 96): (64, 32, 64, 32, 64, 128, 3),
     (128, 128): (128, 0, 128, 0, 64, 128, 3),
     (192, 192): (128, 64, 128, 64, 64, 64, 3),
@@ -42,8 +43,11 @@ FP8_TILES = {
     (128, 128): (128, 0, 128, 0, 64, 128, 4),
     (256, 256): (256, 0, 256, 0, 64, 64, 3),
 }
-# the head dims the kernel's pieces make; one over 64 between them runs padded to the next
-KERNEL_DIMS = (64, 96, 128, 192, 256)
+# the head dims the kernel's pieces make; one over 64 between them runs padded to the next.
+# 80 = 64 + 16 (D65-80 ran padded to 96 before: D80 at 0.82x FA4, evidence/nvidia-h200/
+# 20261203T125515Z-bench-prefill); the sm90 compile report has it spill nothing, its key
+# loop 673 instructions against D96's 681 (A/B: without 80, D65-80 run as 96)
+KERNEL_DIMS = (64, 80, 96, 128, 192, 256)
 
 
 def _padded(dim: int) -> int:
@@ -53,7 +57,7 @@ def _padded(dim: int) -> int:
 def kernel_pair(dim: int, dim_v: int, fp8: bool = False) -> tuple[int, int] | None:
     """The pair of `TILES` (`FP8_TILES` under fp8: exact pairs only) that serves head dims
     (dim, dim_v), or None. A head dim over 64 that the kernel's pieces do not make runs
-    padded up to the next of `KERNEL_DIMS` (D80 as D96, D112 as D128, D200 as D256): the
+    padded up to the next of `KERNEL_DIMS` (D72 as D80, D112 as D128, D200 as D256): the
     descriptors keep the tensors' own shapes, so the TMA boxes read zeros past the last
     column (the scores and P V are exact) and the stores stop there. Padding costs its
     share of the products (D112 runs D128's), which the portable kernel's rate at these dims
@@ -152,7 +156,7 @@ def switches() -> tuple:
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
             tuple(FP8_WARPGROUPS.items()), WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC,
-            MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE)
+            MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS)
 
 
 @functools.cache
