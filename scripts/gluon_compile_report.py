@@ -69,12 +69,11 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False, COMPACT=False, MASK_CONSTANTS=True, LSE_AHEAD=True)
+                    VARLEN=False, COMPACT=False, MASK_CONSTANTS=True)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
     dict(name="bwd D128 causal GQA", D=128, HAS_RIGHT=True, GQA=True),
-    dict(name="bwd D128, LSE at the step's start", D=128, LSE_AHEAD=False),
     dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
     dict(name="bwd D128 causal, dQ by atomics", D=128, HAS_RIGHT=True, DQ_TMA=False),
     dict(name="bwd D128 causal, LSE from global memory", D=128, HAS_RIGHT=True,

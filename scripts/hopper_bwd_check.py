@@ -160,9 +160,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # LSE and delta from global memory at every head dim, not through shared
              # memory (`hopper.backward.LSE_SMEM`, on at both)
              "hopper-nolse": _ours("hopper", LSE_SMEM={64: False, 128: False}),
-             # where the compute warps load LSE and delta themselves, at the step's start,
-             # not a step ahead (`hopper.backward.LSE_AHEAD`)
-             "hopper-lse-start": _ours("hopper", LSE_AHEAD=False),
              # S transposed under masks at every head dim, or at none
              "hopper-swap-masked": _ours("hopper", SWAP_MASKED={64: True, 128: True}),
              "hopper-swap-unmasked": _ours("hopper", SWAP_MASKED={64: False, 128: False}),

@@ -127,13 +127,6 @@ VARLEN_LONGEST_FIRST = True
 # (evidence/sm90-compile/20261203T0935Z-bwd-mask-constants) (A/B)
 MASK_CONSTANTS = True
 
-# where the compute warps load each step's LSE and delta from global memory themselves (not
-# LSE_SMEM: D128 with S transposed, no mask, deterministic adds), they load step t + 1's at
-# the end of step t (`backward_kernel._step_rows`), where False loads them at the step's
-# start: the ncu source view at 4b7ddae (evidence/nvidia-h200/20261203T1316Z-ncusrc-bwd-d128)
-# had 10% of that key loop's samples waiting on them at their first use (A/B)
-LSE_AHEAD = True
-
 
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
@@ -143,7 +136,7 @@ def switches() -> tuple:
             SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
             SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
             tuple(sorted(VARLEN_COMPACT.items())), VARLEN_LONGEST_FIRST, MASK_CONSTANTS,
-            tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())), LSE_AHEAD)
+            tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -307,5 +300,5 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
-                  MASK_CONSTANTS=MASK_CONSTANTS, LSE_AHEAD=LSE_AHEAD, num_warps=8)
+                  MASK_CONSTANTS=MASK_CONSTANTS, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

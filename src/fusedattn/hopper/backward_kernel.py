@@ -277,30 +277,28 @@ def _step_rows(t, valid, group, m_lo, n_steps, rot, order, b_row, h_kv, sl_b, sl
     vectors, none where not `valid` (a step past the last): rows past Sq (zeros from TMA;
     varlen: the next sequence's) and rows that saw no key (LSE = -inf) get LSE = +inf, so
     P = 0. Loaded by the writer's warps for `_put_rows` (LSE_SMEM), else by the compute
-    warps at the step's start, or with LSE_AHEAD at the end of the step before, so that
-    their latency is behind that step's end and this step's first products, not in front
-    of its exp2s. FIRST_ROW: the tile's first row a scalar and the rows offsets from it
-    (S transposed, 16 queries a thread: each address a register and a constant, each mask
-    a 32-bit compare; with the rows' indices ptxas made 64-bit sums of each once the
-    orders changed m0's form, a longer loop in the CPU compile report, not committed);
-    else the rows' indices (2 a thread, where the first form compiled to a longer loop)."""
+    warps at the step's start (loaded at the end of the step before, they spilled more
+    and ran 3-6% slower: evidence/nvidia-h200/20261203T1419Z-d80-lse-ahead-ab,
+    notes/patches/bwd-lse-ahead.patch). FIRST_ROW: the tile's first row a scalar and the
+    rows offsets from it (S transposed, 16 queries a thread: each address a register and a
+    constant, each mask a 32-bit compare; with the rows' indices ptxas made 64-bit sums of
+    each once the orders changed m0's form, a longer loop in the CPU compile report, not
+    committed); else the rows' indices (2 a thread, where the first form compiled to a
+    longer loop)."""
     j, hh = _step(t, group, GQA)
     m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
-    lse_base = b_row.to(gl.int64) * sl_b + (h_kv * group + hh).to(gl.int64) * sl_h + q_start
+    h = h_kv * group + hh
     rows = gl.arange(0, BLOCK_M, layout=layout)
     if FIRST_ROW:
-        lse_ptr = p_lse + (lse_base + m0)
-        delta_ptr = p_delta + (lse_base + m0)
+        here = (rows < seq_q - m0) & valid
+        base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start + m0
         offs = rows
-        here = rows < seq_q - m0
     else:
-        lse_ptr = p_lse + lse_base
-        delta_ptr = p_delta + lse_base
         offs = m0 + rows
-        here = offs < seq_q
-    here = here & valid
-    lse = gl.load(lse_ptr + offs, mask=here, other=float("inf"))
-    delta = gl.load(delta_ptr + offs, mask=here, other=0.0)
+        here = (offs < seq_q) & valid
+        base = b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h + q_start
+    lse = gl.load(p_lse + base + offs, mask=here, other=float("inf"))
+    delta = gl.load(p_delta + base + offs, mask=here, other=0.0)
     return gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, delta
 
 
@@ -470,7 +468,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
            SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-           MASK_CONSTANTS: gl.constexpr, LSE_AHEAD: gl.constexpr):
+           MASK_CONSTANTS: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
 
@@ -507,23 +505,15 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     if live:
         mbarrier.wait(kv_bar, 0)
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
-    n_total = n_steps * group if GQA else n_steps
-    if LSE_AHEAD and not LSE_SMEM:
-        lse_next, delta_next = _step_rows(0, n_total > 0, group, m_lo, n_steps, rot, order,
-                                          b_row, h_kv, sl_b, sl_h, q_start, p_lse, p_delta,
-                                          seq_q, row_layout, BLOCK_M, GQA, SWAP_SDP)
-    for t in range(n_total):
+    for t in range(n_steps * group if GQA else n_steps):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
         slot = t % STAGES
         queries = m0 + gl.arange(0, BLOCK_M, layout=row_layout)
         if not LSE_SMEM:
-            if LSE_AHEAD:  # (loaded at the end of the step before)
-                lse, delta = lse_next, delta_next
-            else:
-                lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
-                                        sl_b, sl_h, q_start, p_lse, p_delta, seq_q,
-                                        row_layout, BLOCK_M, GQA, SWAP_SDP)
+            lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
+                                    sl_b, sl_h, q_start, p_lse, p_delta, seq_q, row_layout,
+                                    BLOCK_M, GQA, SWAP_SDP)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         if LSE_SMEM:  # (delta at its use, below)
             lse = rows_smem.index(2 * slot).load(row_layout)
@@ -601,11 +591,6 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         buf = t % DQ_BUFS
         mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
         dq_smem.index(buf).store(done[2] * scale)
-        if LSE_AHEAD and not LSE_SMEM:
-            lse_next, delta_next = _step_rows(t + 1, t + 1 < n_total, group, m_lo, n_steps,
-                                              rot, order, b_row, h_kv, sl_b, sl_h, q_start,
-                                              p_lse, p_delta, seq_q, row_layout, BLOCK_M,
-                                              GQA, SWAP_SDP)
         if DQ_TMA:  # (the writer's TMA reads it)
             fence_async_shared()
         # every warp is past its products' reads of the slot, P and dS, and its dQ
@@ -626,7 +611,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-             MASK_CONSTANTS: gl.constexpr, LSE_AHEAD: gl.constexpr):
+             MASK_CONSTANTS: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
@@ -634,7 +619,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
                     qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
-                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, LSE_AHEAD)
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -694,7 +679,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-                    MASK_CONSTANTS: gl.constexpr, LSE_AHEAD: gl.constexpr):
+                    MASK_CONSTANTS: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -761,7 +746,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
-                    LSE_SMEM, MASK_CONSTANTS, LSE_AHEAD)),
+                    LSE_SMEM, MASK_CONSTANTS)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
