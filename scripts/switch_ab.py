@@ -44,6 +44,7 @@ ROWS = {
     "d64c": ("dense", 2, 32, 32, 8192, 64, True),
     "d80": ("dense", 4, 32, 32, 4096, 80, False),
     "d80c": ("dense", 4, 32, 32, 4096, 80, True),
+    "d80long": ("dense", 1, 16, 16, 16384, 80, False),  # the prefill suite's D80 row
     "d96": ("dense", 4, 32, 32, 4096, 96, False),
     "d192": ("dense", 4, 32, 32, 4096, 192, False),
     "window": ("window", 1, 32, 8192, 128, 1024),

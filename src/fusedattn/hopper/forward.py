@@ -156,7 +156,8 @@ def switches() -> tuple:
     plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
             tuple(FP8_WARPGROUPS.items()), WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC,
-            MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS)
+            MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS,
+            tuple(TILES.items()), tuple(FP8_TILES.items()))
 
 
 @functools.cache
