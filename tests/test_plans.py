@@ -8,7 +8,7 @@ options' types, strides, alignment) is in them."""
 import pytest
 import torch
 
-from fusedattn import attention, attention_varlen, dispatch
+from fusedattn import attention, attention_varlen, dispatch, launch
 from fusedattn.api import _CALLS
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref
@@ -53,6 +53,54 @@ def test_a_replayed_call_matches_the_reference_and_the_fresh_call(case):
                                                                   **options))
         replayed, replayed_lse = attention(q, k, v, return_lse=True, **options)
         assert torch.equal(fresh, replayed) and torch.equal(fresh_lse, replayed_lse)
+
+
+@pytest.mark.parametrize("entry", ["attention", "varlen"])
+def test_an_inference_call_without_return_lse_makes_and_writes_no_lse(entry, monkeypatch):
+    # issue 31: a call that neither returns the LSE nor keeps it for a backward allocates
+    # O alone (one allocation fewer a call) and launches with no LSE (WRITE_LSE off); O is
+    # the same bits as the call that returns the LSE, and both match the reference
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "empty" in func.__name__:
+                self.made.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    if entry == "attention":
+        q, k, v = (rand(1, 2, 37, 16, dtype=torch.float32, seed=i) for i in range(3))
+        ref = attention_ref(q, k, v, causal=True)
+
+        def call(return_lse):
+            return attention(q, k, v, is_causal=True, return_lse=return_lse)
+    else:
+        q, k, v = (rand(50, 2, 16, dtype=torch.float32, seed=i) for i in range(3))
+        cu = i32([0, 13, 50])
+        ref = varlen_ref(q, k, v, cu, cu, causal=True)
+
+        def call(return_lse):
+            return attention_varlen(q, k, v, cu, cu, 37, 37, is_causal=True,
+                                    return_lse=return_lse)
+    outs = {}
+    for return_lse in (False, True):
+        result = _fresh(lambda r=return_lse: call(r))  # records the plan
+        outs[return_lse] = result[0] if return_lse else result
+        passes(outs[return_lse], ref)
+    assert torch.equal(outs[False], outs[True])
+    counts = {}
+    with monkeypatch.context() as patch:  # the replays' host path alone, no kernel run
+        patch.setattr(launch.Replay, "__call__", lambda self, inputs: None)
+        for return_lse in (False, True):
+            call(return_lse)  # (its plan, recorded with no plan for the other)
+            with Allocations() as seen:
+                call(return_lse)
+            counts[return_lse] = len(seen.made)
+    assert counts == {False: 1, True: 2}, counts
 
 
 def test_strides_and_alignment_are_in_the_key():

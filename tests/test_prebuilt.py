@@ -195,7 +195,10 @@ q, k, v = (torch.randn(1, 8, 1000, 128, device="cuda", dtype=torch.bfloat16,
                        requires_grad=True) for _ in range(3))
 out = fusedattn.attention(q, k, v, is_causal=True)
 out.backward(torch.ones_like(out))
+with torch.no_grad():  # an inference call: its kernels write no LSE, kernels of their own
+    again = fusedattn.attention(q, k, v, is_causal=True)
 err = (out.double() - attention_ref(q, k, v, causal=True, device="cuda")).abs().max().item()
+err = max(err, (again.double() - out.double()).abs().max().item())
 print(json.dumps(dict(compiles=compiles, err=err, prebuilt=fusedattn.prebuilt.ensure(90))))
 """
 

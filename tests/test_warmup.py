@@ -24,8 +24,9 @@ def test_warmup_makes_its_calls_and_returns_what_it_did(monkeypatch):
     monkeypatch.setattr(configs, "SMS", 4)  # a 4-SM GPU: the batch that fills it is small
     done = fusedattn.warmup(head_dims=(16,), heads=(2,), heads_kv=(1,), dtypes=("fp32",),
                             causal=(True, False), training=True, varlen=True, max_len=16)
-    # 2 masks x lengths (1, 15, 16) x batches (1 and the batch that fills the SMs), varlen
-    assert done["calls"] == 2 * 3 * 2 + 2 * 3
+    # 2 masks x lengths (1, 15, 16) x batches (1 and the batch that fills the SMs), each
+    # with gradients and without (an evaluation's forward, no LSE), and varlen's
+    assert done["calls"] == 2 * 3 * 2 * 2 + 2 * 3
     assert done["compiled"] >= 0 and done["seconds"] > 0
 
 
@@ -61,6 +62,7 @@ def test_warmup_refuses_a_bad_spec(bad):
 
 @pytest.mark.gpu_only("compiles happen on the GPU only (the interpreter compiles nothing)")
 def test_after_warmup_a_new_length_or_batch_compiles_nothing():
+    # training and evaluation calls alike
     fusedattn.warmup(head_dims=(64,), heads=(4,), dtypes=("bf16",), causal=(True,),
                      training=True, max_len=2048)
     compiled = []
@@ -73,6 +75,8 @@ def test_after_warmup_a_new_length_or_batch_compiles_nothing():
             # a contiguous upstream gradient, as warmup's (a loss's .sum() hands on a
             # stride-0 one, which specialises the backward anew)
             out.backward(torch.randn_like(out))
+            with torch.no_grad():  # an evaluation step's forward (no LSE written)
+                fusedattn.attention(q, k, v, is_causal=True)
         torch.cuda.synchronize()
     finally:
         restore()

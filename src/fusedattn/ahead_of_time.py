@@ -12,7 +12,9 @@ and one that fills them (the table's two columns). Batch and length within a buc
 compile nothing new: the Hopper kernel does not specialise on sizes at all, so its one
 compile per dtype, head dim and mask covers every length from `dispatch.HOPPER_MIN_KEYS`.
 The backward is warmed with contiguous upstream gradients (as a next layer's matmul hands
-on); other strides (a loss's `.sum()` hands on a stride-0 one) specialise it anew.
+on); other strides (a loss's `.sum()` hands on a stride-0 one) specialise it anew. With
+`training`, each forward is also called without gradients (an evaluation step's), whose
+kernels write no LSE and so are kernels of their own.
 "fp8" warms float8 e4m3 q, k, v (head dims 64, 128, 256) and, with `training`,
 `attention_fp8_backward` on a bfloat16 upstream gradient; the descale factors (none, per
 tensor or per head) make no kernel of their own.
@@ -136,6 +138,11 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                                            **mask)
                                 elif training:
                                     out.backward(torch.ones_like(out))
+                                    # and the same forward without gradients (an
+                                    # evaluation's): it writes no LSE, a kernel of its own
+                                    with torch.no_grad():
+                                        attention(q, k, v, **mask)
+                                    calls += 1
                                 calls += 1
                             if varlen:
                                 q, k, v = (torch.randn(2 * seq, n, d, device=DEVICE)

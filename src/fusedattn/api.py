@@ -125,9 +125,12 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     return out, lse
 
 
-def _outputs(q, v) -> tuple[torch.Tensor, torch.Tensor]:
-    """O (`new_out`) and the LSE `[B, H, Sq]`, made fresh (dense, aligned)."""
-    return new_out(q, v), torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+def _outputs(q, v, lse=True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """O (`new_out`) and the LSE `[B, H, Sq]`, made fresh (dense, aligned); None for the
+    LSE where not `lse`: the kernels then write none (`WRITE_LSE`), and the call saves an
+    allocation (issue 31's host cost)."""
+    return new_out(q, v), (torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+                           if lse else None)
 
 
 def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
@@ -141,14 +144,15 @@ def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, 
             descale=descale, keep=keep)
 
 
-def _kept_forward(call, q, k, v, sinks, descale):
+def _kept_forward(call, q, k, v, sinks, descale, lse=True):
     """`attention`'s eager forward, by `dispatch.kept_forward` with the plan its call key
     keeps (`_Call.plan`). The call key holds which of the tensors are one object, so it
     settles the dispatch's plan key but for `dispatch.plan_context`. A call autograd
-    records runs it inside `_FlashCall`."""
+    records runs it inside `_FlashCall`. `lse`: whether the LSE is made and written (a
+    call that neither returns it nor keeps it for a backward makes none: `_outputs`)."""
     from fusedattn.dispatch import forward_inputs, kept_forward
 
-    out, lse = _outputs(q, v)
+    out, lse = _outputs(q, v, lse)
     kept_forward(call.plan, forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale),
                  lambda keep: _launch(q, k, v, out, lse, sinks, *call.options[:6], descale,
                                       keep))
@@ -534,7 +538,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                     fp8_descale(q, descales, *_heads(q, k)))
     else:
         out, lse = _kept_forward(call, *_as_4d(q, k, v), as_sinks(sinks),
-                                 fp8_descale(q, descales, *_heads(q, k)))
+                                 fp8_descale(q, descales, *_heads(q, k)), lse=return_lse)
     if q.dim() != 4:
         out = out.reshape(*q.shape[:-1], v.shape[-1])
     if not return_lse:

@@ -96,10 +96,11 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
     return out, lse
 
 
-def _outputs(q, v) -> tuple[torch.Tensor, torch.Tensor]:
-    """O (V's head dim; bf16 for FP8) and the LSE, `[H, total_q]`."""
-    return new_out(q, v), torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32,
-                                      device=q.device)
+def _outputs(q, v, lse=True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """O (V's head dim; bf16 for FP8) and the LSE, `[H, total_q]` (None where not `lse`,
+    as `api._outputs`)."""
+    return new_out(q, v), (torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32,
+                                       device=q.device) if lse else None)
 
 
 def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale,
@@ -109,7 +110,8 @@ def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal
     plan)."""
     from fusedattn.dispatch import forward
 
-    forward(_packed(q), _packed(k), _packed(v), out=_packed(out), lse=lse[None],
+    forward(_packed(q), _packed(k), _packed(v), out=_packed(out),
+            lse=None if lse is None else lse[None],
             is_causal=is_causal, scale=scale, precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap, True),
             varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale,
@@ -117,12 +119,13 @@ def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal
 
 
 def _kept_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
-                 descale):
+                 descale, lse=True):
     """The eager forward, by `dispatch.kept_forward` with the plan its call key keeps (as
-    `api._kept_forward`); a call autograd records runs it inside `_VarlenCall`."""
+    `api._kept_forward`, `lse` as there); a call autograd records runs it inside
+    `_VarlenCall`."""
     from fusedattn.dispatch import forward_inputs, kept_forward
 
-    out, lse = _outputs(q, v)
+    out, lse = _outputs(q, v, lse)
     # a replay reads its tensors' addresses alone (`launch.Replay`), so the packed tensors
     # stand in for the kernels' views of them (`_packed`, the same storage): no view a call
     kept_forward(kept, forward_inputs(q, k, v, out, lse, varlen=_varlen(cu_q, cu_k, max_q,
@@ -375,5 +378,5 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                      decided, descale)
     else:
         out, lse = _kept_varlen(kept, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                as_sinks(sinks), *options, descale=descale)
+                                as_sinks(sinks), *options, descale=descale, lse=return_lse)
     return (out, lse) if return_lse else out
