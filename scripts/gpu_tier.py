@@ -8,11 +8,14 @@ installed (most of the GPU suite's time is Triton compiling each kernel speciali
 few seconds each, on the CPU: 8 processes compile in parallel) and `--timeout=90` (per test) where
 pytest-timeout is, and writes
 `<out>/<gpu>/<stamp>-gpu-tier/`: `summary.json` (counts, wall time, the slowest tests, the
-environment with its commit), `junit.xml` and `pytest.txt`. Exits with pytest's status.
+environment with its commit), `junit.xml.gz` and `pytest.txt.gz` (gzip: a tenth of the
+size, and a device call carries the whole tracked tree, 64 MiB at most). Exits with
+pytest's status.
 The target: green within 300 s on the H200.
 """
 
 import argparse
+import gzip
 import importlib.util
 import subprocess
 import sys
@@ -69,8 +72,19 @@ def main() -> int:
         "slowest": [{"test": n, "seconds": round(t, 2)}
                     for n, t, _ in sorted(cases, key=lambda c: -c[1])[:30]],
         "environment": env})
+    for name in ("pytest.txt", "junit.xml"):
+        _compress(out / name)
     print(f"GPU tier: {counts}, {wall:.0f} s (target {TARGET_S} s), written: {out}")
     return proc.returncode
+
+
+def _compress(path: Path) -> None:
+    """`path` as `path.gz` (no timestamp inside, so the same log gives the same bytes),
+    written whole and renamed, then the original removed."""
+    tmp = path.with_name(f".{path.name}.gz.tmp")
+    tmp.write_bytes(gzip.compress(path.read_bytes(), mtime=0))
+    tmp.replace(path.with_name(path.name + ".gz"))
+    path.unlink()
 
 
 if __name__ == "__main__":

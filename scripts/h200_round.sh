@@ -5,11 +5,13 @@
 # folders that deep one by one). Steps, in the order given:
 #   fa4 K       copy FA4's staged part K (.peers/K, carried) into /tmp/fa4; the last part
 #               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh).
-#               The tracked tree (45 MB, 39 of them evidence/) and one 21 MB part pass a
-#               call's 64 MiB no more: move evidence/ out of the tree for those calls
-#               (nothing runs from it) and carry two parts a call, `fa4 1 fa4 2`, then
-#               `fa4 3 fa4 4 bench prefill` on the same warm machine; put it back after,
-#               and say in the evidence that the call left it behind
+#               The tracked tree (33 MB on 2026-12-03, 26 of them evidence/, since the
+#               tier's logs are gzipped; 50 MB before) and one 21 MB part fit a call's
+#               64 MiB, two parts do not: move evidence/ out of the tree for those calls
+#               (nothing runs from it, the tests included) and carry two parts a call,
+#               `fa4 1 fa4 2`, then `fa4 3 fa4 4 bench prefill` on the same warm machine;
+#               put it back after, and say in the evidence that the call left it behind.
+#               The tier carries the numpy wheel (.whl, 16.6 MB) beside the tree
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
 #   hopper      tests/test_hopper.py, tests/test_plans.py and tests/test_fp8.py alone, no
 #               evidence folder

@@ -7,8 +7,8 @@ Triton's cache where a deployment runs it; this module is the same cache, filled
 H200 by `scripts/prebuild.py` for the common calls (`SPECS`), and kept in the package under
 `prebuilt/`: each entry the files a cache hit reads at run time (a kernel's `.cubin` and its
 `.json` metadata; a C module's `.so`: Triton's `cuda_utils` and the kernels' launchers), under
-Triton's own key, each file zlib-compressed (`FILE.z`: 3.7 MB where the files are 14.5 MB;
-all of them decompress in 46 ms on the development CPU: evidence/cpu/
+Triton's own key, each file zlib-compressed (`FILE.z`: 5.3 MB where the files are 21.3 MB;
+all of them decompress in 54 ms on the development CPU: evidence/cpu/
 20261203T1200Z-prebuilt-zlib).
 
 `install` copies the entries a cache lacks into it, through Triton's cache manager (each file
