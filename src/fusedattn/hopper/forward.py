@@ -44,9 +44,10 @@ FP8_TILES = {
     (256, 256): (256, 0, 256, 0, 64, 64, 3),
 }
 # the head dims the kernel's pieces make; one over 64 between them runs padded to the next.
-# 80 = 64 + 16 (D65-80 ran padded to 96 before: D80 at 0.82x FA4, evidence/nvidia-h200/
-# 20261203T125515Z-bench-prefill); the sm90 compile report has it spill nothing, its key
-# loop 673 instructions against D96's 681 (A/B: without 80, D65-80 run as 96)
+# 80 = 64 + 16: padded to 96 before, D80 ran 6.6-7.5% slower in one process, every round
+# (evidence/nvidia-h200/20261203T1419Z-d80-lse-ahead-ab, 20261203T1435Z-d80-ab-again); the
+# sm90 compile report has it spill nothing, its key loop 673 instructions against D96's
+# 681 (A/B: without 80, D65-80 run as 96)
 KERNEL_DIMS = (64, 80, 96, 128, 192, 256)
 
 
