@@ -53,9 +53,9 @@
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
 #               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
 #               all); --sweep of short lengths; under $ev/fp8check-TIME/
-#   hostab D    fusedattn bench --suite host (ours and SDPA cuDNN) with D/src's library,
-#               then with this tree's twice, then D's again (ABBA), on one machine (D:
-#               an ignored folder the device tool carries, holding an older commit's src/)
+#   hostab D    scripts/host_ab.py: host µs a call of D/src's library (an older commit's,
+#               renamed `fusedattn_base`) against this tree's and SDPA's in one process,
+#               their loops taking turns (D: an ignored folder the device tool carries)
 #   coldstart   fusedattn bench --suite coldstart; PYC=1 first gives every module bytecode
 #               (`bytecode` below: pip compiles it at install, but this host's site-packages
 #               and the copied tree have none, so each fresh process compiled the sources it
@@ -222,14 +222,8 @@ while [ $# -gt 0 ]; do
           torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \
           $ev/cp/cp-$n-gpus.csv --layouts "$layouts" 2>&1 | grep -v Warning | tail -20 | tee -a "$log" ;;
     hostab) other=$1; shift  # an older tree's src/ (e.g. `git archive REV src | tar -x -C D`)
-        # old, new, new, old: a machine that drifts during the call moves both sides alike
-        run=0
-        for side in "$other" . . "$other"; do
-          run=$((run + 1))
-          PYTHONPATH=/tmp/site:$side/src python3 -m fusedattn_lab bench --suite host \
-            --out $ev/hostab-$run-$(basename "$(realpath "$side")") \
-            --providers flash,sdpa-cudnn 2>&1 | grep "│" | tee -a "$log"
-        done ;;
+        python3 scripts/host_ab.py --base "$other" --out $ev/hostab 2>&1 | grep -v UserWarning \
+          | tail -60 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     coldstart) bytecode
                python3 -m fusedattn_lab bench --suite coldstart --out $ev 2>&1 | tail -20 | tee -a "$log" ;;
     coldrow) i=$1; shift; bytecode

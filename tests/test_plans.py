@@ -339,6 +339,38 @@ def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch)
     assert len(dispatch._PLANS) == plans + 1, f"{name} is not in the plan key"
 
 
+@pytest.mark.parametrize("module, table, entry", [("forward", "TILES", (64, 64)),
+                                                  ("forward", "WARPGROUPS", 64),
+                                                  ("backward", "TILES", 64)])
+def test_a_switch_table_changed_in_place_is_a_changed_plan_key(module, table, entry,
+                                                               monkeypatch):
+    """A call's context holds the switch tables themselves (taking it costs nothing a
+    call) and a kept plan a copy of them: a table changed in place, as
+    `scripts/hopper_fp8_check.py` changes FP8_TILES, must send the next call, forward or
+    backward, to a plan of its own, not replay the kept one."""
+    import importlib
+
+    knobs = importlib.import_module(f"fusedattn.hopper.{module}")
+    plans = dispatch._PLANS if module == "forward" else flash_bwd._PLANS
+    q, k, v = (rand(1, 2, 21, 16, dtype=torch.float32, seed=40 + i, grad=True)
+               for i in range(3))
+    dout = rand(1, 2, 21, 16, dtype=torch.float32, seed=45)
+    plans.clear()
+    _CALLS.clear()
+
+    def step():
+        return torch.autograd.grad(attention(q, k, v, is_causal=True), (q, k, v), dout)
+    want = step()
+    before = len(plans)
+    step()
+    assert len(plans) == before, "a repeated call recorded a plan"
+    monkeypatch.setitem(getattr(knobs, table), entry, ("changed",))
+    got = step()
+    assert len(plans) == before + 1, f"{module}.{table} changed in place was replayed past"
+    for a, b in zip(got, want, strict=True):  # (emulation: the portable kernels read no
+        assert torch.equal(a, b)              # Hopper table, so the same bits)
+
+
 def test_the_ab_scripts_set_a_switch_while_the_call_runs_and_restore_it():
     # `scripts/hopper_check.py`'s `switched` (hopper_fp8_check.py's A/Bs use it too)
     from fusedattn.hopper import forward as knobs
@@ -874,3 +906,35 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
                                + sysconfig.get_config_var("EXT_SUFFIX"), binary=True)
     launch.build_launcher(signature)
     assert len(built) == 1
+
+
+def test_host_ab_imports_an_older_library_renamed_beside_this_one(tmp_path):
+    """`scripts/host_ab.py` times an older commit's library in this process as
+    `fusedattn_base`: its copy must import beside fusedattn (its own modules, its own
+    custom ops) and compute what fusedattn computes, forward and backward."""
+    import importlib
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import fusedattn
+
+    host_ab = script("host_ab")
+    package = host_ab.renamed_copy(Path(fusedattn.__file__).parent, tmp_path)
+    assert "fusedattn." not in (package / "api.py").read_text().replace("fusedattn_base.", "")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        base = importlib.import_module(host_ab.NAME)
+        assert Path(base.__file__).parent == package
+        q, k, v = (rand(1, 2, 27, 16, seed=60 + i, grad=True) for i in range(3))
+        dout = rand(1, 2, 27, 16, seed=65)
+        got = [torch.autograd.grad(lib.attention(q, k, v, is_causal=True), (q, k, v), dout)
+               for lib in (fusedattn, base)]
+        for a, b in zip(*got, strict=True):
+            assert torch.equal(a, b)
+        assert base.attention_varlen is not fusedattn.attention_varlen
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.split(".")[0] == host_ab.NAME]:
+            del sys.modules[name]
+        shutil.rmtree(tmp_path / host_ab.NAME, ignore_errors=True)

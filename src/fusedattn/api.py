@@ -73,7 +73,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedattn.launch import KeptPlan, Plans, aliases, tensor_key
+from fusedattn.launch import KeptPlan, Plans, aliases
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -97,10 +97,12 @@ LAYOUTS = {2: "[S, D]", 3: "[H, S, D]", 4: "[B, H, S, D]",
            **{r: f"[..., H, S, D] (up to {MAX_RANK} dims)" for r in range(5, MAX_RANK + 1)}}
 
 
+@functools.lru_cache(maxsize=1024)
 def _mask(is_causal: bool, window_left: int, window_right: int, softcap: float,
           bottom_right: bool = False):
     """The kernels' `Mask` from the ops' plain arguments (-1: no window side; 0.0: no
-    softcap)."""
+    softcap), made once per arguments (a backward asks for it each call; `Mask` is
+    frozen)."""
     from fusedattn.tiles.common import Mask
 
     window = None
@@ -160,7 +162,11 @@ def _kept_forward(call, q, k, v, sinks, descale, lse=True):
 
 
 def new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """O's tensor: q's shape with V's head dim, q's dtype (bfloat16 for float8 inputs)."""
+    """O's tensor: q's shape with V's head dim, q's dtype (bfloat16 for float8 inputs),
+    contiguous. `torch.empty_like` where that is q's shape and dtype: it reads fewer
+    arguments than `new_empty` (issue 31's host cost)."""
+    if q.shape[-1] == v.shape[-1] and q.dtype != FP8:
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
     return q.new_empty((*q.shape[:-1], v.shape[-1]),
                        dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
 
@@ -444,31 +450,38 @@ def typed(x):
 
 def call_key(tensors, options, window, *extra):
     """The metadata an entry point's checks and decisions read, for its call cache: each
-    tensor's `launch.tensor_key`, whether autograd records the call, the options with
-    their types (`typed`), the window's sides, and `extra` as it is. None for a call that
-    takes the full path each time: tensor subclasses, a window that is not a pair,
-    unhashable options, nested or sparse tensors (the full path says what is wrong with
-    them)."""
+    tensor's shape, strides, dtype, device and 16-byte alignment (`launch.tensor_key`'s
+    parts, laid flat: one tuple a call, not one a tensor), whether autograd records the
+    call, which tensors are one object (`launch.aliases`: a plan recorded on
+    `attention(x, x, x)` must not serve three tensors), the options with their types
+    (1, 1.0 and True hash alike), the window's sides with theirs, and `extra` as it is.
+    None for a call that takes the full path each time: tensor subclasses, a window that
+    is not a pair, unhashable options, nested or sparse tensors (the full path says what
+    is wrong with them)."""
     if window is not None:
         if type(window) not in (tuple, list) or len(window) != 2:
             return None
-        window = tuple(map(typed, window))
-    options = tuple(map(typed, options))
-    parts, grad = [], False  # (`tensor_key` and `wants_grads`, in one pass)
+        window = (*window, *map(type, window))
+    parts, grad, ids = [*options, *map(type, options), window, *extra], False, []
     try:
         for t in tensors:
             if t is None:
                 parts.append(None)
                 continue
-            if type(t) is not torch.Tensor:
+            if t.__class__ is not _TENSOR:
                 return None
-            parts.append(tensor_key(t))
+            parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
             grad = grad or t.requires_grad
-        hash((options, window, extra))  # (the tensors' parts always hash; the cache's
-    except (TypeError, RuntimeError):   # lookup hashes them, once. RuntimeError: a nested
-        return None                     # tensor has no strides, a sparse one no pointer)
-    return (*parts, grad and torch.is_grad_enabled(), *options, window, *extra)
+            ids.append(id(t))
+        key = (*parts, grad and torch.is_grad_enabled(),
+               len(ids) if len({*ids}) == len(ids) else aliases(tensors))
+        hash(key)  # (the cache's lookup hashes it again: the tensors' parts always hash)
+    except (TypeError, RuntimeError):  # RuntimeError: a nested tensor has no strides, a
+        return None                    # sparse one no pointer
+    return key
 
+
+_TENSOR = torch.Tensor
 
 _CALLS = Plans()
 
@@ -513,7 +526,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     key = None if compiling else call_key(
         (q, k, v, sinks, *descales),
         (is_causal, scale, enable_gqa, precision, softcap, deterministic, return_lse),
-        window, aliases((q, k, v)))
+        window)
     call = _CALLS.get(key) if key is not None else None
     if call is None:
         check_flag("return_lse", return_lse)
@@ -529,21 +542,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                 deterministic=call.options[6])
         if key is not None:
             _CALLS.put(key, call)
+    descale = None if q.dtype != FP8 else fp8_descale(q, descales, *_heads(q, k))
+    sinks = None if sinks is None else as_sinks(sinks)
+    dims = q.dim()
+    q4, k4, v4 = (q, k, v) if dims == 4 else _as_4d(q, k, v)
     if compiling or (call.grad and not KEEP_RECORDED):
-        out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, *_as_4d(q, k, v),
-                           as_sinks(sinks), *call.options,
-                           fp8_descale(q, descales, *_heads(q, k)), grad=call.grad)
+        out, lse = call_op(_flash_fwd_op, _Flash, _flash_fwd, q4, k4, v4, sinks,
+                           *call.options, descale, grad=call.grad)
     elif call.grad:
-        out, lse = _FlashCall.apply(*_as_4d(q, k, v), as_sinks(sinks), call,
-                                    fp8_descale(q, descales, *_heads(q, k)))
+        out, lse = _FlashCall.apply(q4, k4, v4, sinks, call, descale)
     else:
-        out, lse = _kept_forward(call, *_as_4d(q, k, v), as_sinks(sinks),
-                                 fp8_descale(q, descales, *_heads(q, k)), lse=return_lse)
-    if q.dim() != 4:
+        out, lse = _kept_forward(call, q4, k4, v4, sinks, descale, lse=return_lse)
+    if dims != 4:
         out = out.reshape(*q.shape[:-1], v.shape[-1])
     if not return_lse:
         return out
-    return out, lse.reshape(q.shape[:-1]) if q.dim() != 4 else lse
+    return out, lse.reshape(q.shape[:-1]) if dims != 4 else lse
 
 
 def as_sinks(sinks: torch.Tensor | None) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ import torch
 
 from fusedattn import configs
 from fusedattn.hopper import forward as hopper_knobs
-from fusedattn.launch import Plans, Recording, inputs_key
+from fusedattn.launch import Plans, Recording, hashable, inputs_key
 from fusedattn.mode import EMULATION
 from fusedattn.problem import ProblemError
 
@@ -268,7 +268,7 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
                             descale=descale)
     key = None
     if config is None:
-        key = (*plan_context(), is_causal, scale, precision, mask, splits, pack_gqa,
+        key = (*hashable(plan_context()), is_causal, scale, precision, mask, splits, pack_gqa,
                inputs_key(inputs),
                varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k),
                cache is not None and cache.added)  # (the launch's int: the key's)

@@ -60,7 +60,7 @@ import torch
 import triton
 
 from fusedattn.api import DTYPES, as_sinks, call_key, check_options
-from fusedattn.launch import KeptPlan, Plans, aliases
+from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -214,7 +214,7 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, s
     if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
         return None
     tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks)
-    key = call_key(tensors, options[:1] + options[2:], options[1], aliases(tensors))
+    key = call_key(tensors, options[:1] + options[2:], options[1])
     # (the addresses after `call_key`, which has refused what has none: sparse tensors)
     return None if key is None else (*key, k_cache.data_ptr(), v_cache.data_ptr())
 

@@ -73,11 +73,8 @@ class Replay:
             with kernel_launches():
                 self.kernel[self.grid](**dict(zip(self.names, args, strict=True)))
             return
-        from triton.runtime.driver import driver
-
         compiled, grid = self.compiled, self.grid
-        device = driver.active.get_current_device()
-        stream = driver.active.get_current_stream(device)
+        stream = current_stream()
         enter, leave = _hooks()
         if DIRECT_LAUNCH and enter is None and leave is None:
             if self.direct is None:
@@ -206,10 +203,46 @@ def _hooks() -> tuple:
     hooks' metadata (a `LazyDict`) and call two empty chains every launch. A replay passes
     None for an empty chain, which the launcher skips; a registered hook (a profiler, the
     tests' `Launches`) still sees every replay."""
+    runtime = _RUNTIME or _runtime()
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if enter is not None and getattr(enter, "calls", None) == []:
+        enter = None
+    if leave is not None and getattr(leave, "calls", None) == []:
+        leave = None
+    return enter, leave
+
+
+_RUNTIME = None  # Triton's `knobs.runtime`, taken at the first replay
+_DRIVERS = None  # Triton's `driver` (its `DriverConfig`), taken at the first replay
+_STREAM = (None, None, None)  # (the active driver, its device and stream getters)
+
+
+def _runtime():
+    global _RUNTIME
     from triton import knobs
 
-    return tuple(None if hook is None or getattr(hook, "calls", None) == [] else hook
-                 for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+    _RUNTIME = knobs.runtime
+    return _RUNTIME
+
+
+def current_stream() -> int:
+    """The current CUDA stream's handle, as Triton's launch takes it (its active driver's
+    `get_current_stream(get_current_device())`), with the getters kept while that driver
+    stays the active one. Where the device's is torch's `torch.cuda.current_device`, as
+    in Triton 3.6's CUDA driver, its C getter stands for it (the Python wrapper
+    initialises CUDA, which a replay's first launch already did)."""
+    global _DRIVERS, _STREAM
+    if _DRIVERS is None:
+        from triton.runtime.driver import driver
+
+        _DRIVERS = driver
+    active = _DRIVERS.active
+    if _STREAM[0] is not active:
+        device = active.get_current_device
+        if device is torch.cuda.current_device:
+            device = torch._C._cuda_getDevice
+        _STREAM = (active, device, active.get_current_stream)
+    return _STREAM[2](_STREAM[1]())
 
 
 def _jit_and_kwargs(kernel, args, kwargs):
@@ -462,7 +495,7 @@ def aliases(tensors) -> int | tuple:
     `attention(x, x, x)` maps q, k and v to one position, and must not serve a call with
     three tensors."""
     ids = [id(t) for t in tensors if t is not None]
-    if len(set(ids)) == len(ids):  # the common case, all apart: their count (never a tuple)
+    if len({*ids}) == len(ids):  # the common case, all apart: their count (never a tuple)
         return len(ids)
     first: dict[int, int] = {}
     return tuple(first.setdefault(i, n) for n, i in enumerate(ids))
@@ -476,11 +509,13 @@ class Plans:
         self._size, self._items, self._lock = size, OrderedDict(), threading.Lock()
 
     def get(self, key):
-        with self._lock:
-            plan = self._items.get(key)
-            if plan is not None:
+        plan = self._items.get(key)  # (each a single step under the GIL: no lock, which a
+        if plan is not None:         # call's lookup would pay; a `put` evicting the key
+            try:                     # meanwhile leaves nothing to move)
                 self._items.move_to_end(key)
-            return plan
+            except KeyError:
+                pass
+        return plan
 
     def put(self, key, plan) -> None:
         with self._lock:
@@ -515,9 +550,27 @@ class KeptPlan:
         return kept[1] if kept is not None and kept[0] == context else None
 
     def keep(self, context, plans: list) -> None:
-        """Keep the plan that `dispatch.forward(keep=plans)` gave under `context`, if any."""
+        """Keep the plan that `dispatch.forward(keep=plans)` gave under `context`, if any
+        (the context `frozen`: its live tables copied, to compare with later)."""
         if plans:
-            self._kept = (context, plans[0])
+            self._kept = (frozen(context), plans[0])
+
+
+def frozen(context):
+    """`context` (tuples nesting values and dicts: `dispatch.plan_context`, the A/B
+    switches' tables) with each dict copied. A copy compares equal (`==`) to the live
+    table until the table changes, in place or replaced, so a context taken each call
+    holds the tables themselves, and costs no copy (issue 31)."""
+    if isinstance(context, tuple):
+        return tuple(map(frozen, context))
+    return dict(context) if isinstance(context, dict) else context
+
+
+def hashable(context):
+    """`context` with each dict as the tuple of its items: what a plan key holds."""
+    if isinstance(context, tuple):
+        return tuple(map(hashable, context))
+    return tuple(context.items()) if isinstance(context, dict) else context
 
 
 # Triton's cache key starts with `triton_key()`, a hash of its own sources and of libtriton

@@ -57,7 +57,7 @@ from fusedattn.api import (
     typed,
     wants_grads,
 )
-from fusedattn.launch import KeptPlan, Plans, aliases
+from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -349,7 +349,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key = None if compiling else call_key(
         (q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, *descales),
         (is_causal, softcap, scale, precision, check_lengths, return_lse), window,
-        typed(max_seqlen_q), typed(max_seqlen_k), aliases((q, k, v)))
+        typed(max_seqlen_q), typed(max_seqlen_k))
     decided = _DECIDED.get(key) if key is not None else None
     if decided is None:
         check_flag("return_lse", return_lse)

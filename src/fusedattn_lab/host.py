@@ -1,12 +1,15 @@
 """`fusedattn bench --suite host`: what a call costs the host, against SDPA's (issue 31).
 
 Per problem, in one process, on the same inputs, for each provider (fusedattn, and SDPA
-with its own choice of backend, cuDNN and flash, each backend chosen once outside the
-loops):
+with its own choice of backend, cuDNN and flash, each backend chosen around its own loops):
 - **host µs a call**: `LOOPS` loops of `CALLS` calls with no synchronisation inside a loop,
   the loop's wall time over its calls (the kernels run asynchronously: while the GPU keeps
   up with the queue, the loop runs at the host's pace); the median loop and the spread
-  (fastest and slowest loop). A problem whose GPU time exceeds its host time still
+  (fastest and slowest loop). The providers take turns loop by loop (round k times every
+  provider's k-th loop), so a host that drifts during the run moves them alike: the H200's
+  host moved a provider's figure by up to 70% between runs of one commit
+  (evidence/nvidia-h200/20261202T1519Z-host-ab), which timing the providers one after
+  another turned into ratios. A problem whose GPU time exceeds its host time still
   measures the host: the launch queue (about a thousand launches) is not filled by
   `CALLS` calls.
 - **graph GPU µs**: the same call captured once in a CUDA graph and replayed, timed by
@@ -58,13 +61,12 @@ def problems() -> list[HostProblem]:
             HostProblem("decode", 32, 32, 8192, 128, True, heads_kv=8)]
 
 
-def _calls(p: HostProblem, gen: torch.Generator) -> dict:
+def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
     """({provider: (SDPA backend or None, call returning O as [B, H, Sq, D])}, the inputs
-    and mask for the check)."""
+    and mask for the check). `libraries`: {name: a module with fusedattn's entry points},
+    each a provider (`scripts/host_ab.py` passes an older commit's beside this one)."""
     from torch.nn.attention import SDPBackend
     from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    from fusedattn import attention, attention_varlen, attention_with_kvcache
 
     def rand(*shape):
         return torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16)
@@ -92,40 +94,41 @@ def _calls(p: HostProblem, gen: torch.Generator) -> dict:
              for name, backend in (("sdpa", None), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                                    ("sdpa-flash", SDPBackend.FLASH_ATTENTION))}
     calls = {}
-    if p.kind in ("fwd", "fwd+bwd"):
-        calls["fusedattn"] = (None, plain(lambda q, k, v: attention(
-            q, k, v, is_causal=causal, enable_gqa=gqa)))
-    elif p.kind == "varlen":
-        packed = [t.transpose(1, 2).reshape(-1, t.shape[1], p.dim).contiguous()
-                  for t in (q, k, v)]
-        cu = torch.arange(0, (p.batch + 1) * p.seq, p.seq, dtype=torch.int32, device="cuda")
-
-        def varlen(check):
-            def call():
-                out = attention_varlen(*packed, cu, cu, p.seq, p.seq, is_causal=causal,
-                                       check_lengths=check)
-                return out.reshape(p.batch, p.seq, p.heads, p.dim).transpose(1, 2)
-            return call
-        calls["fusedattn"] = (None, varlen(True))
-        calls["fusedattn check_lengths=False"] = (None, varlen(False))
-    else:
-        lens = torch.full((p.batch,), p.seq, dtype=torch.int32, device="cuda")
-        calls["fusedattn check_lengths=False"] = (None, lambda: attention_with_kvcache(
-            q, k, v, cache_seqlens=lens, check_lengths=False))
+    cu = torch.arange(0, (p.batch + 1) * p.seq, p.seq, dtype=torch.int32, device="cuda")
+    lens = torch.full((p.batch,), p.seq, dtype=torch.int32, device="cuda")
+    packed = [t.transpose(1, 2).reshape(-1, t.shape[1], p.dim).contiguous()
+              for t in (q, k, v)] if p.kind == "varlen" else None
+    for name, lib in libraries.items():
+        if p.kind in ("fwd", "fwd+bwd"):
+            calls[name] = (None, plain(lambda q, k, v, lib=lib: lib.attention(
+                q, k, v, is_causal=causal, enable_gqa=gqa)))
+        elif p.kind == "varlen":
+            def varlen(check, lib=lib):
+                def call():
+                    out = lib.attention_varlen(*packed, cu, cu, p.seq, p.seq,
+                                               is_causal=causal, check_lengths=check)
+                    return out.reshape(p.batch, p.seq, p.heads, p.dim).transpose(1, 2)
+                return call
+            calls[name] = (None, varlen(True))
+            calls[f"{name} check_lengths=False"] = (None, varlen(False))
+        else:
+            def decode(lib=lib):
+                return lib.attention_with_kvcache(q, k, v, cache_seqlens=lens,
+                                                  check_lengths=False)
+            calls[f"{name} check_lengths=False"] = (None, decode)
     calls.update(peers)
     return calls, (q, k, v, causal)
 
 
-def _host_us(call) -> list[float]:
-    loops = []
-    for _ in range(LOOPS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            call()
-        loops.append((time.perf_counter() - start) / CALLS * 1e6)
-        torch.cuda.synchronize()
-    return loops
+def _host_us(call) -> float:
+    """One loop's host µs a call (`CALLS` calls, synchronised before and after)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        call()
+    took = (time.perf_counter() - start) / CALLS * 1e6
+    torch.cuda.synchronize()
+    return took
 
 
 def _graph_us(call) -> float | str:
@@ -168,33 +171,51 @@ def _check(out, inputs):
     return check(out[0, :1], ref, peer_error=float((peer.double() - ref).abs().max()))
 
 
-def measure(p: HostProblem, seed: int = 0) -> list[dict]:
-    """The problem's rows, one per provider."""
+def measure(p: HostProblem, seed: int = 0, libraries: dict | None = None) -> list[dict]:
+    """The problem's rows, one per provider (`libraries` as `_calls` takes them; default
+    fusedattn itself), their loops taking turns."""
     from torch.nn.attention import sdpa_kernel
 
+    import fusedattn
+
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    calls, inputs = _calls(p, gen)
-    rows = []
+    calls, inputs = _calls(p, gen, libraries or {"fusedattn": fusedattn})
+
+    def under(backend):
+        return sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+
+    rows, state = {}, {}
     for name, (backend, call) in calls.items():
-        row = {"problem": p.label(), "provider": name}
+        rows[name] = {"problem": p.label(), "provider": name}
         try:
-            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            with under(backend):
                 for _ in range(WARMUP):
                     call()
-                before = _check(call(), inputs)
-                loops = _host_us(call)
+                state[name] = {"before": _check(call(), inputs), "loops": []}
+        except RuntimeError as e:  # a backend that refuses the problem
+            rows[name] |= {"status": "skipped", "reason": str(e).splitlines()[0][:80]}
+    for _ in range(LOOPS):
+        for name, got in state.items():
+            backend, call = calls[name]
+            with under(backend):
+                got["loops"].append(_host_us(call))
+    for name, got in state.items():
+        backend, call = calls[name]
+        try:
+            with under(backend):
                 graph = _graph_us(call)
                 after = _check(call(), inputs)
-        except RuntimeError as e:  # a backend that refuses the problem
-            rows.append(row | {"status": "skipped", "reason": str(e).splitlines()[0][:80]})
+        except RuntimeError as e:
+            rows[name] |= {"status": "FAIL", "reason": str(e).splitlines()[0][:80]}
             continue
-        row |= {"status": "ok" if before.ok and after.ok else "FAIL",
-                "host_us": statistics.median(loops), "host_us_min": min(loops),
-                "host_us_max": max(loops),
-                "graph_gpu_us": graph if isinstance(graph, float) else None,
-                "graph_note": "" if isinstance(graph, float) else graph,
-                "max_abs_error": max(before.max_abs, after.max_abs), "reason": ""}
-        rows.append(row)
+        before, loops = got["before"], got["loops"]
+        rows[name] |= {"status": "ok" if before.ok and after.ok else "FAIL",
+                       "host_us": statistics.median(loops), "host_us_min": min(loops),
+                       "host_us_max": max(loops),
+                       "graph_gpu_us": graph if isinstance(graph, float) else None,
+                       "graph_note": "" if isinstance(graph, float) else graph,
+                       "max_abs_error": max(before.max_abs, after.max_abs), "reason": ""}
+    rows = list(rows.values())
     sdpa = next((r["host_us"] for r in rows if r["provider"] == "sdpa" and "host_us" in r),
                 None)
     for r in rows:

@@ -130,13 +130,11 @@ MASK_CONSTANTS = True
 
 def switches() -> tuple:
     """The A/B switches above as they stand: part of the backward's plan key (a plan
-    replays the kernel it recorded)."""
-    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, tuple(sorted(DQ_TMA.items())),
-            tuple(sorted(LSE_SMEM.items())), tuple(sorted(LSE_SWAP_DETERMINISTIC.items())),
-            SWAP_SDP, tuple(sorted(SWAP_MASKED.items())), ORDER, UP_MIN_WAVES,
-            SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS, ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS,
-            tuple(sorted(VARLEN_COMPACT.items())), VARLEN_LONGEST_FIRST, MASK_CONSTANTS,
-            tuple(sorted(TILES.items())), tuple(sorted(SOFTCAP_TILES.items())))
+    replays the kernel it recorded); the tables live, as `forward.switches`' are."""
+    return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, LSE_SMEM, LSE_SWAP_DETERMINISTIC,
+            SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
+            ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
+            MASK_CONSTANTS, TILES, SOFTCAP_TILES)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,

@@ -154,11 +154,13 @@ def switches() -> tuple:
     (`dispatch.forward`), so that a plan recorded under one setting does not replay under
     another (before 2026-12-02 the key held PINGPONG and SHARED_KV only, so the A/Bs of
     THREAD_ARRIVES and WARPGROUPS in `scripts/hopper_check.py` replayed the default's
-    plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice)."""
-    return (PINGPONG, SHARED_KV, THREAD_ARRIVES, tuple(WARPGROUPS.items()),
-            tuple(FP8_WARPGROUPS.items()), WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC,
-            MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS,
-            tuple(TILES.items()), tuple(FP8_TILES.items()))
+    plan: evidence/nvidia-h200/20261202T0412Z-hopper-ab measured one kernel twice). The
+    tables are the live dicts (taking them costs a call nothing): a kept plan compares
+    them with its copies (`launch.KeptPlan`), a plan key takes their items
+    (`launch.hashable`), so a table changed in place counts as changed."""
+    return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
+            WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM,
+            MASK_FORM_EDGE, KERNEL_DIMS, TILES, FP8_TILES)
 
 
 @functools.cache

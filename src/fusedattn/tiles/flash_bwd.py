@@ -41,7 +41,15 @@ import triton
 
 from fusedattn import configs as tuning
 from fusedattn.configs import backward_configs, backward_single_loop
-from fusedattn.launch import KeptPlan, Plans, Recording, aliases, inputs_key, tensor_key
+from fusedattn.launch import (
+    KeptPlan,
+    Plans,
+    Recording,
+    aliases,
+    hashable,
+    inputs_key,
+    tensor_key,
+)
 from fusedattn.mode import EMULATION
 from fusedattn.precision import resolve
 from fusedattn.tiles.common import Mask, Varlen, emulation_operands, index_dtype
@@ -316,7 +324,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         key = plan = None
         if configs is None:  # a plan: what `_launches` decides, from this key alone
             key = (tuning.OVERRIDES, precision, mask, scale, inputs_key(inputs), path,
-                   hopper_knobs.switches(), path == "hopper" and bool(deterministic),
+                   hashable(hopper_knobs.switches()), path == "hopper" and bool(deterministic),
                    varlen is not None and (varlen.max_seqlen_q, varlen.max_seqlen_k))
             plan = _PLANS.get(key)
         if plan is None:
