@@ -53,6 +53,8 @@
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
 #               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
 #               all); --sweep of short lengths; under $ev/fp8check-TIME/
+#   hostrows    scripts/host_profile.py --bench-rows: the host suite's fusedattn calls,
+#               each timed alone and profiled (cProfile's top functions)
 #   hostab D    scripts/host_ab.py: host µs a call of D/src's library (an older commit's,
 #               renamed `fusedattn_base`) against this tree's and SDPA's in one process,
 #               their loops taking turns (D: an ignored folder the device tool carries)
@@ -216,6 +218,7 @@ while [ $# -gt 0 ]; do
               python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     train) python3 scripts/host_profile.py --train --out $ev/train_profile.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
+    hostrows) python3 scripts/host_profile.py --bench-rows --out $ev/host_rows.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     directab) python3 scripts/host_profile.py --direct-ab --out $ev/direct_ab.json 2>&1 | grep -v UserWarning | tail -20 | tee -a "$log" ;;
     cp) layouts=$1; shift; n=$(nvidia-smi -L | wc -l); mkdir -p $ev/cp
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \

@@ -382,6 +382,26 @@ def _direct_sides(b, h, s, d, causal, train, backend) -> dict:
     return {"direct": ours(True), "Triton's launch": ours(False), "sdpa cudnn": cudnn}
 
 
+def bench_rows(calls: int) -> dict:
+    """The host suite's own calls (`fusedattn_lab.host._calls`: the bench's problems,
+    inputs and call bodies), fusedattn's alone, each timed and profiled by itself: where a
+    bench row's µs go, and whether a row reads the same alone as among the suite's turns."""
+    import fusedattn
+    from fusedattn_lab import host
+
+    out = {}
+    for problem in host.problems():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        provided, _ = host._calls(problem, gen, {"fusedattn": fusedattn})
+        for name, (_backend, call) in provided.items():
+            if name.startswith("fusedattn"):
+                out[f"{problem.label()} | {name}"] = got = profile(call, calls)
+                print(f"{problem.label()} | {name}: {got['us_per_call']:.1f} us a call",
+                      flush=True)
+                print("\n".join(got["top_us"][:12]), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -392,13 +412,18 @@ def main() -> None:
                         help="only a training step's host cost taken apart (a GPU)")
     parser.add_argument("--direct-ab", action="store_true",
                         help="only launch.DIRECT_LAUNCH A/B'd in one process (a GPU)")
+    parser.add_argument("--bench-rows", action="store_true",
+                        help="only the host suite's calls, each alone, profiled (a GPU)")
     args = parser.parse_args()
     result = {"device": str(DEVICE), "emulation": EMULATION, "torch": torch.__version__}
-    if args.train or args.direct_ab:
+    if args.train or args.direct_ab or args.bench_rows:
         if DEVICE.type != "cuda" or not torch.cuda.is_available():
-            parser.error("--train and --direct-ab time the GPU's host cost: they need a GPU")
+            parser.error("--train, --direct-ab and --bench-rows time the GPU's host cost: "
+                         "they need a GPU")
         if args.train:
             result["train"] = train_profile(min(args.calls, 100))
+        elif args.bench_rows:
+            result["bench_rows"] = bench_rows(args.calls)
         else:
             result["direct_ab"] = direct_ab(args.calls)
         if args.out:

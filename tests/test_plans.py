@@ -5,6 +5,8 @@ reference and, bit for bit, with the same call made with no plan; and check that
 keys leave out (tensor contents, varlen offsets) stays out, and what they must hold (the
 options' types, strides, alignment) is in them."""
 
+import math
+
 import pytest
 import torch
 
@@ -938,3 +940,41 @@ def test_host_ab_imports_an_older_library_renamed_beside_this_one(tmp_path):
         for name in [m for m in sys.modules if m.split(".")[0] == host_ab.NAME]:
             del sys.modules[name]
         shutil.rmtree(tmp_path / host_ab.NAME, ignore_errors=True)
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_a_plans_scratch_is_one_allocation_laid_out_apart(emulated, monkeypatch):
+    """A replayed call makes its scratch as one allocation (`launch.Plan.made`): each
+    buffer at its own `SCRATCH_ALIGN`-aligned offset, none overlapping the next; the GPU's
+    replays get addresses (what a launch reads of a pointer), emulation's views of each
+    buffer's dtype and shape."""
+    from fusedattn import launch
+
+    monkeypatch.setattr(launch, "EMULATION", emulated)
+    seen = []
+
+    class Stub:
+        def __call__(self, inputs):
+            seen.append(inputs)
+
+    scratch = [((3, 5, 7), torch.float32, torch.device("cpu")),
+               ((2, 9), torch.int32, torch.device("cpu")),
+               ((1,), torch.bfloat16, torch.device("cpu"))]
+    plan = launch.Plan([Stub(), Stub()], scratch)
+    given = torch.zeros(4)
+    plan((given,))
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0][0] is given
+    made = seen[0][1:]
+    addresses = [m.data_ptr() for m in made]
+    base = addresses[0]
+    ends = [a + math.prod(shape) * dtype.itemsize
+            for a, (shape, dtype, _) in zip(addresses, scratch, strict=True)]
+    for a, end, later in zip(addresses, ends, addresses[1:], strict=False):
+        assert a < end <= later, "scratch buffers overlap"
+    assert all((a - base) % launch.SCRATCH_ALIGN == 0 and a % 16 == 0 for a in addresses)
+    if emulated:
+        for m, (shape, dtype, _) in zip(made, scratch, strict=True):
+            assert isinstance(m, torch.Tensor) and m.shape == shape and m.dtype == dtype
+    else:
+        assert all(isinstance(m, launch.Address) for m in made)
+        assert made[0].owner is made[-1].owner  # one allocation, alive while they are

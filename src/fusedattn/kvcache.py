@@ -59,7 +59,7 @@ import math
 import torch
 import triton
 
-from fusedattn.api import DTYPES, as_sinks, call_key, check_options
+from fusedattn.api import DTYPES, as_sinks, call_key, check_options, new_out
 from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
@@ -229,9 +229,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            splits: int | None = None, check_lengths: bool = True,
                            sinks: torch.Tensor | None = None):
     """Attention of new queries over a KV cache; see the module docstring."""
-    from fusedattn.configs import decode_splits, tuned_table
     from fusedattn.dispatch import forward, forward_inputs, kept_forward
-    from fusedattn.tiles.append import append_to_cache
     from fusedattn.tiles.common import KVCache, Mask
 
     key = _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
@@ -239,6 +237,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                        check_lengths))
     decided = _DECIDED.get(key) if key is not None else None
     if decided is None:
+        from fusedattn.configs import decode_splits, tuned_table
+
         capacity, s_new, cache_seqlens, block_table = _validate(
             q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)
         window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision,
@@ -262,9 +262,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         cache_seqlens = cache_seqlens.contiguous()
         block_table = block_table.contiguous() if block_table is not None else None
     if s_new:
+        from fusedattn.tiles.append import append_to_cache
+
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
     batch, heads, seq_q, dim = q.shape
-    out = q.new_empty((*q.shape[:3], v_cache.shape[3]))  # O has V's head dim
+    out = new_out(q, v_cache)  # O has V's head dim
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
         if return_lse else None
     # the kernel reads cache_seqlens + s_new keys, clamped to the capacity, through block

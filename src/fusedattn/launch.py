@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -426,19 +427,63 @@ def launcher_source(signature: dict) -> str:
 
 class Plan:
     """A call's launches (`Replay`s) and the scratch tensors they share (made per call,
-    empty: buffers one launch writes and a later one reads)."""
+    empty: buffers one launch writes and a later one reads).
 
-    __slots__ = ("replays", "scratch")
+    The scratch is one allocation a call, the buffers at `SCRATCH_ALIGN`-byte offsets in
+    it: on the GPU each is passed as its address (`Address`: a replay reads nothing else
+    of it), in emulation as a view of its dtype and shape. Split decode's two partials had
+    been two `torch.empty`s, the largest own time of a decode call under cProfile
+    (evidence/nvidia-h200/20261203T1444Z-host-profile). The allocation is freed when the
+    call returns, after its launches are queued: torch's caching allocator gives it to a
+    later allocation only in the stream's order, as for any temporary."""
+
+    __slots__ = ("replays", "scratch", "offsets", "size")
 
     def __init__(self, replays, scratch):
         self.replays, self.scratch = tuple(replays), tuple(scratch)
+        self.offsets, self.size = [], 0
+        for shape, dtype, _ in self.scratch:
+            self.offsets.append(self.size)
+            size = math.prod(shape) * dtype.itemsize
+            self.size += -(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        if len({device for _, _, device in self.scratch}) > 1:
+            self.size = None  # (one buffer per tensor, each on its device)
 
     def __call__(self, inputs) -> None:
         if self.scratch:
-            inputs = tuple(inputs) + tuple(torch.empty(shape, dtype=dtype, device=device)
-                                           for shape, dtype, device in self.scratch)
+            inputs = (*inputs, *self.made())
         for replay in self.replays:
             replay(inputs)
+
+    def made(self) -> tuple:
+        """This call's scratch buffers, in the order the recording declared them."""
+        if self.size is None:
+            return tuple(torch.empty(shape, dtype=dtype, device=device)
+                         for shape, dtype, device in self.scratch)
+        buffer = torch.empty(self.size, dtype=torch.uint8, device=self.scratch[0][2])
+        if EMULATION:  # (the interpreter reads tensors)
+            return tuple(buffer[at:at + math.prod(shape) * dtype.itemsize].view(dtype)
+                         .view(shape) for at, (shape, dtype, _) in zip(
+                             self.offsets, self.scratch, strict=True))
+        base = buffer.data_ptr()
+        return tuple(Address(base + at, buffer) for at in self.offsets)
+
+
+SCRATCH_ALIGN = 256  # bytes between a plan's scratch buffers (Triton specialises on 16)
+
+
+class Address:
+    """A device address where a launch takes a tensor: Triton's launchers, ours
+    (`DirectLaunch`) and its own, read a pointer argument's `data_ptr()` alone. It keeps
+    the allocation it points into alive (`owner`)."""
+
+    __slots__ = ("address", "owner")
+
+    def __init__(self, address: int, owner: torch.Tensor):
+        self.address, self.owner = address, owner
+
+    def data_ptr(self) -> int:
+        return self.address
 
 
 class Recording:
