@@ -13,6 +13,7 @@ against the float64 reference before and after its loops, as the host suite does
 Writes host_ab.json (every row) and prints the table."""
 
 import argparse
+import hashlib
 import importlib
 import json
 import re
@@ -50,6 +51,7 @@ def main() -> None:
                      "`git archive REV src | tar -x -C DIR`)")
     import fusedattn
     from fusedattn_lab import host
+    from fusedattn_lab.evidence import environment
 
     folder = Path(tempfile.mkdtemp(prefix="host-ab-"))
     renamed_copy(package, folder)
@@ -83,8 +85,20 @@ def main() -> None:
         print(f"median new/base {statistics.median(ratios.values()):.3f}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_ab.json").write_text(json.dumps(
-        {"loops": args.loops, "calls": host.CALLS, "rows": rows, "new_over_base": ratios},
-        indent=1))
+        {"environment": environment(), "base": str(args.base),
+         "base_sources": sources(package), "new_sources": sources(Path(fusedattn.__file__)
+                                                                   .parent),
+         "command": " ".join(sys.argv), "loops": args.loops, "calls": host.CALLS,
+         "rows": rows, "new_over_base": ratios}, indent=1))
+
+
+def sources(package: Path) -> str:
+    """One sha256 over a package's Python sources (names and contents, in order): which
+    library a figure belongs to, where the base folder names no commit."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 if __name__ == "__main__":

@@ -402,6 +402,16 @@ def bench_rows(calls: int) -> dict:
     return out
 
 
+def _environment() -> dict | None:
+    """The lab's environment record (GPU, driver, versions, commit), where the lab is
+    installed."""
+    try:
+        from fusedattn_lab.evidence import environment
+    except ImportError:
+        return None
+    return environment()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -415,7 +425,8 @@ def main() -> None:
     parser.add_argument("--bench-rows", action="store_true",
                         help="only the host suite's calls, each alone, profiled (a GPU)")
     args = parser.parse_args()
-    result = {"device": str(DEVICE), "emulation": EMULATION, "torch": torch.__version__}
+    result = {"device": str(DEVICE), "emulation": EMULATION, "torch": torch.__version__,
+              "environment": _environment()}
     if args.train or args.direct_ab or args.bench_rows:
         if DEVICE.type != "cuda" or not torch.cuda.is_available():
             parser.error("--train, --direct-ab and --bench-rows time the GPU's host cost: "
