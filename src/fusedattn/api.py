@@ -73,7 +73,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedattn.launch import KeptPlan, Plans, aliases
+from fusedattn.launch import KeptPlan, Plans, alias_positions
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -473,8 +473,7 @@ def call_key(tensors, options, window, *extra):
             parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
             grad = grad or t.requires_grad
             ids.append(id(t))
-        key = (*parts, grad and torch.is_grad_enabled(),
-               len(ids) if len({*ids}) == len(ids) else aliases(tensors))
+        key = (*parts, grad and torch.is_grad_enabled(), alias_positions(ids))
         hash(key)  # (the cache's lookup hashes it again: the tensors' parts always hash)
     except (TypeError, RuntimeError):  # RuntimeError: a nested tensor has no strides, a
         return None                    # sparse one no pointer

@@ -62,7 +62,8 @@ def problems() -> list[HostProblem]:
 
 
 def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
-    """({provider: (SDPA backend or None, call returning O as [B, H, Sq, D])}, the inputs
+    """({provider: (SDPA backend or None, call returning O as [B, H, Sq, D], varlen's
+    packed as `[B * S, H, D]`)}, the inputs
     and mask for the check). `libraries`: {name: a module with fusedattn's entry points},
     each a provider (`scripts/host_ab.py` passes an older commit's beside this one)."""
     from torch.nn.attention import SDPBackend
@@ -104,10 +105,9 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
                 q, k, v, is_causal=causal, enable_gqa=gqa)))
         elif p.kind == "varlen":
             def varlen(check, lib=lib):
-                def call():
-                    out = lib.attention_varlen(*packed, cu, cu, p.seq, p.seq,
-                                               is_causal=causal, check_lengths=check)
-                    return out.reshape(p.batch, p.seq, p.heads, p.dim).transpose(1, 2)
+                def call():  # (O packed, `[total, H, D]`: `_check` views it as SDPA's)
+                    return lib.attention_varlen(*packed, cu, cu, p.seq, p.seq,
+                                                is_causal=causal, check_lengths=check)
                 return call
             calls[name] = (None, varlen(True))
             calls[f"{name} check_lengths=False"] = (None, varlen(False))
@@ -163,6 +163,8 @@ def _check(out, inputs):
     from fusedattn_lab.verify import check
 
     q, k, v, causal = inputs
+    if out.dim() == 3:  # varlen's packed O, viewed outside the timed call
+        out = out.reshape(q.shape[0], q.shape[2], q.shape[1], -1).transpose(1, 2)
     qs, ks, vs = (t[0, :1].detach() for t in (q, k, v))  # query head 0 reads K/V head 0
     ref = attention_ref(qs, ks, vs, causal=causal, device="cuda")
     with sdpa_kernel(SDPBackend.MATH):  # the peer in the inputs' precision (any backend)
