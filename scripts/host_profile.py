@@ -153,8 +153,28 @@ def _pieces():
     def nothing(x: torch.Tensor) -> torch.Tensor:
         return x.new_empty(1)
 
+    class Floor(torch.autograd.Function):
+        """A Python autograd Function that allocates what ours does and launches nothing:
+        the floor torch's autograd puts under any Python attention's training step (the
+        engine runs a CUDA backward on its device thread, which takes the GIL for a
+        Python node; SDPA's node is C++)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    g = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+
     opts = dict(is_causal=True, scale=0.125, precision="ieee")
     return {
+        "autograd.Function floor fwd+bwd (no kernels)": lambda: Floor.apply(
+            *g).sum().backward(),
         "torch.empty_like x2": lambda: (torch.empty_like(q),
                                         torch.empty(q.shape[:3], device=DEVICE)),
         "custom_op doing nothing": lambda: nothing(q),
