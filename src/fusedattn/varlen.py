@@ -298,6 +298,15 @@ def _passed(cu: torch.Tensor, total: int, max_seqlen: object) -> tuple | None:
     return weakref.ref(cu), cu._version, total, typed(max_seqlen)
 
 
+def _seen(cu: torch.Tensor, total: int, max_seqlen: object) -> bool:
+    """Whether `cu`'s values passed `check_cu_seqlens` at its current version, against
+    this total and max_seqlen (the verdict `_passed` keeps): a kept call's offsets, whose
+    metadata its key has checked, then cost a lookup, not the checks again."""
+    kept = _PASSED.get(id(cu))
+    return (kept is not None and kept[0]() is cu and kept[1] == cu._version
+            and kept[2] == total and kept[3] == typed(max_seqlen))
+
+
 def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scale, precision,
              check_lengths, sinks, descales=None):
     """`attention_varlen`'s checks and decisions (the packed ring's too): (max_seqlen_q,
@@ -364,11 +373,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             _DECIDED.put(key, decided)
     elif check_lengths:  # the metadata's checks passed on this key; the offsets' values
         # are checked per tensor and version (`check_cu_seqlens`: read where they are new)
-        check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
-        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], None, max_seqlen_k)
+        if not _seen(cu_seqlens_q, q.shape[0], max_seqlen_q):
+            check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
+        if not _seen(cu_seqlens_k, k.shape[0], max_seqlen_k):
+            check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], None, max_seqlen_k)
     options, kept, _ = decided
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    descale = fp8_descale(q, descales, q.shape[1], k.shape[1])
+    descale = None if q.dtype != FP8 else fp8_descale(q, descales, q.shape[1], k.shape[1])
     grad = wants_grads((q, k, v, sinks))
     if compiling or (grad and not api.KEEP_RECORDED):
         out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
