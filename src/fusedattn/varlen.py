@@ -254,9 +254,7 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
             raise ProblemError(name.replace("cu_seqlens", "max_seqlen"), max_seqlen,
                                "an int >= 1 (>= the longest sequence)")
         return cu, int(max_seqlen)
-    seen = _passed(cu, total, max_seqlen)
-    kept = _PASSED.get(id(cu))
-    if seen is not None and kept is not None and kept[0]() is cu and kept[1:] == seen[1:]:
+    if not torch.compiler.is_compiling() and _seen(cu, total, max_seqlen):
         return cu, int(max_seqlen)
     bounds = read_offsets(cu)
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -266,6 +264,7 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
     if not is_int(max_seqlen) or max_seqlen < max(lengths):
         raise ProblemError(name.replace("cu_seqlens", "max_seqlen"), max_seqlen,
                            f"an int >= the longest sequence, {max(lengths)}")
+    seen = _passed(cu, total, max_seqlen)
     if seen is not None:
         if len(_PASSED) >= 256:  # offsets tensors are made per batch: keep the newest
             _PASSED.pop(next(iter(_PASSED)))
@@ -300,8 +299,9 @@ def _passed(cu: torch.Tensor, total: int, max_seqlen: object) -> tuple | None:
 
 def _seen(cu: torch.Tensor, total: int, max_seqlen: object) -> bool:
     """Whether `cu`'s values passed `check_cu_seqlens` at its current version, against
-    this total and max_seqlen (the verdict `_passed` keeps): a kept call's offsets, whose
-    metadata its key has checked, then cost a lookup, not the checks again."""
+    this total and max_seqlen (the verdict `_passed` keeps; none is kept for an inference
+    tensor, so its version is never read here): `check_cu_seqlens` then reads nothing,
+    and a kept call, whose key has checked the offsets' metadata, calls this alone."""
     kept = _PASSED.get(id(cu))
     return (kept is not None and kept[0]() is cu and kept[1] == cu._version
             and kept[2] == total and kept[3] == typed(max_seqlen))
