@@ -63,9 +63,9 @@ def problems() -> list[HostProblem]:
 
 def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
     """({provider: (SDPA backend or None, call returning O as [B, H, Sq, D], varlen's
-    packed as `[B * S, H, D]`)}, the inputs
-    and mask for the check). `libraries`: {name: a module with fusedattn's entry points},
-    each a provider (`scripts/host_ab.py` passes an older commit's beside this one)."""
+    packed as `[B * S, H, D]`)}, the inputs and mask for the check). `libraries`: {name: a
+    module with fusedattn's entry points}, each a provider (`scripts/host_ab.py` passes an
+    older commit's beside this one)."""
     from torch.nn.attention import SDPBackend
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
