@@ -155,9 +155,8 @@ def _pieces():
 
     class Floor(torch.autograd.Function):
         """A Python autograd Function that allocates what ours does and launches nothing:
-        the floor torch's autograd puts under any Python attention's training step (the
-        engine runs a CUDA backward on its device thread, which takes the GIL for a
-        Python node; SDPA's node is C++)."""
+        the floor torch's autograd puts under any Python attention's training step
+        (SDPA's backward node is C++; this one's backward is Python, as ours is)."""
 
         @staticmethod
         def forward(ctx, q, k, v):
