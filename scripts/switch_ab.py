@@ -13,6 +13,11 @@ The GPU only (the Hopper kernel runs on sm90).
     python3 scripts/switch_ab.py --switch MASK_FORM --values 2,0,1 [--rows a,b] [--out DIR]
     (values: Python literals, comma-separated, tuples in parentheses, the first the
     reference; writes DIR/switch_ab-NAME.json)
+
+    python3 scripts/switch_ab.py --switch TILES --entries --values \
+        "{},{(192, 192): (128, 64, 128, 64, 64, 64, 3, 0)}"
+    (--entries: each value is entries laid over the table as it stands, {} the table
+    itself)
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ ROWS = {
     "d80long": ("dense", 1, 16, 16, 16384, 80, False),  # the prefill suite's D80 row
     "d96": ("dense", 4, 32, 32, 4096, 96, False),
     "d192": ("dense", 4, 32, 32, 4096, 192, False),
+    "d192c": ("dense", 4, 32, 32, 4096, 192, True),
+    "d256": ("dense", 2, 16, 16, 4096, 256, False),  # the prefill suite's D256 row
     "window": ("window", 1, 32, 8192, 128, 1024),
     "varlen128c": ("varlen", 128, True),
     "varlen64c": ("varlen", 64, True),
@@ -142,6 +149,8 @@ def main():
     ap.add_argument("--switch", required=True, help="a module constant of hopper.forward")
     ap.add_argument("--values", required=True, help="Python literals, comma-separated")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
+    ap.add_argument("--entries", action="store_true",
+                    help="each value is a dict of entries laid over the switch's table")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
@@ -151,6 +160,11 @@ def main():
         values = list(ast.literal_eval(f"({args.values},)"))  # (tuples' commas kept)
     except (ValueError, SyntaxError) as e:
         ap.error(f"--values {args.values!r}: Python literals, comma-separated ({e})")
+    if args.entries:
+        table = getattr(knobs, args.switch)
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in values):
+            ap.error(f"--entries: {args.switch} and each value must be dicts")
+        values = [{**table, **v} for v in values]
     rows = args.rows.split(",")
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
