@@ -294,6 +294,7 @@ def _edge_masked(s, start_n, pos, seq_k, left, right, HAS_LEFT: gl.constexpr,
     N: gl.constexpr = s.shape[1]
     if MASK_FORM == 0:
         cols = start_n + gl.arange(0, N, layout=gl.SliceLayout(0, s.type.layout))
+        pos = gl.convert_layout(pos, gl.SliceLayout(1, s.type.layout), assert_trivial=True)
         valid = gl.expand_dims(cols < seq_k, 0)
         if HAS_RIGHT:
             valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
