@@ -153,18 +153,20 @@ def compile_config(fn, config: dict, backward: bool = False):
     c.setdefault("MASK_FORM", 2 if c["HAS_LEFT"] or c["HAS_RIGHT"] else 0)
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
-    bm = c["BLOCK_M"]
-    bn = c["N_B"] or c["BLOCK_N"]  # K's and V's boxes: a key piece's rows (`_load_keys`)
-    pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV")}
+    bm, n_b = c["BLOCK_M"], c["N_B"]
+    bn = c["BLOCK_N"] - n_b  # K's and V's boxes: a key step's first piece (`_load_keys`)
+    pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV"),
+              "kb": (n_b, "D"), "vb": (n_b, "DV")}  # (the second key piece's, N_B rows)
     types = {}
     for t, (rows, which) in pieces.items():
         fp8 = c["FP8"] and t != "o"
         for suffix, width in (("", c[f"{which}_A"]), ("2", c[f"{which}_B"])):
-            if not width:  # one piece: no second descriptor (None, as the launcher passes)
-                c[f"{t}{suffix}_desc"] = None
+            name = f"{t[0]}{suffix}b" if t.endswith("b") else f"{t}{suffix}"  # (k2b_desc)
+            if not (rows and width):  # no such piece: None, as the launcher passes
+                c[f"{name}_desc"] = None
                 continue
             shape = (width, rows) if fp8 and t == "v" else (rows, width)  # FP8: V^T's boxes
-            types[f"{t}{suffix}_desc"] = _desc(*shape, fp8)
+            types[f"{name}_desc"] = _desc(*shape, fp8)
     types |= {"p_o": "*bf16", "p_lse": "*fp32", "p_cu_q": "*i32", "p_cu_k": "*i32",
               "p_sinks": "*fp32", "p_descale": "*fp32", "p_cu_t": "*i32", "qk_scale": "fp32",
               "cap": "fp32"}

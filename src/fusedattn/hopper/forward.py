@@ -233,7 +233,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     qk_scale, cap, left, right = mask.kernel_args(scale)
     consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
-    keys = n_b or block_n  # K's and V's boxes: a key step, or its second piece's rows
+    keys = block_n - n_b  # K's and V's boxes: a key step, or its first piece's rows
     firsts = [(q, block_m, d_a), (k, keys, d_a),
               (v, dv_a, block_n) if fp8 else (v, keys, dv_a), (out, block_m, dv_a)]
     # the second head-dim pieces' descriptors (columns d_a / dv_a on); None for a head dim
@@ -241,7 +241,11 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # TMA descriptors a call, not eight, issue 31)
     seconds = [(t, rows, second) if second else None for (t, rows, _), second in
                zip(firsts, (d_b, d_b, dv_b, dv_b), strict=True)]
-    descs = [None if d is None else _descriptor(*d) for d in firsts + seconds]
+    # a key step's second piece (n_b > 0): K's and V's boxes of its n_b rows, each
+    # head-dim piece's (`forward_kernel._load_keys`); None where the step is one piece
+    thirds = [(t, n_b, width) if n_b and width else None
+              for t, width in ((k, d_a), (k, d_b), (v, dv_a), (v, dv_b))]
+    descs = [None if d is None else _descriptor(*d) for d in firsts + seconds + thirds]
     tile = consumers * block_m
     tiles_m = triton.cdiv(seq_q, tile)
     items = tiles_m * batch * heads

@@ -68,8 +68,9 @@ def _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A: gl.con
 
 
 @gluon.jit
-def _load_v(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, smem_b, smem2_b,
-            DV_A: gl.constexpr, DV_B: gl.constexpr, N_B: gl.constexpr, FP8: gl.constexpr):
+def _load_v(desc, desc2, descb, desc2b, coord_b, coord_h, row, bar, smem, smem2, smem_b,
+            smem2_b, DV_A: gl.constexpr, DV_B: gl.constexpr, N_B: gl.constexpr,
+            FP8: gl.constexpr):
     """V's key step `row` onto `bar`: its rows (`_load_keys`), or under FP8 its columns of
     V^T (`[.., Dv, S]`: the wgmma takes float8 operands K-major only, and P V's K is the
     key), one [DV_A, BLOCK_N] box."""
@@ -79,25 +80,24 @@ def _load_v(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, smem_b, smem2_
             desc, [coord_b, coord_h, 0, row], bar,
             smem._reinterpret(desc.dtype, [1, 1, DV_A, cols], desc.layout))
     else:
-        _load_keys(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, smem_b, smem2_b,
-                   DV_A, DV_B, N_B)
+        _load_keys(desc, desc2, descb, desc2b, coord_b, coord_h, row, bar, smem, smem2, smem_b,
+                   smem2_b, DV_A, DV_B, N_B)
 
 
 @gluon.jit
-def _load_keys(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, smem_b, smem2_b,
-               D_A: gl.constexpr, D_B: gl.constexpr, N_B: gl.constexpr):
-    """A key step's K or V rows onto `bar`: one tile (`_load_rows`), or with a second key
-    piece (N_B > 0) its first rows into `smem` (and `smem2`), N_B-row boxes (the
-    descriptors' own) one after another, and its last N_B rows into `smem_b` (`smem2_b`):
-    Gluon's shared buffers are powers of two, a key step of 96 or 80 is not."""
+def _load_keys(desc, desc2, descb, desc2b, coord_b, coord_h, row, bar, smem, smem2, smem_b,
+               smem2_b, D_A: gl.constexpr, D_B: gl.constexpr, N_B: gl.constexpr):
+    """A key step's K or V rows onto `bar`: its first (all but N_B) by `desc` (`desc2`)
+    into `smem` (`smem2`), and with a second key piece (N_B > 0) its last N_B by `descb`
+    (`desc2b`), boxes of their own, into `smem_b` (`smem2_b`). (Boxes of N_B rows into row
+    slices of one buffer lost the slices' rows where a row is wider than 128 bytes: the
+    swizzled layout keeps each 64 columns of all rows together, so a slice of rows is not
+    one span of memory; the GPU tier at 0e2cb60 failed every two-piece D128, D192 and D256
+    case, evidence/nvidia-h200/20261203T190952Z-gpu-tier.)"""
+    _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A, D_B)
     if N_B > 0:
         N_A: gl.constexpr = smem.shape[0]
-        for r in gl.static_range(N_A // N_B):
-            _load_rows(desc, desc2, coord_b, coord_h, row + r * N_B, bar,
-                       smem.slice(r * N_B, N_B), smem2.slice(r * N_B, N_B), D_A, D_B)
-        _load_rows(desc, desc2, coord_b, coord_h, row + N_A, bar, smem_b, smem2_b, D_A, D_B)
-    else:
-        _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A, D_B)
+        _load_rows(descb, desc2b, coord_b, coord_h, row + N_A, bar, smem_b, smem2_b, D_A, D_B)
 
 
 @gluon.jit
@@ -216,7 +216,7 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     last use (K after its S = Q K^T, V after its P V: K runs ahead of V). FP8 with VARLEN:
     V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`). `descs` are Q's,
     K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and `args` the consumers'."""
-    q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc = descs
+    q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, kb_desc, k2b_desc, vb_desc, v2b_desc = descs
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
      v_free, o_smem, o_desc, o2_desc, kb_smem, k2b_smem, vb_smem, v2b_smem) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
@@ -224,12 +224,15 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
      dim_v) = args
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
-    # a key step's bytes: N_B > 0 loads it in boxes of N_B rows (`_load_keys`)
-    boxes: gl.constexpr = BLOCK_N // N_B if N_B > 0 else 1
-    k_bytes: gl.constexpr = boxes * (k_desc.block_type.nbytes + (
-        k2_desc.block_type.nbytes if D_B > 0 else 0))
-    v_bytes: gl.constexpr = boxes * (v_desc.block_type.nbytes + (
-        v2_desc.block_type.nbytes if DV_B > 0 else 0))
+    # a key step's bytes: with a second key piece (N_B > 0), its boxes too (`_load_keys`)
+    k_bytes: gl.constexpr = (k_desc.block_type.nbytes
+                             + (k2_desc.block_type.nbytes if D_B > 0 else 0)
+                             + (kb_desc.block_type.nbytes if N_B > 0 else 0)
+                             + (k2b_desc.block_type.nbytes if N_B > 0 and D_B > 0 else 0))
+    v_bytes: gl.constexpr = (v_desc.block_type.nbytes
+                             + (v2_desc.block_type.nbytes if DV_B > 0 else 0)
+                             + (vb_desc.block_type.nbytes if N_B > 0 else 0)
+                             + (v2b_desc.block_type.nbytes if N_B > 0 and DV_B > 0 else 0))
     n = 0       # key tiles loaded so far
     items = 0   # live items so far
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
@@ -257,19 +260,19 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
                     mbarrier.expect(k_bar.index(slot), k_bytes + v_bytes)
                 else:
                     mbarrier.expect(k_bar.index(slot), k_bytes)
-                _load_keys(k_desc, k2_desc, b_row, h_kv, row, k_bar.index(slot),
-                           k_smem.index(slot), k2_smem.index(slot), kb_smem.index(slot),
-                           k2b_smem.index(slot), D_A, D_B, N_B)
+                _load_keys(k_desc, k2_desc, kb_desc, k2b_desc, b_row, h_kv, row,
+                           k_bar.index(slot), k_smem.index(slot), k2_smem.index(slot),
+                           kb_smem.index(slot), k2b_smem.index(slot), D_A, D_B, N_B)
                 if SHARED_KV:
-                    _load_v(v_desc, v2_desc, b_row, h_kv, v_row, k_bar.index(slot),
-                            v_smem.index(slot), v2_smem.index(slot), vb_smem.index(slot),
-                            v2b_smem.index(slot), DV_A, DV_B, N_B, FP8)
+                    _load_v(v_desc, v2_desc, vb_desc, v2b_desc, b_row, h_kv, v_row,
+                            k_bar.index(slot), v_smem.index(slot), v2_smem.index(slot),
+                            vb_smem.index(slot), v2b_smem.index(slot), DV_A, DV_B, N_B, FP8)
                 else:
                     mbarrier.wait(v_free.index(slot), phase)
                     mbarrier.expect(v_bar.index(slot), v_bytes)
-                    _load_v(v_desc, v2_desc, b_row, h_kv, v_row, v_bar.index(slot),
-                            v_smem.index(slot), v2_smem.index(slot), vb_smem.index(slot),
-                            v2b_smem.index(slot), DV_A, DV_B, N_B, FP8)
+                    _load_v(v_desc, v2_desc, vb_desc, v2b_desc, b_row, h_kv, v_row,
+                            v_bar.index(slot), v_smem.index(slot), v2_smem.index(slot),
+                            vb_smem.index(slot), v2b_smem.index(slot), DV_A, DV_B, N_B, FP8)
                 n += 1
             items += 1
 
@@ -904,7 +907,8 @@ UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "se
 
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
-def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
+def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, kb_desc,
+                    k2b_desc, vb_desc, v2b_desc, p_o,
                     p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, p_cu_t, so_b, so_h, so_s, so_d, sl_b,
                     sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
@@ -936,8 +940,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`).
     A key step is BLOCK_N keys; N_B > 0 splits it in two pieces, N_A = BLOCK_N - N_B keys and
     N_B (96 = 64 + 32: Gluon's tensors and shared buffers are powers of two), with their own
-    shared buffers (`*b_smem`), S tiles and P V wgmmas; K's and V's descriptors' boxes are then
-    N_B rows (`_load_keys`). Not with FP8."""
+    shared buffers (`*b_smem`), descriptors (`*b_desc`: boxes of N_B rows, the first pieces'
+    of N_A; None where N_B = 0), S tiles and P V wgmmas (`_load_keys`). Not with FP8."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [CONSUMERS, BLOCK_M, D_A],
@@ -1026,7 +1030,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     args = (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
             n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
             dim_v)
-    descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc)
+    descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, kb_desc, k2b_desc, vb_desc,
+             v2b_desc)
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
