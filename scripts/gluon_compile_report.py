@@ -33,7 +33,7 @@ COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
-                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, N_B=0)
+                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
@@ -51,14 +51,6 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
     dict(name="D192", D_A=128, D_B=64, BLOCK_N=64),
     dict(name="D192/128 causal", D_A=128, D_B=64, DV_A=128, DV_B=0, BLOCK_N=64,
          HAS_RIGHT=True),
-    # a key step in two pieces, 64 + 32 (`hopper.forward.KEY_PIECES`)
-    dict(name="D192 96-key", D_A=128, D_B=64, BLOCK_N=96, N_B=32, STAGES=2),
-    dict(name="D192 96-key causal", D_A=128, D_B=64, BLOCK_N=96, N_B=32, STAGES=2,
-         HAS_RIGHT=True),
-    dict(name="D192/128 96-key causal", D_A=128, D_B=64, DV_A=128, DV_B=0, BLOCK_N=96,
-         N_B=32, STAGES=2, HAS_RIGHT=True),
-    dict(name="D256 80-key", D_A=256, D_B=0, BLOCK_N=80, N_B=16, STAGES=2),
-    dict(name="D96 192-key", D_A=64, D_B=32, BLOCK_N=192, N_B=64, STAGES=2),
     dict(name="D128/64 varlen", D_A=128, D_B=0, DV_A=64, DV_B=0, BLOCK_N=128, VARLEN=True,
          HAS_RIGHT=True, BOTTOM_RIGHT=True),
     # FP8 (`hopper.forward.FP8_TILES`): float8 q, k and V^T, O bfloat16
@@ -153,20 +145,17 @@ def compile_config(fn, config: dict, backward: bool = False):
     c.setdefault("MASK_FORM", 2 if c["HAS_LEFT"] or c["HAS_RIGHT"] else 0)
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
-    bm, n_b = c["BLOCK_M"], c["N_B"]
-    bn = c["BLOCK_N"] - n_b  # K's and V's boxes: a key step's first piece (`_load_keys`)
-    pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV"),
-              "kb": (n_b, "D"), "vb": (n_b, "DV")}  # (the second key piece's, N_B rows)
+    bm, bn = c["BLOCK_M"], c["BLOCK_N"]
+    pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV")}
     types = {}
     for t, (rows, which) in pieces.items():
         fp8 = c["FP8"] and t != "o"
         for suffix, width in (("", c[f"{which}_A"]), ("2", c[f"{which}_B"])):
-            name = f"{t[0]}{suffix}b" if t.endswith("b") else f"{t}{suffix}"  # (k2b_desc)
-            if not (rows and width):  # no such piece: None, as the launcher passes
-                c[f"{name}_desc"] = None
+            if not width:  # one piece: no second descriptor (None, as the launcher passes)
+                c[f"{t}{suffix}_desc"] = None
                 continue
             shape = (width, rows) if fp8 and t == "v" else (rows, width)  # FP8: V^T's boxes
-            types[f"{name}_desc"] = _desc(*shape, fp8)
+            types[f"{t}{suffix}_desc"] = _desc(*shape, fp8)
     types |= {"p_o": "*bf16", "p_lse": "*fp32", "p_cu_q": "*i32", "p_cu_k": "*i32",
               "p_sinks": "*fp32", "p_descale": "*fp32", "p_cu_t": "*i32", "qk_scale": "fp32",
               "cap": "fp32"}

@@ -83,7 +83,7 @@ def providers(q8, k8, v8, factors, causal, candidates):
     own = forward.FP8_TILES[dim, dim]
     for block_n, stages in candidates:
         calls[f"hopper-n{block_n}-s{stages}"] = _with_tiles(on("hopper"), dim,
-                                                            (*own[:5], block_n, stages, 0))
+                                                            (*own[:5], block_n, stages))
     calls["transpose"] = lambda: v_transposed(v8)[0]  # not an output: not verified
     q, k, v = (dequantize(t, f).to(torch.bfloat16) for t, f in zip((q8, k8, v8), factors,
                                                                    strict=True))

@@ -15,7 +15,7 @@ The GPU only (the Hopper kernel runs on sm90).
     reference; writes DIR/switch_ab-NAME.json)
 
     python3 scripts/switch_ab.py --switch TILES --entries --values \
-        "{},{(192, 192): (128, 64, 128, 64, 64, 64, 3, 0)}"
+        "{},{(96, 96): (64, 32, 64, 32, 64, 64, 4)}"
     (--entries: each value is entries laid over the table as it stands, {} the table
     itself)
 """

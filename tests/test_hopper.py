@@ -249,76 +249,26 @@ SMEM = 232448  # the bytes of shared memory one program may take on an H100/H200
 @pytest.mark.parametrize("fp8", [False, True])
 def test_every_tile_entry_fits_shared_memory_in_power_of_two_pieces(fp8):
     # `hopper.forward.TILES`: Gluon's tensors, shared buffers and TMA boxes are powers of
-    # two, so every head-dim piece is, and a key step of BLOCK_N keys is one (N_B = 0) or
-    # two, BLOCK_N - N_B loaded in N_B-row boxes and N_B (`forward_kernel._load_keys`); the
-    # buffers fit one program's shared memory at the entry's most consumer warpgroups
+    # two, so every head-dim piece and key step is; the buffers fit one program's shared
+    # memory at the pair's most consumer warpgroups (a table edited for an A/B is checked
+    # by the same rule: `scripts/switch_ab.py --entries`)
     from fusedattn.hopper import forward as knobs
 
     def pow2(n):
         return n > 0 and n & (n - 1) == 0
 
     table = knobs.FP8_TILES if fp8 else knobs.TILES
-    for pair, (d_a, d_b, dv_a, dv_b, block_m, block_n, stages, n_b) in table.items():
+    for pair, (d_a, d_b, dv_a, dv_b, block_m, block_n, stages) in table.items():
         assert d_a + d_b == pair[0] and dv_a + dv_b == pair[1], pair
-        assert all(pow2(x) for x in (d_a, dv_a, block_m)), pair
-        assert all(x == 0 or pow2(x) for x in (d_b, dv_b, n_b)), pair
+        assert all(pow2(x) for x in (d_a, dv_a, block_m, block_n)), pair
+        assert all(x == 0 or pow2(x) for x in (d_b, dv_b)), pair
         assert dv_a <= d_a and dv_b <= d_b, pair  # O goes out through Q's tiles
-        if n_b:
-            assert not fp8, pair  # V^T's boxes are one piece of keys
-            assert pow2(block_n - n_b) and (block_n - n_b) % n_b == 0, pair
-        else:
-            assert pow2(block_n), pair
         consumers = (knobs.FP8_WARPGROUPS if fp8 else knobs.WARPGROUPS).get(pair, 2)
         size = 1 if fp8 else 2
         q = consumers * block_m * pair[0] * size
         kv = stages * block_n * (pair[0] + pair[1]) * size
         o = consumers * block_m * pair[1] * 2 if fp8 else 0  # O's bfloat16 staging
         assert q + kv + o + 1024 <= SMEM, (pair, q + kv + o)
-
-
-# (head dims, TILES entry) of key steps in two pieces and one, beside the table's own
-KEY_STEPS = [
-    ((192, 192), (128, 64, 128, 64, 64, 64, 3, 0)), ((192, 192), (128, 64, 128, 64, 64, 96, 2, 32)),
-    ((128, 128), (128, 0, 128, 0, 64, 160, 2, 32)), ((256, 256), (256, 0, 256, 0, 64, 80, 2, 16)),
-    ((96, 96), (64, 32, 64, 32, 64, 192, 2, 64)), ((192, 128), (128, 64, 128, 0, 64, 96, 2, 32)),
-]
-
-
-@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
-@pytest.mark.parametrize("dims, entry", KEY_STEPS, ids=lambda x: str(x).replace(" ", ""))
-@pytest.mark.parametrize("sq, sk, causal, window", [
-    (1, 1, False, None), (333, 555, False, None), (517, 517, True, None),
-    (300, 129, True, None), (1025, 1025, False, (100, 40))])
-def test_a_key_step_in_two_pieces_matches_the_reference(dims, entry, sq, sk, causal, window,
-                                                        monkeypatch):
-    # `hopper.forward.TILES`' N_B: S, P and P V in two key pieces (`forward_kernel.
-    # _issue_s`); each entry, the table's or not, against the float64 reference, dense and
-    # varlen, the keys' end, masks and windows cutting either piece
-    if not ON_HOPPER:
-        pytest.skip("not an sm90 GPU")
-    from fusedattn.hopper import forward as knobs
-
-    monkeypatch.setitem(knobs.TILES, dims, entry)
-    d, dv = dims
-    q = _rand(2, 4, sq, d, seed=0)  # GQA: 4 query heads on 2
-    k, v = (_rand(2, 2, sk, n, seed=i) for i, n in ((1, d), (2, dv)))
-    ref, ref_lse = attention_ref(q, k, v, causal=causal, window=window, return_lse=True,
-                                 device=DEVICE)
-    (out, lse), (out_p, _) = both_paths(lambda: attention(
-        q, k, v, is_causal=causal, window=window, enable_gqa=True, return_lse=True))
-    within_portable(out, out_p, ref)
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), seen)
-    assert (lse.double() - ref_lse)[seen].abs().max().item() < 1e-3
-    if sq == sk > 7:  # the batch packed, its two sequences cut at 7 and the rest
-        cu = torch.tensor([0, 7, sq + 7, 2 * sq], dtype=torch.int32, device=DEVICE)
-        flat = [torch.cat([t[0], t[1]], 1).transpose(0, 1).contiguous() for t in (q, k, v)]
-        lengths = (7, sq, sq - 7)
-        with use_backend("hopper"):
-            got = attention_varlen(*flat, cu, cu, max(lengths), max(lengths),
-                                   is_causal=causal, window=window)
-        want = varlen_ref(*flat, cu, cu, causal=causal, window=window, device=DEVICE)
-        assert (got.double() - want).abs().max().item() <= 2 ** -6 * want.abs().max().item()
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")

@@ -19,33 +19,29 @@ from fusedattn.launch import Recording
 from fusedattn.tiles.common import FP8_P_SCALE
 
 # (Q/K head dim, V head dim) -> (D_A, D_B, DV_A, DV_B, BLOCK_M per warpgroup, BLOCK_N,
-# STAGES, N_B): each head dim in one or two power-of-two pieces (TMA boxes and Gluon's tensors
+# STAGES): each head dim in one or two power-of-two pieces (TMA boxes and Gluon's tensors
 # are powers of two; 80 = 64 + 16, 96 = 64 + 32 and 192 = 128 + 64 take two wgmmas per
 # product instead of padding to 96, 128 and 256). Shared memory is 2 * BLOCK_M * D * 2
 # bytes of Q plus STAGES * BLOCK_N * (D + Dv) * 2 of K and V. V's head dim may be less
 # than Q's (DeepSeek's MLA: 192 and 128; 128 and 64), each of its pieces no wider than
-# Q's: O goes out through Q's shared tiles. N_B > 0 takes a key step of BLOCK_N keys in two
-# pieces, BLOCK_N - N_B and N_B (`forward_kernel._issue_s`): D192's step of 128 keys does not
-# fit beside Q, and 64 keys left the tensor pipe 75% busy against FA4's 92% at its 112
-# (ncu, evidence/nvidia-h200/20261203T1430Z-ncu-d192-d80-vs-fa4); 96 = 64 + 32 fits two
-# stages
+# Q's: O goes out through Q's shared tiles
 TILES = {
-    (64, 64): (64, 0, 64, 0, 64, 128, 4, 0),
-    (80, 80): (64, 16, 64, 16, 64, 128, 4, 0),
-    (96, 96): (64, 32, 64, 32, 64, 128, 3, 0),
-    (128, 128): (128, 0, 128, 0, 64, 128, 3, 0),
-    (192, 192): (128, 64, 128, 64, 64, 96, 2, 32),
-    (256, 256): (256, 0, 256, 0, 64, 64, 2, 0),
-    (192, 128): (128, 64, 128, 0, 64, 96, 2, 32),
-    (128, 64): (128, 0, 64, 0, 64, 128, 3, 0),
+    (64, 64): (64, 0, 64, 0, 64, 128, 4),
+    (80, 80): (64, 16, 64, 16, 64, 128, 4),
+    (96, 96): (64, 32, 64, 32, 64, 128, 3),
+    (128, 128): (128, 0, 128, 0, 64, 128, 3),
+    (192, 192): (128, 64, 128, 64, 64, 64, 3),
+    (256, 256): (256, 0, 256, 0, 64, 64, 2),
+    (192, 128): (128, 64, 128, 0, 64, 64, 3),
+    (128, 64): (128, 0, 64, 0, 64, 128, 3),
 }
 # FP8 (float8 e4m3 q, k, v): one head-dim piece each, V's tiles V^T's [Dv, BLOCK_N] boxes
 # (`transpose.py`). Shared memory: Q's 2 * BLOCK_M * D bytes, STAGES * BLOCK_N * 2 * D of K
 # and V^T, and O's bfloat16 staging, 2 * BLOCK_M * D * 2 (it cannot go through Q's tiles)
 FP8_TILES = {
-    (64, 64): (64, 0, 64, 0, 64, 128, 4, 0),
-    (128, 128): (128, 0, 128, 0, 64, 128, 4, 0),
-    (256, 256): (256, 0, 256, 0, 64, 64, 3, 0),
+    (64, 64): (64, 0, 64, 0, 64, 128, 4),
+    (128, 128): (128, 0, 128, 0, 64, 128, 4),
+    (256, 256): (256, 0, 256, 0, 64, 64, 3),
 }
 # the head dims the kernel's pieces make; one over 64 between them runs padded to the next.
 # 80 = 64 + 16: padded to 96 before, D80 ran 6.6-7.5% slower in one process, every round
@@ -218,7 +214,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     fp8 = descale is not None
     cu_t = None
     pair = kernel_pair(dim, v.shape[3], fp8)
-    d_a, d_b, dv_a, dv_b, block_m, block_n, stages, n_b = (FP8_TILES if fp8 else TILES)[pair]
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = (FP8_TILES if fp8 else TILES)[pair]
     recording = recording or Recording((q, k, v, out, lse, sinks, descale))
     if fp8:
         from fusedattn.hopper.transpose import v_transposed
@@ -233,19 +229,14 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     qk_scale, cap, left, right = mask.kernel_args(scale)
     consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
-    keys = block_n - n_b  # K's and V's boxes: a key step, or its first piece's rows
-    firsts = [(q, block_m, d_a), (k, keys, d_a),
-              (v, dv_a, block_n) if fp8 else (v, keys, dv_a), (out, block_m, dv_a)]
+    firsts = [(q, block_m, d_a), (k, block_n, d_a),
+              (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
     # the second head-dim pieces' descriptors (columns d_a / dv_a on); None for a head dim
     # in one piece (a constexpr the kernel never reads: Triton's launcher then encodes four
     # TMA descriptors a call, not eight, issue 31)
     seconds = [(t, rows, second) if second else None for (t, rows, _), second in
                zip(firsts, (d_b, d_b, dv_b, dv_b), strict=True)]
-    # a key step's second piece (n_b > 0): K's and V's boxes of its n_b rows, each
-    # head-dim piece's (`forward_kernel._load_keys`); None where the step is one piece
-    thirds = [(t, n_b, width) if n_b and width else None
-              for t, width in ((k, d_a), (k, d_b), (v, dv_a), (v, dv_b))]
-    descs = [None if d is None else _descriptor(*d) for d in firsts + seconds + thirds]
+    descs = [None if d is None else _descriptor(*d) for d in firsts + seconds]
     tile = consumers * block_m
     tiles_m = triton.cdiv(seq_q, tile)
     items = tiles_m * batch * heads
@@ -266,8 +257,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         *out.stride(),
         *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right, out.shape[3],
-        D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, N_B=n_b,
-        STAGES=stages,
+        D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
         PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,

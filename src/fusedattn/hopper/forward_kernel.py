@@ -68,10 +68,9 @@ def _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A: gl.con
 
 
 @gluon.jit
-def _load_v(desc, desc2, descb, desc2b, coord_b, coord_h, row, bar, smem, smem2, smem_b,
-            smem2_b, DV_A: gl.constexpr, DV_B: gl.constexpr, N_B: gl.constexpr,
-            FP8: gl.constexpr):
-    """V's key step `row` onto `bar`: its rows (`_load_keys`), or under FP8 its columns of
+def _load_v(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, DV_A: gl.constexpr,
+            DV_B: gl.constexpr, FP8: gl.constexpr):
+    """V's key tile `row` onto `bar`: its rows (`_load_rows`), or under FP8 its columns of
     V^T (`[.., Dv, S]`: the wgmma takes float8 operands K-major only, and P V's K is the
     key), one [DV_A, BLOCK_N] box."""
     if FP8:
@@ -80,24 +79,7 @@ def _load_v(desc, desc2, descb, desc2b, coord_b, coord_h, row, bar, smem, smem2,
             desc, [coord_b, coord_h, 0, row], bar,
             smem._reinterpret(desc.dtype, [1, 1, DV_A, cols], desc.layout))
     else:
-        _load_keys(desc, desc2, descb, desc2b, coord_b, coord_h, row, bar, smem, smem2, smem_b,
-                   smem2_b, DV_A, DV_B, N_B)
-
-
-@gluon.jit
-def _load_keys(desc, desc2, descb, desc2b, coord_b, coord_h, row, bar, smem, smem2, smem_b,
-               smem2_b, D_A: gl.constexpr, D_B: gl.constexpr, N_B: gl.constexpr):
-    """A key step's K or V rows onto `bar`: its first (all but N_B) by `desc` (`desc2`)
-    into `smem` (`smem2`), and with a second key piece (N_B > 0) its last N_B by `descb`
-    (`desc2b`), boxes of their own, into `smem_b` (`smem2_b`). (Boxes of N_B rows into row
-    slices of one buffer lost the slices' rows where a row is wider than 128 bytes: the
-    swizzled layout keeps each 64 columns of all rows together, so a slice of rows is not
-    one span of memory; the GPU tier at 0e2cb60 failed every two-piece D128, D192 and D256
-    case, evidence/nvidia-h200/20261203T190952Z-gpu-tier.)"""
-    _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, D_A, D_B)
-    if N_B > 0:
-        N_A: gl.constexpr = smem.shape[0]
-        _load_rows(descb, desc2b, coord_b, coord_h, row + N_A, bar, smem_b, smem2_b, D_A, D_B)
+        _load_rows(desc, desc2, coord_b, coord_h, row, bar, smem, smem2, DV_A, DV_B)
 
 
 @gluon.jit
@@ -205,8 +187,7 @@ def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, righ
 
 @gluon.jit
 def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            N_B: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
-            DV_B: gl.constexpr,
+            D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr,
             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
             BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr, SHARED_KV: gl.constexpr,
             FP8: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -216,23 +197,18 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     last use (K after its S = Q K^T, V after its P V: K runs ahead of V). FP8 with VARLEN:
     V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`). `descs` are Q's,
     K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and `args` the consumers'."""
-    q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, kb_desc, k2b_desc, vb_desc, v2b_desc = descs
+    q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc = descs
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
-     v_free, o_smem, o_desc, o2_desc, kb_smem, k2b_smem, vb_smem, v2b_smem) = bufs
+     v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
      dim_v) = args
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
-    # a key step's bytes: with a second key piece (N_B > 0), its boxes too (`_load_keys`)
-    k_bytes: gl.constexpr = (k_desc.block_type.nbytes
-                             + (k2_desc.block_type.nbytes if D_B > 0 else 0)
-                             + (kb_desc.block_type.nbytes if N_B > 0 else 0)
-                             + (k2b_desc.block_type.nbytes if N_B > 0 and D_B > 0 else 0))
-    v_bytes: gl.constexpr = (v_desc.block_type.nbytes
-                             + (v2_desc.block_type.nbytes if DV_B > 0 else 0)
-                             + (vb_desc.block_type.nbytes if N_B > 0 else 0)
-                             + (v2b_desc.block_type.nbytes if N_B > 0 and DV_B > 0 else 0))
+    k_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
+                                                        else 0)
+    v_bytes: gl.constexpr = v_desc.block_type.nbytes + (v2_desc.block_type.nbytes if DV_B > 0
+                                                        else 0)
     n = 0       # key tiles loaded so far
     items = 0   # live items so far
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
@@ -260,19 +236,16 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
                     mbarrier.expect(k_bar.index(slot), k_bytes + v_bytes)
                 else:
                     mbarrier.expect(k_bar.index(slot), k_bytes)
-                _load_keys(k_desc, k2_desc, kb_desc, k2b_desc, b_row, h_kv, row,
-                           k_bar.index(slot), k_smem.index(slot), k2_smem.index(slot),
-                           kb_smem.index(slot), k2b_smem.index(slot), D_A, D_B, N_B)
+                _load_rows(k_desc, k2_desc, b_row, h_kv, row, k_bar.index(slot),
+                           k_smem.index(slot), k2_smem.index(slot), D_A, D_B)
                 if SHARED_KV:
-                    _load_v(v_desc, v2_desc, vb_desc, v2b_desc, b_row, h_kv, v_row,
-                            k_bar.index(slot), v_smem.index(slot), v2_smem.index(slot),
-                            vb_smem.index(slot), v2b_smem.index(slot), DV_A, DV_B, N_B, FP8)
+                    _load_v(v_desc, v2_desc, b_row, h_kv, v_row, k_bar.index(slot),
+                            v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B, FP8)
                 else:
                     mbarrier.wait(v_free.index(slot), phase)
                     mbarrier.expect(v_bar.index(slot), v_bytes)
-                    _load_v(v_desc, v2_desc, vb_desc, v2b_desc, b_row, h_kv, v_row,
-                            v_bar.index(slot), v_smem.index(slot), v2_smem.index(slot),
-                            vb_smem.index(slot), v2b_smem.index(slot), DV_A, DV_B, N_B, FP8)
+                    _load_v(v_desc, v2_desc, b_row, h_kv, v_row, v_bar.index(slot),
+                            v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B, FP8)
                 n += 1
             items += 1
 
@@ -289,61 +262,22 @@ def _softcap(x):
 
 
 @gluon.jit
-def _edge_masked(s, start_n, pos, seq_k, left, right, HAS_LEFT: gl.constexpr,
-                 HAS_RIGHT: gl.constexpr, MASK_FORM: gl.constexpr):
-    """`s` (a wgmma accumulator of keys start_n ...) with -inf where a key is out of
-    bounds: MASK_FORM 0 compares a [N] tensor of key indices with the bounds, 1 and 2 the
-    bounds with constants (`_masked`)."""
-    N: gl.constexpr = s.shape[1]
-    if MASK_FORM == 0:
-        cols = start_n + gl.arange(0, N, layout=gl.SliceLayout(0, s.type.layout))
-        pos = gl.convert_layout(pos, gl.SliceLayout(1, s.type.layout), assert_trivial=True)
-        valid = gl.expand_dims(cols < seq_k, 0)
-        if HAS_RIGHT:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
-        if HAS_LEFT:
-            valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
-        s = gl.where(valid, s, float("-inf"))
-    else:
-        s = _masked(s, start_n, pos, seq_k, left, right, N, HAS_LEFT, HAS_RIGHT)
-    return s
-
-
-@gluon.jit
-def _step_max(s, sb, MAX_SPLIT: gl.constexpr, N_B: gl.constexpr):
-    """The row max of a key step's scores: `s`'s (`_row_max`), and with a second key piece
-    (N_B > 0) `sb`'s folded in (one chain: 32 keys or fewer)."""
-    mx = _row_max(s, s.shape[1], MAX_SPLIT)
-    if N_B > 0:
-        mx = gl.maximum(mx, gl.convert_layout(gl.max(sb, axis=1), mx.type.layout,
-                                              assert_trivial=True))
-    return mx
-
-
-@gluon.jit
-def _softmax_tile(s, sb, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap,
-                  left, right, BLOCK_N: gl.constexpr, N_B: gl.constexpr,
-                  HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-                  LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, P_OFFSET: gl.constexpr,
-                  MASK_FORM: gl.constexpr):
-    """The online-softmax step of one key step of raw scores (keys start_n ... start_n +
-    BLOCK_N): `s`, or with a second key piece (N_B > 0) `s` the first BLOCK_N - N_B keys and
-    `sb` the last N_B (else `sb` stands for `s`, never read). The mask where a bound cuts
-    the step, then (p, pb, m, l, alpha) in base 2, the scale folded into the exponent (m is
-    kept scaled; pb is `sb`'s p, or p again). SOFTCAP: the scores are cap * tanh(s *
-    qk_scale) first (`common.Mask.kernel_args`: qk_scale = scale / c, cap = c * log2(e)).
-    LANE_SUM: l is `_lane_sums`' [BLOCK_M, 4], each of a row's four lanes summing its own
-    columns (no shuffles a tile; `_row_sums` adds them once, after the loop). MAX_SPLIT:
-    the row max's chains a thread (`_row_max`). P_OFFSET: p is 2^P_OFFSET times the
-    softmax's (FP8's P scale, folded into the exponent's subtraction; l carries it too).
-    MASK_FORM (`forward.MASK_FORM`): 0 the key indices a [BLOCK_N] tensor, 1 the bounds
-    against constants (`_masked`), 2 as 1 with the row max taken once, after the mask's
-    branch."""
-    N_A: gl.constexpr = BLOCK_N - N_B
+def _softmax_tile(s, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_scale, cap, left,
+                  right, BLOCK_N: gl.constexpr, col_s: gl.constexpr, HAS_LEFT: gl.constexpr,
+                  HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, LANE_SUM: gl.constexpr,
+                  MAX_SPLIT: gl.constexpr, P_OFFSET: gl.constexpr, MASK_FORM: gl.constexpr):
+    """The online-softmax step of one tile of raw scores `s` (keys start_n ...): the mask
+    where a bound cuts the tile, then (p, m, l, alpha) in base 2, the scale folded into the
+    exponent (m is kept scaled). SOFTCAP: the scores are cap * tanh(s * qk_scale) first
+    (`common.Mask.kernel_args`: qk_scale = scale / c, cap = c * log2(e)). LANE_SUM: l is
+    `_lane_sums`' [BLOCK_M, 4], each of a row's four lanes summing its own columns (no
+    shuffles a tile; `_row_sums` adds them once, after the loop). MAX_SPLIT: the row max's
+    chains a thread (`_row_max`). P_OFFSET: p is 2^P_OFFSET times the softmax's (FP8's P
+    scale, folded into the exponent's subtraction; l carries it too). MASK_FORM (`forward.
+    MASK_FORM`): 0 the key indices a [BLOCK_N] tensor, 1 the bounds against constants
+    (`_masked`), 2 as 1 with the row max taken once, after the mask's branch."""
     if SOFTCAP:
         s = _softcap(s * qk_scale) * cap
-        if N_B > 0:
-            sb = _softcap(sb * qk_scale) * cap
         scale = 1.0
     else:
         scale = qk_scale
@@ -354,49 +288,40 @@ def _softmax_tile(s, sb, m_i, l_i, start_n, pos, first_pos, last_pos, seq_k, qk_
         edge = edge | (start_n < last_pos - left)
     if MASK_FORM == 2:  # the row max once, after the branch (one copy in the loop)
         if edge:
-            s = _edge_masked(s, start_n, pos, seq_k, left, right, HAS_LEFT, HAS_RIGHT,
-                             MASK_FORM)
-            if N_B > 0:
-                sb = _edge_masked(sb, start_n + N_A, pos, seq_k, left, right, HAS_LEFT,
-                                  HAS_RIGHT, MASK_FORM)
-        m_new = gl.maximum(m_i, _step_max(s, sb, MAX_SPLIT, N_B) * scale)
+            s = _masked(s, start_n, pos, seq_k, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
         # a row that has seen no key (only where a tile was masked) keeps m = -inf:
         # subtract 0 instead (no -inf - -inf)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     elif edge:
-        s = _edge_masked(s, start_n, pos, seq_k, left, right, HAS_LEFT, HAS_RIGHT,
-                         MASK_FORM)
-        if N_B > 0:
-            sb = _edge_masked(sb, start_n + N_A, pos, seq_k, left, right, HAS_LEFT,
-                              HAS_RIGHT, MASK_FORM)
-        m_new = gl.maximum(m_i, _step_max(s, sb, MAX_SPLIT, N_B) * scale)
+        if MASK_FORM == 1:
+            s = _masked(s, start_n, pos, seq_k, left, right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        else:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
+            valid = gl.expand_dims(cols < seq_k, 0)
+            if HAS_RIGHT:
+                valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(pos + right, 1))
+            if HAS_LEFT:
+                valid = valid & (gl.expand_dims(cols, 0) >= gl.expand_dims(pos - left, 1))
+            s = gl.where(valid, s, float("-inf"))
+        m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
         # a row that has seen no key keeps m = -inf: subtract 0 instead (no -inf - -inf)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
-        m_new = gl.maximum(m_i, _step_max(s, sb, MAX_SPLIT, N_B) * scale)
+        m_new = gl.maximum(m_i, _row_max(s, BLOCK_N, MAX_SPLIT) * scale)
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
     if P_OFFSET != 0.0:
         p = gl.exp2(s * scale - gl.expand_dims(m_use - P_OFFSET, 1))
     else:
         p = gl.exp2(s * scale - gl.expand_dims(m_use, 1))
-    pb = p
-    if N_B > 0:
-        m_b = gl.convert_layout(m_use, gl.SliceLayout(1, sb.type.layout), assert_trivial=True)
-        pb = gl.exp2(sb * scale - gl.expand_dims(m_b, 1))  # (no FP8: no P_OFFSET)
     if LANE_SUM:
         lane_alpha = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
                                        assert_trivial=True)
-        l_i = l_i * gl.expand_dims(lane_alpha, 1) + _lane_sums(p, N_A)
-        if N_B > 0:
-            l_i = l_i + gl.convert_layout(_lane_sums(pb, N_B), l_i.type.layout,
-                                          assert_trivial=True)
+        l_i = l_i * gl.expand_dims(lane_alpha, 1) + _lane_sums(p, BLOCK_N)
     else:
         l_i = l_i * alpha + gl.sum(p, axis=1)
-        if N_B > 0:
-            l_i = l_i + gl.convert_layout(gl.sum(pb, axis=1), l_i.type.layout,
-                                          assert_trivial=True)
-    return p, pb, m_new, l_i, alpha
+    return p, m_new, l_i, alpha
 
 
 @gluon.jit
@@ -549,84 +474,16 @@ def _e4m3x4(p):
 
 
 @gluon.jit
-def _issue_s(q_tile, q2_tile, k_tile, k2_tile, kb_tile, k2b_tile, zero_s, zero_sb,
-             D_B: gl.constexpr, N_B: gl.constexpr):
-    """Issue S = Q K^T of a key step, async: its first keys' (Q_a K_a^T + Q_b K_b^T with a
-    second head-dim piece, D_B > 0), then with a second key piece (N_B > 0) its last N_B
-    keys' apart (`kb_tile`, `k2b_tile`). Returns the two tokens (the second the first again
-    where N_B = 0)."""
-    tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    if D_B > 0:
-        tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), tok, is_async=True)
-    tok_b = tok
-    if N_B > 0:
-        tok_b = warpgroup_mma(q_tile, kb_tile.permute((1, 0)), zero_sb, use_acc=False,
-                              is_async=True)
-        if D_B > 0:
-            tok_b = warpgroup_mma(q2_tile, k2b_tile.permute((1, 0)), tok_b, is_async=True)
-    return tok, tok_b
-
-
-@gluon.jit
-def _wait_s(s_tok, sb_tok, q_tile, q2_tile, k_tile, k2_tile, kb_tile, k2b_tile,
-            OUTSTANDING: gl.constexpr, N_B: gl.constexpr):
-    """S's pieces (`_issue_s`) once done, OUTSTANDING wgmmas issued after them left in
-    flight (the step's P V); holds Q's and the slot's K tiles until then."""
-    if N_B > 0:
-        both = warpgroup_mma_wait(OUTSTANDING, deps=[s_tok, sb_tok, q_tile, k_tile, q2_tile,
-                                                     k2_tile, kb_tile, k2b_tile])
-        s = both[0]
-        sb = both[1]
-    else:
-        s = warpgroup_mma_wait(OUTSTANDING, deps=[s_tok, q_tile, k_tile, q2_tile, k2_tile])[0]
-        sb = s
-    return s, sb
-
-
-@gluon.jit
-def _issue_pv(p_use, pb_use, acc, acc2, v_tile, v2_tile, vb_tile, v2b_tile,
-              p2_layout: gl.constexpr, DV_B: gl.constexpr, N_B: gl.constexpr,
-              FP8: gl.constexpr):
-    """Issue O += P V of a key step, async: O_a += P V_a (and P_b V_b's rows with a second
-    key piece, N_B > 0), then O_b's (a second head-dim piece of V, DV_B > 0). Returns the
-    two accumulators' tokens (the second the first again where DV_B = 0)."""
-    acc_tok = warpgroup_mma(p_use, _v_operand(v_tile, FP8), acc, is_async=True)
-    if N_B > 0:
-        acc_tok = warpgroup_mma(pb_use, vb_tile, acc_tok, is_async=True)
-    acc2_tok = acc_tok
-    if DV_B > 0:
-        acc2_tok = warpgroup_mma(gl.convert_layout(p_use, p2_layout), v2_tile, acc2,
-                                 is_async=True)
-        if N_B > 0:
-            acc2_tok = warpgroup_mma(gl.convert_layout(pb_use, p2_layout), v2b_tile, acc2_tok,
-                                     is_async=True)
-    return acc_tok, acc2_tok
-
-
-@gluon.jit
-def _wait_pv(acc_tok, acc2_tok, p_use, pb_use, v_tile, v2_tile, vb_tile, v2b_tile,
-             DV_B: gl.constexpr, N_B: gl.constexpr, FP8: gl.constexpr):
-    """O's pieces after their P V wgmmas (`_issue_pv`; the second O again where DV_B = 0),
-    holding P's registers and V's slot until they are done. Not FP8's P: Triton 3.6 cannot
-    hold 8-bit registers across the wait ("Unexpected bitwidth in WGMMAWaitGroupOp"); ptxas
-    keeps a wgmma's register operands until its wait_group by itself, and P's next value is
-    a new register tensor."""
+def _wait_pv(acc_tok, p_op, v_tile, FP8: gl.constexpr):
+    """O after its P V wgmma (one piece), holding P's registers and V's slot until it is
+    done. Not FP8's P: Triton 3.6 cannot hold 8-bit registers across the wait ("Unexpected
+    bitwidth in WGMMAWaitGroupOp"); ptxas keeps a wgmma's register operands until its
+    wait_group by itself, and P's next value is a new register tensor."""
     if FP8:
         acc = warpgroup_mma_wait(0, deps=[acc_tok, v_tile])[0]
-        acc2 = acc
-    elif N_B > 0:
-        both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use, pb_use, v_tile, v2_tile,
-                                           vb_tile, v2b_tile])
-        acc = both[0]
-        acc2 = both[1]
-    elif DV_B > 0:
-        both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use, v_tile, v2_tile])
-        acc = both[0]
-        acc2 = both[1]
     else:
-        acc = warpgroup_mma_wait(0, deps=[acc_tok, p_use, v_tile])[0]
-        acc2 = acc
-    return acc, acc2
+        acc = warpgroup_mma_wait(0, deps=[acc_tok, p_op, v_tile])[0]
+    return acc
 
 
 @gluon.jit
@@ -667,8 +524,8 @@ def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, co
 
 @gluon.jit
 def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, N_B: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr,
-              DV_A: gl.constexpr, DV_B: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+              BLOCK_N: gl.constexpr, D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
+              DV_B: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
               VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
@@ -686,7 +543,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     runtime arguments (`_flash_fwd_sm90`); the ping-pong waits on `my_turn` and hands
     `next_turn` over."""
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
-     v_free, o_smem, o_desc, o2_desc, kb_smem, k2b_smem, vb_smem, v2b_smem) = bufs
+     v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
      dim_v) = args
@@ -696,21 +553,14 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     P_OFFSET: gl.constexpr = 8.0 if FP8 and FP8_PACK else 0.0
     if FP8 and FP8_PACK:
         gl.static_assert(P_SCALE == 256.0, "P_OFFSET is log2(P_SCALE)")
-    # a key step's scores: its first N_A keys, and with a second key piece (N_B > 0) its
-    # last N_B apart (`sb_layout`; where N_B = 0 it stands for the first, never used)
-    N_A: gl.constexpr = BLOCK_N - N_B
-    N_S: gl.constexpr = N_B if N_B > 0 else N_A
-    if N_B > 0:
-        gl.static_assert(not FP8, "float8's V^T boxes are one piece of keys")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N_A, INSTR_K])
-    sb_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N_S, INSTR_K])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_A, INSTR_K])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=4 if FP8 else 2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     if DV_B > 0:
         o2_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -719,8 +569,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                                                       k_width=2)
         row_o2: gl.constexpr = gl.SliceLayout(1, o2_layout)
     dtype: gl.constexpr = q_smem.dtype
-    # wgmmas of P V: one a piece of V's head dim, two of them with a second key piece
-    PV_GROUPS: gl.constexpr = (2 if DV_B > 0 else 1) * (2 if N_B > 0 else 1)
+    PIECES: gl.constexpr = 2 if DV_B > 0 else 1  # wgmmas of P V
     q_tile = q_smem.index(c)
     q2_tile = q2_smem.index(c)
     # O's pieces go out through Q's tiles (their first bytes, where V's head dim is less);
@@ -737,8 +586,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
         o2_tile = q2_tile._reinterpret(dtype, [BLOCK_M, DV_B],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_B],
                                                                             dtype))
-    zero_s = gl.zeros([BLOCK_M, N_A], gl.float32, layout=s_layout)
-    zero_sb = gl.zeros([BLOCK_M, N_S], gl.float32, layout=sb_layout)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
     n = 0       # key tiles consumed so far (the loader's ring counter)
     items = 0   # live items so far (Q's phase)
@@ -759,7 +607,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             last_pos = gl.minimum(first + BLOCK_M - 1, sq - 1) + diag
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
             if LANE_SUM:
-                l_i = _lane_sums(zero_s, N_A)
+                l_i = _lane_sums(zero_s, BLOCK_N)
             else:
                 l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_s)
             acc = gl.zeros([BLOCK_M, DV_A], gl.float32, layout=o_layout)
@@ -771,28 +619,24 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                 # tile 0: S_0 and its softmax; its P waits for the loop's first P V
                 slot = n % STAGES
                 mbarrier.wait(k_bar.index(slot), (n // STAGES) & 1)
-                s_tok, sb_tok = _issue_s(q_tile, q2_tile, k_smem.index(slot),
-                                         k2_smem.index(slot), kb_smem.index(slot),
-                                         k2b_smem.index(slot), zero_s, zero_sb, D_B, N_B)
-                s, sb = _wait_s(s_tok, sb_tok, q_tile, q2_tile, k_smem.index(slot),
-                                k2_smem.index(slot), kb_smem.index(slot),
-                                k2b_smem.index(slot), 0, N_B)
+                s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), zero_s,
+                                      use_acc=False, is_async=True)
+                if D_B > 0:
+                    s_tok = warpgroup_mma(q2_tile, k2_smem.index(slot).permute((1, 0)),
+                                          s_tok, is_async=True)
+                s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(slot), q2_tile,
+                                                k2_smem.index(slot)])[0]
                 if not SHARED_KV:  # else the slot is freed with its V, after P V
                     _release(k_free.index(slot), THREAD_ARRIVES)
-                p, pb, m_i, l_i, alpha = _softmax_tile(
-                    s, sb, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
-                    right, BLOCK_N, N_B, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM, MAX_SPLIT,
+                p, m_i, l_i, alpha = _softmax_tile(
+                    s, m_i, l_i, lo, pos, first_pos, last_pos, sk, item_scale, cap, left,
+                    right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT, SOFTCAP, LANE_SUM, MAX_SPLIT,
                     P_OFFSET, MASK_FORM)
                 p_op = _p_carried(p, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
-                if N_B > 0:
-                    pb_op = _p_carried(pb, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                 for i in range(1, n_tiles):
                     # issue S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; the softmax of S_i
                     # runs while the second product does
                     p_use = _p_at_use(p_op, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
-                    pb_use = p_use
-                    if N_B > 0:
-                        pb_use = _p_at_use(pb_op, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                     slot = (n + i) % STAGES
                     prev = (n + i - 1) % STAGES
                     mbarrier.wait(k_bar.index(slot), ((n + i) // STAGES) & 1)
@@ -802,52 +646,57 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     k2_tile = k2_smem.index(slot)
                     if PINGPONG:  # this warpgroup's turn to issue (the other's softmax runs)
                         mbarrier.wait(my_turn, (turns + i - 1) & 1)
-                    s_tok, sb_tok = _issue_s(q_tile, q2_tile, k_tile, k2_tile,
-                                             kb_smem.index(slot), k2b_smem.index(slot),
-                                             zero_s, zero_sb, D_B, N_B)
-                    acc_tok, acc2_tok = _issue_pv(
-                        p_use, pb_use, acc, acc2 if DV_B > 0 else acc, v_smem.index(prev),
-                        v2_smem.index(prev), vb_smem.index(prev), v2b_smem.index(prev),
-                        p2_layout if DV_B > 0 else p_layout, DV_B, N_B, FP8)
+                    s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s,
+                                          use_acc=False, is_async=True)
+                    if D_B > 0:
+                        s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok,
+                                              is_async=True)
+                    acc_tok = warpgroup_mma(p_use, _v_operand(v_smem.index(prev), FP8), acc,
+                                            is_async=True)
+                    if DV_B > 0:
+                        acc2_tok = warpgroup_mma(gl.convert_layout(p_use, p2_layout),
+                                                 v2_smem.index(prev), acc2, is_async=True)
                     if PINGPONG:
                         _release(next_turn, THREAD_ARRIVES)
-                    s, sb = _wait_s(s_tok, sb_tok, q_tile, q2_tile, k_tile, k2_tile,
-                                    kb_smem.index(slot), k2b_smem.index(slot), PV_GROUPS, N_B)
+                    s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_tile, k_tile, q2_tile,
+                                                         k2_tile])[0]
                     if not SHARED_KV:
                         _release(k_free.index(slot), THREAD_ARRIVES)
-                    p, pb, m_i, l_i, alpha = _softmax_tile(
-                        s, sb, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
-                        item_scale, cap, left, right, BLOCK_N, N_B, HAS_LEFT, HAS_RIGHT,
+                    p, m_i, l_i, alpha = _softmax_tile(
+                        s, m_i, l_i, lo + i * BLOCK_N, pos, first_pos, last_pos, sk,
+                        item_scale, cap, left, right, BLOCK_N, col_s, HAS_LEFT, HAS_RIGHT,
                         SOFTCAP, LANE_SUM, MAX_SPLIT, P_OFFSET, MASK_FORM)
-                    acc, o2 = _wait_pv(acc_tok, acc2_tok, p_use, pb_use, v_smem.index(prev),
-                                       v2_smem.index(prev), vb_smem.index(prev),
-                                       v2b_smem.index(prev), DV_B, N_B, FP8)
                     if DV_B > 0:
-                        acc2 = o2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
+                        both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use,
+                                                           v_smem.index(prev),
+                                                           v2_smem.index(prev)])
+                        acc = both[0]
+                        acc2 = both[1]
+                        acc2 = acc2 * gl.expand_dims(gl.convert_layout(alpha, row_o2), 1)
+                    else:
+                        acc = _wait_pv(acc_tok, p_use, v_smem.index(prev), FP8)
                     if SHARED_KV:
                         _release(k_free.index(prev), THREAD_ARRIVES)
                     else:
                         _release(v_free.index(prev), THREAD_ARRIVES)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     p_op = _p_carried(p, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
-                    if N_B > 0:
-                        pb_op = _p_carried(pb, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
                 last = (n + n_tiles - 1) % STAGES
                 if not SHARED_KV:
                     mbarrier.wait(v_bar.index(last), ((n + n_tiles - 1) // STAGES) & 1)
                 p_use = _p_at_use(p_op, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
-                pb_use = p_use
-                if N_B > 0:
-                    pb_use = _p_at_use(pb_op, p_layout, dtype, FP8, P_SCALE, FP8_PACK)
-                acc_tok, acc2_tok = _issue_pv(
-                    p_use, pb_use, acc, acc2 if DV_B > 0 else acc, v_smem.index(last),
-                    v2_smem.index(last), vb_smem.index(last), v2b_smem.index(last),
-                    p2_layout if DV_B > 0 else p_layout, DV_B, N_B, FP8)
-                acc, o2 = _wait_pv(acc_tok, acc2_tok, p_use, pb_use, v_smem.index(last),
-                                   v2_smem.index(last), vb_smem.index(last),
-                                   v2b_smem.index(last), DV_B, N_B, FP8)
+                acc_tok = warpgroup_mma(p_use, _v_operand(v_smem.index(last), FP8), acc,
+                                        is_async=True)
                 if DV_B > 0:
-                    acc2 = o2
+                    acc2_tok = warpgroup_mma(gl.convert_layout(p_use, p2_layout),
+                                             v2_smem.index(last), acc2, is_async=True)
+                    both = warpgroup_mma_wait(0, deps=[acc_tok, acc2_tok, p_use,
+                                                       v_smem.index(last),
+                                                       v2_smem.index(last)])
+                    acc = both[0]
+                    acc2 = both[1]
+                else:
+                    acc = _wait_pv(acc_tok, p_use, v_smem.index(last), FP8)
                 if SHARED_KV:
                     _release(k_free.index(last), THREAD_ARRIVES)
                 else:
@@ -907,16 +756,15 @@ UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "se
 
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
-def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, kb_desc,
-                    k2b_desc, vb_desc, v2b_desc, p_o,
+def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o2_desc, p_o,
                     p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, p_cu_t, so_b, so_h, so_s, so_d, sl_b,
                     sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
                     dim_v,
                     D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
                     DV_B: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, N_B: gl.constexpr, STAGES: gl.constexpr,
-                    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+                    HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                     SOFTCAP: gl.constexpr, VARLEN: gl.constexpr, WRITE_LSE: gl.constexpr,
                     PINGPONG: gl.constexpr, SINKS: gl.constexpr, SHARED_KV: gl.constexpr,
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -937,18 +785,14 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     head-dim piece; with VARLEN, `p_cu_t` the sequences' first columns of V^T. `dim_v` is O's head
     dim: less than DV_A + DV_B where the kernel runs a head dim padded (`forward.kernel_pair`; the
     descriptors' boxes read zeros past the last column, and their stores stop there). VARLEN:
-    n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`).
-    A key step is BLOCK_N keys; N_B > 0 splits it in two pieces, N_A = BLOCK_N - N_B keys and
-    N_B (96 = 64 + 32: Gluon's tensors and shared buffers are powers of two), with their own
-    shared buffers (`*b_smem`), descriptors (`*b_desc`: boxes of N_B rows, the first pieces'
-    of N_A; None where N_B = 0), S tiles and P V wgmmas (`_load_keys`). Not with FP8."""
+    n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`)"""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [CONSUMERS, BLOCK_M, D_A],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
-    N_A: gl.constexpr = BLOCK_N - N_B  # a key step's first piece (all of it where N_B = 0)
     k_smem = gl.allocate_shared_memory(
-        dtype, [STAGES, N_A, D_A], gl.NVMMASharedLayout.get_default_for([N_A, D_A], dtype))
+        dtype, [STAGES, BLOCK_N, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_A],
+                                                                            dtype))
     if FP8:  # V^T tiles; O (bfloat16) staged apart from Q's float8 tiles
         gl.static_assert(D_B == 0 and DV_B == 0)
         v_smem = gl.allocate_shared_memory(
@@ -959,7 +803,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_A], o_desc.dtype))
     else:
         v_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, N_A, DV_A], gl.NVMMASharedLayout.get_default_for([N_A, DV_A], dtype))
+            dtype, [STAGES, BLOCK_N, DV_A],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_A], dtype))
         o_smem = q_smem  # O goes out through Q's tiles: never read
     # one piece: the second piece's buffer names stand for the first's, never read
     q2_smem = q_smem
@@ -970,28 +815,12 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             dtype, [CONSUMERS, BLOCK_M, D_B],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_B], dtype))
         k2_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, N_A, D_B], gl.NVMMASharedLayout.get_default_for([N_A, D_B], dtype))
+            dtype, [STAGES, BLOCK_N, D_B],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_B], dtype))
     if DV_B > 0:
         v2_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, N_A, DV_B], gl.NVMMASharedLayout.get_default_for([N_A, DV_B], dtype))
-    # one key piece: the second key piece's buffer names stand for the first's, never read
-    kb_smem = k_smem
-    k2b_smem = k2_smem
-    vb_smem = v_smem
-    v2b_smem = v2_smem
-    if N_B > 0:
-        kb_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, N_B, D_A], gl.NVMMASharedLayout.get_default_for([N_B, D_A], dtype))
-        vb_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, N_B, DV_A], gl.NVMMASharedLayout.get_default_for([N_B, DV_A], dtype))
-        if D_B > 0:
-            k2b_smem = gl.allocate_shared_memory(
-                dtype, [STAGES, N_B, D_B], gl.NVMMASharedLayout.get_default_for([N_B, D_B],
-                                                                                dtype))
-        if DV_B > 0:
-            v2b_smem = gl.allocate_shared_memory(
-                dtype, [STAGES, N_B, DV_B], gl.NVMMASharedLayout.get_default_for([N_B, DV_B],
-                                                                                 dtype))
+            dtype, [STAGES, BLOCK_N, DV_B],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_B], dtype))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -1026,41 +855,40 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     # held in a variable reach the partition as tensors (Triton 3.6); the rest travel as two
     # tuples. Consumer c waits on its turn and hands the next one over (c + 1, cyclically)
     bufs = (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
-            k_free, v_free, o_smem, o_desc, o2_desc, kb_smem, k2b_smem, vb_smem, v2b_smem)
+            k_free, v_free, o_smem, o_desc, o2_desc)
     args = (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
             n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
             dim_v)
-    descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc, kb_desc, k2b_desc, vb_desc,
-             v2b_desc)
+    descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
+            (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
-            (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
+            (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
-            (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
+            (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
-            (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
+            (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
+            (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
-            (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
+            (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
-            (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, N_B, D_A, D_B, DV_A, DV_B,
+            (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
