@@ -243,6 +243,28 @@ def test_every_mask_form_gives_the_defaults_bits(case, form, monkeypatch):
                 assert torch.equal(a, b_)
 
 
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("name, value", [("PINGPONG", False), ("THREAD_ARRIVES", True)])
+@pytest.mark.parametrize("dim", [64, 80, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_issue_order_switches_give_the_defaults_bits(name, value, dim, causal,
+                                                         monkeypatch):
+    # `hopper.forward.PINGPONG` (the warpgroups' turns to issue) and THREAD_ARRIVES (how a
+    # warpgroup arrives on a barrier) move when a warpgroup issues, never what it computes:
+    # every head dim's output and LSE are the defaults' bits either way (2500 rows: D64's
+    # three warpgroups too), so a per-head-dim rule for them needs no test of its own
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    q, k, v = (_rand(1, 2, 2500, dim, seed=i) for i in range(3))
+    with use_backend("hopper"):
+        want = attention(q, k, v, is_causal=causal, return_lse=True)
+        monkeypatch.setattr(knobs, name, value)
+        got = attention(q, k, v, is_causal=causal, return_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 SMEM = 232448  # the bytes of shared memory one program may take on an H100/H200
 
 
