@@ -121,18 +121,19 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     what eager calls directly (no dispatcher on the way: issue 31's host cost).
     `deterministic` is the backward's (it rides with the forward's options to it);
     `descale` float8 inputs' factors (`fp8_descale`), O then bfloat16."""
-    out, lse = _outputs(q, v)
+    out, lse = new_outputs(q, v, q.shape[:3])
     _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
             softcap, descale)
     return out, lse
 
 
-def _outputs(q, v, lse=True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """O (`new_out`) and the LSE `[B, H, Sq]`, made fresh (dense, aligned); None for the
-    LSE where not `lse`: the kernels then write none (`WRITE_LSE`), and the call saves an
-    allocation (issue 31's host cost)."""
-    return new_out(q, v), (torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-                           if lse else None)
+def new_outputs(q, v, lse_shape) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """O (`new_out`) and the LSE, float32 `lse_shape` (`[B, H, Sq]`; varlen's `[H,
+    total_q]`), made fresh (dense, aligned); None for the LSE where `lse_shape` is None: the
+    kernels then write none (`WRITE_LSE`), and the call saves an allocation (issue 31's
+    host cost)."""
+    return new_out(q, v), (None if lse_shape is None else
+                           torch.empty(lse_shape, dtype=torch.float32, device=q.device))
 
 
 def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
@@ -151,10 +152,10 @@ def _kept_forward(call, q, k, v, sinks, descale, lse=True):
     keeps (`_Call.plan`). The call key holds which of the tensors are one object, so it
     settles the dispatch's plan key but for `dispatch.plan_context`. A call autograd
     records runs it inside `_FlashCall`. `lse`: whether the LSE is made and written (a
-    call that neither returns it nor keeps it for a backward makes none: `_outputs`)."""
+    call that neither returns it nor keeps it for a backward makes none: `new_outputs`)."""
     from fusedattn.dispatch import forward_inputs, kept_forward
 
-    out, lse = _outputs(q, v, lse)
+    out, lse = new_outputs(q, v, q.shape[:3] if lse else None)
     kept_forward(call.plan, forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale),
                  lambda keep: _launch(q, k, v, out, lse, sinks, *call.options[:6], descale,
                                       keep))
@@ -171,14 +172,12 @@ def new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                        dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
 
 
-def fp8_descale(q: torch.Tensor, descales: tuple, heads: int,
-                heads_kv: int) -> torch.Tensor | None:
-    """Checked descale factors (`problem.check_fp8`; descale_q, _k, _v) as the kernel reads
-    them: float32 `[H + 2 * H_kv]`, q's per query head, then k's and v's per K/V head (1.0
-    for None); None where q is not float8. A tensor per call (not in a call's cached
-    decisions: the factors are tensors of the call's)."""
-    if q.dtype != FP8:
-        return None
+def fp8_descale(q: torch.Tensor, descales: tuple, heads: int, heads_kv: int) -> torch.Tensor:
+    """Checked descale factors (`problem.check_fp8`; descale_q, _k, _v) of a float8 `q` as
+    the kernel reads them: float32 `[H + 2 * H_kv]`, q's per query head, then k's and v's
+    per K/V head (1.0 for None). A tensor per call (not in a call's cached decisions: the
+    factors are tensors of the call's); the entry points call it for float8 q only (a
+    bf16 call passes None and reads no head counts)."""
     parts = []
     for d, n in zip(descales, (heads, heads_kv, heads_kv), strict=True):
         parts.append(torch.ones(n, dtype=torch.float32, device=q.device) if d is None
@@ -225,7 +224,7 @@ _flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, muta
 @_flash_fwd_op.register_fake
 def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap,
       deterministic=True, descale=None):
-    return new_out(q, v), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return new_outputs(q, v, q.shape[:3])
 
 
 @_flash_bwd_op.register_fake

@@ -51,7 +51,7 @@ from fusedattn.api import (
     eager_backward,
     fp8_descale,
     kernel_options,
-    new_out,
+    new_outputs,
     refuse_double_backward,
     sink_grads,
     typed,
@@ -90,17 +90,10 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.T
                    precision: str, window_left: int, window_right: int,
                    softcap: float, descale: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _outputs(q, v)
+    out, lse = new_outputs(q, v, (q.shape[1], q.shape[0]))
     _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale,
                    precision, window_left, window_right, softcap, descale)
     return out, lse
-
-
-def _outputs(q, v, lse=True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """O (V's head dim; bf16 for FP8) and the LSE, `[H, total_q]` (None where not `lse`,
-    as `api._outputs`)."""
-    return new_out(q, v), (torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32,
-                                       device=q.device) if lse else None)
 
 
 def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale,
@@ -125,7 +118,7 @@ def _kept_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *opti
     `_VarlenCall`."""
     from fusedattn.dispatch import forward_inputs, kept_forward
 
-    out, lse = _outputs(q, v, lse)
+    out, lse = new_outputs(q, v, (q.shape[1], q.shape[0]) if lse else None)
     # a replay reads its tensors' addresses alone (`launch.Replay`), so the packed tensors
     # stand in for the kernels' views of them (`_packed`, the same storage): no view a call
     kept_forward(kept, forward_inputs(q, k, v, out, lse, varlen=_varlen(cu_q, cu_k, max_q,
@@ -142,8 +135,7 @@ _varlen_fwd_op = torch.library.custom_op("fusedattn::varlen_fwd", _varlen_fwd, m
 @_varlen_fwd_op.register_fake
 def _(q, k, v, cu_q, cu_k, sinks, max_q, max_k, is_causal, scale, precision, window_left,
       window_right, softcap, descale=None):
-    return (new_out(q, v),
-            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+    return new_outputs(q, v, (q.shape[1], q.shape[0]))
 
 
 def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
