@@ -272,8 +272,7 @@ SMEM = 232448  # the bytes of shared memory one program may take on an H100/H200
 def test_every_tile_entry_fits_shared_memory_in_power_of_two_pieces(fp8):
     # `hopper.forward.TILES`: Gluon's tensors, shared buffers and TMA boxes are powers of
     # two, so every head-dim piece and key step is; the buffers fit one program's shared
-    # memory at the pair's most consumer warpgroups (a table edited for an A/B is checked
-    # by the same rule: `scripts/switch_ab.py --entries`)
+    # memory at the pair's most consumer warpgroups
     from fusedattn.hopper import forward as knobs
 
     def pow2(n):
