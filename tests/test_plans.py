@@ -910,6 +910,25 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
     assert len(built) == 1
 
 
+def test_a_call_key_lays_out_each_tensors_plan_key_parts():
+    # `api.call_key` inlines `launch.tensor_key`'s parts (one flat tuple a call): a part
+    # added to one and not the other would let a call key serve a call whose plan key
+    # differs. Each tensor's stretch of the call key is its `tensor_key`, None as None.
+    from fusedattn import launch
+    from fusedattn.api import call_key
+
+    q = rand(1, 2, 9, 16)
+    k = rand(1, 2, 11, 16)[..., ::1].transpose(2, 3).contiguous().transpose(2, 3)
+    options = (True, 0.5)
+    key = call_key((q, None, k), options, None)
+    start = 2 * len(options) + 1  # the options, their types, the window
+    parts = len(launch.tensor_key(q))
+    assert key[start:start + parts] == launch.tensor_key(q)
+    assert key[start + parts] is None
+    assert key[start + parts + 1:start + 2 * parts + 1] == launch.tensor_key(k)
+    assert launch.tensor_key(k) != launch.tensor_key(rand(1, 2, 11, 16))  # (its strides)
+
+
 def test_host_ab_imports_an_older_library_renamed_beside_this_one(tmp_path):
     """`scripts/host_ab.py` times an older commit's library in this process as
     `fusedattn_base`: its copy must import beside fusedattn (its own modules, its own

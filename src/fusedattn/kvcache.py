@@ -59,7 +59,7 @@ import math
 import torch
 import triton
 
-from fusedattn.api import DTYPES, as_sinks, call_key, check_options, new_out
+from fusedattn.api import DTYPES, as_sinks, call_key, check_options, new_outputs
 from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
@@ -265,10 +265,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         from fusedattn.tiles.append import append_to_cache
 
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
-    batch, heads, seq_q, dim = q.shape
-    out = new_out(q, v_cache)  # O has V's head dim
-    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) \
-        if return_lse else None
+    dim = q.shape[3]
+    out, lse = new_outputs(q, v_cache, q.shape[:3] if return_lse else None)  # V's head dim
     # the kernel reads cache_seqlens + s_new keys, clamped to the capacity, through block
     # indices clamped to the cache (`tiles.common.KVCache`): unchecked lengths and tables
     # read inside the cache, and no torch op a call adds a launch

@@ -606,21 +606,24 @@ class KeptPlan:
             self._kept = (frozen(context), plans[0])
 
 
-def frozen(context):
+def _tables(context, as_):
     """`context` (tuples nesting values and dicts: `dispatch.plan_context`, the A/B
-    switches' tables) with each dict copied. A copy compares equal (`==`) to the live
-    table until the table changes, in place or replaced, so a context taken each call
-    holds the tables themselves, and costs no copy (issue 31)."""
+    switches' tables) with each dict `as_(dict)`."""
     if isinstance(context, tuple):
-        return tuple(map(frozen, context))
-    return dict(context) if isinstance(context, dict) else context
+        return tuple(_tables(part, as_) for part in context)
+    return as_(context) if isinstance(context, dict) else context
+
+
+def frozen(context):
+    """`context` with each dict copied. A copy compares equal (`==`) to the live table
+    until the table changes, in place or replaced, so a context taken each call holds the
+    tables themselves, and costs no copy (issue 31)."""
+    return _tables(context, dict)
 
 
 def hashable(context):
     """`context` with each dict as the tuple of its items: what a plan key holds."""
-    if isinstance(context, tuple):
-        return tuple(map(hashable, context))
-    return tuple(context.items()) if isinstance(context, dict) else context
+    return _tables(context, lambda table: tuple(table.items()))
 
 
 # Triton's cache key starts with `triton_key()`, a hash of its own sources and of libtriton
