@@ -166,9 +166,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # the mask's key indices a [BLOCK_N] tensor, not constants
              # (`hopper.backward.MASK_CONSTANTS`)
              "hopper-mask-indices": _ours("hopper", MASK_CONSTANTS=False),
-             # the deterministic turn by acquiring atomics, as before the strong loads
-             # (`hopper.backward.SPIN_LOADS`)
-             "hopper-atomic-spin": _ours("hopper", SPIN_LOADS=False),
              # the deterministic adds' orders forced (`hopper.backward.order`)
              "hopper-down": _ours("hopper", ORDER="down"),
              # "down" with a (batch, head)'s programs launched one after another, as

@@ -435,23 +435,6 @@ def test_the_masks_key_indices_and_constants_give_the_same_bits(dim, options, sw
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
-@on_hopper
-@pytest.mark.parametrize("options", ORDER_MASKS)
-@pytest.mark.parametrize("dim", [64, 128])
-def test_the_writers_turn_by_loads_or_atomics_gives_the_same_bits(dim, options, monkeypatch):
-    # `hopper.backward.SPIN_LOADS` changes how the dQ writer waits for its turn, not the
-    # adds' order: the deterministic gradients of both are one set of bits (GQA 6/2 with
-    # Sq != Sk, every order's mask)
-    from fusedattn.hopper import backward as knobs
-
-    q, k, v, dout = _gqa_operands(dim)
-    grads = []
-    for loads in (True, False):
-        monkeypatch.setattr(knobs, "SPIN_LOADS", loads)
-        grads.append(_grads(q, k, v, dout, "hopper", **options))
-    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
-
-
 MIB = 1 << 20
 
 

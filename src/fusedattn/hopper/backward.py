@@ -126,14 +126,6 @@ VARLEN_LONGEST_FIRST = True
 # report: D128 causal spills 52/52 -> 28/28 B, its loop's local-memory operations 14 -> 10
 # (evidence/sm90-compile/20261203T0935Z-bwd-mask-constants) (A/B)
 MASK_CONSTANTS = True
-# the deterministic adds' turn awaited by the dQ writer's threads' own strong loads and one
-# `fence.acq_rel.gpu` (`backward_kernel._acquired`), where False spins on acquiring
-# atomics: each spin two named barriers, one thread's load with an L1 invalidation, its
-# value broadcast through shared memory (the ncu source view's top instruction, evidence/
-# nvidia-h200/20261203T1316Z-ncusrc-bwd-d128). The sm90 compile report: three `BAR.SYNC`s
-# fewer, the same spills and key loops (evidence/sm90-compile/20261203T2010Z-bwd-spin-loads)
-# (A/B)
-SPIN_LOADS = True
 
 
 def switches() -> tuple:
@@ -142,7 +134,7 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, LSE_SMEM, LSE_SWAP_DETERMINISTIC,
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
-            MASK_CONSTANTS, SPIN_LOADS, TILES, SOFTCAP_TILES)
+            MASK_CONSTANTS, TILES, SOFTCAP_TILES)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -306,5 +298,5 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
-                  MASK_CONSTANTS=MASK_CONSTANTS, SPIN_LOADS=SPIN_LOADS, num_warps=8)
+                  MASK_CONSTANTS=MASK_CONSTANTS, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -115,16 +115,6 @@ def _bulk_wait(x):
 
 
 @gluon.jit
-def _acquired(x):
-    """`fence.acq_rel.gpu` after a spin's last strong load: the PTX memory model's fence
-    pattern, which makes the load an acquire (what the adds after it need: every add the
-    counter counted happened before them). `x` (any int32) is there because an inline asm
-    takes an argument; returns it."""
-    return gl.inline_asm_elementwise("fence.acq_rel.gpu;\n mov.b32 $0, $1;", "=r,r", [x],
-                                     dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right,
               order, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
@@ -334,7 +324,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, SPIN_LOADS: gl.constexpr):
+               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -342,9 +332,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     are the loader too (one warpgroup for both, so that the compute warpgroups get 240
     registers): K, V and the first STAGES steps' Q and dO up front, then step t + STAGES's
     as soon as step t is done (its slot is free then), before step t's adds; LSE_SMEM the
-    steps' LSE and delta rows too, loaded a step ahead. SPIN_LOADS: the deterministic turn
-    awaited by each thread's strong loads and one fence (`_acquired`), else by acquiring
-    atomics."""
+    steps' LSE and delta rows too, loaded a step ahead."""
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
@@ -399,16 +387,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
                                       n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, GQA)
-            if SPIN_LOADS:  # each thread's own strong loads (`ld.volatile`), one fence
-                seen = gl.load(counter, volatile=True)
-                while seen != need:
-                    seen = gl.load(counter, volatile=True)
-                t = _acquired(t)
-            else:  # an acquiring load a spin: one thread's load and L1 invalidation
-                # between two named barriers, its value broadcast through shared memory
+            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            while seen != need:
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-                while seen != need:
-                    seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
         base = p_dq + (row_bh * rows_q + q_start + m0) * D
         tile = dq_smem.index(buf)
         if DQ_ADDS and DQ_TMA:  # the tile in one TMA reduction; rows past the accumulator's
@@ -698,7 +679,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-                    MASK_CONSTANTS: gl.constexpr, SPIN_LOADS: gl.constexpr):
+                    MASK_CONSTANTS: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -773,7 +754,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
                       BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                       DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, COMPACT,
-                      DQ_TMA, LSE_SMEM, SPIN_LOADS)),
+                      DQ_TMA, LSE_SMEM)),
     ], [WRITER_WARPS], [WRITER_REGS])
 
 
