@@ -58,7 +58,14 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         # under HOPPER_BWD_MIN_KEYS (D64 512, D128 256; set against D64's 64-row steps):
         # does the Hopper backward (forced) pay from fewer keys? 16-32k tokens a call
         (64, 16, 16, 256, 64, False), (64, 16, 16, 256, 64, True),
-        (128, 16, 16, 128, 128, False), (128, 16, 16, 128, 64, False)]
+        (128, 16, 16, 128, 128, False), (128, 16, 16, 128, 64, False),
+        # head dims padded to 128 (`hopper.backward.PAD_TO`), against the portable passes:
+        # long rows, then shorter ones (where does the padded kernel stop paying?)
+        (4, 32, 32, 4096, 96, False), (4, 32, 32, 4096, 96, True),
+        (4, 32, 32, 4096, 80, True), (4, 32, 32, 4096, 112, True),
+        ("varlen", 16, 16, 0, 96, True), (8, 16, 16, 2048, 96, True),
+        (16, 16, 16, 1024, 80, False), (64, 16, 16, 256, 96, False),
+        (64, 16, 16, 256, 80, True)]
 
 
 def sources() -> dict:

@@ -169,13 +169,17 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
 def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str | None:
     """None when the Hopper backward (`hopper.backward`) can serve this call's gradients,
     else the reason it cannot."""
-    from fusedattn.hopper.backward import TILES
+    from fusedattn.hopper.backward import PAD_TO, TILES, kernel_dim, padded_refusal
 
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"{q.dtype} (the Hopper backward takes float16/bfloat16)"
-    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in TILES:
+    if q.shape[-1] != v.shape[-1] or kernel_dim(q.shape[-1]) is None:
         return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper backward "
-                f"takes {', '.join(f'{d}/{d}' for d in TILES)})")
+                f"takes {', '.join(f'{d}/{d}' for d in TILES)}, and a head dim between 64 "
+                f"and {PAD_TO} padded to {PAD_TO})")
+    why = padded_refusal(q.shape[-1])
+    if why is not None:
+        return why
     if configs is not None:
         return "explicit portable configs"
     return _device_refusal(q, k, v)
@@ -187,19 +191,23 @@ def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, st
     `use_backend("hopper")` (which forces the forwards). `backend`: the `use_backend`
     choice the forward ran under (autograd may run the backward on a thread of its own,
     where the context is not set); default the current."""
+    from fusedattn.hopper.backward import kernel_dim
+
     def short():
         varlen = kw.get("varlen")
         # (varlen: k is the packed [1, H, total, D])
         keys = k.shape[2] // max(varlen.batch, 1) if varlen is not None else k.shape[2]
-        least = HOPPER_BWD_MIN_KEYS[q.shape[-1]]  # (a head dim the refusal let through)
+        # (a head dim the refusal let through: the kernel's, padded where it is)
+        dim = kernel_dim(q.shape[-1])
+        least = HOPPER_BWD_MIN_KEYS[dim]
         if keys < least:
             return (f"{keys} keys a row{' (a sequence on average)' if varlen else ''}, under "
-                    f"HOPPER_BWD_MIN_KEYS[{q.shape[-1]}] = {least} (the portable backward is "
+                    f"HOPPER_BWD_MIN_KEYS[{dim}] = {least} (the portable backward is "
                     f"as fast there)")
         return None
 
     # forced, a forward the Hopper forward serves may still need the portable backward
-    # (D96, D192, D256): that backward is the portable one, and says why
+    # (D192, D256): that backward is the portable one, and says why
     return _choose(lambda: hopper_backward_refusal(q, k, v, **kw), short, strict=False,
                    what="backward", backend=backend)
 

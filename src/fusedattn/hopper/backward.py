@@ -27,6 +27,13 @@ TILES = {
     64: (128, 128, 2),
     128: (64, 128, 2),
 }
+# head dims between the kernel's run padded, as the forward's (`forward.kernel_pair`): D65 to
+# D127 as D128. The descriptors keep the tensors' own shapes, so the TMA boxes read zeros
+# past the last column (S, dP and every product are exact: the extra columns of dQ, dK and
+# dV are zeros) and the stores and dQ's TMA adds stop there. The padding costs its share
+# of the products (D96 runs D128's); `dispatch.HOPPER_BWD_MIN_KEYS` holds the portable
+# backward where it wins. Needs dQ's TMA adds (the writer's atomics address D columns).
+PAD_TO = 128
 # under a softcap, per head dim where it differs (`tiles`): D64 keeps 64-row steps. Its
 # 128-row steps compile to a key loop of 2837 instructions with 604 B spilled (not
 # transposed; 1408 B transposed), against 1241 and none for 64-row steps (CPU compile
@@ -185,8 +192,8 @@ def tma_reduce_available() -> bool:
 def tma_adds(dim: int) -> bool:
     """Whether the writer adds dQ by TMA reductions (`DQ_TMA`, where this Triton has them):
     then dQ's accumulator may take any layout its descriptor can (q's), else it must be
-    contiguous (the atomics' addresses)."""
-    return DQ_TMA[dim] and tma_reduce_available()
+    contiguous (the atomics' addresses). `dim` as q's (`kernel_dim`'s table)."""
+    return DQ_TMA[kernel_dim(dim)] and tma_reduce_available()
 
 
 def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
@@ -194,12 +201,33 @@ def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
     not with S transposed and no mask (`unmasked_swap`) under deterministic adds, where it
     lost 7% (a step's start then waits on the writer's last adds, its rows coming after
     them; `LSE_SWAP_DETERMINISTIC`)."""
+    dim = kernel_dim(dim)
     return LSE_SMEM[dim] and (LSE_SWAP_DETERMINISTIC[dim]
                               or not (unmasked_swap and deterministic))
 
 
+def kernel_dim(dim: int) -> int | None:
+    """The kernel's head dim (its tiles' width, the key of every per-head-dim table here)
+    for a head dim of q, k and v: itself in `TILES`, PAD_TO for one between 64 and PAD_TO
+    (padded), else None (the portable backward's)."""
+    if dim in TILES:
+        return dim
+    return PAD_TO if 64 < dim < PAD_TO else None
+
+
+def padded_refusal(dim: int) -> str | None:
+    """Why a padded head dim cannot take the kernel here (None where it can): its extra
+    columns are dropped by the TMA adds, which the writer's atomics do not do."""
+    if kernel_dim(dim) not in (None, dim) and not tma_adds(dim):
+        return (f"head dim {dim} runs padded to {PAD_TO} only where dQ is added by TMA "
+                "reductions (DQ_TMA on, and a Triton with them)")
+    return None
+
+
 def tiles(dim: int, softcap: bool) -> tuple:
-    """(BLOCK_M, BLOCK_N, STAGES) for a head dim, with or without a softcap."""
+    """(BLOCK_M, BLOCK_N, STAGES) for a head dim (`kernel_dim`'s), with or without a
+    softcap."""
+    dim = kernel_dim(dim)
     return SOFTCAP_TILES.get(dim, TILES[dim]) if softcap else TILES[dim]
 
 
@@ -215,7 +243,7 @@ def counters(batch: int, heads: int, seq_q: int, dim: int, softcap: bool = False
 
 def compact(varlen, dim: int) -> bool:
     """Whether a (varlen) launch takes the compact grid (`VARLEN_COMPACT`)."""
-    return varlen is not None and VARLEN_COMPACT[dim]
+    return varlen is not None and VARLEN_COMPACT[kernel_dim(dim)]
 
 
 def sequence_order(varlen, dim: int):
@@ -259,10 +287,14 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
         batch, seq_q, seq_k = rows_b, rows_q, k.shape[2]
         cu_q = cu_k = sem  # unused pointers
     qk_scale, cap, left, right = mask.kernel_args(scale)
+    why = padded_refusal(dim)
+    if why is not None:
+        raise ValueError(why)
+    kdim = kernel_dim(dim)  # (the tiles' width: `PAD_TO` for a padded head dim)
     block_m, block_n, stages = tiles(dim, cap > 0)
     unmasked = left < 0 and right < 0
-    swap = SWAP_SDP and cap == 0 and (unmasked or (SWAP_MASKED[dim] and LSE_SMEM[dim]))
-    descs = [_descriptor(t, rows, dim) for t, rows in
+    swap = SWAP_SDP and cap == 0 and (unmasked or (SWAP_MASKED[kdim] and LSE_SMEM[kdim]))
+    descs = [_descriptor(t, rows, kdim) for t, rows in
              ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
               (dv, block_n), (dq_acc, block_m))]
     tiles_n = triton.cdiv(seq_k, block_n)
@@ -289,9 +321,9 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
             dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
             batch if grid_compact else tiles_n,
-            tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, scale, qk_scale, cap,
-            left, right, code.value)
-    kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+            tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, dim, scale, qk_scale,
+            cap, left, right, code.value)
+    kwargs = dict(D=kdim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,

@@ -605,7 +605,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar,
              ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
              sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n, n_heads_kv,
-             group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
+             group, seq_q, seq_k, dim, scale, qk_scale, cap, left, right, order,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
@@ -631,9 +631,9 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
         v_smem.store(dv.to(dtype))
         if VARLEN:  # masked: the rows past the sequence's keys are the next sequence's
             _store_rows(k_smem, p_dk + h_kv.to(gl.int64) * sdk_h, sdk_s, k_start + k0,
-                        seq_k - k0, BLOCK_N, D)
+                        seq_k - k0, dim, BLOCK_N, D)
             _store_rows(v_smem, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0,
-                        seq_k - k0, BLOCK_N, D)
+                        seq_k - k0, dim, BLOCK_N, D)
         else:
             fence_async_shared()
             tma.async_copy_shared_to_global(
@@ -646,10 +646,11 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
 
 
 @gluon.jit
-def _store_rows(tile, p_head, s_row, first, n_rows, ROWS: gl.constexpr, D: gl.constexpr):
+def _store_rows(tile, p_head, s_row, first, n_rows, n_cols, ROWS: gl.constexpr,
+                D: gl.constexpr):
     """The compute warps' shared `tile` ([ROWS, D]) into rows first.. of a head (`p_head`,
-    rows `s_row` apart, columns contiguous), its rows from n_rows on left out: 16 bytes a
-    thread."""
+    rows `s_row` apart, columns contiguous), its rows from n_rows on and its columns from
+    n_cols on (a padded head dim's) left out: 16 bytes a thread."""
     TPC: gl.constexpr = D // 8  # threads across a row
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [8, 1], [1, 0])
     gl.thread_barrier()  # every warp's store into the tile is done
@@ -657,20 +658,22 @@ def _store_rows(tile, p_head, s_row, first, n_rows, ROWS: gl.constexpr, D: gl.co
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     offs = gl.expand_dims((first + rows).to(gl.int64) * s_row, 1) + gl.expand_dims(cols, 0)
-    gl.store(p_head + offs, vals, mask=gl.expand_dims(rows < n_rows, 1))
+    gl.store(p_head + offs, vals,
+             mask=gl.expand_dims(rows < n_rows, 1) & gl.expand_dims(cols < n_cols, 0))
 
 
 # sizes that change with the call, unspecialised (the forward's `UNSPECIALISED`: a new
 # length, batch or head count compiles nothing)
 UNSPECIALISED = ("sl_b", "sl_h", "sdk_h", "sdk_s", "sdv_h", "sdv_s", "n_tiles_n", "n_tiles_m",
-                 "n_heads_kv", "group", "seq_q", "seq_k", "rows_q", "left", "right", "order")
+                 "n_heads_kv", "group", "seq_q", "seq_k", "rows_q", "dim", "left", "right",
+                 "order")
 
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
 def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_dv, p_lse,
                     p_delta, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
                     sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q,
-                    scale, qk_scale, cap, left, right, order, D: gl.constexpr,
+                    dim, scale, qk_scale, cap, left, right, order, D: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
@@ -690,7 +693,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     bound the keys; qk_scale and cap from `common.Mask.kernel_args`); `scale` is the
     softmax scale dK and dQ take. VARLEN: sequence b is rows cu[b]..cu[b+1] (`p_cu_q`,
     `p_cu_k`) of the packed `[1, H, total, D]` tensors, seq_q and seq_k the longest; dK and
-    dV go out by masked stores (`p_dk`, `p_dv`, head and row strides `sdk_*`, `sdv_*`) and
+    dV go out by masked stores (`p_dk`, `p_dv`, head and row strides `sdk_*`, `sdv_*`, the
+    tensors' `dim` columns: D is the tiles' width, more where the head dim runs padded) and
     dQ's accumulator has `rows_q` rows a head (Sq, or the packed total). COMPACT (varlen):
     the grid is each sequence's own key tiles x K/V heads (at most), sequence by sequence,
     and `n_tiles_n` the sequences' count (`_key_tile`)."""
@@ -743,7 +747,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
                     sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order,
-                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left,
+                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
                     LSE_SMEM, MASK_CONSTANTS)),
