@@ -93,6 +93,11 @@ BWD_CONFIGS = [
          COMPACT=True),
     dict(name="bwd D128 varlen GQA (S transposed)", D=128, VARLEN=True, GQA=True,
          COMPACT=True),
+    dict(name="bwd D256", D=256),
+    dict(name="bwd D256 causal", D=256, HAS_RIGHT=True),
+    dict(name="bwd D256 racing", D=256, DETERMINISTIC=False),
+    dict(name="bwd D256 causal window softcap varlen GQA", D=256, HAS_LEFT=True,
+         HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
 ]
 
 
@@ -120,7 +125,10 @@ def backward_constexprs(config: dict) -> dict:
     """A backward configuration's constexprs, those it leaves out as `hopper.backward`'s
     launcher picks them by default (this runs without torch, so the rule is written again
     here; `tests/test_hopper_backward.py` checks it against the launcher's)."""
-    c = BWD_DEFAULTS | {k: v for k, v in config.items() if k != "name"}
+    c = {k: v for k, v in config.items() if k != "name"}
+    if c["D"] == 256:  # 64 keys a program, one slot, one dQ buffer (`TILES[256]`)
+        c = dict(BLOCK_N=64, STAGES=1, DQ_BUFS=1, SWAP_SDP=False) | c
+    c = BWD_DEFAULTS | c
     # D64: 128-row steps, but 64 under a softcap (`TILES`, `SOFTCAP_TILES`)
     c.setdefault("BLOCK_M", 128 if c["D"] == 64 and not c["SOFTCAP"] else 64)
     unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])

@@ -65,7 +65,15 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (4, 32, 32, 4096, 80, True), (4, 32, 32, 4096, 112, True),
         ("varlen", 16, 16, 0, 96, True), (8, 16, 16, 2048, 96, True),
         (16, 16, 16, 1024, 80, False), (64, 16, 16, 256, 96, False),
-        (64, 16, 16, 256, 80, True)]
+        (64, 16, 16, 256, 80, True),
+        # D256 (64 keys a program, dK/dV split by columns, one slot) and D192 padded to it:
+        # issue 33's D192 target row, then causal, GQA, varlen and shorter rows (where
+        # does it stop paying? HOPPER_BWD_MIN_KEYS[256])
+        (2, 16, 16, 4096, 256, False), (2, 16, 16, 4096, 256, True),
+        (4, 32, 32, 4096, 192, False), (4, 32, 32, 4096, 192, True),
+        (1, 32, 8, 8192, 256, True), ("varlen", 16, 16, 0, 256, True),
+        (8, 16, 16, 1024, 256, True), (32, 16, 16, 512, 256, False),
+        (64, 16, 16, 256, 192, False)]
 
 
 def sources() -> dict:
@@ -152,24 +160,24 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-smem": _ours("hopper", SWAP_SDP=False),
              "hopper-w2": _ours("hopper", WRITER_WARPS=2),
              # D64 as before 2150Z: 64-row steps, the writer's atomics, LSE loaded
-             "hopper-d64m64": _ours("hopper", TILES={64: (64, 128, 2), 128: (64, 128, 2)},
-                                    DQ_TMA={64: False, 128: True},
-                                    LSE_SMEM={64: False, 128: True}),
+             "hopper-d64m64": _ours("hopper", TILES={**knobs.TILES, 64: (64, 128, 2)},
+                                    DQ_TMA={**knobs.DQ_TMA, 64: False},
+                                    LSE_SMEM={**knobs.LSE_SMEM, 64: False}),
              # D64 under a softcap on 128-row steps too (`SOFTCAP_TILES` emptied; the
              # compile report has them spilling 604 B: sm90-compile 2210Z)
              "hopper-softcap-m128": _ours("hopper", SOFTCAP_TILES={}),
              "hopper-nodq": _ours("hopper", deterministic=False, DQ_ADDS=False),
              # dQ added by the writer's threads' atomics at every head dim, not by one
              # TMA reduction a step (`hopper.backward.DQ_TMA`, on at both)
-             "hopper-atomics": _ours("hopper", DQ_TMA={64: False, 128: False}),
+             "hopper-atomics": _ours("hopper", DQ_TMA=dict.fromkeys(knobs.TILES, False)),
              "hopper-race-atomics": _ours("hopper", deterministic=False,
-                                          DQ_TMA={64: False, 128: False}),
+                                          DQ_TMA=dict.fromkeys(knobs.TILES, False)),
              # LSE and delta from global memory at every head dim, not through shared
              # memory (`hopper.backward.LSE_SMEM`, on at both)
-             "hopper-nolse": _ours("hopper", LSE_SMEM={64: False, 128: False}),
+             "hopper-nolse": _ours("hopper", LSE_SMEM=dict.fromkeys(knobs.TILES, False)),
              # S transposed under masks at every head dim, or at none
-             "hopper-swap-masked": _ours("hopper", SWAP_MASKED={64: True, 128: True}),
-             "hopper-swap-unmasked": _ours("hopper", SWAP_MASKED={64: False, 128: False}),
+             "hopper-swap-masked": _ours("hopper", SWAP_MASKED=dict.fromkeys(knobs.TILES, True)),
+             "hopper-swap-unmasked": _ours("hopper", SWAP_MASKED=dict.fromkeys(knobs.TILES, False)),
              # the mask's key indices a [BLOCK_N] tensor, not constants
              # (`hopper.backward.MASK_CONSTANTS`)
              "hopper-mask-indices": _ours("hopper", MASK_CONSTANTS=False),
@@ -183,10 +191,10 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # varlen over the longest sequence's key tiles for every sequence (most
              # programs empty where lengths differ), or over each sequence's own, at
              # every head dim (`hopper.backward.VARLEN_COMPACT`)
-             "hopper-fullgrid": _ours("hopper", VARLEN_COMPACT={64: False, 128: False}),
-             "hopper-compact": _ours("hopper", VARLEN_COMPACT={64: True, 128: True}),
+             "hopper-fullgrid": _ours("hopper", VARLEN_COMPACT=dict.fromkeys(knobs.TILES, False)),
+             "hopper-compact": _ours("hopper", VARLEN_COMPACT=dict.fromkeys(knobs.TILES, True)),
              # the compact grid with the sequences in their own order, not longest first
-             "hopper-given": _ours("hopper", VARLEN_COMPACT={64: True, 128: True},
+             "hopper-given": _ours("hopper", VARLEN_COMPACT=dict.fromkeys(knobs.TILES, True),
                                    VARLEN_LONGEST_FIRST=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)

@@ -45,7 +45,7 @@ class Launches:
 
 @pytest.mark.parametrize("change, reason", [
     (dict(dtype=torch.float32), "float32"),
-    (dict(dim=192), "head dims 192"),
+    (dict(dim=320), "head dims 320"),
     (dict(dim=48), "head dims 48"),
     (dict(dim_v=64), "and 64 (v)"),
     (dict(strided=True), "TMA-aligned"),
@@ -61,10 +61,10 @@ def test_the_hopper_backward_says_why_it_refuses(change, reason):
 
 
 def test_a_refused_backward_goes_portable_even_when_hopper_is_forced():
-    q = rand(1, 2, 16, 192, dtype=torch.bfloat16)
+    q = rand(1, 2, 16, 320, dtype=torch.bfloat16)
     with use_backend("hopper"):
         path, why = backward_path(q, q, q, mask=Mask())
-    assert path == "portable" and "head dims 192" in why
+    assert path == "portable" and "head dims 320" in why
     assert backward_path(q, q, q, backend="portable", mask=Mask())[0] == "portable"
 
 
@@ -177,12 +177,18 @@ CASES = [
     (1, 2, 2, 700, 650, 128, dict(window=(100, 30))),  # both sides, many edge tiles
     (1, 4, 2, 500, 500, 128, dict(is_causal=True, softcap=30.0)),
     (1, 2, 2, 500, 500, 64, dict(softcap=5.0)),       # softcap where tanh bends
-    # head dims padded to 128 (`hopper.backward.PAD_TO`): zeros read past the last column,
-    # the stores and dQ's adds stopping there
+    # head dims padded to the next kernel's (`hopper.backward.kernel_dim`): zeros read past
+    # the last column, the stores and dQ's adds stopping there
     (1, 2, 2, 333, 333, 96, dict(is_causal=True)),
     (1, 4, 2, 257, 300, 80, {}),                      # GQA, Sq < Sk, a 160-byte row
     (1, 2, 2, 500, 450, 112, dict(window=(100, 30))),
     (1, 2, 2, 300, 300, 72, dict(softcap=30.0)),      # 144-byte rows, 64 columns past
+    # D256: 64 keys a program, dK and dV split by columns over the warpgroups, one slot
+    (1, 2, 2, 333, 333, 256, dict(is_causal=True)),
+    (1, 4, 2, 257, 300, 256, {}),                     # GQA, Sq < Sk
+    (1, 2, 2, 700, 650, 256, dict(window=(100, 30), softcap=30.0)),
+    (1, 2, 2, 200, 260, 192, dict(is_causal=True)),   # D192 as D256: a whole box past
+    (1, 4, 1, 300, 300, 136, {}),                     # 272-byte rows, MQA
 ]
 
 
@@ -207,7 +213,7 @@ def test_hopper_gradients_against_the_reference(case, dtype):
 @on_hopper
 @pytest.mark.parametrize("options", [dict(is_causal=False), dict(is_causal=True),
                                      dict(is_causal=True, window=(200, 0))])
-@pytest.mark.parametrize("dim", [64, 96, 128])
+@pytest.mark.parametrize("dim", [64, 96, 128, 192, 256])
 def test_hopper_varlen_gradients_with_empty_and_one_token_sequences(dim, options):
     # empty query and key sequences, one token, Sq < Sk and Sq > Sk (bottom-right), GQA
     # 4/2: the rows past a sequence's end are the next sequence's, never written
@@ -706,7 +712,9 @@ def _cpu_build(dim, mask, deterministic, monkeypatch, n_counters=None) -> tuple:
     (128, Mask(softcap=30.0), True, True, True),  # (no S^T under a softcap)
     (64, Mask(causal=True), True, True, True),    # D64 (128-row steps): both
     (64, Mask(), True, True, True),               # ... S^T under deterministic adds too
-    (64, Mask(), False, True, True)])
+    (64, Mask(), False, True, True),
+    (256, Mask(), True, True, True),              # D256: no S^T (64 keys a program)
+    (256, Mask(causal=True), False, True, True)])
 def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, deterministic, tma,
                                                            lse, monkeypatch):
     """`hopper.backward`'s launch adds dQ by TMA reductions (`DQ_TMA`) and takes LSE and
@@ -722,37 +730,39 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
     # a Triton whose Gluon builder has no TMA reduction: the writer's atomics
     monkeypatch.setattr(knobs, "tma_reduce_available", lambda: False)
     assert _cpu_launch(dim, mask, deterministic, monkeypatch)["DQ_TMA"] is False
-    monkeypatch.setattr(knobs, "SWAP_MASKED", {64: True, 128: True})
+    monkeypatch.setattr(knobs, "SWAP_MASKED", dict.fromkeys(knobs.TILES, True))
     got = _cpu_launch(dim, mask, deterministic, monkeypatch)
     bounded = mask.causal or mask.window is not None
-    assert got["SWAP_SDP"] is (mask.softcap is None)
+    assert got["SWAP_SDP"] is (mask.softcap is None and knobs.TILES[dim][1] >= 128)
     assert got["LSE_SMEM"] is (lse or bounded)
 
 
-@pytest.mark.parametrize("dim", [72, 80, 96, 112, 120])
-def test_a_head_dim_under_128_runs_padded_to_128(dim, monkeypatch):
-    """`hopper.backward.kernel_dim`: D65-D127 take D128's kernel and tables (the same
-    compiled kernel: its constexprs and descriptor blocks are D128's), the descriptors
-    keeping the tensors' own head dim (TMA reads zeros past it and stores nothing there),
-    the head dim itself an argument (varlen's masked stores); without dQ's TMA adds
-    (their boxes drop the extra columns, the writer's atomics would not) the Hopper
-    backward refuses it, and the call goes portable."""
+@pytest.mark.parametrize("dim, padded_to", [(72, 128), (80, 128), (96, 128), (112, 128),
+                                            (120, 128), (136, 256), (192, 256), (248, 256)])
+def test_a_head_dim_between_runs_padded_to_the_next(dim, padded_to, monkeypatch):
+    """`hopper.backward.kernel_dim`: D65-D127 take D128's kernel and tables, D129-D255
+    D256's (the same compiled kernel: its constexprs and descriptor blocks are the padded
+    dim's), the descriptors keeping the tensors' own head dim (TMA reads zeros past it and
+    stores nothing there), the head dim itself an argument (varlen's masked stores);
+    without dQ's TMA adds (their boxes drop the extra columns, the writer's atomics would
+    not) the Hopper backward refuses it, and the call goes portable."""
     from fusedattn.hopper import backward as knobs
 
-    assert knobs.kernel_dim(dim) == knobs.PAD_TO == 128
+    assert knobs.kernel_dim(dim) == padded_to
     mask = Mask(causal=True)
     kernel_, grid, args, kwargs = _cpu_build(dim, mask, True, monkeypatch)
-    padded = _cpu_launch(128, mask, True, monkeypatch)
-    assert kwargs == padded  # every constexpr as D128's
+    padded = _cpu_launch(padded_to, mask, True, monkeypatch)
+    assert kwargs == padded  # every constexpr as the padded dim's
     named = dict(zip(kernel_.arg_names[:len(args)], args, strict=True))
     assert named["dim"] == dim
     for name in ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc", "dq_desc"):
-        assert named[name].shape[-1] == dim and named[name].block_shape[-1] == 128, name
+        assert named[name].shape[-1] == dim, name
+        assert named[name].block_shape[-1] == padded_to, name
     q = rand(1, 2, 4096, dim, dtype=torch.bfloat16)
     assert knobs.padded_refusal(dim) is None
     monkeypatch.setattr(knobs, "tma_reduce_available", lambda: False)
     why = hopper_backward_refusal(q, q, q, mask=mask)
-    assert why is not None and f"head dim {dim} runs padded to 128 only where" in why
+    assert why is not None and f"head dim {dim} runs padded to {padded_to} only where" in why
     with pytest.raises(ValueError, match="only where dQ is added by TMA reductions"):
         _cpu_build(dim, mask, True, monkeypatch)
 
@@ -760,15 +770,17 @@ def test_a_head_dim_under_128_runs_padded_to_128(dim, monkeypatch):
 def test_the_kernels_head_dims():
     from fusedattn.hopper import backward as knobs
 
-    assert [knobs.kernel_dim(d) for d in (16, 48, 63, 64, 65, 127, 128, 129, 192, 256)] == [
-        None, None, None, 64, 128, 128, 128, None, None, None]
+    assert [knobs.kernel_dim(d) for d in (16, 48, 63, 64, 65, 127, 128, 129, 192, 256, 257,
+                                          320)] == [
+        None, None, None, 64, 128, 128, 128, 256, 256, 256, None, None]
 
 
 @pytest.mark.parametrize("dim, mask, deterministic", [
     (128, Mask(), True), (128, Mask(), False), (128, Mask(causal=True), True),
     (128, Mask(window=(8, 0)), False), (128, Mask(softcap=30.0), True),
     (64, Mask(causal=True), True), (64, Mask(), True), (64, Mask(), False),
-    (64, Mask(softcap=30.0), True)])
+    (64, Mask(softcap=30.0), True), (256, Mask(), True), (256, Mask(causal=True), False),
+    (256, Mask(softcap=30.0), True)])
 def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, deterministic,
                                                            monkeypatch):
     """`scripts/gluon_compile_report.py --backward` fills what a configuration leaves out
@@ -780,7 +792,8 @@ def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, determinis
     picked = report.backward_constexprs(config)
     launched = _cpu_launch(dim, mask, deterministic, monkeypatch)
     shared = sorted(set(picked) & set(launched))
-    assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "STAGES"} <= set(shared)
+    assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "BLOCK_N", "STAGES",
+            "DQ_BUFS"} <= set(shared)
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
 
 

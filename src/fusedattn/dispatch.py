@@ -36,7 +36,7 @@ from fusedattn.problem import ProblemError
 # memory (evidence/nvidia-h200/20261203T0059Z-bwd-short-rows; S512 D64 1.31x). (It was
 # {64: 2048, 128: 4096} before, when the kernel lost at D128 S1024 causal and on the
 # varlen row.)
-HOPPER_BWD_MIN_KEYS = {64: 512, 128: 256}
+HOPPER_BWD_MIN_KEYS = {64: 512, 128: 256, 256: 512}
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k
@@ -169,14 +169,14 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
 def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str | None:
     """None when the Hopper backward (`hopper.backward`) can serve this call's gradients,
     else the reason it cannot."""
-    from fusedattn.hopper.backward import PAD_TO, TILES, kernel_dim, padded_refusal
+    from fusedattn.hopper.backward import PAD_FROM, TILES, kernel_dim, padded_refusal
 
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"{q.dtype} (the Hopper backward takes float16/bfloat16)"
     if q.shape[-1] != v.shape[-1] or kernel_dim(q.shape[-1]) is None:
         return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper backward "
-                f"takes {', '.join(f'{d}/{d}' for d in TILES)}, and a head dim between 64 "
-                f"and {PAD_TO} padded to {PAD_TO})")
+                f"takes {', '.join(f'{d}/{d}' for d in TILES)}, and a head dim between "
+                f"{PAD_FROM} and {max(TILES)} padded to the next of them)")
     why = padded_refusal(q.shape[-1])
     if why is not None:
         return why
@@ -207,7 +207,7 @@ def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, st
         return None
 
     # forced, a forward the Hopper forward serves may still need the portable backward
-    # (D192, D256): that backward is the portable one, and says why
+    # (a V head dim of its own, D under 64): that backward is the portable one, and says why
     return _choose(lambda: hopper_backward_refusal(q, k, v, **kw), short, strict=False,
                    what="backward", backend=backend)
 

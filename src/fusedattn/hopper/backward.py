@@ -7,7 +7,7 @@ summed in an fp32 accumulator that `flash_backward` then casts into dQ. Tiles pe
 Shared memory: STAGES * 2 * BLOCK_M * D * 2 bytes of Q and dO, 2 * BLOCK_N * D * 2 of K and
 V, 2 * BLOCK_M * BLOCK_N * 2 of P and dS (dS alone with S transposed), DQ_BUFS * BLOCK_M *
 D * 4 of dQ, and with LSE_SMEM 2 * STAGES * BLOCK_M * 4 of LSE and delta (D128: 225 KB,
-209 KB with S transposed; D64's 128-row steps 226 KB and 194 KB)."""
+209 KB with S transposed; D64's 128-row steps 226 KB and 194 KB; D256 209 KB)."""
 
 from __future__ import annotations
 
@@ -23,17 +23,25 @@ from fusedattn.hopper.forward import _descriptor, _sm_count
 # bit-identical (evidence nvidia-h200/20261202T2150Z-bwd-d64-m128; with the atomics and
 # LSE from global memory, 0831Z, it had lost 7% under causal masks, and ptxas spills
 # 196 B where S is transposed without the LSE rows)
+# D256 takes 64 keys a program, each compute warpgroup half of dK's and dV's columns (64
+# fp32 registers a thread each, as D128's 128 keys: `backward_kernel._steps`), and one slot
+# of Q and dO: its shared memory is 32 KB each of Q, dO, K and V, 16 KB of P and dS and
+# 64 KB of one dQ buffer (`DQ_BUFS`), 209 KB; a second slot would need 64 KB more. The CPU
+# compile report: no wgmma serialised, 20 B spilled (36 causal), a key loop of 428
+# instructions (evidence/sm90-compile/20261203T2300Z-bwd-d256)
 TILES = {
     64: (128, 128, 2),
     128: (64, 128, 2),
+    256: (64, 64, 1),
 }
-# head dims between the kernel's run padded, as the forward's (`forward.kernel_pair`): D65 to
-# D127 as D128. The descriptors keep the tensors' own shapes, so the TMA boxes read zeros
-# past the last column (S, dP and every product are exact: the extra columns of dQ, dK and
-# dV are zeros) and the stores and dQ's TMA adds stop there. The padding costs its share
-# of the products (D96 runs D128's); `dispatch.HOPPER_BWD_MIN_KEYS` holds the portable
-# backward where it wins. Needs dQ's TMA adds (the writer's atomics address D columns).
-PAD_TO = 128
+# head dims between the kernel's run padded to the next, as the forward's
+# (`forward.kernel_pair`): D65 to D127 as D128, D129 to D255 as D256. The descriptors keep
+# the tensors' own shapes, so the TMA boxes read zeros past the last column (S, dP and
+# every product are exact: the extra columns of dQ, dK and dV are zeros) and the stores and
+# dQ's TMA adds stop there. The padding costs its share of the products (D96 runs D128's,
+# D192 D256's); `dispatch.HOPPER_BWD_MIN_KEYS` holds the portable backward where it wins.
+# Needs dQ's TMA adds (the writer's atomics address D columns).
+PAD_FROM = 64  # (a head dim under it, or past the last of TILES, runs portable)
 # under a softcap, per head dim where it differs (`tiles`): D64 keeps 64-row steps. Its
 # 128-row steps compile to a key loop of 2837 instructions with 604 B spilled (not
 # transposed; 1408 B transposed), against 1241 and none for 64-row steps (CPU compile
@@ -46,14 +54,16 @@ WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 # compute warpgroups get 240 registers; with 4, 232: too few for P and dS as register
 # operands at D128, where ptxas serialises the wgmmas. The loader warp apart, the A/B
 # switch MERGED, was dropped after fe18d37.)
-DQ_BUFS = 2  # dQ's shared buffers between the compute warps and the writer
+# per head dim, dQ's shared buffers between the compute warps and the writer (D256: one,
+# its shared memory, above)
+DQ_BUFS = {64: 2, 128: 2, 256: 1}
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # per head dim, the writer adds a step's dQ by one TMA reduction
 # (`backward_kernel._tma_add`), not by its threads' atomics (64 a thread a step at D128):
 # at D128 +1.6 to +5.8% in every row, at D64's former 64-row steps -5.7 to -0.4%
 # (evidence nvidia-h200/20261202T2031Z-bwd-dq-tma); D64's 128-row steps take it with the
 # LSE rows (2150Z, above)
-DQ_TMA = {64: True, 128: True}
+DQ_TMA = {64: True, 128: True, 256: True}
 # per head dim, each step's LSE (base 2) and delta go into shared memory by the writer's
 # warps (the loader's work) with its Q and dO, and the compute warps read them
 # there, not from global memory at the step's start; not where S is transposed and the
@@ -62,22 +72,23 @@ DQ_TMA = {64: True, 128: True}
 # call), deterministic unmasked -7% at S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64's
 # former 64-row steps (the writer's atomics) -3 to -19% (2042Z), with the TMA adds -2.5 to
 # +2.2% (2049Z); D64's 128-row steps need them (2150Z)
-LSE_SMEM = {64: True, 128: True}
+LSE_SMEM = {64: True, 128: True, 256: True}
 # per head dim, LSE_SMEM also where S is transposed with no mask under deterministic adds
 # (`lse_in_shared`): at D128 it lost 7% there (S4096, evidence 2049Z); D64's 128-row
 # steps without it spill 196 B and run at 0.47x (210 TFLOP/s against 443, 2150Z)
-LSE_SWAP_DETERMINISTIC = {64: True, 128: False}
+LSE_SWAP_DETERMINISTIC = {64: True, 128: False, 256: False}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key (or SWAP_MASKED) and there is no softcap. Measured at 8cba653 (evidence
 # 0813Z): D128 S4096 +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136
-# bytes at D128 causal, against 28), so those keep P and dS in shared memory
+# bytes at D128 causal, against 28), so those keep P and dS in shared memory. Not with 64
+# keys a program (D256: S^T's rows are the keys, two warpgroups take 128 at least)
 SWAP_SDP = True
 # per head dim, S^T under masks too (not under a softcap), where LSE_SMEM is on. D64 (its
 # 128-row steps): +10 to +13% on its three causal rows (evidence 2158Z), the gradients
 # bit-identical. D128: no gain (-2.4% S4096 causal, -5.1% S16384, evidence 2146Z),
 # though the CPU compile report has its causal key loop at 527 instructions and no spills
 # against 599 and 52 bytes (sm90-compile/20261202T2140Z-bwd-dq-tma-lse)
-SWAP_MASKED = {64: True, 128: False}
+SWAP_MASKED = {64: True, 128: False, 256: False}
 # the deterministic adds' order (`backward_kernel`'s docstring; `order` below): None picks
 # by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
 ORDER = None
@@ -117,7 +128,7 @@ ZERO_IN_PREPROCESS = True
 # 1.65 (-1.6%); longest first (VARLEN_LONGEST_FIRST, 0124Z) D128 347-349 TFLOP/s against
 # 325 (+7%), D64 250-252 against 246-248 (+1.6%). An empty program costs about 90 ns of an
 # SM, so the full grid's 7,616 empties a head are not where the varlen row's gap to FA4 is
-VARLEN_COMPACT = {64: True, 128: True}
+VARLEN_COMPACT = {64: True, 128: True, 256: True}
 # the compact grid takes the sequences most keys first (the preprocess sorts them, up to
 # `flash_bwd_kernels.SORT_MAX_DOCS`; more keep their own order), so that no long
 # sequence's longest program starts in the launch's last wave: a list schedule of the
@@ -208,18 +219,19 @@ def lse_in_shared(dim: int, unmasked_swap: bool, deterministic: bool) -> bool:
 
 def kernel_dim(dim: int) -> int | None:
     """The kernel's head dim (its tiles' width, the key of every per-head-dim table here)
-    for a head dim of q, k and v: itself in `TILES`, PAD_TO for one between 64 and PAD_TO
-    (padded), else None (the portable backward's)."""
-    if dim in TILES:
-        return dim
-    return PAD_TO if 64 < dim < PAD_TO else None
+    for a head dim of q, k and v: itself in `TILES`, the next of them for one between
+    PAD_FROM and the last (padded), else None (the portable backward's)."""
+    if dim in TILES or dim <= PAD_FROM:
+        return dim if dim in TILES else None
+    return next((d for d in sorted(TILES) if d > dim), None)
 
 
 def padded_refusal(dim: int) -> str | None:
     """Why a padded head dim cannot take the kernel here (None where it can): its extra
     columns are dropped by the TMA adds, which the writer's atomics do not do."""
-    if kernel_dim(dim) not in (None, dim) and not tma_adds(dim):
-        return (f"head dim {dim} runs padded to {PAD_TO} only where dQ is added by TMA "
+    kdim = kernel_dim(dim)
+    if kdim not in (None, dim) and not tma_adds(dim):
+        return (f"head dim {dim} runs padded to {kdim} only where dQ is added by TMA "
                 "reductions (DQ_TMA on, and a Triton with them)")
     return None
 
@@ -290,10 +302,11 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     why = padded_refusal(dim)
     if why is not None:
         raise ValueError(why)
-    kdim = kernel_dim(dim)  # (the tiles' width: `PAD_TO` for a padded head dim)
+    kdim = kernel_dim(dim)  # (the tiles' width: the next of TILES for a padded head dim)
     block_m, block_n, stages = tiles(dim, cap > 0)
     unmasked = left < 0 and right < 0
-    swap = SWAP_SDP and cap == 0 and (unmasked or (SWAP_MASKED[kdim] and LSE_SMEM[kdim]))
+    swap = (SWAP_SDP and block_n >= 128 and cap == 0
+            and (unmasked or (SWAP_MASKED[kdim] and LSE_SMEM[kdim])))
     descs = [_descriptor(t, rows, kdim) for t, rows in
              ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
               (dv, block_n), (dq_acc, block_m))]
@@ -326,7 +339,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     kwargs = dict(D=kdim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic,
-                  WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS,
+                  WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS[kdim],
                   DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,

@@ -486,9 +486,13 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
     QX: gl.constexpr = 0 if SWAP_SDP else 1  # the axis a query vector is expanded along
     row_layout: gl.constexpr = gl.SliceLayout(QX, s_layout)  # a query vector's
-    # dK, dV: [BLOCK_N keys, D], each warpgroup BLOCK_N / 2 keys
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
+    if BLOCK_N >= 128:  # dK, dV: [BLOCK_N keys, D], each warpgroup BLOCK_N / 2 keys
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
+    else:  # 64 keys (D256): each warpgroup half of dK's and dV's columns, D / 4 registers
+        # a thread each, not D / 2 (a wgmma's 64 rows are one warpgroup's least)
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout,
                                                   k_width=2)
     # a step's dQ: [BLOCK_M, D], each warpgroup D / 2 columns
