@@ -70,6 +70,7 @@ BWD_DEFAULTS = dict(BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
                     VARLEN=False, COMPACT=False, MASK_CONSTANTS=True)
+# (EARLY_FREE: the launcher's rule, one slot and S not transposed, in `backward_constexprs`)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
@@ -139,6 +140,7 @@ def backward_constexprs(config: dict) -> dict:
     c.setdefault("DQ_TMA", True)
     c.setdefault("LSE_SMEM", c["D"] == 64
                  or not (c["SWAP_SDP"] and unmasked and c["DETERMINISTIC"]))
+    c.setdefault("EARLY_FREE", c["STAGES"] == 1 and not c["SWAP_SDP"])
     return c
 
 

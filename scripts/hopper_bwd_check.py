@@ -196,6 +196,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # the compact grid with the sequences in their own order, not longest first
              "hopper-given": _ours("hopper", VARLEN_COMPACT=dict.fromkeys(knobs.TILES, True),
                                    VARLEN_LONGEST_FIRST=False),
+             # D256's one slot released at the step's end, not once dV and dK are done
+             # (`hopper.backward.EARLY_FREE`)
+             "hopper-late-free": _ours("hopper", EARLY_FREE=False),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -448,6 +448,33 @@ def test_the_masks_key_indices_and_constants_give_the_same_bits(dim, options, sw
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
+@on_hopper
+@pytest.mark.parametrize("options", [dict(is_causal=True), {}, dict(window=(100, 30))])
+def test_the_one_slots_early_release_gives_the_same_bits(options, monkeypatch):
+    # `hopper.backward.EARLY_FREE` (D256's one slot of Q and dO released once dV and dK
+    # are done, the next step's loads under dQ's product) moves a barrier, never a value:
+    # GQA 6/2, Sq != Sk, D256 and D192 (padded), the same bits with it on and off, the
+    # launch taking each (the default's against the reference: the cases above)
+    from fusedattn.hopper import backward as knobs
+
+    seen, real = [], knobs.hopper_backward_launch
+
+    def spy(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        seen.append(launch[3]["EARLY_FREE"])
+        return launch
+
+    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+    for dim in (256, 192):
+        q, k, v, dout = _gqa_operands(dim)
+        grads = []
+        for early in (True, False):
+            monkeypatch.setattr(knobs, "EARLY_FREE", early)
+            grads.append(_grads(q, k, v, dout, "hopper", **options))
+        assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
+    assert seen == [True, False, True, False], seen
+
+
 MIB = 1 << 20
 
 
@@ -793,7 +820,7 @@ def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, determinis
     launched = _cpu_launch(dim, mask, deterministic, monkeypatch)
     shared = sorted(set(picked) & set(launched))
     assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "BLOCK_N", "STAGES",
-            "DQ_BUFS"} <= set(shared)
+            "DQ_BUFS", "EARLY_FREE"} <= set(shared)
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
 
 

@@ -27,8 +27,8 @@ from fusedattn.hopper.forward import _descriptor, _sm_count
 # fp32 registers a thread each, as D128's 128 keys: `backward_kernel._steps`), and one slot
 # of Q and dO: its shared memory is 32 KB each of Q, dO, K and V, 16 KB of P and dS and
 # 64 KB of one dQ buffer (`DQ_BUFS`), 209 KB; a second slot would need 64 KB more. The CPU
-# compile report: no wgmma serialised, 20 B spilled (36 causal), a key loop of 428
-# instructions (evidence/sm90-compile/20261203T2300Z-bwd-d256)
+# compile report: no wgmma serialised, 24 B spilled (40 causal), a key loop of 430
+# instructions (evidence/sm90-compile/20261203T2235Z-bwd-d256)
 TILES = {
     64: (128, 128, 2),
     128: (64, 128, 2),
@@ -144,6 +144,11 @@ VARLEN_LONGEST_FIRST = True
 # report: D128 causal spills 52/52 -> 28/28 B, its loop's local-memory operations 14 -> 10
 # (evidence/sm90-compile/20261203T0935Z-bwd-mask-constants) (A/B)
 MASK_CONSTANTS = True
+# with one slot of Q and dO (D256), the compute warps release it once dV and dK are done, not
+# at the step's end, and the writer loads the next step's Q and dO then, under the step's
+# dQ product and hand-off, before it waits for the step's dQ (`backward_kernel._steps`)
+# (A/B)
+EARLY_FREE = True
 
 
 def switches() -> tuple:
@@ -152,7 +157,7 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, LSE_SMEM, LSE_SWAP_DETERMINISTIC,
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
-            MASK_CONSTANTS, TILES, SOFTCAP_TILES)
+            MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -343,5 +348,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
-                  MASK_CONSTANTS=MASK_CONSTANTS, num_warps=8)
+                  MASK_CONSTANTS=MASK_CONSTANTS, EARLY_FREE=EARLY_FREE and stages == 1 and not swap,
+                  num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -324,7 +324,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr):
+               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, EARLY_FREE: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -368,8 +368,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         # the accumulator's rows (rows_q a head: Sq, or the packed total)
         row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
-        mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
-        if t + STAGES < n_total:
+        if not EARLY_FREE:
+            mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
+        if t + STAGES < n_total:  # (EARLY_FREE: once the compute warps release the slot,
+            # before their dQ is ready)
             _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
                        group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
         if LSE_SMEM:  # step t + STAGES's rows (loaded a turn ago: their latency is behind
@@ -383,6 +385,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             lse, delta = _step_rows(t + STAGES + 1, t + STAGES + 1 < n_total, group, m_lo,
                                     n_steps, rot, order, b_row, h_kv, sl_b, sl_h, q_start,
                                     p_lse, p_delta, seq_q, vec, BLOCK_M, GQA, True)
+        if EARLY_FREE:
+            mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
                                       n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
@@ -468,9 +472,12 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
            SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-           MASK_CONSTANTS: gl.constexpr):
+           MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
+    EARLY_FREE (one slot, P and dS in shared memory): the slot is released once dV and dK
+    are done, before dQ's product is waited for, so that the next step's Q and dO load
+    under it (`_dq_writer` loads then, before it waits for the step's dQ).
 
     S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
     columns, P and dS through shared memory for their products. SWAP_SDP (FA3's
@@ -587,6 +594,12 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             fence_async_shared()
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
             dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+            if EARLY_FREE:  # dV and dK done (the wgmmas retire in order): Q and dO read
+                kv = warpgroup_mma_wait(1, deps=[dv_tok, dk_tok, p_smem, q_t, do_t])
+                dv_tok = kv[0]
+                dk_tok = kv[1]
+                gl.thread_barrier()  # both warpgroups' (one thread arrives for all)
+                mbarrier.arrive(free.index(slot), count=1)
             done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
                                                do_t, k_smem])
         dv = done[0]
@@ -601,7 +614,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         # stores (one thread arrives for all)
         gl.thread_barrier()
         mbarrier.arrive(dq_ready.index(buf), count=1)
-        mbarrier.arrive(free.index(slot), count=1)
+        if not EARLY_FREE:
+            mbarrier.arrive(free.index(slot), count=1)
     return dk, dv
 
 
@@ -615,7 +629,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-             MASK_CONSTANTS: gl.constexpr):
+             MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores."""
     dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
@@ -623,7 +637,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
                     qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
-                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS)
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -686,7 +700,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-                    MASK_CONSTANTS: gl.constexpr):
+                    MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -754,7 +768,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, scale, qk_scale, cap, left,
                     right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
-                    LSE_SMEM, MASK_CONSTANTS)),
+                    LSE_SMEM, MASK_CONSTANTS, EARLY_FREE)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
@@ -762,7 +776,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
                       BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                       DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, COMPACT,
-                      DQ_TMA, LSE_SMEM)),
+                      DQ_TMA, LSE_SMEM, EARLY_FREE)),
     ], [WRITER_WARPS], [WRITER_REGS])
 
 
