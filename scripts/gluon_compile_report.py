@@ -99,13 +99,7 @@ BWD_CONFIGS = [
     dict(name="bwd D256 racing", D=256, DETERMINISTIC=False),
     dict(name="bwd D256 causal window softcap varlen GQA", D=256, HAS_LEFT=True,
          HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
-    # D192 in two head-dim pieces, 128 + 64 (`hopper.backward.PIECES`)
-    dict(name="bwd D192", D=192),
-    dict(name="bwd D192 causal", D=192, HAS_RIGHT=True),
-    dict(name="bwd D192 causal window softcap varlen GQA", D=192, HAS_LEFT=True,
-         HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
 ]
-SECOND = ("q2_desc", "k2_desc", "v2_desc", "do2_desc", "dk2_desc", "dv2_desc", "dq2_desc")
 
 
 def _desc(rows: int, dim: int, fp8: bool = False, fp32: bool = False):
@@ -119,13 +113,8 @@ def _desc(rows: int, dim: int, fp8: bool = False, fp32: bool = False):
 
 
 def _backward_types(c: dict) -> dict:
-    bm, bn, d, d2 = c["BLOCK_M"], c["BLOCK_N"], c["D"], c["D2"]
-    second = {}
-    if d2:  # the second head-dim piece's descriptors (else None: constexprs)
-        second = {"q2_desc": _desc(bm, d2), "do2_desc": _desc(bm, d2), "k2_desc": _desc(bn, d2),
-                  "v2_desc": _desc(bn, d2), "dk2_desc": _desc(bn, d2),
-                  "dv2_desc": _desc(bn, d2), "dq2_desc": _desc(bm, d2, fp32=True)}
-    return {**second, "q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
+    bm, bn, d = c["BLOCK_M"], c["BLOCK_N"], c["D"]
+    return {"q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
             "v_desc": _desc(bn, d), "dk_desc": _desc(bn, d), "dv_desc": _desc(bn, d),
             "dq_desc": _desc(bm, d, fp32=True),
             "p_lse": "*fp32", "p_delta": "*fp32", "p_dq": "*fp32", "p_sem": "*i32",
@@ -140,11 +129,7 @@ def backward_constexprs(config: dict) -> dict:
     c = {k: v for k, v in config.items() if k != "name"}
     if c["D"] == 256:  # 64 keys a program, one slot, one dQ buffer (`TILES[256]`)
         c = dict(BLOCK_N=64, STAGES=1, DQ_BUFS=1, SWAP_SDP=False) | c
-    if c["D"] == 192:  # two pieces, 128 + 64, 64 keys, two slots, one dQ buffer
-        c = dict(BLOCK_N=64, STAGES=2, DQ_BUFS=1, SWAP_SDP=False) | c | dict(D=128, D2=64)
-    c = BWD_DEFAULTS | dict(D2=0) | c
-    if not c["D2"]:
-        c |= dict.fromkeys(SECOND)  # (None: one piece)
+    c = BWD_DEFAULTS | c
     # D64: 128-row steps, but 64 under a softcap (`TILES`, `SOFTCAP_TILES`)
     c.setdefault("BLOCK_M", 128 if c["D"] == 64 and not c["SOFTCAP"] else 64)
     unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])

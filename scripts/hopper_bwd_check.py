@@ -202,9 +202,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # D256's one slot released at the step's end, not once dV and dK are done
              # (`hopper.backward.EARLY_FREE`)
              "hopper-late-free": _ours("hopper", EARLY_FREE=False),
-             # D192 (and D129-D191) padded to D256's kernel, as before `PIECES`
-             "hopper-pad256": _ours("hopper", PIECES={},
-                                    TILES={d: t for d, t in knobs.TILES.items() if d != 192}),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

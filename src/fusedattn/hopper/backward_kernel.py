@@ -240,26 +240,20 @@ def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, ro
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, two,
-             D: gl.constexpr, D2: gl.constexpr):
+def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k,
+             D: gl.constexpr):
     """The program's K and V tiles, once (varlen: a tile past its sequence's keys loads
-    nothing); with a second head-dim piece (D2 > 0) its columns D.. from `two`'s
-    descriptors into its buffers (`_flash_bwd_sm90`)."""
-    k2_desc, v2_desc, k2_smem, v2_smem = two[1], two[2], two[8], two[9]
+    nothing)."""
     if k0 < seq_k:
-        if D2 > 0:
-            mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes
-                            + k2_desc.block_type.nbytes + v2_desc.block_type.nbytes)
-        else:
-            mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _load_rows(k_desc, k2_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k2_smem, D, D2)
-        _load_rows(v_desc, v2_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v2_smem, D, D2)
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _load_rows(k_desc, k_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k_smem, D, 0)
+        _load_rows(v_desc, v_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v_smem, D, 0)
 
 
 @gluon.jit
 def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
-               m_lo, n_steps, rot, order, two, BLOCK_M: gl.constexpr, D: gl.constexpr,
-               D2: gl.constexpr, STAGES: gl.constexpr, GQA: gl.constexpr):
+               m_lo, n_steps, rot, order, BLOCK_M: gl.constexpr, D: gl.constexpr,
+               STAGES: gl.constexpr, GQA: gl.constexpr):
     """Step t's Q and dO into slot t % STAGES, once the compute partition released the
     slot's last use."""
     j, hh = _step(t, group, GQA)
@@ -268,20 +262,11 @@ def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, gr
     slot = t % STAGES
     # a fresh barrier counts as having completed the phase before its first
     mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
-    if D2 > 0:  # (a second head-dim piece: `two`'s descriptors and buffers, columns D..)
-        q2_desc, do2_desc, q2_smem, do2_smem = two[0], two[3], two[7], two[10]
-        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                        + q2_desc.block_type.nbytes + do2_desc.block_type.nbytes)
-        _load_rows(q_desc, q2_desc, b_row, h, q_start + m0, ready.index(slot),
-                   q_smem.index(slot), q2_smem.index(slot), D, D2)
-        _load_rows(do_desc, do2_desc, b_row, h, q_start + m0, ready.index(slot),
-                   do_smem.index(slot), do2_smem.index(slot), D, D2)
-    else:
-        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot),
-                   q_smem.index(slot), q_smem.index(slot), D, 0)
-        _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
-                   do_smem.index(slot), do_smem.index(slot), D, 0)
+    mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot), q_smem.index(slot),
+               q_smem.index(slot), D, 0)
+    _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
+               do_smem.index(slot), do_smem.index(slot), D, 0)
 
 
 @gluon.jit
@@ -333,8 +318,8 @@ def _put_rows(t, lse, delta, rows_smem, ready, STAGES: gl.constexpr):
 def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right,
                order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
-               kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, D2: gl.constexpr,
+               kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, D: gl.constexpr,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
@@ -360,12 +345,11 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
-    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, two, D,
-             D2)
+    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
     for t in gl.static_range(STAGES):
         if t < n_total:
             _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
-                       q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2, STAGES, GQA)
+                       q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
             if LSE_SMEM:
                 lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
                                         sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
@@ -389,8 +373,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         if t + STAGES < n_total:  # (EARLY_FREE: once the compute warps release the slot,
             # before their dQ is ready)
             _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
-                       group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2, STAGES,
-                       GQA)
+                       group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
         if LSE_SMEM:  # step t + STAGES's rows (loaded a turn ago: their latency is behind
             # the last step's adds), then step t + STAGES + 1's loaded. The slot is free:
             # the compute warps are done with step t. (Loaded and stored here at once, the
@@ -418,17 +401,11 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             # get its zeros (P = 0 there), which change no bits whatever the order
             _tma_add(dq_desc, [b_row, h_kv * group + hh, q_start + m0, 0],
                      tile._reinterpret(gl.float32, [1, 1, BLOCK_M, D], dq_desc.layout))
-            if D2 > 0:  # the second head-dim piece, columns D..
-                dq2_desc = two[6]
-                _tma_add(dq2_desc, [b_row, h_kv * group + hh, q_start + m0, D],
-                         two[11].index(buf)._reinterpret(gl.float32, [1, 1, BLOCK_M, D2],
-                                                         dq2_desc.layout))
             if DETERMINISTIC:  # the adds done before the count says so
                 t = _bulk_wait(t)
             else:  # the buffer read
                 tma.store_wait(0)
         elif DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
-            gl.static_assert(D2 == 0, "a second head-dim piece adds dQ by TMA only")
             for r in gl.static_range(0, BLOCK_M, ROWS):
                 keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
                 for c in gl.static_range(0, D, COLS):
@@ -489,8 +466,8 @@ def _masked_p(p, k0, q0, seq_k, left, right, QX: gl.constexpr, HAS_LEFT: gl.cons
 @gluon.jit
 def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar, ready,
            free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n,
-           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, two, outs,
-           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, D2: gl.constexpr,
+           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
+           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
            BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
            GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
@@ -498,10 +475,6 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
-    D2 > 0 (D192: pieces of 128 and 64 columns, 64 keys, S not transposed): `two`'s second
-    pieces of Q, K, V, dO and dQ's buffer, S and dP two products each, dV, dK and dQ two
-    accumulators each; the second pieces of dK and dV go out here, after the steps, by
-    `outs` (`_store_piece`), and the first pieces' are returned.
     EARLY_FREE (one slot, P and dS in shared memory): the slot is released once dV and dK
     are done, before dQ's product is waited for, so that the next step's Q and dO load
     under it (`_dq_writer` loads then, before it waits for the step's dQ).
@@ -533,20 +506,12 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     dtype: gl.constexpr = q_smem.dtype
-    if D2 > 0:  # the second piece's accumulators, each warpgroup half of their columns
-        gl.static_assert(BLOCK_N < 128 and not SWAP_SDP and not EARLY_FREE)
-        kv2_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D2 // 2, 16])
-        q2_smem, k2_smem, v2_smem, do2_smem, dq2_smem = two[7], two[8], two[9], two[10], two[11]
 
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
-    if D2 > 0:
-        dk2 = gl.zeros([BLOCK_N, D2], gl.float32, layout=kv2_layout)
-        dv2 = gl.zeros([BLOCK_N, D2], gl.float32, layout=kv2_layout)
     live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
     if live:
         mbarrier.wait(kv_bar, 0)
@@ -565,9 +530,6 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             lse = rows_smem.index(2 * slot).load(row_layout)
         q_t = q_smem.index(slot)
         do_t = do_smem.index(slot)
-        if D2 > 0:
-            q2_t = q2_smem.index(slot)
-            do2_t = do2_smem.index(slot)
         # (the zeros made here, not before the loop: no registers held for them)
         if SWAP_SDP:
             zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
@@ -579,16 +541,9 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
             s_tok = warpgroup_mma(q_t, k_smem.permute((1, 0)), zero_s, use_acc=False,
                                   is_async=True)
-            if D2 > 0:  # (the second piece's columns into the same S)
-                s_tok = warpgroup_mma(q2_t, k2_smem.permute((1, 0)), s_tok, is_async=True)
             dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
-            if D2 > 0:
-                dp_tok = warpgroup_mma(do2_t, v2_smem.permute((1, 0)), dp_tok, is_async=True)
-        if D2 > 0:  # (S's two products done; dP's two in flight)
-            s = warpgroup_mma_wait(2, deps=[s_tok, q_t, k_smem, q2_t, k2_smem])[0]
-        else:
-            s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
+        s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
         if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
             s = _softcap(s * qk_scale) * cap
         else:
@@ -615,12 +570,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             p_smem.store(p.to(dtype))
             fence_async_shared()
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
-            if D2 > 0:
-                dv2_tok = warpgroup_mma(p_smem.permute((1, 0)), do2_t, dv2, is_async=True)
-        if D2 > 0:  # (dP's two products done; dV's two in flight)
-            dp = warpgroup_mma_wait(2, deps=[dp_tok, do_t, v_smem, do2_t, v2_smem])[0]
-        else:
-            dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
+        dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
         if LSE_SMEM:
             delta = rows_smem.index(2 * slot + 1).load(row_layout)
         ds = p * (dp - gl.expand_dims(delta, QX))
@@ -644,19 +594,6 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             fence_async_shared()
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
             dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
-            if D2 > 0:
-                dk2_tok = warpgroup_mma(ds_smem.permute((1, 0)), q2_t, dk2, is_async=True)
-                zero_dq2 = gl.zeros([BLOCK_M, D2], gl.float32, layout=kv2_layout)
-                dq2_tok = warpgroup_mma(ds_smem, k2_smem, zero_dq2, use_acc=False,
-                                        is_async=True)
-                done2 = warpgroup_mma_wait(0, deps=[dv2_tok, dk2_tok, dq2_tok, dv_tok, dk_tok,
-                                                    dq_tok, p_smem, ds_smem, q_t, do_t, k_smem,
-                                                    q2_t, do2_t, k2_smem])
-                dv2 = done2[0]
-                dk2 = done2[1]
-                dv_tok = done2[3]
-                dk_tok = done2[4]
-                dq_tok = done2[5]
             if EARLY_FREE:  # dV and dK done (the wgmmas retire in order): Q and dO read
                 kv = warpgroup_mma_wait(1, deps=[dv_tok, dk_tok, p_smem, q_t, do_t])
                 dv_tok = kv[0]
@@ -671,8 +608,6 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         buf = t % DQ_BUFS
         mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
         dq_smem.index(buf).store(done[2] * scale)
-        if D2 > 0:
-            dq2_smem.index(buf).store(done2[2] * scale)
         if DQ_TMA:  # (the writer's TMA reads it)
             fence_async_shared()
         # every warp is past its products' reads of the slot, P and dS, and its dQ
@@ -681,69 +616,51 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         mbarrier.arrive(dq_ready.index(buf), count=1)
         if not EARLY_FREE:
             mbarrier.arrive(free.index(slot), count=1)
-    if D2 > 0:
-        if live:  # the second pieces of dK and dV, columns D..
-            p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim = outs
-            _store_piece(dk2, dv2, k2_smem, v2_smem, two[4], two[5], p_dk + D, p_dv + D, sdk_h,
-                         sdk_s, sdv_h, sdv_s, b, h_kv, k_start, k0, seq_k, dim - D, scale, D,
-                         BLOCK_N, D2, VARLEN)
     return dk, dv
-
-
-@gluon.jit
-def _store_piece(dk, dv, k_tile, v_tile, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-                 sdv_s, b, h_kv, k_start, k0, seq_k, n_cols, scale, COL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, W: gl.constexpr, VARLEN: gl.constexpr):
-    """dK (scaled) and dV of one head-dim piece, W columns from COL (`p_dk`, `p_dv` point at
-    column COL), out through K's and V's shared tiles of the piece (every warp is done
-    reading them): by TMA, or varlen by masked stores (rows past the sequence's keys are
-    the next sequence's; `n_cols` of the tensors' columns from COL, fewer where the head
-    dim runs padded)."""
-    dtype: gl.constexpr = k_tile.dtype
-    gl.thread_barrier()
-    k_tile.store((dk * scale).to(dtype))
-    v_tile.store(dv.to(dtype))
-    if VARLEN:
-        _store_rows(k_tile, p_dk + h_kv.to(gl.int64) * sdk_h, sdk_s, k_start + k0, seq_k - k0,
-                    n_cols, BLOCK_N, W)
-        _store_rows(v_tile, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0, seq_k - k0,
-                    n_cols, BLOCK_N, W)
-    else:
-        fence_async_shared()
-        tma.async_copy_shared_to_global(
-            dk_desc, [b, h_kv, k0, COL], k_tile._reinterpret(dtype, [1, 1, BLOCK_N, W],
-                                                             dk_desc.layout))
-        tma.async_copy_shared_to_global(
-            dv_desc, [b, h_kv, k0, COL], v_tile._reinterpret(dtype, [1, 1, BLOCK_N, W],
-                                                             dv_desc.layout))
-        tma.store_wait(0)
 
 
 @gluon.jit
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar,
              ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
              sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n, n_heads_kv,
-             group, seq_q, seq_k, dim, scale, qk_scale, cap, left, right, order, two,
-             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, D2: gl.constexpr,
+             group, seq_q, seq_k, dim, scale, qk_scale, cap, left, right, order,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
              MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
-    """The 8 warps' steps, then dK and dV's stores (a second head-dim piece's: `_steps`)."""
-    outs = (p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim)
+    """The 8 warps' steps, then dK and dV's stores."""
+    dtype: gl.constexpr = q_smem.dtype
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
-                    qk_scale, cap, left, right, order, two, outs, BLOCK_M, BLOCK_N, D, D2,
-                    STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN,
-                    COMPACT, SWAP_SDP, DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE)
+                    qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
+                    HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
-    if k0 < seq_k:  # (varlen: a tile past its sequence's keys has none)
-        _store_piece(dk, dv, k_smem, v_smem, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-                     sdv_s, b, h_kv, k_start, k0, seq_k, dim, scale, 0, BLOCK_N, D, VARLEN)
+    live = k0 < seq_k
+    # dK and dV out through K's and V's tiles (every warp is done reading them)
+    if live:
+        gl.thread_barrier()
+        k_smem.store((dk * scale).to(dtype))
+        v_smem.store(dv.to(dtype))
+        if VARLEN:  # masked: the rows past the sequence's keys are the next sequence's
+            _store_rows(k_smem, p_dk + h_kv.to(gl.int64) * sdk_h, sdk_s, k_start + k0,
+                        seq_k - k0, dim, BLOCK_N, D)
+            _store_rows(v_smem, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0,
+                        seq_k - k0, dim, BLOCK_N, D)
+        else:
+            fence_async_shared()
+            tma.async_copy_shared_to_global(
+                dk_desc, [b, h_kv, k0, 0],
+                k_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dk_desc.layout))
+            tma.async_copy_shared_to_global(
+                dv_desc, [b, h_kv, k0, 0],
+                v_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dv_desc.layout))
+            tma.store_wait(0)
 
 
 @gluon.jit
@@ -774,8 +691,7 @@ UNSPECIALISED = ("sl_b", "sl_h", "sdk_h", "sdk_s", "sdv_h", "sdv_s", "n_tiles_n"
 def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_dv, p_lse,
                     p_delta, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
                     sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q,
-                    dim, scale, qk_scale, cap, left, right, order, q2_desc, k2_desc, v2_desc,
-                    do2_desc, dk2_desc, dv2_desc, dq2_desc, D: gl.constexpr, D2: gl.constexpr,
+                    dim, scale, qk_scale, cap, left, right, order, D: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
@@ -799,10 +715,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     tensors' `dim` columns: D is the tiles' width, more where the head dim runs padded) and
     dQ's accumulator has `rows_q` rows a head (Sq, or the packed total). COMPACT (varlen):
     the grid is each sequence's own key tiles x K/V heads (at most), sequence by sequence,
-    and `n_tiles_n` the sequences' count (`_key_tile`). D2 > 0: the head dim in two pieces
-    of D and D2 columns (D192: 128 + 64; Gluon's tensors take power-of-two shapes), the
-    `*2_desc` descriptors over the same tensors with blocks D2 wide, loaded and stored at
-    column D, each piece its own shared buffers; None where D2 = 0."""
+    and `n_tiles_n` the sequences' count (`_key_tile`)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
@@ -827,28 +740,6 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     dq_smem = gl.allocate_shared_memory(
         gl.float32, [DQ_BUFS, BLOCK_M, D],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32))
-    # the second head-dim piece's buffers (D2 > 0); else the first's names, never read
-    q2_smem = q_smem
-    do2_smem = do_smem
-    k2_smem = k_smem
-    v2_smem = v_smem
-    dq2_smem = dq_smem
-    if D2 > 0:
-        q2_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, BLOCK_M, D2],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], dtype))
-        do2_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, BLOCK_M, D2],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], dtype))
-        k2_smem = gl.allocate_shared_memory(
-            dtype, [BLOCK_N, D2], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D2], dtype))
-        v2_smem = gl.allocate_shared_memory(
-            dtype, [BLOCK_N, D2], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D2], dtype))
-        dq2_smem = gl.allocate_shared_memory(
-            gl.float32, [DQ_BUFS, BLOCK_M, D2],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], gl.float32))
-    two = (q2_desc, k2_desc, v2_desc, do2_desc, dk2_desc, dv2_desc, dq2_desc, q2_smem, k2_smem,
-           v2_smem, do2_smem, dq2_smem)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     dq_free = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
@@ -875,15 +766,15 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
                     sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, scale, qk_scale, cap, left,
-                    right, order, two, BLOCK_M, BLOCK_N, D, D2, STAGES, HAS_LEFT, HAS_RIGHT,
+                    right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
                     BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
                     LSE_SMEM, MASK_CONSTANTS, EARLY_FREE)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
                       right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
-                      do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two,
-                      BLOCK_M, BLOCK_N, D, D2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
+                      do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
+                      BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
                       DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, COMPACT,
                       DQ_TMA, LSE_SMEM, EARLY_FREE)),
     ], [WRITER_WARPS], [WRITER_REGS])
