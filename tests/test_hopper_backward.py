@@ -374,6 +374,22 @@ ORDER_MASKS = [dict(is_causal=True), {}, dict(window=(100, 30)), dict(window=(15
                dict(window=(None, 40))]
 
 
+def _launch_spy(name: str, monkeypatch) -> list:
+    """The keyword `name` of every Hopper backward launch built from here on (a spy on
+    `hopper.backward.hopper_backward_launch`), in a list that grows as they are."""
+    from fusedattn.hopper import backward as knobs
+
+    seen, real = [], knobs.hopper_backward_launch
+
+    def spy(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        seen.append(launch[3][name])
+        return launch
+
+    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+    return seen
+
+
 def _gqa_operands(dim: int) -> tuple:
     """q, k, v and dO of the order and mask tests: GQA 6/2, Sq 777 against Sk 1290, bf16."""
     q = rand(1, 6, 777, dim, dtype=torch.bfloat16)
@@ -412,14 +428,7 @@ def test_scores_transposed_under_masks_are_right_and_repeat(dim, options, determ
     from fusedattn.hopper import backward as knobs
 
     monkeypatch.setattr(knobs, "SWAP_MASKED", {64: True, 128: True})
-    seen, real = [], knobs.hopper_backward_launch
-
-    def spy(*args, **kwargs):
-        launch = real(*args, **kwargs)
-        seen.append(launch[3]["SWAP_SDP"])
-        return launch
-
-    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+    seen = _launch_spy("SWAP_SDP", monkeypatch)
     q, k, v, dout = _gqa_operands(dim)
     got = _dense(q, k, v, dout, _ref_kw(options), deterministic=deterministic, **options)
     assert seen and all(seen), seen
@@ -457,14 +466,7 @@ def test_the_one_slots_early_release_gives_the_same_bits(options, monkeypatch):
     # launch taking each (the default's against the reference: the cases above)
     from fusedattn.hopper import backward as knobs
 
-    seen, real = [], knobs.hopper_backward_launch
-
-    def spy(*args, **kwargs):
-        launch = real(*args, **kwargs)
-        seen.append(launch[3]["EARLY_FREE"])
-        return launch
-
-    monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
+    seen = _launch_spy("EARLY_FREE", monkeypatch)
     for dim in (256, 192):
         q, k, v, dout = _gqa_operands(dim)
         grads = []
