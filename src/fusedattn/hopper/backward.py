@@ -226,9 +226,9 @@ def kernel_dim(dim: int) -> int | None:
     """The kernel's head dim (its tiles' width, the key of every per-head-dim table here)
     for a head dim of q, k and v: itself in `TILES`, the next of them for one between
     PAD_FROM and the last (padded), else None (the portable backward's)."""
-    if dim in TILES or dim <= PAD_FROM:
-        return dim if dim in TILES else None
-    return next((d for d in sorted(TILES) if d > dim), None)
+    if dim in TILES:
+        return dim
+    return next((d for d in sorted(TILES) if d > dim), None) if dim > PAD_FROM else None
 
 
 def padded_refusal(dim: int) -> str | None:
