@@ -99,7 +99,13 @@ BWD_CONFIGS = [
     dict(name="bwd D256 racing", D=256, DETERMINISTIC=False),
     dict(name="bwd D256 causal window softcap varlen GQA", D=256, HAS_LEFT=True,
          HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
+    # D192 in two head-dim pieces, 128 + 64 (`hopper.backward.PIECES`)
+    dict(name="bwd D192", D=192),
+    dict(name="bwd D192 causal", D=192, HAS_RIGHT=True),
+    dict(name="bwd D192 causal window softcap varlen GQA", D=192, HAS_LEFT=True,
+         HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
 ]
+SECOND = ("q2_desc", "k2_desc", "v2_desc", "do2_desc", "dk2_desc", "dv2_desc", "dq2_desc")
 
 
 def _desc(rows: int, dim: int, fp8: bool = False, fp32: bool = False):
@@ -113,10 +119,15 @@ def _desc(rows: int, dim: int, fp8: bool = False, fp32: bool = False):
 
 
 def _backward_types(c: dict) -> dict:
-    bm, bn, d = c["BLOCK_M"], c["BLOCK_N"], c["D"]
-    return {"q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
+    bm, bn, d, d2 = c["BLOCK_M"], c["BLOCK_N"], c["D"], c["D2"]
+    second = {}
+    if d2:  # the second head-dim piece's descriptors (else None: constexprs)
+        second = {"q2_desc": _desc(bm, d2), "do2_desc": _desc(bm, d2), "k2_desc": _desc(bn, d2),
+                  "v2_desc": _desc(bn, d2), "dk2_desc": _desc(bn, d2),
+                  "dv2_desc": _desc(bn, d2), "dq2_desc": _desc(bm, d2, fp32=True)}
+    return {**second, "q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
             "v_desc": _desc(bn, d), "dk_desc": _desc(bn, d), "dv_desc": _desc(bn, d),
-            "dq_desc": _desc(bm, d, fp32=True),
+            "dq_desc": _desc(bm, d // c["DQ_SPLIT"], fp32=True),
             "p_lse": "*fp32", "p_delta": "*fp32", "p_dq": "*fp32", "p_sem": "*i32",
             "p_dk": "*bf16", "p_dv": "*bf16", "p_cu_q": "*i32", "p_cu_k": "*i32",
             "scale": "fp32", "qk_scale": "fp32", "cap": "fp32"}
@@ -127,9 +138,13 @@ def backward_constexprs(config: dict) -> dict:
     launcher picks them by default (this runs without torch, so the rule is written again
     here; `tests/test_hopper_backward.py` checks it against the launcher's)."""
     c = {k: v for k, v in config.items() if k != "name"}
-    if c["D"] == 256:  # 64 keys a program, one slot, one dQ buffer (`TILES[256]`)
-        c = dict(BLOCK_N=64, STAGES=1, DQ_BUFS=1, SWAP_SDP=False) | c
-    c = BWD_DEFAULTS | c
+    if c["D"] == 256:  # 64 keys a program, two slots of Q, one of dO, dQ in two halves
+        c = dict(BLOCK_N=64, STAGES=2, DO_STAGES=1, DQ_SPLIT=2, DQ_BUFS=1, SWAP_SDP=False) | c
+    if c["D"] == 192:  # two pieces, 128 + 64, 64 keys, two slots, one dQ buffer
+        c = dict(BLOCK_N=64, STAGES=2, DQ_BUFS=1, SWAP_SDP=False) | c | dict(D=128, D2=64)
+    c = BWD_DEFAULTS | dict(D2=0) | c
+    if not c["D2"]:
+        c |= dict.fromkeys(SECOND)  # (None: one piece)
     # D64: 128-row steps, but 64 under a softcap (`TILES`, `SOFTCAP_TILES`)
     c.setdefault("BLOCK_M", 128 if c["D"] == 64 and not c["SOFTCAP"] else 64)
     unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])
@@ -140,7 +155,9 @@ def backward_constexprs(config: dict) -> dict:
     c.setdefault("DQ_TMA", True)
     c.setdefault("LSE_SMEM", c["D"] == 64
                  or not (c["SWAP_SDP"] and unmasked and c["DETERMINISTIC"]))
-    c.setdefault("EARLY_FREE", c["STAGES"] == 1 and not c["SWAP_SDP"])
+    c.setdefault("DO_STAGES", c["STAGES"])
+    c.setdefault("DQ_SPLIT", 1)
+    c.setdefault("EARLY_FREE", not c["SWAP_SDP"] and (c["STAGES"] == 1 or c["DQ_SPLIT"] > 1))
     return c
 
 

@@ -199,9 +199,16 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # the compact grid with the sequences in their own order, not longest first
              "hopper-given": _ours("hopper", VARLEN_COMPACT=dict.fromkeys(knobs.TILES, True),
                                    VARLEN_LONGEST_FIRST=False),
-             # D256's one slot released at the step's end, not once dV and dK are done
-             # (`hopper.backward.EARLY_FREE`)
-             "hopper-late-free": _ours("hopper", EARLY_FREE=False),
+             # D256 with one slot of Q and dO and a whole dQ buffer, as before DQ_SPLIT,
+             # its slot released once dV and dK are done (`hopper.backward.EARLY_FREE`) or
+             # at the step's end
+             "hopper-one-slot": _ours("hopper", TILES={**knobs.TILES, 256: (64, 64, 1)},
+                                      DO_STAGES={}, DQ_SPLIT={}),
+             "hopper-late-free": _ours("hopper", TILES={**knobs.TILES, 256: (64, 64, 1)},
+                                       DO_STAGES={}, DQ_SPLIT={}, EARLY_FREE=False),
+             # D192 (and D129-D191) padded to D256's kernel, as before `PIECES`
+             "hopper-pad256": _ours("hopper", PIECES={},
+                                    TILES={d: t for d, t in knobs.TILES.items() if d != 192}),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

@@ -187,8 +187,10 @@ CASES = [
     (1, 2, 2, 333, 333, 256, dict(is_causal=True)),
     (1, 4, 2, 257, 300, 256, {}),                     # GQA, Sq < Sk
     (1, 2, 2, 700, 650, 256, dict(window=(100, 30), softcap=30.0)),
-    (1, 2, 2, 200, 260, 192, dict(is_causal=True)),   # D192 as D256: a whole box past
-    (1, 4, 1, 300, 300, 136, {}),                     # 272-byte rows, MQA
+    (1, 2, 2, 200, 260, 192, dict(is_causal=True)),   # D192: pieces of 128 + 64 columns
+    (1, 4, 2, 300, 280, 192, dict(softcap=30.0)),     # ... GQA, a softcap
+    (1, 4, 1, 300, 300, 136, {}),                     # D136 as D192: 272-byte rows, MQA
+    (1, 2, 2, 400, 400, 200, dict(window=(50, 20))),  # D200 as D256: 8 columns in a box
 ]
 
 
@@ -374,16 +376,18 @@ ORDER_MASKS = [dict(is_causal=True), {}, dict(window=(100, 30)), dict(window=(15
                dict(window=(None, 40))]
 
 
-def _launch_spy(name: str, monkeypatch) -> list:
-    """The keyword `name` of every Hopper backward launch built from here on (a spy on
-    `hopper.backward.hopper_backward_launch`), in a list that grows as they are."""
+def _launch_spy(names, monkeypatch) -> list:
+    """The keyword `names` (one, or a tuple of them: a tuple each) of every Hopper backward
+    launch built from here on (a spy on `hopper.backward.hopper_backward_launch`), in a
+    list that grows as they are."""
     from fusedattn.hopper import backward as knobs
 
     seen, real = [], knobs.hopper_backward_launch
 
     def spy(*args, **kwargs):
         launch = real(*args, **kwargs)
-        seen.append(launch[3][name])
+        kw = launch[3]
+        seen.append(kw[names] if isinstance(names, str) else tuple(kw[n] for n in names))
         return launch
 
     monkeypatch.setattr(knobs, "hopper_backward_launch", spy)
@@ -459,23 +463,30 @@ def test_the_masks_key_indices_and_constants_give_the_same_bits(dim, options, sw
 
 @on_hopper
 @pytest.mark.parametrize("options", [dict(is_causal=True), {}, dict(window=(100, 30))])
-def test_the_one_slots_early_release_gives_the_same_bits(options, monkeypatch):
-    # `hopper.backward.EARLY_FREE` (D256's one slot of Q and dO released once dV and dK
-    # are done, the next step's loads under dQ's product) moves a barrier, never a value:
-    # GQA 6/2, Sq != Sk, D256 and D192 (padded), the same bits with it on and off, the
-    # launch taking each (the default's against the reference: the cases above)
+def test_d256s_slots_and_releases_give_the_same_bits(options, monkeypatch):
+    # D256's forms move barriers and buffers, never a value: two slots of Q, one of dO and
+    # dQ handed over in halves (`hopper.backward.DQ_SPLIT`, `DO_STAGES`: the default), and
+    # one slot of both with a whole dQ, released once dV and dK are done (`EARLY_FREE`) or
+    # at the step's end. GQA 6/2, Sq != Sk, D256 and D200 (padded): the same bits from
+    # each, the launch taking each (the default's against the reference: the cases above)
     from fusedattn.hopper import backward as knobs
 
-    seen = _launch_spy("EARLY_FREE", monkeypatch)
-    for dim in (256, 192):
+    one_slot = dict(TILES={**knobs.TILES, 256: (64, 64, 1)}, DO_STAGES={}, DQ_SPLIT={})
+    forms = [({}, (2, 1, 2, True)), (dict(one_slot, EARLY_FREE=True), (1, 1, 1, True)),
+             (dict(one_slot, EARLY_FREE=False), (1, 1, 1, False))]
+    seen = _launch_spy(("STAGES", "DO_STAGES", "DQ_SPLIT", "EARLY_FREE"), monkeypatch)
+    for dim in (256, 200):
         q, k, v, dout = _gqa_operands(dim)
         grads = []
-        for early in (True, False):
-            monkeypatch.setattr(knobs, "EARLY_FREE", early)
-            seen.clear()
-            grads.append(_grads(q, k, v, dout, "hopper", **options))
-            assert seen and all(s is early for s in seen), (dim, early, seen)
-        assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
+        for switches, launched in forms:
+            with monkeypatch.context() as form:
+                for name, value in switches.items():
+                    form.setattr(knobs, name, value)
+                seen.clear()
+                grads.append(_grads(q, k, v, dout, "hopper", **options))
+            assert seen and all(s == launched for s in seen), (dim, launched, seen)
+        for other in grads[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(grads[0], other, strict=True)), dim
 
 
 MIB = 1 << 20
@@ -611,9 +622,10 @@ def test_the_launch_passes_down_across_the_heads_by_its_switch(across, monkeypat
 
 
 @on_hopper
-@pytest.mark.parametrize("dim", [128, 256, 200])
+@pytest.mark.parametrize("dim", [128, 256, 200, 192])
 def test_the_racing_variant_is_right_too(dim):
-    # (D256: one slot released early, dQ's racing TMA adds; D200 padded to it)
+    # (D256: one slot released early, dQ's racing TMA adds; D200 padded to it; D192 two
+    # pieces, two racing TMA adds a step)
     q, k, v = (rand(1, 8, 1000, dim, dtype=torch.bfloat16, seed=i) for i in range(3))
     dout = rand(1, 8, 1000, dim, dtype=torch.bfloat16, seed=3)
     _dense(q, k, v, dout, dict(causal=True), is_causal=True, deterministic=False)
@@ -746,7 +758,8 @@ def _cpu_build(dim, mask, deterministic, monkeypatch, n_counters=None) -> tuple:
     (64, Mask(), True, True, True),               # ... S^T under deterministic adds too
     (64, Mask(), False, True, True),
     (256, Mask(), True, True, True),              # D256: no S^T (64 keys a program)
-    (256, Mask(causal=True), False, True, True)])
+    (256, Mask(causal=True), False, True, True),
+    (192, Mask(), True, True, True)])             # D192 (two pieces): as D256
 def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, deterministic, tma,
                                                            lse, monkeypatch):
     """`hopper.backward`'s launch adds dQ by TMA reductions (`DQ_TMA`) and takes LSE and
@@ -759,9 +772,17 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
     got = _cpu_launch(dim, mask, deterministic, monkeypatch)
     assert knobs.tma_reduce_available()  # (Triton >= 3.6, as installed here)
     assert (got["DQ_TMA"], got["LSE_SMEM"]) == (tma, lse)
-    # a Triton whose Gluon builder has no TMA reduction: the writer's atomics
+    # a Triton whose Gluon builder has no TMA reduction: the writer's atomics, which take
+    # one head-dim piece (D192's two: refused, and the dispatch says so first)
     monkeypatch.setattr(knobs, "tma_reduce_available", lambda: False)
-    assert _cpu_launch(dim, mask, deterministic, monkeypatch)["DQ_TMA"] is False
+    if dim in knobs.PIECES:
+        with pytest.raises(ValueError, match=r"in pieces of \(128, 64\) columns only where"):
+            _cpu_launch(dim, mask, deterministic, monkeypatch)
+        q = rand(1, 2, 4096, dim, dtype=torch.bfloat16)
+        assert "in pieces of" in hopper_backward_refusal(q, q, q, mask=mask)
+        monkeypatch.setattr(knobs, "tma_reduce_available", lambda: True)
+    else:
+        assert _cpu_launch(dim, mask, deterministic, monkeypatch)["DQ_TMA"] is False
     monkeypatch.setattr(knobs, "SWAP_MASKED", dict.fromkeys(knobs.TILES, True))
     got = _cpu_launch(dim, mask, deterministic, monkeypatch)
     bounded = mask.causal or mask.window is not None
@@ -770,7 +791,8 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
 
 
 @pytest.mark.parametrize("dim, padded_to", [(72, 128), (80, 128), (96, 128), (112, 128),
-                                            (120, 128), (136, 256), (192, 256), (248, 256)])
+                                            (120, 128), (136, 192), (160, 192), (200, 256),
+                                            (248, 256)])
 def test_a_head_dim_between_runs_padded_to_the_next(dim, padded_to, monkeypatch):
     """`hopper.backward.kernel_dim`: D65-D127 take D128's kernel and tables, D129-D255
     D256's (the same compiled kernel: its constexprs and descriptor blocks are the padded
@@ -787,9 +809,14 @@ def test_a_head_dim_between_runs_padded_to_the_next(dim, padded_to, monkeypatch)
     assert kwargs == padded  # every constexpr as the padded dim's
     named = dict(zip(kernel_.arg_names[:len(args)], args, strict=True))
     assert named["dim"] == dim
+    first, second = knobs.PIECES.get(padded_to, (padded_to, 0))  # (D192: 128 + 64 columns)
     for name in ("q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc", "dq_desc"):
         assert named[name].shape[-1] == dim, name
-        assert named[name].block_shape[-1] == padded_to, name
+        # (dQ's accumulator in blocks of its parts: D256's halves)
+        split = knobs.DQ_SPLIT.get(padded_to, 1) if name == "dq_desc" else 1
+        assert named[name].block_shape[-1] == first // split, name
+        two = named[name.replace("_desc", "2_desc")]
+        assert (two.block_shape[-1], two.shape[-1]) == (second, dim) if second else two is None
     q = rand(1, 2, 4096, dim, dtype=torch.bfloat16)
     assert knobs.padded_refusal(dim) is None
     monkeypatch.setattr(knobs, "tma_reduce_available", lambda: False)
@@ -802,9 +829,9 @@ def test_a_head_dim_between_runs_padded_to_the_next(dim, padded_to, monkeypatch)
 def test_the_kernels_head_dims():
     from fusedattn.hopper import backward as knobs
 
-    assert [knobs.kernel_dim(d) for d in (16, 48, 63, 64, 65, 127, 128, 129, 192, 256, 257,
-                                          320)] == [
-        None, None, None, 64, 128, 128, 128, 256, 256, 256, None, None]
+    assert [knobs.kernel_dim(d) for d in (16, 48, 63, 64, 65, 127, 128, 129, 192, 193, 256,
+                                          257, 320)] == [
+        None, None, None, 64, 128, 128, 128, 192, 192, 256, 256, None, None]
 
 
 @pytest.mark.parametrize("dim, mask, deterministic", [
@@ -812,7 +839,7 @@ def test_the_kernels_head_dims():
     (128, Mask(window=(8, 0)), False), (128, Mask(softcap=30.0), True),
     (64, Mask(causal=True), True), (64, Mask(), True), (64, Mask(), False),
     (64, Mask(softcap=30.0), True), (256, Mask(), True), (256, Mask(causal=True), False),
-    (256, Mask(softcap=30.0), True)])
+    (256, Mask(softcap=30.0), True), (192, Mask(causal=True), True), (192, Mask(), False)])
 def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, deterministic,
                                                            monkeypatch):
     """`scripts/gluon_compile_report.py --backward` fills what a configuration leaves out
@@ -825,7 +852,7 @@ def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, determinis
     launched = _cpu_launch(dim, mask, deterministic, monkeypatch)
     shared = sorted(set(picked) & set(launched))
     assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "BLOCK_N", "STAGES",
-            "DQ_BUFS", "EARLY_FREE"} <= set(shared)
+            "DQ_BUFS", "EARLY_FREE", "D", "D2"} <= set(shared)
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
 
 

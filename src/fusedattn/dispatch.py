@@ -35,11 +35,11 @@ from fusedattn.problem import ProblemError
 # and the Hopper path costs the host more on a short step and the fp32 dQ accumulator's
 # memory (evidence/nvidia-h200/20261203T0059Z-bwd-short-rows; S512 D64 1.31x). (It was
 # {64: 2048, 128: 4096} before, when the kernel lost at D128 S1024 causal and on the
-# varlen row.) D256 (and D129-D255, padded to it): 128, the shortest row measured, where it
-# beat the portable passes too: S128 D256 118 TFLOP/s against 96, S128 D192 causal 58
-# against 47, S256 D256 causal 105 against 87 (evidence/nvidia-h200/
-# 20261203T2249Z-bwd-d256-rows)
-HOPPER_BWD_MIN_KEYS = {64: 512, 128: 256, 256: 128}
+# varlen row.) D192 and D256 (and the dims padded to them): 128, the shortest row measured,
+# where the D256 kernel beat the portable passes too, D192 padded to it included: S128 D256
+# 118 TFLOP/s against 96, S128 D192 causal 58 against 47, S256 D256 causal 105 against 87
+# (evidence/nvidia-h200/20261203T2249Z-bwd-d256-rows)
+HOPPER_BWD_MIN_KEYS = {64: 512, 128: 256, 192: 128, 256: 128}
 BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k

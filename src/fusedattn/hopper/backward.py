@@ -24,16 +24,24 @@ from fusedattn.hopper.forward import _descriptor, _sm_count
 # LSE from global memory, 0831Z, it had lost 7% under causal masks, and ptxas spills
 # 196 B where S is transposed without the LSE rows)
 # D256 takes 64 keys a program, each compute warpgroup half of dK's and dV's columns (64
-# fp32 registers a thread each, as D128's 128 keys: `backward_kernel._steps`), and one slot
-# of Q and dO: its shared memory is 32 KB each of Q, dO, K and V, 16 KB of P and dS and
-# 64 KB of one dQ buffer (`DQ_BUFS`), 209 KB; a second slot would need 64 KB more. The CPU
-# compile report: no wgmma serialised, 24 B spilled (40 causal), a key loop of 430
-# instructions (evidence/sm90-compile/20261203T2235Z-bwd-d256)
+# fp32 registers a thread each, as D128's 128 keys: `backward_kernel._steps`). One slot of
+# Q and dO with a whole dQ buffer is 32 KB each of Q, dO, K and V, 16 KB of P and dS and
+# 64 KB of dQ, 209 KB (evidence/sm90-compile/20261203T2235Z-bwd-d256; on the H200 its
+# loads waited: 2249Z's ncu). So D256 hands dQ over in two halves of 128 columns through a
+# 32 KB buffer (`DQ_SPLIT`), which leaves room for a second slot of Q, with dO in a ring of
+# one slot of its own (`DO_STAGES`): 208 KB
 TILES = {
     64: (128, 128, 2),
     128: (64, 128, 2),
-    256: (64, 64, 1),
+    192: (64, 64, 2),
+    256: (64, 64, 2),
 }
+# head dims the kernel takes in two pieces of columns (Gluon's tensors take power-of-two
+# shapes): D192 as 128 + 64, each piece its own descriptors, buffers and accumulators
+# (`backward_kernel`'s D2), 64 keys a program as D256. Its tiles are 24 KB, so two slots
+# of Q and dO fit: 96 KB of them, 48 KB of K and V, 16 KB of P and dS, 48 KB of one dQ
+# buffer, 209 KB (D192 ran padded to D256 before: a third more products, one slot)
+PIECES = {192: (128, 64)}
 # head dims between the kernel's run padded to the next, as the forward's
 # (`forward.kernel_pair`): D65 to D127 as D128, D129 to D255 as D256. The descriptors keep
 # the tensors' own shapes, so the TMA boxes read zeros past the last column (S, dP and
@@ -54,16 +62,21 @@ WRITER_WARPS = 4  # the dQ writer's warps (`backward_kernel._dq_writer`)
 # compute warpgroups get 240 registers; with 4, 232: too few for P and dS as register
 # operands at D128, where ptxas serialises the wgmmas. The loader warp apart, the A/B
 # switch MERGED, was dropped after fe18d37.)
-# per head dim, dQ's shared buffers between the compute warps and the writer (D256: one,
-# its shared memory, above)
-DQ_BUFS = {64: 2, 128: 2, 256: 1}
+# per head dim, dQ's shared buffers between the compute warps and the writer (D192, D256:
+# one, their shared memory, above)
+DQ_BUFS = {64: 2, 128: 2, 192: 1, 256: 1}
+# per head dim where they differ from STAGES: dO's slots, in a ring of its own (released
+# once dV is done, Q's once dK is), and dQ's parts a step, each handed over and added
+# apart (`backward_kernel._steps`, `_dq_writer`): D256's second slot of Q (above)
+DO_STAGES = {256: 1}
+DQ_SPLIT = {256: 2}
 DQ_ADDS = True  # False leaves dQ out (wrong dQ): A/Bs alone, to time the rest
 # per head dim, the writer adds a step's dQ by one TMA reduction
 # (`backward_kernel._tma_add`), not by its threads' atomics (64 a thread a step at D128):
 # at D128 +1.6 to +5.8% in every row, at D64's former 64-row steps -5.7 to -0.4%
 # (evidence nvidia-h200/20261202T2031Z-bwd-dq-tma); D64's 128-row steps take it with the
 # LSE rows (2150Z, above)
-DQ_TMA = {64: True, 128: True, 256: True}
+DQ_TMA = {64: True, 128: True, 192: True, 256: True}
 # per head dim, each step's LSE (base 2) and delta go into shared memory by the writer's
 # warps (the loader's work) with its Q and dO, and the compute warps read them
 # there, not from global memory at the step's start; not where S is transposed and the
@@ -72,11 +85,11 @@ DQ_TMA = {64: True, 128: True, 256: True}
 # call), deterministic unmasked -7% at S4096 (-2.4% S2048, +2% S1024, +4% S256); at D64's
 # former 64-row steps (the writer's atomics) -3 to -19% (2042Z), with the TMA adds -2.5 to
 # +2.2% (2049Z); D64's 128-row steps need them (2150Z)
-LSE_SMEM = {64: True, 128: True, 256: True}
+LSE_SMEM = {64: True, 128: True, 192: True, 256: True}
 # per head dim, LSE_SMEM also where S is transposed with no mask under deterministic adds
 # (`lse_in_shared`): at D128 it lost 7% there (S4096, evidence 2049Z); D64's 128-row
 # steps without it spill 196 B and run at 0.47x (210 TFLOP/s against 443, 2150Z)
-LSE_SWAP_DETERMINISTIC = {64: True, 128: False, 256: False}
+LSE_SWAP_DETERMINISTIC = {64: True, 128: False, 192: False, 256: False}
 # S^T and dP^T (FA3's swapAB): P and dS the register operands of dV and dK, where the mask
 # bounds no key (or SWAP_MASKED) and there is no softcap. Measured at 8cba653 (evidence
 # 0813Z): D128 S4096 +4.7%, D64 +1%; under causal masks -19 to -34% (ptxas spills 136
@@ -88,7 +101,7 @@ SWAP_SDP = True
 # bit-identical. D128: no gain (-2.4% S4096 causal, -5.1% S16384, evidence 2146Z),
 # though the CPU compile report has its causal key loop at 527 instructions and no spills
 # against 599 and 52 bytes (sm90-compile/20261202T2140Z-bwd-dq-tma-lse)
-SWAP_MASKED = {64: True, 128: False, 256: False}
+SWAP_MASKED = {64: True, 128: False, 192: False, 256: False}
 # the deterministic adds' order (`backward_kernel`'s docstring; `order` below): None picks
 # by the rule, "down", "up" or "rotated" force one (A/Bs; "rotated" only where it is safe)
 ORDER = None
@@ -128,7 +141,7 @@ ZERO_IN_PREPROCESS = True
 # 1.65 (-1.6%); longest first (VARLEN_LONGEST_FIRST, 0124Z) D128 347-349 TFLOP/s against
 # 325 (+7%), D64 250-252 against 246-248 (+1.6%). An empty program costs about 90 ns of an
 # SM, so the full grid's 7,616 empties a head are not where the varlen row's gap to FA4 is
-VARLEN_COMPACT = {64: True, 128: True, 256: True}
+VARLEN_COMPACT = {64: True, 128: True, 192: True, 256: True}
 # the compact grid takes the sequences most keys first (the preprocess sorts them, up to
 # `flash_bwd_kernels.SORT_MAX_DOCS`; more keep their own order), so that no long
 # sequence's longest program starts in the launch's last wave: a list schedule of the
@@ -144,10 +157,11 @@ VARLEN_LONGEST_FIRST = True
 # report: D128 causal spills 52/52 -> 28/28 B, its loop's local-memory operations 14 -> 10
 # (evidence/sm90-compile/20261203T0935Z-bwd-mask-constants) (A/B)
 MASK_CONSTANTS = True
-# with one slot of Q and dO (D256), the compute warps release it once dV and dK are done, not
-# at the step's end, and the writer loads the next step's Q and dO then, under the step's
-# dQ product and hand-off, before it waits for the step's dQ (`backward_kernel._steps`)
-# (A/B)
+# with one slot of Q and dO (D256 before DQ_SPLIT), the compute warps release it once dV
+# and dK are done, not at the step's end, and the writer loads the next step's Q and dO
+# then, under the step's dQ product and hand-off, before it waits for the step's dQ
+# (`backward_kernel._steps`; +2.5 to +6% on four of seven rows, 2249Z). DQ_SPLIT's rings
+# always release early (A/B)
 EARLY_FREE = True
 
 
@@ -157,7 +171,7 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, LSE_SMEM, LSE_SWAP_DETERMINISTIC,
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
-            MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE)
+            MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -238,6 +252,9 @@ def padded_refusal(dim: int) -> str | None:
     if kdim not in (None, dim) and not tma_adds(dim):
         return (f"head dim {dim} runs padded to {kdim} only where dQ is added by TMA "
                 "reductions (DQ_TMA on, and a Triton with them)")
+    if kdim in PIECES and not tma_adds(dim):  # (the writer's atomics take one piece)
+        return (f"head dim {dim} runs in pieces of {PIECES[kdim]} columns only where dQ is "
+                "added by TMA reductions (DQ_TMA on, and a Triton with them)")
     return None
 
 
@@ -312,9 +329,14 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     unmasked = left < 0 and right < 0
     swap = (SWAP_SDP and block_n >= 128 and cap == 0
             and (unmasked or (SWAP_MASKED[kdim] and LSE_SMEM[kdim])))
-    descs = [_descriptor(t, rows, kdim) for t, rows in
-             ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
-              (dv, block_n), (dq_acc, block_m))]
+    first, second = PIECES.get(kdim, (kdim, 0))
+    operands = ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
+                (dv, block_n), (dq_acc, block_m))
+    split = DQ_SPLIT.get(kdim, 1)  # (dQ's accumulator in blocks of its parts' width)
+    descs = [_descriptor(t, rows, first // split if t is dq_acc else first)
+             for t, rows in operands]
+    # the second piece's (columns `first` on), in the kernel's order of *2_desc; else None
+    descs2 = [_descriptor(t, rows, second) if second else None for t, rows in operands]
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
     if not tma_adds(dim) and not dq_acc.is_contiguous():
@@ -340,14 +362,16 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
             dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
             batch if grid_compact else tiles_n,
             tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, dim, scale, qk_scale,
-            cap, left, right, code.value)
-    kwargs = dict(D=kdim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+            cap, left, right, code.value, *descs2)
+    kwargs = dict(D=first, D2=second, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS[kdim],
                   DQ_ADDS=DQ_ADDS, DQ_TMA=tma_adds(dim),
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
-                  MASK_CONSTANTS=MASK_CONSTANTS, EARLY_FREE=EARLY_FREE and stages == 1 and not swap,
+                  MASK_CONSTANTS=MASK_CONSTANTS,
+                  EARLY_FREE=not swap and ((EARLY_FREE and stages == 1) or split > 1),
+                  DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
                   num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -240,20 +240,26 @@ def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, ro
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k,
-             D: gl.constexpr):
+def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, two,
+             D: gl.constexpr, D2: gl.constexpr):
     """The program's K and V tiles, once (varlen: a tile past its sequence's keys loads
-    nothing)."""
+    nothing); with a second head-dim piece (D2 > 0) its columns D.. from `two`'s
+    descriptors into its buffers (`_flash_bwd_sm90`)."""
+    k2_desc, v2_desc, k2_smem, v2_smem = two[1], two[2], two[8], two[9]
     if k0 < seq_k:
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _load_rows(k_desc, k_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k_smem, D, 0)
-        _load_rows(v_desc, v_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v_smem, D, 0)
+        if D2 > 0:
+            mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                            + k2_desc.block_type.nbytes + v2_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _load_rows(k_desc, k2_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k2_smem, D, D2)
+        _load_rows(v_desc, v2_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v2_smem, D, D2)
 
 
 @gluon.jit
 def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
-               m_lo, n_steps, rot, order, BLOCK_M: gl.constexpr, D: gl.constexpr,
-               STAGES: gl.constexpr, GQA: gl.constexpr):
+               m_lo, n_steps, rot, order, two, BLOCK_M: gl.constexpr, D: gl.constexpr,
+               D2: gl.constexpr, STAGES: gl.constexpr, GQA: gl.constexpr):
     """Step t's Q and dO into slot t % STAGES, once the compute partition released the
     slot's last use."""
     j, hh = _step(t, group, GQA)
@@ -262,11 +268,20 @@ def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, gr
     slot = t % STAGES
     # a fresh barrier counts as having completed the phase before its first
     mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot), q_smem.index(slot),
-               q_smem.index(slot), D, 0)
-    _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
-               do_smem.index(slot), do_smem.index(slot), D, 0)
+    if D2 > 0:  # (a second head-dim piece: `two`'s descriptors and buffers, columns D..)
+        q2_desc, do2_desc, q2_smem, do2_smem = two[0], two[3], two[7], two[10]
+        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                        + q2_desc.block_type.nbytes + do2_desc.block_type.nbytes)
+        _load_rows(q_desc, q2_desc, b_row, h, q_start + m0, ready.index(slot),
+                   q_smem.index(slot), q2_smem.index(slot), D, D2)
+        _load_rows(do_desc, do2_desc, b_row, h, q_start + m0, ready.index(slot),
+                   do_smem.index(slot), do2_smem.index(slot), D, D2)
+    else:
+        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot),
+                   q_smem.index(slot), q_smem.index(slot), D, 0)
+        _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
+                   do_smem.index(slot), do_smem.index(slot), D, 0)
 
 
 @gluon.jit
@@ -315,16 +330,47 @@ def _put_rows(t, lse, delta, rows_smem, ready, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _load_one(t, desc, smem, ready, free, b_row, h_kv, group, q_start, m_lo, n_steps, rot,
+              order, BLOCK_M: gl.constexpr, D: gl.constexpr, SLOTS: gl.constexpr,
+              GQA: gl.constexpr):
+    """Step t's tile of Q or of dO (`desc`) into slot t % SLOTS of its own ring (DO_STAGES:
+    Q's and dO's rings of different depths), once the compute partition released the
+    slot's last use."""
+    j, hh = _step(t, group, GQA)
+    m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
+    slot = t % SLOTS
+    mbarrier.wait(free.index(slot), ((t // SLOTS) & 1) ^ 1)
+    mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+    _load_rows(desc, desc, b_row, h_kv * group + hh, q_start + m0, ready.index(slot),
+               smem.index(slot), smem.index(slot), D, 0)
+
+
+@gluon.jit
+def _dq_handoff(dq, dq_smem, dq_ready, dq_free, n, DQ_BUFS: gl.constexpr,
+                DQ_TMA: gl.constexpr):
+    """The compute warps' n-th hand-off of a part of dQ (`dq`, scaled) to the writer (DQ_SPLIT
+    parts a step), into buffer n % DQ_BUFS once the writer is done with its last one."""
+    buf = n % DQ_BUFS
+    mbarrier.wait(dq_free.index(buf), ((n // DQ_BUFS) & 1) ^ 1)
+    dq_smem.index(buf).store(dq)
+    if DQ_TMA:  # (the writer's TMA reads it)
+        fence_async_shared()
+    gl.thread_barrier()  # every warp's stores are in (one thread arrives for all)
+    mbarrier.arrive(dq_ready.index(buf), count=1)
+
+
+@gluon.jit
 def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right,
                order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
-               kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, D: gl.constexpr,
+               kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two, do_ring,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, D2: gl.constexpr,
                STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, EARLY_FREE: gl.constexpr):
+               DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, EARLY_FREE: gl.constexpr,
+               DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -332,7 +378,17 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     are the loader too (one warpgroup for both, so that the compute warpgroups get 240
     registers): K, V and the first STAGES steps' Q and dO up front, then step t + STAGES's
     as soon as step t is done (its slot is free then), before step t's adds; LSE_SMEM the
-    steps' LSE and delta rows too, loaded a step ahead."""
+    steps' LSE and delta rows too, loaded a step ahead. DO_STAGES < STAGES: dO in a ring of
+    its own (`do_ring`: its ready and free barriers), each step's loaded once its slot is
+    released. DQ_SPLIT > 1: a step's dQ comes in that many parts of D / DQ_SPLIT columns,
+    each added by its own TMA reduction, the counter's turn awaited before the first and
+    counted after the last."""
+    SPLIT_RINGS: gl.constexpr = DO_STAGES != STAGES
+    DH: gl.constexpr = D // DQ_SPLIT  # (a part of dQ's columns)
+    if DQ_SPLIT > 1:
+        gl.static_assert(EARLY_FREE and DQ_TMA and D2 == 0)
+    gl.static_assert(DQ_SPLIT > 1 or not SPLIT_RINGS)  # (the compute warps' rule: `_steps`)
+    do_ready, do_free = do_ring
     # chunks of ROWS x COLS: the swizzle pattern's rows, a 128-byte row of it (fp32), so a
     # thread holds 8 values (the partition has few registers)
     ROWS: gl.constexpr = 16 if WARPS == 4 else 8
@@ -345,16 +401,27 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
-    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, D)
+    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, two, D,
+             D2)
     for t in gl.static_range(STAGES):
         if t < n_total:
-            _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group,
-                       q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
+            if SPLIT_RINGS:  # Q's ring alone here, dO's below
+                _load_one(t, q_desc, q_smem, ready, free, b_row, h_kv, group, q_start, m_lo,
+                          n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
+            else:
+                _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
+                           group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2,
+                           STAGES, GQA)
             if LSE_SMEM:
                 lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
                                         sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
                                         BLOCK_M, GQA, True)
                 _put_rows(t, lse, delta, rows_smem, ready, STAGES)
+    if SPLIT_RINGS:
+        for t in gl.static_range(DO_STAGES):
+            if t < n_total:
+                _load_one(t, do_desc, do_smem, do_ready, do_free, b_row, h_kv, group, q_start,
+                          m_lo, n_steps, rot, order, BLOCK_M, D, DO_STAGES, GQA)
     if LSE_SMEM:  # step STAGES's rows, which the loop's first turn stores
         lse, delta = _step_rows(STAGES, STAGES < n_total, group, m_lo, n_steps, rot, order,
                                 b_row, h_kv, sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
@@ -370,10 +437,19 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         buf = t % DQ_BUFS
         if not EARLY_FREE:
             mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
-        if t + STAGES < n_total:  # (EARLY_FREE: once the compute warps release the slot,
+        if SPLIT_RINGS:  # dO's slot first: the compute warps release it before Q's
+            if t + DO_STAGES < n_total:
+                _load_one(t + DO_STAGES, do_desc, do_smem, do_ready, do_free, b_row, h_kv,
+                          group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, DO_STAGES,
+                          GQA)
+            if t + STAGES < n_total:
+                _load_one(t + STAGES, q_desc, q_smem, ready, free, b_row, h_kv, group,
+                          q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
+        elif t + STAGES < n_total:  # (EARLY_FREE: once the compute warps release the slot,
             # before their dQ is ready)
             _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
-                       group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
+                       group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2, STAGES,
+                       GQA)
         if LSE_SMEM:  # step t + STAGES's rows (loaded a turn ago: their latency is behind
             # the last step's adds), then step t + STAGES + 1's loaded. The slot is free:
             # the compute warps are done with step t. (Loaded and stored here at once, the
@@ -385,7 +461,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             lse, delta = _step_rows(t + STAGES + 1, t + STAGES + 1 < n_total, group, m_lo,
                                     n_steps, rot, order, b_row, h_kv, sl_b, sl_h, q_start,
                                     p_lse, p_delta, seq_q, vec, BLOCK_M, GQA, True)
-        if EARLY_FREE:
+        if EARLY_FREE and DQ_SPLIT == 1:
             mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
         if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
@@ -396,26 +472,50 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                 seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
         base = p_dq + (row_bh * rows_q + q_start + m0) * D
         tile = dq_smem.index(buf)
-        if DQ_ADDS and DQ_TMA:  # the tile in one TMA reduction; rows past the accumulator's
+        if DQ_SPLIT > 1:  # the step's parts, each a hand-off of its own (`_dq_handoff`)
+            for h in gl.static_range(DQ_SPLIT):
+                n_part = t * DQ_SPLIT + h
+                part = n_part % DQ_BUFS
+                mbarrier.wait(dq_ready.index(part), (n_part // DQ_BUFS) & 1)
+                if DQ_ADDS:
+                    _tma_add(dq_desc, [b_row, h_kv * group + hh, q_start + m0, h * DH],
+                             dq_smem.index(part)._reinterpret(gl.float32, [1, 1, BLOCK_M, DH],
+                                                              dq_desc.layout))
+                if DETERMINISTIC and h == DQ_SPLIT - 1:  # every part's adds done
+                    t = _bulk_wait(t)
+                else:  # the buffer read
+                    tma.store_wait(0)
+                gl.thread_barrier()  # (the partition's waits)
+                if DETERMINISTIC and h == DQ_SPLIT - 1:
+                    gl.atomic_add(counter, 1, sem="release", scope="gpu")
+                mbarrier.arrive(dq_free.index(part), count=1)
+        elif DQ_ADDS and DQ_TMA:  # the tile in one TMA reduction; rows past the accumulator's
             # end are dropped, and varlen's rows past a sequence's end (the next sequence's)
             # get its zeros (P = 0 there), which change no bits whatever the order
             _tma_add(dq_desc, [b_row, h_kv * group + hh, q_start + m0, 0],
                      tile._reinterpret(gl.float32, [1, 1, BLOCK_M, D], dq_desc.layout))
+            if D2 > 0:  # the second head-dim piece, columns D..
+                dq2_desc = two[6]
+                _tma_add(dq2_desc, [b_row, h_kv * group + hh, q_start + m0, D],
+                         two[11].index(buf)._reinterpret(gl.float32, [1, 1, BLOCK_M, D2],
+                                                         dq2_desc.layout))
             if DETERMINISTIC:  # the adds done before the count says so
                 t = _bulk_wait(t)
             else:  # the buffer read
                 tma.store_wait(0)
         elif DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
+            gl.static_assert(D2 == 0, "a second head-dim piece adds dQ by TMA only")
             for r in gl.static_range(0, BLOCK_M, ROWS):
                 keep = gl.expand_dims(m0 + r + rows < seq_q, 1)
                 for c in gl.static_range(0, D, COLS):
                     vals = tile.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
                     gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
                                   sem="relaxed", scope="gpu")
-        gl.thread_barrier()  # the partition's adds and reads of the buffer are done
-        if DETERMINISTIC:
-            gl.atomic_add(counter, 1, sem="release", scope="gpu")
-        mbarrier.arrive(dq_free.index(buf), count=1)
+        if DQ_SPLIT == 1:
+            gl.thread_barrier()  # the partition's adds and reads of the buffer are done
+            if DETERMINISTIC:
+                gl.atomic_add(counter, 1, sem="release", scope="gpu")
+            mbarrier.arrive(dq_free.index(buf), count=1)
 
 
 @gluon.jit
@@ -466,15 +566,23 @@ def _masked_p(p, k0, q0, seq_k, left, right, QX: gl.constexpr, HAS_LEFT: gl.cons
 @gluon.jit
 def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar, ready,
            free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n,
-           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
-           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-           STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-           BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
-           GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
-           SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-           MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
+           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, two, outs,
+           do_ring, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+           D2: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+           HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+           DQ_BUFS: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr,
+           COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr,
+           LSE_SMEM: gl.constexpr, MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
+           DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
+    D2 > 0 (D192: pieces of 128 and 64 columns, 64 keys, S not transposed): `two`'s second
+    pieces of Q, K, V, dO and dQ's buffer, S and dP two products each, dV, dK and dQ two
+    accumulators each; the second pieces of dK and dV go out here, after the steps, by
+    `outs` (`_store_piece`), and the first pieces' are returned. DQ_SPLIT > 1 (D256 with
+    two slots of Q and one of dO, `do_ring`): dO's slot is released once dV is done, Q's
+    once dK is, and dQ is made and handed over in DQ_SPLIT parts of D / DQ_SPLIT columns,
+    each from its own columns of K (`_dq_handoff`), so that one buffer a part fits.
     EARLY_FREE (one slot, P and dS in shared memory): the slot is released once dV and dK
     are done, before dQ's product is waited for, so that the next step's Q and dO load
     under it (`_dq_writer` loads then, before it waits for the step's dQ).
@@ -506,12 +614,26 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     dtype: gl.constexpr = q_smem.dtype
+    if DQ_SPLIT > 1:  # a part of dQ, each warpgroup half of its columns
+        gl.static_assert(D2 == 0 and not SWAP_SDP and EARLY_FREE and DO_STAGES == 1)
+        DH: gl.constexpr = D // DQ_SPLIT
+        dqh_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DH // 2, 16])
+        do_ready, do_free = do_ring
+    if D2 > 0:  # the second piece's accumulators, each warpgroup half of their columns
+        gl.static_assert(BLOCK_N < 128 and not SWAP_SDP and not EARLY_FREE)
+        kv2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D2 // 2, 16])
+        q2_smem, k2_smem, v2_smem, do2_smem, dq2_smem = two[7], two[8], two[9], two[10], two[11]
 
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
+    if D2 > 0:
+        dk2 = gl.zeros([BLOCK_N, D2], gl.float32, layout=kv2_layout)
+        dv2 = gl.zeros([BLOCK_N, D2], gl.float32, layout=kv2_layout)
     live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
     if live:
         mbarrier.wait(kv_bar, 0)
@@ -529,7 +651,14 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         if LSE_SMEM:  # (delta at its use, below)
             lse = rows_smem.index(2 * slot).load(row_layout)
         q_t = q_smem.index(slot)
-        do_t = do_smem.index(slot)
+        if DQ_SPLIT > 1:  # (dO's own ring of DO_STAGES slots, waited for below)
+            do_slot = t % DO_STAGES
+            do_t = do_smem.index(do_slot)
+        else:
+            do_t = do_smem.index(slot)
+        if D2 > 0:
+            q2_t = q2_smem.index(slot)
+            do2_t = do2_smem.index(slot)
         # (the zeros made here, not before the loop: no registers held for them)
         if SWAP_SDP:
             zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
@@ -541,9 +670,18 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
             s_tok = warpgroup_mma(q_t, k_smem.permute((1, 0)), zero_s, use_acc=False,
                                   is_async=True)
+            if D2 > 0:  # (the second piece's columns into the same S)
+                s_tok = warpgroup_mma(q2_t, k2_smem.permute((1, 0)), s_tok, is_async=True)
+            if DQ_SPLIT > 1:  # (S issued before dO's wait: its load may be the later)
+                mbarrier.wait(do_ready.index(do_slot), (t // DO_STAGES) & 1)
             dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
-        s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
+            if D2 > 0:
+                dp_tok = warpgroup_mma(do2_t, v2_smem.permute((1, 0)), dp_tok, is_async=True)
+        if D2 > 0:  # (S's two products done; dP's two in flight)
+            s = warpgroup_mma_wait(2, deps=[s_tok, q_t, k_smem, q2_t, k2_smem])[0]
+        else:
+            s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
         if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
             s = _softcap(s * qk_scale) * cap
         else:
@@ -570,7 +708,12 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             p_smem.store(p.to(dtype))
             fence_async_shared()
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
-        dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
+            if D2 > 0:
+                dv2_tok = warpgroup_mma(p_smem.permute((1, 0)), do2_t, dv2, is_async=True)
+        if D2 > 0:  # (dP's two products done; dV's two in flight)
+            dp = warpgroup_mma_wait(2, deps=[dp_tok, do_t, v_smem, do2_t, v2_smem])[0]
+        else:
+            dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
         if LSE_SMEM:
             delta = rows_smem.index(2 * slot + 1).load(row_layout)
         ds = p * (dp - gl.expand_dims(delta, QX))
@@ -593,74 +736,132 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             ds_smem.store(ds.to(dtype))
             fence_async_shared()
             dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_t, dk, is_async=True)
-            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
-            if EARLY_FREE:  # dV and dK done (the wgmmas retire in order): Q and dO read
-                kv = warpgroup_mma_wait(1, deps=[dv_tok, dk_tok, p_smem, q_t, do_t])
-                dv_tok = kv[0]
-                dk_tok = kv[1]
+            if DQ_SPLIT > 1:  # dQ in two parts: products by K's columns, handed over in turn
+                gl.static_assert(DQ_SPLIT == 2)
+                zero_h = gl.zeros([BLOCK_M, DH], gl.float32, layout=dqh_layout)
+                dq0_tok = warpgroup_mma(ds_smem, k_smem.slice(0, DH, dim=1), zero_h,
+                                        use_acc=False, is_async=True)
+                dq1_tok = warpgroup_mma(ds_smem, k_smem.slice(DH, DH, dim=1), zero_h,
+                                        use_acc=False, is_async=True)
+                # (they retire in order) dV done: dO read; dK done: Q and its rows read
+                dv_tok = warpgroup_mma_wait(3, deps=[dv_tok, p_smem, do_t])[0]
                 gl.thread_barrier()  # both warpgroups' (one thread arrives for all)
+                mbarrier.arrive(do_free.index(do_slot), count=1)
+                dk_tok = warpgroup_mma_wait(2, deps=[dk_tok, q_t])[0]
+                gl.thread_barrier()
                 mbarrier.arrive(free.index(slot), count=1)
-            done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem, q_t,
-                                               do_t, k_smem])
+                dq0 = warpgroup_mma_wait(1, deps=[dq0_tok, ds_smem, k_smem])[0]
+                _dq_handoff(dq0 * scale, dq_smem, dq_ready, dq_free, 2 * t, DQ_BUFS, DQ_TMA)
+                dq1 = warpgroup_mma_wait(0, deps=[dq1_tok, ds_smem, k_smem])[0]
+                _dq_handoff(dq1 * scale, dq_smem, dq_ready, dq_free, 2 * t + 1, DQ_BUFS,
+                            DQ_TMA)
+                done = (dv_tok, dk_tok)
+            else:
+                dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False,
+                                       is_async=True)
+                if D2 > 0:
+                    dk2_tok = warpgroup_mma(ds_smem.permute((1, 0)), q2_t, dk2,
+                                            is_async=True)
+                    zero_dq2 = gl.zeros([BLOCK_M, D2], gl.float32, layout=kv2_layout)
+                    dq2_tok = warpgroup_mma(ds_smem, k2_smem, zero_dq2, use_acc=False,
+                                            is_async=True)
+                    done2 = warpgroup_mma_wait(0, deps=[dv2_tok, dk2_tok, dq2_tok, dv_tok,
+                                                        dk_tok, dq_tok, p_smem, ds_smem, q_t,
+                                                        do_t, k_smem, q2_t, do2_t, k2_smem])
+                    dv2 = done2[0]
+                    dk2 = done2[1]
+                    dv_tok = done2[3]
+                    dk_tok = done2[4]
+                    dq_tok = done2[5]
+                if EARLY_FREE:  # dV and dK done (the wgmmas retire in order): Q and dO read
+                    kv = warpgroup_mma_wait(1, deps=[dv_tok, dk_tok, p_smem, q_t, do_t])
+                    dv_tok = kv[0]
+                    dk_tok = kv[1]
+                    gl.thread_barrier()  # both warpgroups' (one thread arrives for all)
+                    mbarrier.arrive(free.index(slot), count=1)
+                done = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_smem, ds_smem,
+                                                   q_t, do_t, k_smem])
         dv = done[0]
         dk = done[1]
-        # this step's dQ to the writer, once it is done with the last one's
-        buf = t % DQ_BUFS
-        mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
-        dq_smem.index(buf).store(done[2] * scale)
-        if DQ_TMA:  # (the writer's TMA reads it)
-            fence_async_shared()
-        # every warp is past its products' reads of the slot, P and dS, and its dQ
-        # stores (one thread arrives for all)
-        gl.thread_barrier()
-        mbarrier.arrive(dq_ready.index(buf), count=1)
-        if not EARLY_FREE:
-            mbarrier.arrive(free.index(slot), count=1)
+        if DQ_SPLIT == 1:  # this step's dQ to the writer, once it is done with its last
+            buf = t % DQ_BUFS
+            mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
+            dq_smem.index(buf).store(done[2] * scale)
+            if D2 > 0:
+                dq2_smem.index(buf).store(done2[2] * scale)
+            if DQ_TMA:  # (the writer's TMA reads it)
+                fence_async_shared()
+            # every warp is past its products' reads of the slot, P and dS, and its dQ
+            # stores (one thread arrives for all)
+            gl.thread_barrier()
+            mbarrier.arrive(dq_ready.index(buf), count=1)
+            if not EARLY_FREE:
+                mbarrier.arrive(free.index(slot), count=1)
+    if D2 > 0:
+        if live:  # the second pieces of dK and dV, columns D..
+            p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim = outs
+            _store_piece(dk2, dv2, k2_smem, v2_smem, two[4], two[5], p_dk + D, p_dv + D, sdk_h,
+                         sdk_s, sdv_h, sdv_s, b, h_kv, k_start, k0, seq_k, dim - D, scale, D,
+                         BLOCK_N, D2, VARLEN)
     return dk, dv
+
+
+@gluon.jit
+def _store_piece(dk, dv, k_tile, v_tile, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
+                 sdv_s, b, h_kv, k_start, k0, seq_k, n_cols, scale, COL: gl.constexpr,
+                 BLOCK_N: gl.constexpr, W: gl.constexpr, VARLEN: gl.constexpr):
+    """dK (scaled) and dV of one head-dim piece, W columns from COL (`p_dk`, `p_dv` point at
+    column COL), out through K's and V's shared tiles of the piece (every warp is done
+    reading them): by TMA, or varlen by masked stores (rows past the sequence's keys are
+    the next sequence's; `n_cols` of the tensors' columns from COL, fewer where the head
+    dim runs padded)."""
+    dtype: gl.constexpr = k_tile.dtype
+    gl.thread_barrier()
+    k_tile.store((dk * scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    if VARLEN:
+        _store_rows(k_tile, p_dk + h_kv.to(gl.int64) * sdk_h, sdk_s, k_start + k0, seq_k - k0,
+                    n_cols, BLOCK_N, W)
+        _store_rows(v_tile, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0, seq_k - k0,
+                    n_cols, BLOCK_N, W)
+    else:
+        fence_async_shared()
+        tma.async_copy_shared_to_global(
+            dk_desc, [b, h_kv, k0, COL], k_tile._reinterpret(dtype, [1, 1, BLOCK_N, W],
+                                                             dk_desc.layout))
+        tma.async_copy_shared_to_global(
+            dv_desc, [b, h_kv, k0, COL], v_tile._reinterpret(dtype, [1, 1, BLOCK_N, W],
+                                                             dv_desc.layout))
+        tma.store_wait(0)
 
 
 @gluon.jit
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar,
              ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
              sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n, n_heads_kv,
-             group, seq_q, seq_k, dim, scale, qk_scale, cap, left, right, order,
-             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+             group, seq_q, seq_k, dim, scale, qk_scale, cap, left, right, order, two, do_ring,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, D2: gl.constexpr,
              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-             MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
-    """The 8 warps' steps, then dK and dV's stores."""
-    dtype: gl.constexpr = q_smem.dtype
+             MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr, DO_STAGES: gl.constexpr,
+             DQ_SPLIT: gl.constexpr):
+    """The 8 warps' steps, then dK and dV's stores (a second head-dim piece's: `_steps`)."""
+    outs = (p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim)
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
-                    qk_scale, cap, left, right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT,
-                    HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
-                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE)
+                    qk_scale, cap, left, right, order, two, outs, do_ring, BLOCK_M, BLOCK_N, D,
+                    D2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
+                    VARLEN, COMPACT, SWAP_SDP, DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE,
+                    DO_STAGES, DQ_SPLIT)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
-    live = k0 < seq_k
-    # dK and dV out through K's and V's tiles (every warp is done reading them)
-    if live:
-        gl.thread_barrier()
-        k_smem.store((dk * scale).to(dtype))
-        v_smem.store(dv.to(dtype))
-        if VARLEN:  # masked: the rows past the sequence's keys are the next sequence's
-            _store_rows(k_smem, p_dk + h_kv.to(gl.int64) * sdk_h, sdk_s, k_start + k0,
-                        seq_k - k0, dim, BLOCK_N, D)
-            _store_rows(v_smem, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0,
-                        seq_k - k0, dim, BLOCK_N, D)
-        else:
-            fence_async_shared()
-            tma.async_copy_shared_to_global(
-                dk_desc, [b, h_kv, k0, 0],
-                k_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dk_desc.layout))
-            tma.async_copy_shared_to_global(
-                dv_desc, [b, h_kv, k0, 0],
-                v_smem._reinterpret(dtype, [1, 1, BLOCK_N, D], dv_desc.layout))
-            tma.store_wait(0)
+    if k0 < seq_k:  # (varlen: a tile past its sequence's keys has none)
+        _store_piece(dk, dv, k_smem, v_smem, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
+                     sdv_s, b, h_kv, k_start, k0, seq_k, dim, scale, 0, BLOCK_N, D, VARLEN)
 
 
 @gluon.jit
@@ -691,7 +892,8 @@ UNSPECIALISED = ("sl_b", "sl_h", "sdk_h", "sdk_s", "sdv_h", "sdv_s", "n_tiles_n"
 def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_dv, p_lse,
                     p_delta, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
                     sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q,
-                    dim, scale, qk_scale, cap, left, right, order, D: gl.constexpr,
+                    dim, scale, qk_scale, cap, left, right, order, q2_desc, k2_desc, v2_desc,
+                    do2_desc, dk2_desc, dv2_desc, dq2_desc, D: gl.constexpr, D2: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
@@ -700,7 +902,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_BUFS: gl.constexpr, DQ_ADDS: gl.constexpr, GQA: gl.constexpr,
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
-                    MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr):
+                    MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
+                    DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -715,12 +918,18 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     tensors' `dim` columns: D is the tiles' width, more where the head dim runs padded) and
     dQ's accumulator has `rows_q` rows a head (Sq, or the packed total). COMPACT (varlen):
     the grid is each sequence's own key tiles x K/V heads (at most), sequence by sequence,
-    and `n_tiles_n` the sequences' count (`_key_tile`)."""
+    and `n_tiles_n` the sequences' count (`_key_tile`). D2 > 0: the head dim in two pieces
+    of D and D2 columns (D192: 128 + 64; Gluon's tensors take power-of-two shapes), the
+    `*2_desc` descriptors over the same tensors with blocks D2 wide, loaded and stored at
+    column D, each piece its own shared buffers; None where D2 = 0. DO_STAGES: dO's slots
+    (STAGES, or fewer in a ring of its own); DQ_SPLIT: dQ handed over in that many parts
+    of D / DQ_SPLIT columns (`dq_desc`'s blocks that wide)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
     do_smem = gl.allocate_shared_memory(
-        dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
+        dtype, [DO_STAGES, BLOCK_M, D],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
     k_smem = gl.allocate_shared_memory(
         dtype, [BLOCK_N, D], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype))
     v_smem = gl.allocate_shared_memory(
@@ -738,8 +947,30 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
             dtype, [BLOCK_M, BLOCK_N],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     dq_smem = gl.allocate_shared_memory(
-        gl.float32, [DQ_BUFS, BLOCK_M, D],
-        gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32))
+        gl.float32, [DQ_BUFS, BLOCK_M, D // DQ_SPLIT],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, D // DQ_SPLIT], gl.float32))
+    # the second head-dim piece's buffers (D2 > 0); else the first's names, never read
+    q2_smem = q_smem
+    do2_smem = do_smem
+    k2_smem = k_smem
+    v2_smem = v_smem
+    dq2_smem = dq_smem
+    if D2 > 0:
+        q2_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, BLOCK_M, D2],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], dtype))
+        do2_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, BLOCK_M, D2],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], dtype))
+        k2_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_N, D2], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D2], dtype))
+        v2_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_N, D2], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D2], dtype))
+        dq2_smem = gl.allocate_shared_memory(
+            gl.float32, [DQ_BUFS, BLOCK_M, D2],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], gl.float32))
+    two = (q2_desc, k2_desc, v2_desc, do2_desc, dk2_desc, dv2_desc, dq2_desc, q2_smem, k2_smem,
+           v2_smem, do2_smem, dq2_smem)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     dq_free = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
@@ -758,6 +989,16 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         # LSE_SMEM: the loader's arrival after its rows' stores, beside TMA's
         mbarrier.init(ready.index(s), count=2 if LSE_SMEM else 1)
         mbarrier.init(free.index(s), count=1)
+    # dO's ring of its own (DO_STAGES < STAGES), else the names of Q's (one ring for both)
+    do_ready = ready
+    do_free = free
+    if DO_STAGES != STAGES:
+        do_ready = gl.allocate_shared_memory(gl.int64, [DO_STAGES, 1], mbarrier.MBarrierLayout())
+        do_free = gl.allocate_shared_memory(gl.int64, [DO_STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(DO_STAGES):
+            mbarrier.init(do_ready.index(s), count=1)
+            mbarrier.init(do_free.index(s), count=1)
+    do_ring = (do_ready, do_free)
     fence_async_shared()
     # COMPACT: the sequences' launch order, after the counters (`_bwd_preprocess`'s)
     p_order = p_sem + n_tiles_n.to(gl.int64) * n_heads_kv * group * n_tiles_m
@@ -766,17 +1007,17 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
                     sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order,
                     n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, scale, qk_scale, cap, left,
-                    right, order, BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT,
-                    BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP, DQ_TMA,
-                    LSE_SMEM, MASK_CONSTANTS, EARLY_FREE)),
+                    right, order, two, do_ring, BLOCK_M, BLOCK_N, D, D2, STAGES, HAS_LEFT,
+                    HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE, DO_STAGES, DQ_SPLIT)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
                       right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
-                      do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h,
-                      BLOCK_M, BLOCK_N, D, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT,
-                      DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN, COMPACT,
-                      DQ_TMA, LSE_SMEM, EARLY_FREE)),
+                      do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two,
+                      do_ring, BLOCK_M, BLOCK_N, D, D2, STAGES, HAS_LEFT, HAS_RIGHT,
+                      BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
+                      COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT)),
     ], [WRITER_WARPS], [WRITER_REGS])
 
 
