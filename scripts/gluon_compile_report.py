@@ -158,6 +158,7 @@ def backward_constexprs(config: dict) -> dict:
     c.setdefault("DO_STAGES", c["STAGES"])
     c.setdefault("DQ_SPLIT", 1)
     c.setdefault("EARLY_FREE", not c["SWAP_SDP"] and (c["STAGES"] == 1 or c["DQ_SPLIT"] > 1))
+    c.setdefault("FREE_ON_READ", True)
     return c
 
 

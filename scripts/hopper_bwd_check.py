@@ -206,6 +206,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
                                       DO_STAGES={}, DQ_SPLIT={}),
              "hopper-late-free": _ours("hopper", TILES={**knobs.TILES, 256: (64, 64, 1)},
                                        DO_STAGES={}, DQ_SPLIT={}, EARLY_FREE=False),
+             # dQ's buffer back to the compute warps only once the deterministic adds'
+             # writes are done, as before `hopper.backward.FREE_ON_READ`
+             "hopper-free-after-adds": _ours("hopper", FREE_ON_READ=False),
              # D192 (and D129-D191) padded to D256's kernel, as before `PIECES`
              "hopper-pad256": _ours("hopper", PIECES={},
                                     TILES={d: t for d, t in knobs.TILES.items() if d != 192}),

@@ -489,6 +489,26 @@ def test_d256s_slots_and_releases_give_the_same_bits(options, monkeypatch):
             assert all(torch.equal(a, b) for a, b in zip(grads[0], other, strict=True)), dim
 
 
+@on_hopper
+@pytest.mark.parametrize("dim", [64, 128, 192, 256])
+def test_the_dq_buffer_given_back_on_read_gives_the_same_bits(dim, monkeypatch):
+    # `hopper.backward.FREE_ON_READ` moves where the writer gives dQ's buffer back, never
+    # an add or its order: the same bits with it on and off under the deterministic adds,
+    # at every head dim's kernel (D192 in pieces, D256 with dQ in halves), causal, GQA 6/2
+    # and Sq != Sk; the launch takes each
+    from fusedattn.hopper import backward as knobs
+
+    q, k, v, dout = _gqa_operands(dim)
+    seen = _launch_spy(("FREE_ON_READ", "DETERMINISTIC"), monkeypatch)
+    grads = []
+    for on in (True, False):
+        monkeypatch.setattr(knobs, "FREE_ON_READ", on)
+        seen.clear()
+        grads.append(_grads(q, k, v, dout, "hopper", is_causal=True))
+        assert seen and all(s == (on, True) for s in seen), (dim, on, seen)
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
+
+
 MIB = 1 << 20
 
 

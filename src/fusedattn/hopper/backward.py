@@ -163,6 +163,13 @@ MASK_CONSTANTS = True
 # (`backward_kernel._steps`; +2.5 to +6% on four of seven rows, 2249Z). DQ_SPLIT's rings
 # always release early (A/B)
 EARLY_FREE = True
+# under deterministic TMA adds, the writer gives dQ's buffer back to the compute warps once
+# its reduction has read it (`tma.store_wait`), and waits for the reduction's writes
+# (`_bulk_wait`) only before it counts; before, the buffer waited for the writes too, and
+# with one dQ buffer (D192, D256) the compute warps' next hand-off waited with it: at D192
+# the deterministic adds cost 18-21% against racing ones (evidence/nvidia-h200/
+# 20261204T1943Z-bwd-d192-adds) (A/B)
+FREE_ON_READ = True
 
 
 def switches() -> tuple:
@@ -171,7 +178,8 @@ def switches() -> tuple:
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, LSE_SMEM, LSE_SWAP_DETERMINISTIC,
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
-            MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT)
+            MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT,
+            FREE_ON_READ)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -373,5 +381,5 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   MASK_CONSTANTS=MASK_CONSTANTS,
                   EARLY_FREE=not swap and ((EARLY_FREE and stages == 1) or split > 1),
                   DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
-                  num_warps=8)
+                  FREE_ON_READ=FREE_ON_READ, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

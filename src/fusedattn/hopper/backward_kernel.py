@@ -370,7 +370,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
                DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, EARLY_FREE: gl.constexpr,
-               DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr):
+               DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, FREE_ON_READ: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -382,7 +382,11 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     its own (`do_ring`: its ready and free barriers), each step's loaded once its slot is
     released. DQ_SPLIT > 1: a step's dQ comes in that many parts of D / DQ_SPLIT columns,
     each added by its own TMA reduction, the counter's turn awaited before the first and
-    counted after the last."""
+    counted after the last. FREE_ON_READ (DETERMINISTIC with DQ_TMA): dQ's buffer goes back
+    to the compute warps once the reduction has read it, and the writer then waits for the
+    reduction's writes before it counts (the count orders the adds, the buffer does not);
+    else the buffer waits for the writes too."""
+    EARLY_DQ_FREE: gl.constexpr = FREE_ON_READ and DETERMINISTIC and DQ_TMA
     SPLIT_RINGS: gl.constexpr = DO_STAGES != STAGES
     DH: gl.constexpr = D // DQ_SPLIT  # (a part of dQ's columns)
     if DQ_SPLIT > 1:
@@ -481,14 +485,18 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                     _tma_add(dq_desc, [b_row, h_kv * group + hh, q_start + m0, h * DH],
                              dq_smem.index(part)._reinterpret(gl.float32, [1, 1, BLOCK_M, DH],
                                                               dq_desc.layout))
-                if DETERMINISTIC and h == DQ_SPLIT - 1:  # every part's adds done
-                    t = _bulk_wait(t)
+                if DETERMINISTIC and h == DQ_SPLIT - 1 and not EARLY_DQ_FREE:
+                    t = _bulk_wait(t)  # every part's adds done
                 else:  # the buffer read
                     tma.store_wait(0)
                 gl.thread_barrier()  # (the partition's waits)
-                if DETERMINISTIC and h == DQ_SPLIT - 1:
+                if DETERMINISTIC and h == DQ_SPLIT - 1 and not EARLY_DQ_FREE:
                     gl.atomic_add(counter, 1, sem="release", scope="gpu")
                 mbarrier.arrive(dq_free.index(part), count=1)
+                if DETERMINISTIC and h == DQ_SPLIT - 1 and EARLY_DQ_FREE:
+                    t = _bulk_wait(t)  # every part's adds done, after the buffer went back
+                    gl.thread_barrier()
+                    gl.atomic_add(counter, 1, sem="release", scope="gpu")
         elif DQ_ADDS and DQ_TMA:  # the tile in one TMA reduction; rows past the accumulator's
             # end are dropped, and varlen's rows past a sequence's end (the next sequence's)
             # get its zeros (P = 0 there), which change no bits whatever the order
@@ -499,9 +507,9 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                 _tma_add(dq2_desc, [b_row, h_kv * group + hh, q_start + m0, D],
                          two[11].index(buf)._reinterpret(gl.float32, [1, 1, BLOCK_M, D2],
                                                          dq2_desc.layout))
-            if DETERMINISTIC:  # the adds done before the count says so
+            if DETERMINISTIC and not EARLY_DQ_FREE:  # the adds done before the count says so
                 t = _bulk_wait(t)
-            else:  # the buffer read
+            else:  # the buffer read (EARLY_DQ_FREE: the writes awaited below)
                 tma.store_wait(0)
         elif DQ_ADDS:  # (False for A/Bs alone: dQ left out, to time the rest)
             gl.static_assert(D2 == 0, "a second head-dim piece adds dQ by TMA only")
@@ -511,7 +519,13 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                     vals = tile.slice(r, ROWS, dim=0).slice(c, COLS, dim=1).load(layout)
                     gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
                                   sem="relaxed", scope="gpu")
-        if DQ_SPLIT == 1:
+        if DQ_SPLIT == 1 and EARLY_DQ_FREE:
+            gl.thread_barrier()  # the partition's reads of the buffer are done
+            mbarrier.arrive(dq_free.index(buf), count=1)
+            t = _bulk_wait(t)  # the adds done before the count says so
+            gl.thread_barrier()
+            gl.atomic_add(counter, 1, sem="release", scope="gpu")
+        elif DQ_SPLIT == 1:
             gl.thread_barrier()  # the partition's adds and reads of the buffer are done
             if DETERMINISTIC:
                 gl.atomic_add(counter, 1, sem="release", scope="gpu")
@@ -903,7 +917,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     VARLEN: gl.constexpr, COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr,
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
                     MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
-                    DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr):
+                    DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr,
+                    FREE_ON_READ: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -1017,7 +1032,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two,
                       do_ring, BLOCK_M, BLOCK_N, D, D2, STAGES, HAS_LEFT, HAS_RIGHT,
                       BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
-                      COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT)),
+                      COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT,
+                      FREE_ON_READ)),
     ], [WRITER_WARPS], [WRITER_REGS])
 
 
