@@ -814,10 +814,11 @@ def test_dq_adds_and_lse_rows_follow_the_head_dim_and_mask(dim, mask, determinis
                                             (120, 128), (136, 192), (160, 192), (200, 256),
                                             (248, 256)])
 def test_a_head_dim_between_runs_padded_to_the_next(dim, padded_to, monkeypatch):
-    """`hopper.backward.kernel_dim`: D65-D127 take D128's kernel and tables, D129-D255
-    D256's (the same compiled kernel: its constexprs and descriptor blocks are the padded
-    dim's), the descriptors keeping the tensors' own head dim (TMA reads zeros past it and
-    stores nothing there), the head dim itself an argument (varlen's masked stores);
+    """`hopper.backward.kernel_dim`: D65-D127 take D128's kernel and tables, D129-D191
+    D192's, D193-D255 D256's (the same compiled kernel: its constexprs and descriptor
+    blocks are the padded dim's), the descriptors keeping the tensors' own head dim (TMA
+    reads zeros past it and stores nothing there), the head dim itself an argument
+    (varlen's masked stores);
     without dQ's TMA adds (their boxes drop the extra columns, the writer's atomics would
     not) the Hopper backward refuses it, and the call goes portable."""
     from fusedattn.hopper import backward as knobs

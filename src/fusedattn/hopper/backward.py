@@ -43,11 +43,12 @@ TILES = {
 # buffer, 209 KB (D192 ran padded to D256 before: a third more products, one slot)
 PIECES = {192: (128, 64)}
 # head dims between the kernel's run padded to the next, as the forward's
-# (`forward.kernel_pair`): D65 to D127 as D128, D129 to D255 as D256. The descriptors keep
-# the tensors' own shapes, so the TMA boxes read zeros past the last column (S, dP and
-# every product are exact: the extra columns of dQ, dK and dV are zeros) and the stores and
-# dQ's TMA adds stop there. The padding costs its share of the products (D96 runs D128's,
-# D192 D256's); `dispatch.HOPPER_BWD_MIN_KEYS` holds the portable backward where it wins.
+# (`forward.kernel_pair`): D65 to D127 as D128, D129 to D191 as D192, D193 to D255 as
+# D256. The descriptors keep the tensors' own shapes, so the TMA boxes read zeros past the
+# last column (S, dP and every product are exact: the extra columns of dQ, dK and dV are
+# zeros) and the stores and dQ's TMA adds stop there. The padding costs its share of the
+# products (D96 runs D128's, D160 D192's); `dispatch.HOPPER_BWD_MIN_KEYS` holds the
+# portable backward where it wins.
 # Needs dQ's TMA adds (the writer's atomics address D columns).
 PAD_FROM = 64  # (a head dim under it, or past the last of TILES, runs portable)
 # under a softcap, per head dim where it differs (`tiles`): D64 keeps 64-row steps. Its
