@@ -818,9 +818,9 @@ def test_a_head_dim_between_runs_padded_to_the_next(dim, padded_to, monkeypatch)
     D192's, D193-D255 D256's (the same compiled kernel: its constexprs and descriptor
     blocks are the padded dim's), the descriptors keeping the tensors' own head dim (TMA
     reads zeros past it and stores nothing there), the head dim itself an argument
-    (varlen's masked stores);
-    without dQ's TMA adds (their boxes drop the extra columns, the writer's atomics would
-    not) the Hopper backward refuses it, and the call goes portable."""
+    (varlen's masked stores); without dQ's TMA adds (their boxes drop the extra columns,
+    the writer's atomics would not) the Hopper backward refuses it, and the call goes
+    portable."""
     from fusedattn.hopper import backward as knobs
 
     assert knobs.kernel_dim(dim) == padded_to
