@@ -5,7 +5,7 @@
 Runs `python -m pytest` (the same suite as CI; tests that make sense on one side only carry
 an `emulation_only`/`gpu_only` marker with a reason), with one pytest-xdist worker a
 CPU core up to 16 where it is installed (most of the GPU suite's time is Triton and Gluon
-compiling each kernel specialisation, 2-13 s each on one core: the H200 machine has 16;
+compiling each kernel specialisation, seconds each on one core: the H200 machine has 16;
 with 8 workers, 1082 tests took 416 s after a prebuild on a fresh machine, 191549Z) and
 `--timeout=90` (per test) where pytest-timeout is, and writes
 `<out>/<gpu>/<stamp>-gpu-tier/`: `summary.json` (counts, wall time, the slowest tests, the
