@@ -104,8 +104,19 @@ BWD_CONFIGS = [
     dict(name="bwd D192 causal", D=192, HAS_RIGHT=True),
     dict(name="bwd D192 causal window softcap varlen GQA", D=192, HAS_LEFT=True,
          HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
+    # V's head dim its own (`hopper.backward.kernel_dims`; V: v's kernel head dim)
+    dict(name="bwd D192/128", D=192, V=128),
+    dict(name="bwd D192/128 causal", D=192, V=128, HAS_RIGHT=True),
+    dict(name="bwd D192/128 causal varlen GQA", D=192, V=128, HAS_RIGHT=True, VARLEN=True,
+         GQA=True, COMPACT=True),
+    dict(name="bwd D128/64", D=128, V=64),
+    dict(name="bwd D128/64 causal", D=128, V=64, HAS_RIGHT=True),
+    dict(name="bwd D128/64 causal varlen GQA (S transposed)", D=128, V=64, VARLEN=True,
+         GQA=True, COMPACT=True),
+    dict(name="bwd D256/128 causal", D=256, V=128, HAS_RIGHT=True),
 ]
 SECOND = ("q2_desc", "k2_desc", "v2_desc", "do2_desc", "dk2_desc", "dv2_desc", "dq2_desc")
+SECOND_V = ("v2_desc", "do2_desc", "dv2_desc")  # (V's pieces: DV2)
 
 
 def _desc(rows: int, dim: int, fp8: bool = False, fp32: bool = False):
@@ -119,14 +130,16 @@ def _desc(rows: int, dim: int, fp8: bool = False, fp32: bool = False):
 
 
 def _backward_types(c: dict) -> dict:
-    bm, bn, d, d2 = c["BLOCK_M"], c["BLOCK_N"], c["D"], c["D2"]
+    bm, bn, d, d2, dv, dv2 = (c[n] for n in ("BLOCK_M", "BLOCK_N", "D", "D2", "DV", "DV2"))
     second = {}
     if d2:  # the second head-dim piece's descriptors (else None: constexprs)
-        second = {"q2_desc": _desc(bm, d2), "do2_desc": _desc(bm, d2), "k2_desc": _desc(bn, d2),
-                  "v2_desc": _desc(bn, d2), "dk2_desc": _desc(bn, d2),
-                  "dv2_desc": _desc(bn, d2), "dq2_desc": _desc(bm, d2, fp32=True)}
-    return {**second, "q_desc": _desc(bm, d), "do_desc": _desc(bm, d), "k_desc": _desc(bn, d),
-            "v_desc": _desc(bn, d), "dk_desc": _desc(bn, d), "dv_desc": _desc(bn, d),
+        second = {"q2_desc": _desc(bm, d2), "k2_desc": _desc(bn, d2),
+                  "dk2_desc": _desc(bn, d2), "dq2_desc": _desc(bm, d2, fp32=True)}
+    if dv2:  # (V's: as Q's where V has one)
+        second |= {"do2_desc": _desc(bm, dv2), "v2_desc": _desc(bn, dv2),
+                   "dv2_desc": _desc(bn, dv2)}
+    return {**second, "q_desc": _desc(bm, d), "do_desc": _desc(bm, dv), "k_desc": _desc(bn, d),
+            "v_desc": _desc(bn, dv), "dk_desc": _desc(bn, d), "dv_desc": _desc(bn, dv),
             "dq_desc": _desc(bm, d // c["DQ_SPLIT"], fp32=True),
             "p_lse": "*fp32", "p_delta": "*fp32", "p_dq": "*fp32", "p_sem": "*i32",
             "p_dk": "*bf16", "p_dv": "*bf16", "p_cu_q": "*i32", "p_cu_k": "*i32",
@@ -138,13 +151,20 @@ def backward_constexprs(config: dict) -> dict:
     launcher picks them by default (this runs without torch, so the rule is written again
     here; `tests/test_hopper_backward.py` checks it against the launcher's)."""
     c = {k: v for k, v in config.items() if k != "name"}
+    v_dim = c.pop("V", c["D"])  # (V's kernel head dim: one piece where it is not q's)
+    if v_dim != c["D"]:
+        c |= dict(DV=v_dim, DV2=0)
     if c["D"] == 256:  # 64 keys a program, two slots of Q, one of dO, dQ in two halves
         c = dict(BLOCK_N=64, STAGES=2, DO_STAGES=1, DQ_SPLIT=2, DQ_BUFS=1, SWAP_SDP=False) | c
     if c["D"] == 192:  # two pieces, 128 + 64, 64 keys, two slots, one dQ buffer
         c = dict(BLOCK_N=64, STAGES=2, DQ_BUFS=1, SWAP_SDP=False) | c | dict(D=128, D2=64)
     c = BWD_DEFAULTS | dict(D2=0) | c
+    c.setdefault("DV", c["D"])
+    c.setdefault("DV2", c["D2"])
     if not c["D2"]:
         c |= dict.fromkeys(SECOND)  # (None: one piece)
+    if not c["DV2"]:
+        c |= dict.fromkeys(SECOND_V)
     # D64: 128-row steps, but 64 under a softcap (`TILES`, `SOFTCAP_TILES`)
     c.setdefault("BLOCK_M", 128 if c["D"] == 64 and not c["SOFTCAP"] else 64)
     unmasked = not (c["HAS_LEFT"] or c["HAS_RIGHT"])
@@ -267,7 +287,9 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False,
     rows = []
     fn = module._flash_bwd_sm90 if backward else module._flash_fwd_sm90
     for config in configs:
-        missing = sorted(set(config) - {"name"} - set(fn.arg_names))
+        # (V: the backward's V head dim, which the kernel takes as DV, `backward_constexprs`)
+        missing = sorted(set(config) - {"name"} - set(fn.arg_names)
+                         - ({"V"} if "DV" in fn.arg_names else set()))
         if missing:  # a configuration of a parameter this version does not have
             rows.append(dict(name=config["name"], skipped=f"no {', '.join(missing)}"))
             continue

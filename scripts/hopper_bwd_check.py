@@ -12,9 +12,11 @@ then `autograd.grad` timed), each provider's gradients checked against the first
     python3 scripts/hopper_bwd_check.py [--out DIR] [--only A,B] [--rows all|quick|I,J]
 
 A row is (B, H, H_kv, S, D, causal[, options]): B "varlen" for 24 packed documents, and
-options `attention`'s window or softcap (cuDNN then sits out; FA4 takes them by its names).
+options `attention`'s window or softcap (cuDNN then sits out; FA4 takes them by its names),
+or `dim_v`, V's head dim where it is not D (MLA's 192/128).
 
-TFLOP/s by FlashAttention's convention (2.5x the forward's FLOPs, halved under causal).
+TFLOP/s by FlashAttention's convention (2.5x the forward's FLOPs, 2 S^2 (D + Dv) a head,
+halved under causal).
 Prints one line per row; writes `hopper_bwd_check.json` under --out."""
 
 import argparse
@@ -76,7 +78,14 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (64, 16, 16, 256, 192, False),
         # under HOPPER_BWD_MIN_KEYS[256]: S256 causal, S128 (16k tokens a call)
         (64, 16, 16, 256, 256, True), (128, 16, 16, 128, 256, False),
-        (128, 16, 16, 128, 192, True)]
+        (128, 16, 16, 128, 192, True),
+        # V's head dim its own (issue 34): MLA's 192/128 (q and k in two pieces, v in one),
+        # 128/64, causal and not, then a 192/128 GQA row
+        (4, 32, 32, 4096, 192, False, dict(dim_v=128)),
+        (4, 32, 32, 4096, 192, True, dict(dim_v=128)),
+        (4, 32, 32, 4096, 128, False, dict(dim_v=64)),
+        (4, 32, 32, 4096, 128, True, dict(dim_v=64)),
+        (2, 32, 8, 8192, 192, True, dict(dim_v=128))]
 
 
 def sources() -> dict:
@@ -233,7 +242,8 @@ def bench(rows, only=()):
     results = []
     for row in rows:
         b, h, hk, s, d, causal = row[:6]
-        options = row[6] if len(row) > 6 else {}
+        options = dict(row[6]) if len(row) > 6 else {}
+        dv = options.pop("dim_v", d)
         g = torch.Generator(device="cuda").manual_seed(1)
         packed = None
         if b == "varlen":
@@ -244,16 +254,16 @@ def bench(rows, only=()):
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
                               dtype=torch.int32, device="cuda")
             packed = (cu, s)
-            shapes = ((sum(lengths), h, d), (sum(lengths), hk, d))
+            shapes = ((sum(lengths), h, d), (sum(lengths), hk, d), (sum(lengths), hk, dv),
+                      (sum(lengths), h, dv))
             pairs = sum(head_pairs(n, causal, options.get("window")) for n in lengths)
         else:
-            shapes = ((b, h, s, d), (b, hk, s, d))
+            shapes = ((b, h, s, d), (b, hk, s, d), (b, hk, s, dv), (b, h, s, dv))
             pairs = b * head_pairs(s, causal, options.get("window"))
         q = torch.randn(*shapes[0], device="cuda", generator=g, dtype=torch.bfloat16)
-        k, v = (torch.randn(*shapes[1], device="cuda", generator=g, dtype=torch.bfloat16)
-                for _ in range(2))
-        dout = torch.randn(*shapes[0], device="cuda", generator=g, dtype=torch.bfloat16)
-        flops = 2.5 * 4 * h * pairs * d
+        k, v, dout = (torch.randn(*shape, device="cuda", generator=g, dtype=torch.bfloat16)
+                      for shape in shapes[1:])
+        flops = 2.5 * 2 * h * pairs * (d + dv)
         ref = None
         line = {}
         for name, make in PROVIDERS.items():
@@ -287,10 +297,11 @@ def bench(rows, only=()):
                               peak_mib=extra)
             del call, grads
         results.append(dict(row=[b, h, hk, s, d, causal], varlen=packed is not None,
-                            options=options, **line))
+                            options=options, dim_v=dv, **line))
         cells = " ".join(f"{n}={v['tflops']:.0f}" if isinstance(v, dict) else f"{n}=-"
                          for n, v in line.items())
-        print(f"{'varlen ' if packed else ''}B{b} H{h}/{hk} S{s} D{d} causal={causal}"
+        print(f"{'varlen ' if packed else ''}B{b} H{h}/{hk} S{s} D{d}"
+              f"{f'/{dv}' if dv != d else ''} causal={causal}"
               f"{' ' + str(options) if options else ''}: "
               f"{cells}", flush=True)
         for n, v in line.items():

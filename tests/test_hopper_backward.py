@@ -47,7 +47,9 @@ class Launches:
     (dict(dtype=torch.float32), "float32"),
     (dict(dim=320), "head dims 320"),
     (dict(dim=48), "head dims 48"),
-    (dict(dim_v=64), "and 64 (v)"),
+    (dict(dim=64, dim_v=128), "and 128 (v)"),   # v's head dim over q's
+    (dict(dim=256, dim_v=192), "and 192 (v)"),  # v in pieces other than q's
+    (dict(dim=128, dim_v=32), "and 32 (v)"),    # v's under 64
     (dict(strided=True), "TMA-aligned"),
 ])
 def test_the_hopper_backward_says_why_it_refuses(change, reason):
@@ -210,6 +212,61 @@ def test_hopper_gradients_against_the_reference(case, dtype):
     got = _dense(q, k, v, dout, _ref_kw(options), **options)
     if options.get("is_causal") and sk > sq:  # keys past the last query's: no gradient
         assert not got[1][:, :, sq:].any() and not got[2][:, :, sq:].any()
+
+
+# V's head dim its own (`hopper.backward.kernel_dims`): V, dO and dV in V's pieces
+DV_CASES = [
+    # (B, H, H_kv, Sq, Sk, D, Dv, options)
+    (1, 2, 2, 200, 260, 192, 128, dict(is_causal=True)),  # MLA: q, k in two pieces, v one
+    (1, 4, 2, 300, 280, 192, 128, dict(softcap=30.0)),    # ... GQA, a softcap
+    (2, 2, 2, 333, 333, 128, 64, {}),                     # S transposed (no mask)
+    (1, 4, 1, 257, 300, 128, 64, dict(is_causal=True)),   # MQA, causal, Sq < Sk
+    (1, 2, 2, 300, 300, 256, 128, dict(window=(100, 30))),  # D256's dQ in halves
+    (1, 2, 2, 250, 250, 160, 104, dict(is_causal=True)),  # both padded: 192/128's kernel
+    (1, 2, 2, 300, 300, 96, 64, {}),                      # q padded: 128/64's kernel
+]
+
+
+@on_hopper
+@pytest.mark.parametrize("case", DV_CASES)
+def test_hopper_gradients_with_a_v_head_dim_of_its_own(case):
+    from fusedattn.hopper.forward import kernel_pair
+
+    b, h, hk, sq, sk, d, dv, options = case
+    q = rand(b, h, sq, d, dtype=torch.bfloat16)
+    k = rand(b, hk, sk, d, dtype=torch.bfloat16, seed=1)
+    v = rand(b, hk, sk, dv, dtype=torch.bfloat16, seed=2)
+    dout = rand(b, h, sq, dv, dtype=torch.bfloat16, seed=3)
+
+    def grads(backend):
+        if backend == "hopper" and kernel_pair(d, dv) is None:
+            # the Hopper forward refuses the pair (forced, the call would raise): "auto"
+            # runs it portable and the backward on the Hopper kernel, whose launch
+            # `_within_portable` checks
+            backend = "auto"
+        return _grads(q, k, v, dout, backend, **options)
+
+    got = _within_portable(grads, attention_ref_grads(q, k, v, dout, device=DEVICE,
+                                                      **_ref_kw(options)))
+    assert got[2].shape == v.shape
+
+
+@on_hopper
+@pytest.mark.parametrize("options", [dict(is_causal=False), dict(is_causal=True)])
+@pytest.mark.parametrize("dim, dim_v", [(192, 128), (128, 64)])
+def test_hopper_varlen_gradients_with_a_v_head_dim_of_its_own(dim, dim_v, options):
+    # dV's masked stores take V's head dim (`dim_v`), dK's q's: rows past a sequence's
+    # end, and columns past V's, never written
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(dim, dim_v)
+    dout = rand(*q.shape[:-1], dim_v, dtype=q.dtype, seed=3)
+
+    def grads(backend):
+        return _varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, backend, **options)
+
+    ref = varlen_ref_grads(q, k, v, dout, cu_q, cu_k, causal=options["is_causal"],
+                           device=DEVICE)
+    got = _within_portable(grads, ref)
+    assert all(torch.equal(a, b) for a, b in zip(got, grads("hopper"), strict=True))
 
 
 @on_hopper
@@ -687,14 +744,15 @@ def test_scores_are_transposed_where_they_pay(dim, mask, swapped, monkeypatch):
 
 @pytest.mark.parametrize("mask", [Mask(), Mask(causal=True), Mask(softcap=30.0),
                                   Mask(window=(8, 0))])
-@pytest.mark.parametrize("dim", [64, 128])
-def test_the_launch_binds_every_kernel_parameter_once(dim, mask, monkeypatch):
+@pytest.mark.parametrize("dim, dim_v", [(64, 64), (128, 128), (192, 128), (128, 64),
+                                        (256, 128)])
+def test_the_launch_binds_every_kernel_parameter_once(dim, dim_v, mask, monkeypatch):
     """The launcher's positional and keyword arguments are the kernel's parameters, each
     once (the kernel compiles only on a GPU: a parameter added or dropped on one side
     fails here, in CI)."""
     from fusedattn.hopper import backward_kernel
 
-    kernel, _, args, kwargs = _cpu_build(dim, mask, True, monkeypatch)
+    kernel, _, args, kwargs = _cpu_build(dim, mask, True, monkeypatch, dim_v=dim_v)
     assert kernel is backward_kernel._flash_bwd_sm90
     names = kernel.arg_names
     assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):])
@@ -747,25 +805,26 @@ def test_varlen_launches_its_compact_grid_by_the_head_dims_switch(dim, compact, 
     assert named["order"] == (kernel.DOWN if compact else kernel.DOWN_ACROSS).value
 
 
-def _cpu_launch(dim, mask, deterministic, monkeypatch) -> dict:
+def _cpu_launch(dim, mask, deterministic, monkeypatch, dim_v=None) -> dict:
     """The keyword arguments `hopper.backward`'s launcher picks for a B1 H2 S128 call."""
-    return _cpu_build(dim, mask, deterministic, monkeypatch)[3]
+    return _cpu_build(dim, mask, deterministic, monkeypatch, dim_v=dim_v)[3]
 
 
-def _cpu_build(dim, mask, deterministic, monkeypatch, n_counters=None) -> tuple:
+def _cpu_build(dim, mask, deterministic, monkeypatch, n_counters=None, dim_v=None) -> tuple:
     """`hopper.backward`'s launch (kernel, grid, args, keyword args) for a B1 H2 S128 call
     (on the CPU: the launch is built, not run), its counters `counters(...)` or
-    `n_counters`."""
+    `n_counters`; v, dO and dV of head dim `dim_v` (default q's)."""
     from fusedattn.hopper import backward as knobs
 
     monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
     q = rand(1, 2, 128, dim, dtype=torch.bfloat16)
+    v = rand(1, 2, 128, dim_v or dim, dtype=torch.bfloat16, seed=2)
     zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
     if n_counters is None:
         n_counters = knobs.counters(1, 2, 128, dim, bool(mask.softcap))
     return knobs.hopper_backward_launch(
-        q, q, q, q, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
-        torch.zeros(n_counters, dtype=torch.int32), q, q, scale=0.1, mask=mask,
+        v, q, q, v, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
+        torch.zeros(n_counters, dtype=torch.int32), q, v, scale=0.1, mask=mask,
         deterministic=deterministic)
 
 
@@ -853,6 +912,41 @@ def test_the_kernels_head_dims():
     assert [knobs.kernel_dim(d) for d in (16, 48, 63, 64, 65, 127, 128, 129, 192, 193, 256,
                                           257, 320)] == [
         None, None, None, 64, 128, 128, 128, 192, 192, 256, 256, None, None]
+    # v's head dim: its own kernel dim up to q's, in pieces only as q's (D192's)
+    pairs = {(192, 128): (192, 128), (128, 64): (128, 64), (160, 100): (192, 128),
+             (256, 128): (256, 128), (256, 64): (256, 64), (96, 64): (128, 64),
+             (192, 192): (192, 192), (200, 136): None, (256, 192): None, (64, 128): None,
+             (128, 48): None, (320, 128): None}
+    assert {pair: knobs.kernel_dims(*pair) for pair in pairs} == pairs
+
+
+@pytest.mark.parametrize("dim, dim_v, pieces, pieces_v", [
+    (192, 128, (128, 64), (128, 0)),  # MLA: q and k in two pieces, v in one
+    (128, 64, (128, 0), (64, 0)),
+    (160, 104, (128, 64), (128, 0)),  # both padded: 192/128's kernel
+    (256, 128, (256, 0), (128, 0))])
+def test_a_v_head_dim_of_its_own_takes_vs_pieces(dim, dim_v, pieces, pieces_v, monkeypatch):
+    """V, dO and dV's descriptors take V's pieces (DV, DV2) over their own head dim, Q, K,
+    dK and dQ's q's (D, D2); the tiles, slots and switches are q's head dim's, and the
+    kernel gets V's head dim for varlen's masked stores."""
+    from fusedattn.hopper import backward as knobs
+
+    mask = Mask(causal=True)
+    kernel, _, args, kwargs = _cpu_build(dim, mask, True, monkeypatch, dim_v=dim_v)
+    assert (kwargs["D"], kwargs["D2"], kwargs["DV"], kwargs["DV2"]) == (*pieces, *pieces_v)
+    same = _cpu_launch(dim, mask, True, monkeypatch)  # v's head dim as q's
+    assert {n: v for n, v in kwargs.items() if n not in ("DV", "DV2")} == {
+        n: v for n, v in same.items() if n not in ("DV", "DV2")}
+    named = dict(zip(kernel.arg_names[:len(args)], args, strict=True))
+    assert (named["dim"], named["dim_v"]) == (dim, dim_v)
+    split = knobs.DQ_SPLIT.get(knobs.kernel_dim(dim), 1)
+    for name in ("q_desc", "k_desc", "dk_desc", "dq_desc", "v_desc", "do_desc", "dv_desc"):
+        own = name in ("v_desc", "do_desc", "dv_desc")
+        first, second = pieces_v if own else pieces
+        assert named[name].shape[-1] == (dim_v if own else dim), name
+        assert named[name].block_shape[-1] == first // (split if name == "dq_desc" else 1)
+        two = named[name.replace("_desc", "2_desc")]
+        assert two.block_shape[-1] == second if second else two is None, name
 
 
 @pytest.mark.parametrize("dim, mask, deterministic", [
@@ -860,20 +954,26 @@ def test_the_kernels_head_dims():
     (128, Mask(window=(8, 0)), False), (128, Mask(softcap=30.0), True),
     (64, Mask(causal=True), True), (64, Mask(), True), (64, Mask(), False),
     (64, Mask(softcap=30.0), True), (256, Mask(), True), (256, Mask(causal=True), False),
-    (256, Mask(softcap=30.0), True), (192, Mask(causal=True), True), (192, Mask(), False)])
+    (256, Mask(softcap=30.0), True), (192, Mask(causal=True), True), (192, Mask(), False),
+    ((192, 128), Mask(), True), ((192, 128), Mask(causal=True), True), ((128, 64), Mask(), True),
+    ((128, 64), Mask(causal=True), False), ((256, 128), Mask(causal=True), True)])
 def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, deterministic,
                                                            monkeypatch):
     """`scripts/gluon_compile_report.py --backward` fills what a configuration leaves out
-    by the launcher's rule, written again there (it runs without torch): the two agree."""
+    by the launcher's rule, written again there (it runs without torch): the two agree.
+    (A pair: q's head dim and v's, the report's V.)"""
     report = script("gluon_compile_report")
+    dim, dim_v = dim if isinstance(dim, tuple) else (dim, dim)
     _, _, left, right = mask.kernel_args(0.1)
     config = dict(D=dim, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
                   SOFTCAP=mask.softcap is not None, DETERMINISTIC=deterministic)
+    if dim_v != dim:
+        config["V"] = dim_v
     picked = report.backward_constexprs(config)
-    launched = _cpu_launch(dim, mask, deterministic, monkeypatch)
+    launched = _cpu_launch(dim, mask, deterministic, monkeypatch, dim_v=dim_v)
     shared = sorted(set(picked) & set(launched))
     assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "BLOCK_N", "STAGES",
-            "DQ_BUFS", "EARLY_FREE", "D", "D2"} <= set(shared)
+            "DQ_BUFS", "EARLY_FREE", "D", "D2", "DV", "DV2"} <= set(shared)
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
 
 

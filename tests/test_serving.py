@@ -291,7 +291,10 @@ def test_serving_bench_verifies_every_kind(tmp_path):
     (csv_path,) = tmp_path.rglob("bench.csv")
     rows = list(csv.DictReader(csv_path.open()))
     assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window", "sinks",
-                                                        "mla", "fp8", "fp8-bwd"}
+                                                        "mla", "mla-bwd", "fp8", "fp8-bwd"}
+    # the backwards' rows say so (their FLOPs are 2.5 times their forwards')
+    assert {r["problem"].split()[0] for r in rows if r["mode"] == "bwd"} == {"mla-bwd",
+                                                                             "fp8-bwd"}
     # the FP8 backward's row: both of `attention_fp8_backward`'s routes verified
     assert {r["provider"] for r in rows if r["problem"].startswith("fp8-bwd")} == {
         "fusedattn", "fusedattn-fp32"}

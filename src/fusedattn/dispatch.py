@@ -172,14 +172,15 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
 def hopper_backward_refusal(q, k, v, *, mask, varlen=None, configs=None) -> str | None:
     """None when the Hopper backward (`hopper.backward`) can serve this call's gradients,
     else the reason it cannot."""
-    from fusedattn.hopper.backward import PAD_FROM, TILES, kernel_dim, padded_refusal
+    from fusedattn.hopper.backward import PAD_FROM, PIECES, TILES, kernel_dims, padded_refusal
 
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"{q.dtype} (the Hopper backward takes float16/bfloat16)"
-    if q.shape[-1] != v.shape[-1] or kernel_dim(q.shape[-1]) is None:
+    if kernel_dims(q.shape[-1], v.shape[-1]) is None:
         return (f"head dims {q.shape[-1]} (q, k) and {v.shape[-1]} (v) (the Hopper backward "
-                f"takes {', '.join(f'{d}/{d}' for d in TILES)}, and a head dim between "
-                f"{PAD_FROM} and {max(TILES)} padded to the next of them)")
+                f"takes {', '.join(map(str, TILES))}, a head dim between {PAD_FROM} and "
+                f"{max(TILES)} padded to the next of them, and v's up to q's, "
+                f"{'/'.join(map(str, PIECES))} only as q's)")
     why = padded_refusal(q.shape[-1])
     if why is not None:
         return why
@@ -210,7 +211,7 @@ def backward_path(q, k, v, *, backend: str | None = None, **kw) -> tuple[str, st
         return None
 
     # forced, a forward the Hopper forward serves may still need the portable backward
-    # (a V head dim of its own, D under 64): that backward is the portable one, and says why
+    # (v's head dim over q's, D under 64): that backward is the portable one, and says why
     return _choose(lambda: hopper_backward_refusal(q, k, v, **kw), short, strict=False,
                    what="backward", backend=backend)
 

@@ -16,6 +16,9 @@ peers, in one process, on the same inputs.
   FlexAttention have no sinks.
 - mla: prefill with a V head dim unlike Q's (DeepSeek's MLA: 192 and 128) against SDPA's
   cuDNN and flash backends and FA4. TFLOP/s: 2 * (D_qk + D_v) per (query, key) pair seen.
+- mla-bwd: its backward alone (each provider's forward once, its graph kept, then dQ, dK
+  and dV timed), against the same peers, all three gradients verified; TFLOP/s 2.5 times
+  the forward's FLOPs (FlashAttention's convention).
 - fp8: `attention` on float8_e4m3fn q, k, v with per-head descale factors (O in bf16)
   against SDPA's cuDNN and flash backends on the same values dequantised to bf16 (SDPA takes
   no FP8; FA4's FP8 runs on SM100 only, FA3 is not staged here). Its error bound is twice
@@ -30,7 +33,7 @@ a problem is recorded as skipped, with the reason.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,7 +43,7 @@ from fusedattn_lab.suites import DTYPES, BenchRow
 
 @dataclass(frozen=True)
 class ServingProblem:
-    kind: str             # decode | varlen | window | sinks | mla | fp8 | fp8-bwd
+    kind: str             # decode | varlen | window | sinks | mla | mla-bwd | fp8 | fp8-bwd
     batch: int
     heads: int
     heads_kv: int
@@ -51,8 +54,8 @@ class ServingProblem:
     page: int | None = None       # decode: paged cache with this block size
     window: int | None = None     # window (and sinks, where given): left size (causal)
     lengths: tuple[int, ...] = ()  # varlen: each sequence's length
-    dim_v: int | None = None      # mla: V's head dim (else `dim`)
-    causal: bool = True           # mla: causal or not (the others are causal)
+    dim_v: int | None = None      # mla, mla-bwd: V's head dim (else `dim`)
+    causal: bool = True           # mla, mla-bwd, fp8: causal or not (the others are causal)
 
     def label(self) -> str:
         base = f"{self.kind} {self.dtype} B{self.batch} H{self.heads}/{self.heads_kv}"
@@ -61,7 +64,7 @@ class ServingProblem:
                     + (f" paged{self.page}" if self.page else ""))
         if self.kind == "varlen":
             return f"{base} total{sum(self.lengths)} max{self.seq_q} D{self.dim} causal"
-        if self.kind == "mla":
+        if self.kind in ("mla", "mla-bwd"):
             return (f"{base} S{self.seq_k} D{self.dim}/{self.dim_v}"
                     + (" causal" if self.causal else ""))
         if self.kind == "fp8":
@@ -78,12 +81,10 @@ class ServingProblem:
 
     def useful_flops(self) -> float:
         """2 * (D + D_v) (4 * D where they are alike) * (query, key) pairs seen, per head; a
-        backward (fp8-bwd) 2.5 times that, FlashAttention's convention."""
+        backward (fp8-bwd, mla-bwd) 2.5 times its forward's, FlashAttention's convention."""
         dims = self.dim + (self.dim_v or self.dim)
-        if self.kind == "fp8-bwd":
-            return 2.5 * ServingProblem("fp8", self.batch, self.heads, self.heads_kv,
-                                        self.seq_q, self.seq_k, self.dim,
-                                        causal=self.causal).useful_flops()
+        if self.kind in BACKWARDS:
+            return 2.5 * replace(self, kind=BACKWARDS[self.kind]).useful_flops()
         if self.kind in ("mla", "fp8") and not self.causal:
             pairs = self.batch * self.seq_k * self.seq_k
         elif self.kind == "decode":
@@ -121,8 +122,8 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
         # gpt-oss-120b's attention: 64 query heads over 8, D64, full and 128-key layers
         # DeepSeek's MLA prefill (heads decompressed: no GQA), beside the prefill suite's
         # D192 row (B4 H32 S4096)
-        "mla": [ServingProblem("mla", 4, 32, 32, 4096, 4096, 192, dim_v=128, causal=c)
-                for c in (False, True)],
+        "mla": [ServingProblem(kind, 4, 32, 32, 4096, 4096, 192, dim_v=128, causal=c)
+                for kind in ("mla", "mla-bwd") for c in (False, True)],
         "sinks": [ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64),
                   ServingProblem("sinks", 1, 64, 8, 8192, 8192, 64, window=128)],
         # issue 34's FP8 rows: D128 at S4096 (its target), D64 and D256 beside it
@@ -137,6 +138,7 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
                          ServingProblem("window", 1, 2, 2, 40, 40, 16, "fp32", window=7),
                          ServingProblem("sinks", 1, 4, 2, 40, 40, 16, "fp32", window=7),
                          ServingProblem("mla", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16),
+                         ServingProblem("mla-bwd", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16),
                          ServingProblem("fp8", 1, 4, 2, 40, 40, 64, causal=True),
                          ServingProblem("fp8-bwd", 1, 4, 2, 40, 40, 64, causal=True)],
     }
@@ -347,6 +349,65 @@ def _mla(p: ServingProblem, gen):
     return {**ours, **peers}, reference
 
 
+def _mla_bwd(p: ServingProblem, gen):
+    """(providers, reference check) for an MLA backward: each provider's forward runs once,
+    at its first call, and keeps its graph; each call then returns dQ, dK and dV (the
+    backward alone, which the timing sees), checked together against float64 autograd on
+    two heads."""
+    from fusedattn.api import attention
+    from fusedattn.dispatch import use_backend
+    from fusedattn.reference import attention_ref_grads
+
+    dt = DTYPES[p.dtype]
+    q, k = (_rand((p.batch, p.heads, p.seq_k, p.dim), dt, gen) for _ in range(2))
+    v, dout = (_rand((p.batch, p.heads, p.seq_k, p.dim_v), dt, gen) for _ in range(2))
+
+    def backward_of(forward, bshd=False):
+        """The backward of `forward(q, k, v)` (`bshd`: FA4's [B, S, H, D] layout, its
+        gradients turned back), its graph made at the first call."""
+        def turn(t):
+            return t.transpose(1, 2).contiguous() if bshd else t
+        kept = []
+
+        def call():
+            if not kept:
+                leaves = [turn(t).detach().requires_grad_() for t in (q, k, v)]
+                out = forward(*leaves)
+                kept.append((leaves, out[0] if isinstance(out, tuple) else out))
+            leaves, out = kept[0]
+            grads = torch.autograd.grad(out, leaves, turn(dout), retain_graph=True)
+            return [g.transpose(1, 2) if bshd else g for g in grads]
+        return call
+
+    def ours(backend):
+        def forward(*leaves):
+            with use_backend(backend):
+                return attention(*leaves, is_causal=p.causal)
+        return forward
+
+    providers = {"fusedattn": backward_of(ours("auto")),
+                 "fusedattn-portable": backward_of(ours("portable"))}
+    providers |= {name: backward_of(lambda *t, name=name: _sdpa(name, *t,
+                                                                is_causal=p.causal)())
+                  for name in ("sdpa-cudnn", "sdpa-flash")}
+    fa4_backward = []  # (made once, at FA4's first call: its graph kept as the others')
+
+    def fa4_call(fa4):
+        if not fa4_backward:
+            fa4_backward.append(backward_of(
+                lambda *t: fa4.flash_attn_func(*t, causal=p.causal), bshd=True))
+        return fa4_backward[0]()
+    providers |= _fa4(fa4_call)
+    heads = [0, p.heads - 1]
+    ref = attention_ref_grads(q[0, heads], k[0, heads], v[0, heads], dout[0, heads],
+                              causal=p.causal, device=q.device)
+
+    def reference(grads):
+        return (torch.cat([g[0, heads].flatten() for g in grads]),
+                torch.cat([g.flatten() for g in ref]))
+    return providers, reference
+
+
 def _fp8_inputs(p: ServingProblem, gen):
     """An FP8 problem's e4m3 q, k, v and their per-head factors (each head's largest value
     mapped to 256; e4m3's range is 448), and the reference's heads: the first and the last
@@ -438,7 +499,9 @@ def _fp8_bwd(p: ServingProblem, gen):
 
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
                                  "sinks": _sinks, "mla": _mla, "fp8": _fp8,
-                                 "fp8-bwd": _fp8_bwd}
+                                 "fp8-bwd": _fp8_bwd, "mla-bwd": _mla_bwd}
+# the backward kinds, each with its forward's kind (the FLOPs' convention, the row's mode)
+BACKWARDS = {"fp8-bwd": "fp8", "mla-bwd": "mla"}
 PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-fp32", "sdpa-cudnn", "sdpa-flash",
              "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
@@ -464,7 +527,7 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
         """A bench.csv row of provider `name`: `BenchRow`'s columns, then `gbps`."""
         base = vars(BenchRow(problem=p.label(), provider=name, batch=p.batch, heads=p.heads,
                              seq=p.seq_k, dim=p.dim, dtype=p.dtype, causal=p.causal,
-                             precision="", mode="bwd" if p.kind == "fp8-bwd" else "fwd",
+                             precision="", mode="bwd" if p.kind in BACKWARDS else "fwd",
                              status="", reason="", **unmeasured))
         return {**base, "gbps": None, **fields}
 

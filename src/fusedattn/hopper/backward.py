@@ -255,6 +255,21 @@ def kernel_dim(dim: int) -> int | None:
     return next((d for d in sorted(TILES) if d > dim), None) if dim > PAD_FROM else None
 
 
+def kernel_dims(dim: int, dim_v: int) -> tuple[int, int] | None:
+    """The kernel's head dims (q and k's, v's: `kernel_dim` of each) for q/k's head dim
+    `dim` and v's `dim_v`, or None where the kernel cannot take the pair (the portable
+    backward's). V's may be its own (MLA's 192/128, 128/64: dP's products, dV's
+    accumulators and V's and dO's tiles take its width, `backward_kernel._steps`), up to
+    q's: the tiles, the register budget and the shared memory are sized by q's head dim,
+    and V is in two pieces only as q is (D192's: V's 192 beside q's 192 alone)."""
+    kdim, kdim_v = kernel_dim(dim), kernel_dim(dim_v)
+    if kdim is None or kdim_v is None or kdim_v > kdim:
+        return None
+    if kdim_v != kdim and kdim_v in PIECES:
+        return None
+    return kdim, kdim_v
+
+
 def padded_refusal(dim: int) -> str | None:
     """Why a padded head dim cannot take the kernel here (None where it can): its extra
     columns are dropped by the TMA adds, which the writer's atomics do not do."""
@@ -323,7 +338,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     from fusedattn.hopper import backward_kernel as kernel
 
     rows_b, heads, rows_q, dim = q.shape
-    heads_kv = k.shape[1]
+    heads_kv, dim_v = k.shape[1], v.shape[-1]
     if varlen is not None:
         batch, seq_q, seq_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
         cu_q, cu_k = varlen.cu_q, varlen.cu_k
@@ -334,19 +349,28 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     why = padded_refusal(dim)
     if why is not None:
         raise ValueError(why)
-    kdim = kernel_dim(dim)  # (the tiles' width: the next of TILES for a padded head dim)
+    dims = kernel_dims(dim, dim_v)  # (the tiles' widths: the next of TILES where padded)
+    if dims is None:
+        raise ValueError(f"head dims {dim} (q, k) and {dim_v} (v): not a pair the kernel "
+                         "takes (`kernel_dims`)")
+    kdim, kdim_v = dims
     block_m, block_n, stages = tiles(dim, cap > 0)
     unmasked = left < 0 and right < 0
     swap = (SWAP_SDP and block_n >= 128 and cap == 0
             and (unmasked or (SWAP_MASKED[kdim] and LSE_SMEM[kdim])))
     first, second = PIECES.get(kdim, (kdim, 0))
-    operands = ((q, block_m), (k, block_n), (v, block_n), (dout, block_m), (dk, block_n),
-                (dv, block_n), (dq_acc, block_m))
+    first_v, second_v = PIECES.get(kdim_v, (kdim_v, 0))  # (V's, dO's and dV's pieces)
     split = DQ_SPLIT.get(kdim, 1)  # (dQ's accumulator in blocks of its parts' width)
-    descs = [_descriptor(t, rows, first // split if t is dq_acc else first)
-             for t, rows in operands]
-    # the second piece's (columns `first` on), in the kernel's order of *2_desc; else None
-    descs2 = [_descriptor(t, rows, second) if second else None for t, rows in operands]
+    # (tensor, rows of a block, its first piece's columns, its second's), in the kernel's
+    # order of the descriptors
+    operands = ((q, block_m, first, second), (k, block_n, first, second),
+                (v, block_n, first_v, second_v), (dout, block_m, first_v, second_v),
+                (dk, block_n, first, second), (dv, block_n, first_v, second_v),
+                (dq_acc, block_m, first // split, second))
+    descs = [_descriptor(t, rows, width) for t, rows, width, _ in operands]
+    # the second piece's (columns `first` on), in the kernel's order of *2_desc; None
+    # where there is none (V's, where V's head dim is one piece beside Q's two)
+    descs2 = [_descriptor(t, rows, width) if width else None for t, rows, _, width in operands]
     tiles_n = triton.cdiv(seq_k, block_n)
     tiles_m = triton.cdiv(seq_q, block_m)
     if not tma_adds(dim) and not dq_acc.is_contiguous():
@@ -363,7 +387,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
         grid = (tiles_n * batch * heads_kv,)
     sms = _sm_count(q.device)
     how = order(tiles_n, grid[0], left, right, sms,
-                spread_bytes=2 * (heads // heads_kv) * seq_q * dim * q.element_size())
+                spread_bytes=(heads // heads_kv) * seq_q * (dim + dim_v) * q.element_size())
     # (the compact grid has no across-the-heads launch: its heads' tiles differ in count)
     across = down_across(grid[0], sms) and not grid_compact
     code = {"down": kernel.DOWN_ACROSS if across else kernel.DOWN,
@@ -372,8 +396,9 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
             dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
             batch if grid_compact else tiles_n,
             tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, dim, scale, qk_scale,
-            cap, left, right, code.value, *descs2)
-    kwargs = dict(D=first, D2=second, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+            cap, left, right, code.value, *descs2, dim_v)
+    kwargs = dict(D=first, D2=second, DV=first_v, DV2=second_v, BLOCK_M=block_m,
+                  BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
                   SOFTCAP=cap > 0, DETERMINISTIC=deterministic,
                   WRITER_REGS=WRITER_REGS, WRITER_WARPS=WRITER_WARPS, DQ_BUFS=DQ_BUFS[kdim],

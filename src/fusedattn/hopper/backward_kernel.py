@@ -241,47 +241,60 @@ def _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo, n_steps, ro
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, two,
-             D: gl.constexpr, D2: gl.constexpr):
+             D: gl.constexpr, D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr):
     """The program's K and V tiles, once (varlen: a tile past its sequence's keys loads
-    nothing); with a second head-dim piece (D2 > 0) its columns D.. from `two`'s
-    descriptors into its buffers (`_flash_bwd_sm90`)."""
+    nothing); with a second head-dim piece (D2 > 0, and DV2 > 0 for V's) its columns D..
+    from `two`'s descriptors into its buffers (`_flash_bwd_sm90`)."""
     k2_desc, v2_desc, k2_smem, v2_smem = two[1], two[2], two[8], two[9]
     if k0 < seq_k:
-        if D2 > 0:
+        if DV2 > 0:
             mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes
                             + k2_desc.block_type.nbytes + v2_desc.block_type.nbytes)
+        elif D2 > 0:  # (V in one piece of its own head dim)
+            mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                            + k2_desc.block_type.nbytes)
         else:
             mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         _load_rows(k_desc, k2_desc, b_row, h_kv, k_start + k0, kv_bar, k_smem, k2_smem, D, D2)
-        _load_rows(v_desc, v2_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v2_smem, D, D2)
+        _load_rows(v_desc, v2_desc, b_row, h_kv, k_start + k0, kv_bar, v_smem, v2_smem, DV,
+                   DV2)
 
 
 @gluon.jit
 def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
                m_lo, n_steps, rot, order, two, BLOCK_M: gl.constexpr, D: gl.constexpr,
-               D2: gl.constexpr, STAGES: gl.constexpr, GQA: gl.constexpr):
+               D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr, STAGES: gl.constexpr,
+               GQA: gl.constexpr):
     """Step t's Q and dO into slot t % STAGES, once the compute partition released the
-    slot's last use."""
+    slot's last use (dO in V's head-dim pieces, DV and DV2)."""
     j, hh = _step(t, group, GQA)
     m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
     h = h_kv * group + hh
     slot = t % STAGES
     # a fresh barrier counts as having completed the phase before its first
     mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
-    if D2 > 0:  # (a second head-dim piece: `two`'s descriptors and buffers, columns D..)
+    if DV2 > 0:  # (a second head-dim piece: `two`'s descriptors and buffers, columns D..)
         q2_desc, do2_desc, q2_smem, do2_smem = two[0], two[3], two[7], two[10]
         mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes
                         + q2_desc.block_type.nbytes + do2_desc.block_type.nbytes)
         _load_rows(q_desc, q2_desc, b_row, h, q_start + m0, ready.index(slot),
                    q_smem.index(slot), q2_smem.index(slot), D, D2)
         _load_rows(do_desc, do2_desc, b_row, h, q_start + m0, ready.index(slot),
-                   do_smem.index(slot), do2_smem.index(slot), D, D2)
+                   do_smem.index(slot), do2_smem.index(slot), DV, DV2)
+    elif D2 > 0:  # Q's second piece alone (dO in one piece of V's head dim)
+        q2_desc, q2_smem = two[0], two[7]
+        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                        + q2_desc.block_type.nbytes)
+        _load_rows(q_desc, q2_desc, b_row, h, q_start + m0, ready.index(slot),
+                   q_smem.index(slot), q2_smem.index(slot), D, D2)
+        _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
+                   do_smem.index(slot), do_smem.index(slot), DV, 0)
     else:
         mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         _load_rows(q_desc, q_desc, b_row, h, q_start + m0, ready.index(slot),
                    q_smem.index(slot), q_smem.index(slot), D, 0)
         _load_rows(do_desc, do_desc, b_row, h, q_start + m0, ready.index(slot),
-                   do_smem.index(slot), do_smem.index(slot), D, 0)
+                   do_smem.index(slot), do_smem.index(slot), DV, 0)
 
 
 @gluon.jit
@@ -365,7 +378,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
                kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two, do_ring,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, D2: gl.constexpr,
-               STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+               DV: gl.constexpr, DV2: gl.constexpr, STAGES: gl.constexpr,
+               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                BOTTOM_RIGHT: gl.constexpr, DETERMINISTIC: gl.constexpr,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
@@ -406,7 +420,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
     _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, seq_k, two, D,
-             D2)
+             D2, DV, DV2)
     for t in gl.static_range(STAGES):
         if t < n_total:
             if SPLIT_RINGS:  # Q's ring alone here, dO's below
@@ -415,7 +429,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             else:
                 _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
                            group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2,
-                           STAGES, GQA)
+                           DV, DV2, STAGES, GQA)
             if LSE_SMEM:
                 lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
                                         sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
@@ -425,7 +439,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         for t in gl.static_range(DO_STAGES):
             if t < n_total:
                 _load_one(t, do_desc, do_smem, do_ready, do_free, b_row, h_kv, group, q_start,
-                          m_lo, n_steps, rot, order, BLOCK_M, D, DO_STAGES, GQA)
+                          m_lo, n_steps, rot, order, BLOCK_M, DV, DO_STAGES, GQA)
     if LSE_SMEM:  # step STAGES's rows, which the loop's first turn stores
         lse, delta = _step_rows(STAGES, STAGES < n_total, group, m_lo, n_steps, rot, order,
                                 b_row, h_kv, sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
@@ -444,7 +458,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         if SPLIT_RINGS:  # dO's slot first: the compute warps release it before Q's
             if t + DO_STAGES < n_total:
                 _load_one(t + DO_STAGES, do_desc, do_smem, do_ready, do_free, b_row, h_kv,
-                          group, q_start, m_lo, n_steps, rot, order, BLOCK_M, D, DO_STAGES,
+                          group, q_start, m_lo, n_steps, rot, order, BLOCK_M, DV, DO_STAGES,
                           GQA)
             if t + STAGES < n_total:
                 _load_one(t + STAGES, q_desc, q_smem, ready, free, b_row, h_kv, group,
@@ -452,8 +466,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         elif t + STAGES < n_total:  # (EARLY_FREE: once the compute warps release the slot,
             # before their dQ is ready)
             _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
-                       group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2, STAGES,
-                       GQA)
+                       group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2, DV, DV2,
+                       STAGES, GQA)
         if LSE_SMEM:  # step t + STAGES's rows (loaded a turn ago: their latency is behind
             # the last step's adds), then step t + STAGES + 1's loaded. The slot is free:
             # the compute warps are done with step t. (Loaded and stored here at once, the
@@ -582,7 +596,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n,
            n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, two, outs,
            do_ring, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-           D2: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
+           D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr, STAGES: gl.constexpr,
+           HAS_LEFT: gl.constexpr,
            HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
            DQ_BUFS: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr,
            COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr,
@@ -593,10 +608,13 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     D2 > 0 (D192: pieces of 128 and 64 columns, 64 keys, S not transposed): `two`'s second
     pieces of Q, K, V, dO and dQ's buffer, S and dP two products each, dV, dK and dQ two
     accumulators each; the second pieces of dK and dV go out here, after the steps, by
-    `outs` (`_store_piece`), and the first pieces' are returned. DQ_SPLIT > 1 (D256 with
-    two slots of Q and one of dO, `do_ring`): dO's slot is released once dV is done, Q's
-    once dK is, and dQ is made and handed over in DQ_SPLIT parts of D / DQ_SPLIT columns,
-    each from its own columns of K (`_dq_handoff`), so that one buffer a part fits.
+    `outs` (`_store_piece`), and the first pieces' are returned. V's head dim its own
+    (DV, DV2: V's, dO's and dV's pieces): dP's products and dV's accumulators take V's
+    pieces, the rest Q's; V in two pieces only as Q's (DV2 = 0, or DV = D and DV2 = D2).
+    DQ_SPLIT > 1 (D256 with two slots of Q and one of dO, `do_ring`): dO's slot is released
+    once dV is done, Q's once dK is, and dQ is made and handed over in DQ_SPLIT parts of
+    D / DQ_SPLIT columns, each from its own columns of K (`_dq_handoff`), so that one
+    buffer a part fits.
     EARLY_FREE (one slot, P and dS in shared memory): the slot is released once dV and dK
     are done, before dQ's product is waited for, so that the next step's Q and dO load
     under it (`_dq_writer` loads then, before it waits for the step's dQ).
@@ -615,14 +633,22 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
     QX: gl.constexpr = 0 if SWAP_SDP else 1  # the axis a query vector is expanded along
     row_layout: gl.constexpr = gl.SliceLayout(QX, s_layout)  # a query vector's
+    gl.static_assert(DV2 == 0 or (DV == D and DV2 == D2))
     if BLOCK_N >= 128:  # dK, dV: [BLOCK_N keys, D], each warpgroup BLOCK_N / 2 keys
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, D, 16])
+        dv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, DV, 16])
     else:  # 64 keys (D256): each warpgroup half of dK's and dV's columns, D / 4 registers
         # a thread each, not D / 2 (a wgmma's 64 rows are one warpgroup's least)
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+        dv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
+    # the register operands of dK's products (dS^T) and of dV's (P^T) (the same where DV = D)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout,
+                                                  k_width=2)
+    pv_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dv_layout,
                                                   k_width=2)
     # a step's dQ: [BLOCK_M, D], each warpgroup D / 2 columns
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -644,10 +670,11 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
-    dv = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, DV], gl.float32, layout=dv_layout)
     if D2 > 0:
         dk2 = gl.zeros([BLOCK_N, D2], gl.float32, layout=kv2_layout)
-        dv2 = gl.zeros([BLOCK_N, D2], gl.float32, layout=kv2_layout)
+    if DV2 > 0:
+        dv2 = gl.zeros([BLOCK_N, DV2], gl.float32, layout=kv2_layout)
     live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
     if live:
         mbarrier.wait(kv_bar, 0)
@@ -672,6 +699,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             do_t = do_smem.index(slot)
         if D2 > 0:
             q2_t = q2_smem.index(slot)
+        if DV2 > 0:
             do2_t = do2_smem.index(slot)
         # (the zeros made here, not before the loop: no registers held for them)
         if SWAP_SDP:
@@ -690,10 +718,12 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                 mbarrier.wait(do_ready.index(do_slot), (t // DO_STAGES) & 1)
             dp_tok = warpgroup_mma(do_t, v_smem.permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
-            if D2 > 0:
+            if DV2 > 0:
                 dp_tok = warpgroup_mma(do2_t, v2_smem.permute((1, 0)), dp_tok, is_async=True)
-        if D2 > 0:  # (S's two products done; dP's two in flight)
+        if DV2 > 0:  # (S's two products done; dP's two in flight)
             s = warpgroup_mma_wait(2, deps=[s_tok, q_t, k_smem, q2_t, k2_smem])[0]
+        elif D2 > 0:  # (S's two products done; dP's one, V's head dim, in flight)
+            s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem, q2_t, k2_smem])[0]
         else:
             s = warpgroup_mma_wait(1, deps=[s_tok, q_t, k_smem])[0]
         if SOFTCAP:  # base-2 capped scores (the forward's `_softmax_tile`)
@@ -716,15 +746,15 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                                        gl.expand_dims(queries + diag, QX), seq_k, left, right,
                                        HAS_LEFT, HAS_RIGHT), p, 0.0)
         if SWAP_SDP:
-            p_op = gl.convert_layout(p.to(dtype), op_layout)
+            p_op = gl.convert_layout(p.to(dtype), pv_layout)
             dv_tok = warpgroup_mma(p_op, do_t, dv, is_async=True)
         else:
             p_smem.store(p.to(dtype))
             fence_async_shared()
             dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_t, dv, is_async=True)
-            if D2 > 0:
+            if DV2 > 0:
                 dv2_tok = warpgroup_mma(p_smem.permute((1, 0)), do2_t, dv2, is_async=True)
-        if D2 > 0:  # (dP's two products done; dV's two in flight)
+        if DV2 > 0:  # (dP's two products done; dV's two in flight)
             dp = warpgroup_mma_wait(2, deps=[dp_tok, do_t, v_smem, do2_t, v2_smem])[0]
         else:
             dp = warpgroup_mma_wait(1, deps=[dp_tok, do_t, v_smem])[0]
@@ -779,14 +809,26 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     zero_dq2 = gl.zeros([BLOCK_M, D2], gl.float32, layout=kv2_layout)
                     dq2_tok = warpgroup_mma(ds_smem, k2_smem, zero_dq2, use_acc=False,
                                             is_async=True)
-                    done2 = warpgroup_mma_wait(0, deps=[dv2_tok, dk2_tok, dq2_tok, dv_tok,
-                                                        dk_tok, dq_tok, p_smem, ds_smem, q_t,
-                                                        do_t, k_smem, q2_t, do2_t, k2_smem])
-                    dv2 = done2[0]
-                    dk2 = done2[1]
-                    dv_tok = done2[3]
-                    dk_tok = done2[4]
-                    dq_tok = done2[5]
+                    if DV2 > 0:
+                        done2 = warpgroup_mma_wait(0, deps=[dv2_tok, dk2_tok, dq2_tok, dv_tok,
+                                                            dk_tok, dq_tok, p_smem, ds_smem,
+                                                            q_t, do_t, k_smem, q2_t, do2_t,
+                                                            k2_smem])
+                        dv2 = done2[0]
+                        dk2 = done2[1]
+                        dq2 = done2[2]
+                        dv_tok = done2[3]
+                        dk_tok = done2[4]
+                        dq_tok = done2[5]
+                    else:  # (dV in one piece of V's head dim)
+                        done2 = warpgroup_mma_wait(0, deps=[dk2_tok, dq2_tok, dv_tok, dk_tok,
+                                                            dq_tok, p_smem, ds_smem, q_t, do_t,
+                                                            k_smem, q2_t, k2_smem])
+                        dk2 = done2[0]
+                        dq2 = done2[1]
+                        dv_tok = done2[2]
+                        dk_tok = done2[3]
+                        dq_tok = done2[4]
                 if EARLY_FREE:  # dV and dK done (the wgmmas retire in order): Q and dO read
                     kv = warpgroup_mma_wait(1, deps=[dv_tok, dk_tok, p_smem, q_t, do_t])
                     dv_tok = kv[0]
@@ -802,7 +844,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
             dq_smem.index(buf).store(done[2] * scale)
             if D2 > 0:
-                dq2_smem.index(buf).store(done2[2] * scale)
+                dq2_smem.index(buf).store(dq2 * scale)
             if DQ_TMA:  # (the writer's TMA reads it)
                 fence_async_shared()
             # every warp is past its products' reads of the slot, P and dS, and its dQ
@@ -812,40 +854,50 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             if not EARLY_FREE:
                 mbarrier.arrive(free.index(slot), count=1)
     if D2 > 0:
-        if live:  # the second pieces of dK and dV, columns D..
-            p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim = outs
-            _store_piece(dk2, dv2, k2_smem, v2_smem, two[4], two[5], p_dk + D, p_dv + D, sdk_h,
-                         sdk_s, sdv_h, sdv_s, b, h_kv, k_start, k0, seq_k, dim - D, scale, D,
-                         BLOCK_N, D2, VARLEN)
+        if live:  # the second pieces of dK and dV, columns D.. (dV's where V has one)
+            p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim, dim_v = outs
+            if DV2 > 0:
+                _store_piece(dk2, dv2, k2_smem, v2_smem, two[4], two[5], p_dk + D, p_dv + D,
+                             sdk_h, sdk_s, sdv_h, sdv_s, b, h_kv, k_start, k0, seq_k, dim - D,
+                             dim_v - D, scale, D, BLOCK_N, D2, DV2, VARLEN)
+            else:
+                _store_piece(dk2, dk2, k2_smem, k2_smem, two[4], two[4], p_dk + D, p_dk + D,
+                             sdk_h, sdk_s, sdk_h, sdk_s, b, h_kv, k_start, k0, seq_k, dim - D,
+                             0, scale, D, BLOCK_N, D2, 0, VARLEN)
     return dk, dv
 
 
 @gluon.jit
 def _store_piece(dk, dv, k_tile, v_tile, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-                 sdv_s, b, h_kv, k_start, k0, seq_k, n_cols, scale, COL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, W: gl.constexpr, VARLEN: gl.constexpr):
-    """dK (scaled) and dV of one head-dim piece, W columns from COL (`p_dk`, `p_dv` point at
-    column COL), out through K's and V's shared tiles of the piece (every warp is done
-    reading them): by TMA, or varlen by masked stores (rows past the sequence's keys are
-    the next sequence's; `n_cols` of the tensors' columns from COL, fewer where the head
-    dim runs padded)."""
+                 sdv_s, b, h_kv, k_start, k0, seq_k, n_cols, n_cols_v, scale,
+                 COL: gl.constexpr, BLOCK_N: gl.constexpr, W: gl.constexpr, WV: gl.constexpr,
+                 VARLEN: gl.constexpr):
+    """dK (scaled) and dV of one head-dim piece, W columns of dK and WV of dV (0: none, V's
+    head dim has no such piece) from COL (`p_dk`, `p_dv` point at column COL), out through
+    K's and V's shared tiles of the piece (every warp is done reading them): by TMA, or
+    varlen by masked stores (rows past the sequence's keys are the next sequence's;
+    `n_cols` and `n_cols_v` of the tensors' columns from COL, fewer where a head dim runs
+    padded)."""
     dtype: gl.constexpr = k_tile.dtype
     gl.thread_barrier()
     k_tile.store((dk * scale).to(dtype))
-    v_tile.store(dv.to(dtype))
+    if WV > 0:
+        v_tile.store(dv.to(dtype))
     if VARLEN:
         _store_rows(k_tile, p_dk + h_kv.to(gl.int64) * sdk_h, sdk_s, k_start + k0, seq_k - k0,
                     n_cols, BLOCK_N, W)
-        _store_rows(v_tile, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0, seq_k - k0,
-                    n_cols, BLOCK_N, W)
+        if WV > 0:
+            _store_rows(v_tile, p_dv + h_kv.to(gl.int64) * sdv_h, sdv_s, k_start + k0,
+                        seq_k - k0, n_cols_v, BLOCK_N, WV)
     else:
         fence_async_shared()
         tma.async_copy_shared_to_global(
             dk_desc, [b, h_kv, k0, COL], k_tile._reinterpret(dtype, [1, 1, BLOCK_N, W],
                                                              dk_desc.layout))
-        tma.async_copy_shared_to_global(
-            dv_desc, [b, h_kv, k0, COL], v_tile._reinterpret(dtype, [1, 1, BLOCK_N, W],
-                                                             dv_desc.layout))
+        if WV > 0:
+            tma.async_copy_shared_to_global(
+                dv_desc, [b, h_kv, k0, COL], v_tile._reinterpret(dtype, [1, 1, BLOCK_N, WV],
+                                                                 dv_desc.layout))
         tma.store_wait(0)
 
 
@@ -853,21 +905,22 @@ def _store_piece(dk, dv, k_tile, v_tile, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sd
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar,
              ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
              sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n, n_heads_kv,
-             group, seq_q, seq_k, dim, scale, qk_scale, cap, left, right, order, two, do_ring,
-             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, D2: gl.constexpr,
-             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+             group, seq_q, seq_k, dim, dim_v, scale, qk_scale, cap, left, right, order, two,
+             do_ring, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+             D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr, STAGES: gl.constexpr,
+             HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
              MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr, DO_STAGES: gl.constexpr,
              DQ_SPLIT: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores (a second head-dim piece's: `_steps`)."""
-    outs = (p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim)
+    outs = (p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim, dim_v)
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
                     p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
                     qk_scale, cap, left, right, order, two, outs, do_ring, BLOCK_M, BLOCK_N, D,
-                    D2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
+                    D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
                     VARLEN, COMPACT, SWAP_SDP, DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE,
                     DO_STAGES, DQ_SPLIT)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
@@ -875,7 +928,8 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     if k0 < seq_k:  # (varlen: a tile past its sequence's keys has none)
         _store_piece(dk, dv, k_smem, v_smem, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-                     sdv_s, b, h_kv, k_start, k0, seq_k, dim, scale, 0, BLOCK_N, D, VARLEN)
+                     sdv_s, b, h_kv, k_start, k0, seq_k, dim, dim_v, scale, 0, BLOCK_N, D, DV,
+                     VARLEN)
 
 
 @gluon.jit
@@ -899,7 +953,7 @@ def _store_rows(tile, p_head, s_row, first, n_rows, n_cols, ROWS: gl.constexpr,
 # length, batch or head count compiles nothing)
 UNSPECIALISED = ("sl_b", "sl_h", "sdk_h", "sdk_s", "sdv_h", "sdv_s", "n_tiles_n", "n_tiles_m",
                  "n_heads_kv", "group", "seq_q", "seq_k", "rows_q", "dim", "left", "right",
-                 "order")
+                 "order", "dim_v")
 
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
@@ -907,7 +961,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     p_delta, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, sdk_h, sdk_s, sdv_h, sdv_s, sl_b,
                     sl_h, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q,
                     dim, scale, qk_scale, cap, left, right, order, q2_desc, k2_desc, v2_desc,
-                    do2_desc, dk2_desc, dv2_desc, dq2_desc, D: gl.constexpr, D2: gl.constexpr,
+                    do2_desc, dk2_desc, dv2_desc, dq2_desc, dim_v, D: gl.constexpr,
+                    D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                     BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
@@ -938,17 +993,19 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     `*2_desc` descriptors over the same tensors with blocks D2 wide, loaded and stored at
     column D, each piece its own shared buffers; None where D2 = 0. DO_STAGES: dO's slots
     (STAGES, or fewer in a ring of its own); DQ_SPLIT: dQ handed over in that many parts
-    of D / DQ_SPLIT columns (`dq_desc`'s blocks that wide)."""
+    of D / DQ_SPLIT columns (`dq_desc`'s blocks that wide). V's head dim its own (`dim_v`
+    columns, MLA's 192/128): V, dO and dV in pieces of DV and DV2 columns (`_steps`), Q, K,
+    dK and dQ in D and D2."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
     do_smem = gl.allocate_shared_memory(
-        dtype, [DO_STAGES, BLOCK_M, D],
-        gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
+        dtype, [DO_STAGES, BLOCK_M, DV],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV], dtype))
     k_smem = gl.allocate_shared_memory(
         dtype, [BLOCK_N, D], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype))
     v_smem = gl.allocate_shared_memory(
-        dtype, [BLOCK_N, D], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype))
+        dtype, [BLOCK_N, DV], gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV], dtype))
     if SWAP_SDP:  # dS^T alone (P stays in registers)
         ds_smem = gl.allocate_shared_memory(
             dtype, [BLOCK_N, BLOCK_M],
@@ -970,17 +1027,20 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     k2_smem = k_smem
     v2_smem = v_smem
     dq2_smem = dq_smem
-    if D2 > 0:
+    if D2 > 0:  # (V's second piece, DV2, is Q's where V has one)
         q2_smem = gl.allocate_shared_memory(
             dtype, [STAGES, BLOCK_M, D2],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], dtype))
-        do2_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, BLOCK_M, D2],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], dtype))
+        if DV2 > 0:
+            do2_smem = gl.allocate_shared_memory(
+                dtype, [STAGES, BLOCK_M, D2],
+                gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], dtype))
         k2_smem = gl.allocate_shared_memory(
             dtype, [BLOCK_N, D2], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D2], dtype))
-        v2_smem = gl.allocate_shared_memory(
-            dtype, [BLOCK_N, D2], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D2], dtype))
+        if DV2 > 0:
+            v2_smem = gl.allocate_shared_memory(
+                dtype, [BLOCK_N, D2], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D2],
+                                                                           dtype))
         dq2_smem = gl.allocate_shared_memory(
             gl.float32, [DQ_BUFS, BLOCK_M, D2],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, D2], gl.float32))
@@ -1021,8 +1081,9 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
                     sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order,
-                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, scale, qk_scale, cap, left,
-                    right, order, two, do_ring, BLOCK_M, BLOCK_N, D, D2, STAGES, HAS_LEFT,
+                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, dim_v, scale, qk_scale, cap,
+                    left, right, order, two, do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES,
+                    HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
                     DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE, DO_STAGES, DQ_SPLIT)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
@@ -1030,7 +1091,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
                       right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two,
-                      do_ring, BLOCK_M, BLOCK_N, D, D2, STAGES, HAS_LEFT, HAS_RIGHT,
+                      do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT,
                       BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
                       COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT,
                       FREE_ON_READ)),
