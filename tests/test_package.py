@@ -22,8 +22,11 @@ sys.meta_path.insert(0, _Blocked())
 
 
 def _child(code: str, env: dict | None = None) -> str:
-    return subprocess.run([sys.executable, "-c", BLOCK + code], capture_output=True,
-                          text=True, check=True, env=env or dict(os.environ)).stdout
+    """The child's stdout; a failed child's stderr in the assertion (what went wrong)."""
+    done = subprocess.run([sys.executable, "-c", BLOCK + code], capture_output=True,
+                          text=True, env=env or dict(os.environ))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def test_the_library_imports_and_runs_without_the_lab():
