@@ -85,7 +85,10 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (4, 32, 32, 4096, 192, True, dict(dim_v=128)),
         (4, 32, 32, 4096, 128, False, dict(dim_v=64)),
         (4, 32, 32, 4096, 128, True, dict(dim_v=64)),
-        (2, 32, 8, 8192, 192, True, dict(dim_v=128))]
+        (2, 32, 8, 8192, 192, True, dict(dim_v=128)),
+        # D192 at S1024 (16k tokens a call), beside row 37's S4096: do the deterministic
+        # adds cost more of a shorter program (issue 33's chain-latency question)?
+        (16, 32, 32, 1024, 192, False)]
 
 
 def sources() -> dict:
