@@ -106,7 +106,6 @@ BWD_CONFIGS = [
          HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
     # V's head dim its own (`hopper.backward.kernel_dims`; V: v's kernel head dim)
     dict(name="bwd D192/128", D=192, V=128),
-    dict(name="bwd D192/128, two slots", D=192, V=128, STAGES=2),
     dict(name="bwd D192/128 causal", D=192, V=128, HAS_RIGHT=True),
     dict(name="bwd D192/128 causal varlen GQA", D=192, V=128, HAS_RIGHT=True, VARLEN=True,
          GQA=True, COMPACT=True),
@@ -157,10 +156,8 @@ def backward_constexprs(config: dict) -> dict:
         c |= dict(DV=v_dim, DV2=0)
     if c["D"] == 256:  # 64 keys a program, two slots of Q, one of dO, dQ in two halves
         c = dict(BLOCK_N=64, STAGES=2, DO_STAGES=1, DQ_SPLIT=2, DQ_BUFS=1, SWAP_SDP=False) | c
-    if c["D"] == 192:  # two pieces, 128 + 64, 64 keys, two slots (three beside V's 128:
-        # `PAIR_TILES`), one dQ buffer
-        c = (dict(BLOCK_N=64, STAGES=3 if v_dim == 128 else 2, DQ_BUFS=1, SWAP_SDP=False) | c
-             | dict(D=128, D2=64))
+    if c["D"] == 192:  # two pieces, 128 + 64, 64 keys, two slots, one dQ buffer
+        c = dict(BLOCK_N=64, STAGES=2, DQ_BUFS=1, SWAP_SDP=False) | c | dict(D=128, D2=64)
     c = BWD_DEFAULTS | dict(D2=0) | c
     c.setdefault("DV", c["D"])
     c.setdefault("DV2", c["D2"])

@@ -224,9 +224,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # D192 (and D129-D191) padded to D256's kernel, as before `PIECES`
              "hopper-pad256": _ours("hopper", PIECES={},
                                     TILES={d: t for d, t in knobs.TILES.items() if d != 192}),
-             # MLA's 192/128 with two slots of Q and dO, as D192's, not three
-             # (`hopper.backward.PAIR_TILES`)
-             "hopper-mla-two-slots": _ours("hopper", PAIR_TILES={}),
              "portable": _ours("portable"), "cudnn": _cudnn, "fa4": _fa4}
 UNCHECKED = ("hopper-nodq",)
 

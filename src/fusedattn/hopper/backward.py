@@ -51,11 +51,6 @@ PIECES = {192: (128, 64)}
 # portable backward where it wins.
 # Needs dQ's TMA adds (the writer's atomics address D columns).
 PAD_FROM = 64  # (a head dim under it, or past the last of TILES, runs portable)
-# per pair of kernel head dims (q's, v's: `kernel_dims`) where it differs from q's TILES:
-# MLA's 192/128 has V's and dO's tiles a third narrower, so a third slot of Q and dO fits
-# (231,404 bytes of shared memory against 189,900 with two; no spills, no serialised
-# wgmma: CPU compile report)
-PAIR_TILES = {(192, 128): (64, 64, 3)}
 # under a softcap, per head dim where it differs (`tiles`): D64 keeps 64-row steps. Its
 # 128-row steps compile to a key loop of 2837 instructions with 604 B spilled (not
 # transposed; 1408 B transposed), against 1241 and none for 64-row steps (CPU compile
@@ -186,7 +181,7 @@ def switches() -> tuple:
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
             MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT,
-            FREE_ON_READ, PAIR_TILES)
+            FREE_ON_READ)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -288,14 +283,11 @@ def padded_refusal(dim: int) -> str | None:
     return None
 
 
-def tiles(dim: int, softcap: bool, dim_v: int | None = None) -> tuple:
-    """(BLOCK_M, BLOCK_N, STAGES) for a head dim (`kernel_dim`'s; v's `dim_v`, default the
-    same: `PAIR_TILES`), with or without a softcap."""
-    pair = kernel_dims(dim, dim if dim_v is None else dim_v)
+def tiles(dim: int, softcap: bool) -> tuple:
+    """(BLOCK_M, BLOCK_N, STAGES) for a head dim (`kernel_dim`'s), with or without a
+    softcap."""
     dim = kernel_dim(dim)
-    if softcap:
-        return SOFTCAP_TILES.get(dim, TILES[dim])
-    return PAIR_TILES.get(pair, TILES[dim])
+    return SOFTCAP_TILES.get(dim, TILES[dim]) if softcap else TILES[dim]
 
 
 def counters(batch: int, heads: int, seq_q: int, dim: int, softcap: bool = False,
@@ -362,7 +354,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
         raise ValueError(f"head dims {dim} (q, k) and {dim_v} (v): not a pair the kernel "
                          "takes (`kernel_dims`)")
     kdim, kdim_v = dims
-    block_m, block_n, stages = tiles(dim, cap > 0, dim_v)
+    block_m, block_n, stages = tiles(dim, cap > 0)
     unmasked = left < 0 and right < 0
     swap = (SWAP_SDP and block_n >= 128 and cap == 0
             and (unmasked or (SWAP_MASKED[kdim] and LSE_SMEM[kdim])))
