@@ -228,6 +228,19 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
 UNCHECKED = ("hopper-nodq",)
 
 
+# a provider whose gradients differ from the first provider's by more than this share of
+# their largest magnitude computed something else: its time is no peer's figure (FA4
+# 4.0.0b36's non-causal 128/64 backward differed by 460, evidence 20261204T2124Z-bwd-mla,
+# where cuDNN's differed by 0.001)
+WRONG_SHARE = 0.05
+
+
+def disagrees(err: float, largest: float) -> bool:
+    """Whether a provider's max abs difference `err` from the first provider's gradients,
+    whose largest magnitude is `largest`, marks its gradients as wrong (`WRONG_SHARE`)."""
+    return not err <= WRONG_SHARE * largest
+
+
 def head_pairs(s: int, causal: bool, window=None) -> float:
     """The (query, key) pairs of one S x S head the FLOPs count: S^2, halved under causal
     (FA's convention), and under a window (left, right) the pairs it keeps (key j for
@@ -286,6 +299,7 @@ def bench(rows, only=()):
                 continue
             if ref is None:
                 ref = [x.float() for x in grads]
+                largest = max(r.abs().max().item() for r in ref)
             if name in UNCHECKED:  # dQ left out: dK and dV alone
                 grads, ref_ = grads[1:], ref[1:]
             else:
@@ -297,12 +311,13 @@ def bench(rows, only=()):
                                                                              strict=True))
             line[name] = dict(ms=ms.median_ms, spread=[ms.min_ms, ms.max_ms],
                               tflops=flops / ms.median_ms / 1e9, err=max(err, err2),
-                              peak_mib=extra)
+                              peak_mib=extra, wrong=disagrees(max(err, err2), largest))
             del call, grads
         results.append(dict(row=[b, h, hk, s, d, causal], varlen=packed is not None,
                             options=options, dim_v=dv, **line))
-        cells = " ".join(f"{n}={v['tflops']:.0f}" if isinstance(v, dict) else f"{n}=-"
-                         for n, v in line.items())
+        cells = " ".join((f"{n}={v['tflops']:.0f}" + (" (WRONG gradients)" if v["wrong"]
+                                                         else ""))
+                         if isinstance(v, dict) else f"{n}=-" for n, v in line.items())
         print(f"{'varlen ' if packed else ''}B{b} H{h}/{hk} S{s} D{d}"
               f"{f'/{dv}' if dv != d else ''} causal={causal}"
               f"{' ' + str(options) if options else ''}: "

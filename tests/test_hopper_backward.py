@@ -977,6 +977,15 @@ def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, determinis
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
 
 
+def test_the_backward_check_marks_gradients_that_disagree():
+    """`scripts/hopper_bwd_check.py` marks a provider whose gradients differ from the
+    first's by more than `WRONG_SHARE` of their largest magnitude (FA4's 460 at 128/64),
+    not bf16's rounding (cuDNN's 0.001), nor a NaN as agreeing."""
+    check = script("hopper_bwd_check")
+    assert check.disagrees(460.0, 12.0) and check.disagrees(float("nan"), 12.0)
+    assert not check.disagrees(0.001, 12.0) and not check.disagrees(0.0, 0.0)
+
+
 @pytest.mark.parametrize("zero", [True, False])
 def test_the_preprocess_zeroes_the_hopper_buffers_by_its_switch(zero, monkeypatch):
     # `hopper.backward.ZERO_IN_PREPROCESS`: the backward's first launch (the preprocess)
