@@ -17,12 +17,12 @@ import triton
 
 from fusedattn.hopper.forward import _descriptor, _sm_count
 
-# q's head dim (v's its own, at most as wide: `kernel_dims`) -> (BLOCK_M, BLOCK_N, STAGES). D64
-# takes 128 query rows a step (half the steps, so half the barriers and adds a key tile): with the
-# TMA adds and LSE rows below, +8 to +24% over 64-row steps in every D64 row, the gradients bit-
-# identical (evidence nvidia-h200/20261202T2150Z-bwd-d64-m128; with the atomics and LSE from global
-# memory, 0831Z, it had lost 7% under causal masks, and ptxas spills 196 B where S is transposed
-# without the LSE rows)
+# q's head dim (v's its own, at most as wide: `kernel_dims`) -> (BLOCK_M, BLOCK_N,
+# STAGES). D64 takes 128 query rows a step (half the steps, so half the barriers and adds
+# a key tile): with the TMA adds and LSE rows below, +8 to +24% over 64-row steps in every
+# D64 row, the gradients bit-identical (evidence nvidia-h200/20261202T2150Z-bwd-d64-m128;
+# with the atomics and LSE from global memory, 0831Z, it had lost 7% under causal masks,
+# and ptxas spills 196 B where S is transposed without the LSE rows)
 # D256 takes 64 keys a program, each compute warpgroup half of dK's and dV's columns (64
 # fp32 registers a thread each, as D128's 128 keys: `backward_kernel._steps`). One slot of
 # Q and dO with a whole dQ buffer is 32 KB each of Q, dO, K and V, 16 KB of P and dS and
