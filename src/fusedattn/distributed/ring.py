@@ -263,14 +263,23 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     merged sum after the ring; their gradient is this rank's rows' part, summed over the
     ranks as any replicated parameter's is).
     """
+    return checked_ring(q, k, v, group, is_causal, scale, precision, sinks)
+
+
+def checked_ring(q, k, v, group, is_causal: bool, scale: float | None,
+                 precision: str | None, sinks, refused: ProblemError | None = None):
+    """`ring_attention`'s body. `refused`: a caller's own verdict against its arguments
+    (`sdpa.ring_sdpa`'s), told to every rank as the ring's own checks are."""
     from fusedattn.api import _validate
 
     if not (dist.is_available() and dist.is_initialized()):
         raise ProblemError("group", group, "a process group of an initialised "
                            "torch.distributed (torch.distributed.init_process_group first)")
     world = dist.get_world_size(group)
-    error = None
+    error = refused
     try:  # a rank that refuses its inputs tells the others before it raises
+        if error is not None:
+            raise error
         _validate(q, k, v, is_causal, scale, True, precision, sinks=sinks)
         if q.dim() != 4:
             raise ProblemError("q.shape", tuple(q.shape), "[B, H, S/P, D] shards")
