@@ -300,6 +300,7 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False,
             (loops / (re.sub(r"[^\w.-]+", "_", config["name"]) + ".sass")).write_text(
                 "".join(f"{a:05x} {t}\n" for a, t in key_loop(sass)))
         rows.append(dict(name=config["name"], **facts,
+                         instructions=len(_instructions(sass)),
                          # the partitions' register counts (setmaxnreg: loader, writer,
                          # consumers), as the SASS sets them
                          setmaxnreg=sorted({int(x, 16) for x in re.findall(
@@ -309,40 +310,79 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False,
     return rows
 
 
-def key_loop(sass: str) -> list[tuple[int, str]]:
-    """The key loop's instructions as (address, text): of the loops that hold a wgmma and no
-    other such loop inside them, the one with the most wgmmas (the forward's key tile,
-    masked and unmasked paths both, not the item loop around it; the backward's step); []
-    where there is none. A loop is a predicated branch back to a lower address; an
-    unconditional one is a jump back from code placed at the end (an mbarrier wait's
-    retry). Before 2026-12-02 `loop_mix` took the loop with the most wgmmas, in the forward
-    the persistent item loop."""
-    ins = [(int(m[1], 16), m[2].strip()) for m in re.finditer(
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, text) of every SASS instruction."""
+    return [(int(m[1], 16), m[2].strip()) for m in re.finditer(
         r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = [(int(b[1], 16), addr) for addr, text in ins
-             if text.startswith("@")
-             and (b := re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text))
-             and int(b[1], 16) < addr]
+
+
+def _target(text: str) -> int | None:
+    """A branch's target address, None for any other instruction."""
+    b = re.search(r"BRA (?:`\(\.L_x_\d+\) )?(?:P\d, )?0x([0-9a-f]+)", text)
+    return int(b[1], 16) if b else None
+
+
+def wgmma_loops(sass: str) -> list[list[tuple[int, str]]]:
+    """The loops that hold a wgmma and no other such loop inside them, each as its
+    instructions (address, text), in address order. A loop is a predicated branch back to
+    a lower address; an unconditional one is a jump back from code placed at the end (an
+    mbarrier wait's retry)."""
+    ins = _instructions(sass)
+    loops = [(target, addr) for addr, text in ins
+             if text.startswith("@") and (target := _target(text)) is not None
+             and target < addr]
 
     def wgmmas(lo: int, hi: int) -> int:
         return sum("GMMA" in t for a, t in ins if lo <= a <= hi)
 
     holding = [se for se in loops if wgmmas(*se)]
-    innermost = [(lo, hi) for lo, hi in holding
-                 if not any((lo, hi) != (a, b) and lo <= a and b <= hi for a, b in holding)]
-    if not innermost:
-        return []
-    start, end = max(innermost, key=lambda se: wgmmas(*se))
-    return [(a, t) for a, t in ins if start <= a <= end]
+    innermost = sorted({(lo, hi) for lo, hi in holding
+                        if not any((lo, hi) != (a, b) and lo <= a and b <= hi
+                                   for a, b in holding)})
+    return [[(a, t) for a, t in ins if lo <= a <= hi] for lo, hi in innermost]
+
+
+def key_loop(sass: str) -> list[tuple[int, str]]:
+    """The key loop's instructions as (address, text): of `wgmma_loops`, the one with the
+    most wgmmas (the forward's key tile, masked and unmasked paths both, not the item loop
+    around it; the backward's step); [] where there is none. Before 2026-12-02 `loop_mix`
+    took the loop with the most wgmmas, in the forward the persistent item loop."""
+    loops = wgmma_loops(sass)
+    return max(loops, key=lambda body: sum("GMMA" in t for _, t in body)) if loops else []
+
+
+def path_lengths(body: list[tuple[int, str]]) -> list[int]:
+    """The instruction counts of a loop body's paths from its top to its back edge, fewest
+    first (the forward's unmasked tile and its masked one, where the loop has both): a
+    branch to an address inside the body forks the path (an unpredicated one jumps), a
+    branch out of it (an mbarrier wait's retry, placed at the end) is taken as not taken."""
+    at = {a: n for n, (a, _) in enumerate(body)}
+    lengths, todo = set(), [(0, 0)]
+    while todo:
+        n, count = todo.pop()
+        while n < len(body) - 1:
+            text = body[n][1]
+            target = _target(text)
+            count += 1
+            if target in at and at[target] > n:  # a forward branch inside the loop
+                if not text.startswith("@"):
+                    n = at[target]
+                    continue
+                todo.append((at[target], count))
+            n += 1
+        lengths.add(count + 1)  # the back edge
+    return sorted(lengths)
 
 
 def loop_mix(sass: str) -> dict:
-    """The key loop's (`key_loop`) instruction mix: its length and its counts by opcode
-    (what a step costs each warp, spills included: LDL/STL inside the loop); {} where
-    there is no such loop."""
+    """The key loop's (`key_loop`) instruction mix: its length, its paths' lengths
+    (`path_lengths`) and its counts by opcode (what a step costs each warp, spills
+    included: LDL/STL inside the loop); {} where there is no such loop."""
+    body = key_loop(sass)
     ops = collections.Counter(t.split()[1] if t.startswith("@") else t.split()[0]
-                              for _, t in key_loop(sass))
-    return dict(length=sum(ops.values()), **dict(ops.most_common())) if ops else {}
+                              for _, t in body)
+    return (dict(length=sum(ops.values()), paths=path_lengths(body), **dict(ops.most_common()))
+            if ops else {})
 
 
 def sass_digest(sass: str) -> str:

@@ -38,8 +38,9 @@ from fusedattn_lab.serving import _lengths
 from fusedattn_lab.timing import time_gpu
 from fusedattn_lab.verify import check
 
-# name: ("dense", B, H, H_kv, S, D, causal) | ("window", B, H, S, D, left) (causal, the
-# window bench suite's row) | ("varlen", D, causal) (the varlen suite's 24 documents, H16)
+# name: ("dense", B, H, H_kv, S, D, causal[, Dv]) (Dv: V's own head dim, else D) |
+# ("window", B, H, S, D, left) (causal, the window bench suite's row) | ("varlen", D,
+# causal) (the varlen suite's 24 documents, H16)
 ROWS = {
     "d128": ("dense", 4, 32, 32, 4096, 128, False),
     "d128c": ("dense", 4, 32, 32, 4096, 128, True),
@@ -54,6 +55,8 @@ ROWS = {
     "d192": ("dense", 4, 32, 32, 4096, 192, False),
     "d192c": ("dense", 4, 32, 32, 4096, 192, True),
     "d256": ("dense", 2, 16, 16, 4096, 256, False),  # the prefill suite's D256 row
+    "mla": ("dense", 4, 32, 32, 4096, 192, False, 128),  # the mla suite's rows
+    "mlac": ("dense", 4, 32, 32, 4096, 192, True, 128),
     "window": ("window", 1, 32, 8192, 128, 1024),
     "varlen128c": ("varlen", 128, True),
     "varlen64c": ("varlen", 64, True),
@@ -94,14 +97,15 @@ def problem(spec):
                 return attention(q, k, v, is_causal=True, window=window)
         flops = 4 * b * h * d * sum(min(i + 1, left + 1) for i in range(s))
     else:
-        _, b, h, hk, s, d, causal = spec
-        q, k, v = (rand(b, n, s, d) for n in (h, hk, hk))
+        _, b, h, hk, s, d, causal, *dv = spec
+        q, k = (rand(b, n, s, d) for n in (h, hk))
+        v = rand(b, hk, s, *(dv or [d]))
         window = None
 
         def call(backend="hopper"):
             with use_backend(backend):
                 return attention(q, k, v, is_causal=causal, enable_gqa=hk != h)
-        flops = 4 * b * h * s * s * d // (2 if causal else 1)
+        flops = 2 * b * h * s * s * (d + (dv or [d])[0]) // (2 if causal else 1)
     kv = max(1, SLICE_HEADS * hk // h)
     ref = attention_ref(q[:1, :SLICE_HEADS], k[:1, :kv], v[:1, :kv], causal=causal,
                         window=window, device="cuda")
