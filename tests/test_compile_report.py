@@ -27,7 +27,8 @@ def test_the_digest_ignores_addresses_and_encodings_but_not_instructions():
 def test_the_loop_mix_counts_the_loop_that_holds_the_wgmmas():
     mix = report.loop_mix(SASS)
     # the loop is 0x10..0x40: LDG, HGMMA, LDL and the predicated branch back
-    assert mix == {"length": 4, "LDG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "LDL": 1, "BRA": 1}
+    assert mix == {"length": 4, "paths": [4], "LDG.E": 1, "HGMMA.64x64x16.F32.BF16": 1,
+                   "LDL": 1, "BRA": 1}
     assert [a for a, _ in report.key_loop(SASS)] == [0x10, 0x20, 0x30, 0x40]
     assert report.loop_mix(SASS.replace("0x10 ;", "0x60 ;")) == {}  # no branch back
     assert report.key_loop(SASS.replace("0x10 ;", "0x60 ;")) == []
@@ -49,8 +50,35 @@ def test_the_loop_mix_counts_the_innermost_loop_that_holds_wgmmas():
         /*0090*/               @P1 BRA 0x10 ;                      /* 0x0 */
         /*00a0*/                   EXIT ;                          /* 0x0 */
 """
-    assert report.loop_mix(nested) == {"length": 4, "HGMMA.64x64x16.F32.BF16": 1,
-                                       "MUFU.EX2": 1, "FMNMX": 1, "BRA": 1}
+    assert report.loop_mix(nested) == {"length": 4, "paths": [4],
+                                       "HGMMA.64x64x16.F32.BF16": 1, "MUFU.EX2": 1,
+                                       "FMNMX": 1, "BRA": 1}
+    assert [len(body) for body in report.wgmma_loops(nested)] == [4]
+
+
+def test_path_lengths_fork_at_branches_inside_the_loop_and_not_at_retries_outside_it():
+    # a key loop 0x10..0x90: a wait whose retry jumps out (0xb0), a masked path
+    # (0x40..0x50) that a predicated branch skips, an unconditional jump over one
+    # instruction (0x70 -> 0x90)
+    forked = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;          /* 0x0 */
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2 ; /* 0x0 */
+        /*0020*/              @!P0 BRA 0xb0 ;                      /* 0x0 */
+        /*0030*/               @P1 BRA 0x60 ;                      /* 0x0 */
+        /*0040*/                   FSEL R3, R3, -INF, P2 ;         /* 0x0 */
+        /*0050*/                   FSEL R4, R4, -INF, P2 ;         /* 0x0 */
+        /*0060*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ ; /* 0x0 */
+        /*0070*/                   BRA 0x90 ;                      /* 0x0 */
+        /*0080*/                   NOP ;                           /* 0x0 */
+        /*0090*/               @P3 BRA 0x10 ;                      /* 0x0 */
+        /*00a0*/                   EXIT ;                          /* 0x0 */
+        /*00b0*/                   BRA 0x10 ;                      /* 0x0 */
+"""
+    (body,) = report.wgmma_loops(forked)
+    assert [a for a, _ in body] == list(range(0x10, 0xa0, 0x10))
+    # skipping the mask: TRYWAIT, BRA, BRA, HGMMA, BRA, back edge; through it two FSELs more
+    assert report.path_lengths(body) == [6, 8]
+    assert report.loop_mix(forked)["paths"] == [6, 8]
 
 
 def test_the_source_summary_reads_one_kernel_and_shares_its_key_loops_samples(tmp_path):
