@@ -1,7 +1,8 @@
-"""`fusedattn.distributed.ring_sdpa`: SDPA calls on sequence shards run by fusedattn's
-ring, alone and under torch's `context_parallel` (whose head-tail sharding must be the
-ring's zigzag), against the float64 reference, forward and gradients; and its refusals,
-on every rank alike. 2 processes: gloo on CPUs in emulation, NCCL on 2 GPUs."""
+"""`fusedattn.distributed.ring_sdpa` and `ulysses_sdpa`: SDPA calls on sequence shards run
+by fusedattn's ring or Ulysses, alone and under torch's `context_parallel` (whose head-tail
+sharding must be the ring's zigzag, and whose sharding without load balancing Ulysses'
+contiguous layout), against the float64 reference, forward and gradients; and their
+refusals, on every rank alike. 2 processes: gloo on CPUs in emulation, NCCL on 2 GPUs."""
 
 import pytest
 import torch
@@ -77,6 +78,38 @@ def _body(rank: int, world: int, device, results: str) -> list[str]:
                     q, k, v, is_causal=True, enable_gqa=True)))
         finally:
             _cp_options.enable_load_balance = True
+    # 2b. Ulysses: contiguous shards, alone and under torch's context_parallel with its
+    #     load balancing off (torch's contiguous split); with it on, a causal call refused
+    from fusedattn.distributed import ulysses_sdpa
+
+    for causal in (True, False):
+        q, k, v, dout = (contiguous_shard(t, rank, world).contiguous().to(device)
+                         for t in full)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        with ulysses_sdpa():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        lines += _compare(f"ulysses-{causal}", rank, world, contiguous_shard, full, causal,
+                          out, grads)
+    _cp_options.enable_load_balance = False
+    try:
+        bufs = [t.clone().to(device) for t in full]
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2]):
+            q, k, v = (t.detach().clone().requires_grad_() for t in bufs[:3])
+            with ulysses_sdpa():
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                     enable_gqa=True)
+            grads = torch.autograd.grad(out, (q, k, v), bufs[3])
+            lines += _compare("cp-ulysses", rank, world, lambda t, r, w: contiguous_shard(
+                t, r, w, dim=2), full, True, out, grads)
+    finally:
+        _cp_options.enable_load_balance = True
+    bufs = [t.clone().to(device) for t in full]
+    with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2]):
+        q, k, v = bufs[:3]
+        with ulysses_sdpa():
+            lines.append(refusal("cp-ulysses-balance", lambda: F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=True)))
     # 3. bad calls, refused on every rank: a mask on rank 0 only, dropout, GQA unasked
     q, k, v = (zigzag_shard(t, rank, world).contiguous().to(device) for t in full[:3])
     mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=device)
@@ -95,27 +128,34 @@ def _body(rank: int, world: int, device, results: str) -> list[str]:
     return lines
 
 
-def test_ring_sdpa_matches_the_reference_alone_and_under_torch_context_parallel(tmp_path):
+def test_sdpa_modes_match_the_reference_alone_and_under_torch_context_parallel(tmp_path):
     need_gpus(2)
     for rank, lines in enumerate(spawn(_body, 2, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
-        checks = [line.split() for line in lines if line.startswith(("local", "cp "))]
-        assert len(checks) == 12 and all(c[2] == "True" for c in checks), (rank, lines)
+        checks = [line.split() for line in lines
+                  if line.startswith(("local", "cp ", "ulysses", "cp-ulysses "))]
+        assert len(checks) == 12 + 12 and all(c[2] == "True" for c in checks), (rank, lines)
         starts = [" ".join(line.split()[:3]) for line in lines]
         # torch's wrapper hands the local shard back; the same bits as the local call's
         # show that fusedattn's ring, not torch's, computed it
         assert "cp-type Tensor (1, 4, 8, 16)" in lines, lines
         local = {c[1]: c[3] for c in checks if c[0] == "local-True"}
         assert {c[1]: c[3] for c in checks if c[0] == "cp"} == local, lines
+        local = {c[1]: c[3] for c in checks if c[0] == "ulysses-True"}
+        assert {c[1]: c[3] for c in checks if c[0] == "cp-ulysses"} == local, lines
         assert "cp-balance refused torch's" in starts, lines
+        assert "cp-ulysses-balance refused torch's" in starts, lines
         assert ("mask refused attn_mask" if rank == 0 else "mask refused shards") in starts
         assert "dropout refused dropout_p" in starts and "gqa refused enable_gqa" in starts
         assert "after True" in lines, lines
 
 
-def test_ring_sdpa_needs_a_process_group():
-    from fusedattn.distributed import ring_sdpa
+def test_sdpa_modes_need_a_process_group_and_ulysses_a_chunk_count():
+    from fusedattn.distributed import ring_sdpa, ulysses_sdpa
     from fusedattn.problem import ProblemError
 
-    with pytest.raises(ProblemError, match="init_process_group"), ring_sdpa():
-        pass
+    for mode in (ring_sdpa, ulysses_sdpa):
+        with pytest.raises(ProblemError, match="init_process_group"), mode():
+            pass
+    with pytest.raises(ProblemError, match="chunks"):
+        ulysses_sdpa(chunks=0)

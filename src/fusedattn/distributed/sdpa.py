@@ -1,29 +1,37 @@
-"""`ring_sdpa`: `torch.nn.functional.scaled_dot_product_attention` on sequence shards,
-run by fusedattn's ring, for model code that calls SDPA and cannot be changed.
+"""`ring_sdpa` and `ulysses_sdpa`: `torch.nn.functional.scaled_dot_product_attention` on
+sequence shards, run by fusedattn's ring or Ulysses' all-to-alls, for model code that calls
+SDPA and cannot be changed.
 
     with ring_sdpa(group):                 # the ranks of `group` hold zigzag shards
         loss = model(input_ids_shard, position_ids=positions_shard).loss
 
 Inside the context, a `TorchFunctionMode` (torch's public hook for this) catches every
-SDPA call and runs `ring_attention` over `group` on its arguments, which are this rank's
-`[B, H, S/P, D]` shards; every other function runs as it would.
+SDPA call and runs `ring_attention` (or `ulysses_attention`) over `group` on its
+arguments, which are this rank's `[B, H, S/P, D]` shards; every other function runs as it
+would.
 
 **With torch's `context_parallel`.** `torch.distributed.tensor.experimental.
 context_parallel(mesh, buffers=..., buffer_seq_dims=...)` shards a model's buffers along
 the sequence in place and wraps SDPA so that its arguments arrive as DTensors sharded on
 the sequence dim, then runs its own ring. Under `ring_sdpa()` as well, the mode sees those
-DTensors first: it takes their local shards, runs fusedattn's ring over the mesh's group,
-and hands back a DTensor of the same placement, so torch shards the buffers and fusedattn
-computes the attention. That pairing is exact because torch's default "head-tail" load
-balancing (used for any length divisible by 2P) puts chunks r and 2P-1-r of 2P on rank r,
-which is the ring's zigzag layout (`zigzag_shard`; tested against torch's own sharding).
-With torch's load balancing switched off the shards are contiguous: a causal call is then
-refused, since a causal ring over contiguous shards would be wrong.
+DTensors first: it takes their local shards, runs fusedattn over the mesh's group, and
+hands back a DTensor of the same placement, so torch shards the buffers and fusedattn
+computes the attention. The shards' layout must be the one the attention takes under a
+causal mask:
+- torch's default "head-tail" load balancing (used for any length divisible by 2P) puts
+  chunks r and 2P-1-r of 2P on rank r, which is the ring's zigzag layout (`zigzag_shard`;
+  tested against torch's own sharding);
+- with torch's load balancing switched off the shards are contiguous, which is Ulysses'
+  layout (`contiguous_shard`).
+So a causal call is refused under `ring_sdpa` with torch's balancing off, and under
+`ulysses_sdpa` with it on: either would be a wrong answer. Without a causal mask any equal
+split serves both.
 
 Refused, on every rank alike (a ProblemError, never a hang or a local-only answer):
 an `attn_mask` (causal masks go by `is_causal=True`), `dropout_p` > 0, K/V heads unlike
 q's without `enable_gqa=True` (as SDPA does), inputs that are not 4-D, DTensors that are
-not sharded on dim 2 of a 1-D mesh, and everything `ring_attention` refuses.
+not sharded on dim 2 of a 1-D mesh, and everything `ring_attention` (`ulysses_attention`)
+refuses.
 """
 
 from __future__ import annotations
@@ -86,9 +94,11 @@ def _local(q, k, v, group):
     return (*locals_, mesh, mesh_group, None)
 
 
-def _ring_call(group, precision, args, kwargs):
-    """One SDPA call through the ring (the module docstring says what is refused)."""
+def _sdpa_call(kind: str, group, precision, chunks: int, args, kwargs):
+    """One SDPA call through the ring (`kind` "ring") or Ulysses ("ulysses"; `chunks` its
+    overlap's head groups); the module docstring says what is refused."""
     from fusedattn.distributed.ring import checked_ring
+    from fusedattn.distributed.ulysses import checked_ulysses
 
     q, k, v, mask, dropout_p, causal, scale, gqa = _sdpa_arguments(*args, **kwargs)
     q, k, v, mesh, group, refused = _local(q, k, v, group)
@@ -105,11 +115,18 @@ def _ring_call(group, precision, args, kwargs):
             refused = ProblemError("enable_gqa", False, f"True where K/V have heads of "
                                    f"their own ({k.shape[1]} against q's {q.shape[1]}), "
                                    "as SDPA requires")
-        elif mesh is not None and causal and not _torch_load_balance():
-            refused = ProblemError("torch's context-parallel load balancing", "off (contig"
-                                   "uous shards)", "on (head-tail shards, the ring's zigzag "
-                                   "layout) for is_causal=True")
-    out = checked_ring(q, k, v, group, bool(causal), scale, precision, None, refused)
+        elif mesh is not None and causal and _torch_load_balance() != (kind == "ring"):
+            refused = ProblemError(
+                "torch's context-parallel load balancing",
+                "off (contiguous shards)" if kind == "ring" else "on (head-tail shards)",
+                "on (head-tail shards, the ring's zigzag layout) for ring_sdpa" if kind ==
+                "ring" else "off (contiguous shards, Ulysses' layout) for ulysses_sdpa, "
+                "with is_causal=True")
+    if kind == "ring":
+        out = checked_ring(q, k, v, group, bool(causal), scale, precision, None, refused)
+    else:
+        out = checked_ulysses(q, k, v, group, bool(causal), scale, precision, None, None,
+                              None, chunks, refused)
     if mesh is None:
         return out
     from torch.distributed.tensor import DTensor, Shard
@@ -117,28 +134,44 @@ def _ring_call(group, precision, args, kwargs):
     return DTensor.from_local(out, mesh, [Shard(2)], run_check=False)
 
 
-class _RingSDPA(TorchFunctionMode):
-    def __init__(self, group, precision: str | None):
+class _SDPAMode(TorchFunctionMode):
+    def __init__(self, kind: str, group, precision: str | None, chunks: int):
         super().__init__()
-        self.group, self.precision = group, precision
+        self.kind, self.group, self.precision, self.chunks = kind, group, precision, chunks
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _SDPA:
-            return _ring_call(self.group, self.precision, args, kwargs)
+            return _sdpa_call(self.kind, self.group, self.precision, self.chunks, args,
+                              kwargs)
         return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
+def _sdpa_mode(kind: str, group, precision: str | None, chunks: int = 1):
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ProblemError("group", group, "a process group of an initialised "
+                           "torch.distributed (torch.distributed.init_process_group first)")
+    with _SDPAMode(kind, group, precision, chunks):
+        yield
+
+
 def ring_sdpa(group=None, *, precision: str | None = None):
-    """Inside the context, SDPA calls on this rank's sequence shards run
+    """A context manager: inside it, SDPA calls on this rank's sequence shards run
     `fusedattn.distributed.ring_attention` over `group` (default: the world, or the mesh of
     DTensor arguments under torch's `context_parallel`). Shards as `ring_attention` takes
     them: zigzag (`zigzag_shard`, or torch's head-tail sharding) for `is_causal=True`, any
     equal split otherwise. `precision` is `attention`'s, for every call. Eager mode; the
     module docstring says what is refused."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ProblemError("group", group, "a process group of an initialised "
-                           "torch.distributed (torch.distributed.init_process_group first)")
-    with _RingSDPA(group, precision):
-        yield
+    return _sdpa_mode("ring", group, precision)
+
+
+def ulysses_sdpa(group=None, *, precision: str | None = None, chunks: int = 1):
+    """As `ring_sdpa`, by `fusedattn.distributed.ulysses_attention`: contiguous shards
+    (`contiguous_shard`, or torch's `context_parallel` with its load balancing off), H
+    divisible by P, K/V heads dividing P or divisible by it; `chunks` overlaps the
+    all-to-alls with the attention (`ulysses_attention`'s)."""
+    from fusedattn.distributed.ulysses import check_chunks
+
+    check_chunks(chunks)
+    return _sdpa_mode("ulysses", group, precision, chunks)

@@ -182,14 +182,17 @@ def _group_size(group, name: str) -> int:
 
 
 def _checked(q, k, v, group, world: int, is_causal, scale, precision, chunks: int = 1,
-             **options) -> int:
+             refused: ProblemError | None = None, **options) -> int:
     """Every rank's inputs valid and alike (`ring._check_shards`: one all_gather, so every
     rank raises the same error instead of waiting in an all-to-all), then `_heads`; the
-    head groups of the overlap (`_chunks`) alike too."""
+    head groups of the overlap (`_chunks`) alike too. `refused`: a caller's own verdict
+    against its arguments (`sdpa.ulysses_sdpa`'s), told to every rank the same way."""
     from fusedattn.api import _validate
 
-    error = None
+    error = refused
     try:
+        if error is not None:
+            raise error
         _validate(q, k, v, is_causal, scale, True, precision, **options)
         replicas = _heads(q, k, world)
         _chunks(chunks, q.shape[1] // world, k.shape[1] * replicas // world)
@@ -295,15 +298,25 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     rank's H/P query heads (and its K/V heads) in that many groups, each exchanged while
     another's attention runs, forward and backward (built for eager mode: not tried under
     `torch.compile`); it divides both head counts."""
+    return checked_ulysses(q, k, v, group, is_causal, scale, precision, window, softcap,
+                           sinks, chunks)
+
+
+def checked_ulysses(q, k, v, group, is_causal, scale, precision, window, softcap, sinks,
+                    chunks: int, refused: ProblemError | None = None):
+    """`ulysses_attention`'s body. `refused`: a caller's own verdict against its arguments
+    (`sdpa.ulysses_sdpa`'s), told to every rank as the checks' own are."""
     from fusedattn.api import attention
 
     world = _group_size(group, "group")
     if world == 1:
+        if refused is not None:
+            raise refused
         _chunks_alone(chunks, q, k, 4)
         return attention(q, k, v, is_causal=is_causal, scale=scale, precision=precision,
                          enable_gqa=k.shape[1] != q.shape[1], window=window, softcap=softcap,
                          sinks=sinks)
-    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, chunks,
+    replicas = _checked(q, k, v, group, world, is_causal, scale, precision, chunks, refused,
                         window=window, softcap=softcap, sinks=sinks)
 
     def attend(qh, kh, vh, sinks):
