@@ -24,7 +24,8 @@
 #   switchab N V  scripts/switch_ab.py: `hopper.forward`'s switch N at values V (Python
 #               literals, comma-separated, the first the reference) in turn in one process,
 #               rows $ABROWS (default all: dense, window, varlen), verified, bits compared;
-#               ABENTRIES=1: each value is entries laid over the table (switch_ab --entries)
+#               ABENTRIES=1: each value is entries laid over the table (switch_ab --entries);
+#               ABSET=NAME=LITERAL: another switch held at that value (switch_ab --set)
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
@@ -156,7 +157,7 @@ while [ $# -gt 0 ]; do
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;
     switchab) name=$1 values=$2; shift 2
               python3 scripts/switch_ab.py --switch "$name" --values "$values" --out $ev \
-                ${ABROWS:+--rows "$ABROWS"} ${ABENTRIES:+--entries} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
+                ${ABROWS:+--rows "$ABROWS"} ${ABENTRIES:+--entries} ${ABSET:+--set "$ABSET"} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     rows) d=$ev/rows-$(date -u +%H%M%S); mkdir -p $d

@@ -18,6 +18,10 @@ The GPU only (the Hopper kernel runs on sm90).
         "{},{(96, 96): (64, 32, 64, 32, 64, 64, 4)}"
     (--entries: each value is entries laid over the table as it stands, {} the table
     itself)
+
+    python3 scripts/switch_ab.py --switch PINGPONG --values True,2 --set THREAD_ARRIVES=True
+    (--set NAME=LITERAL, repeatable: other switches held at those values through the
+    whole A/B, restored after it)
 """
 
 from __future__ import annotations
@@ -148,6 +152,22 @@ def row(name: str, switch: str, values: list, rounds: int) -> dict:
     return result
 
 
+def held_switches(ap, pairs: list[str], switch: str) -> dict:
+    """`--set`'s NAME=LITERAL pairs as {name: value}: each name one of hopper.forward's
+    switches other than the one under A/B, each value a Python literal."""
+    held = {}
+    for pair in pairs:
+        name, eq, text = pair.partition("=")
+        if not eq or not hasattr(knobs, name) or not name.isupper() or name == switch:
+            ap.error(f"--set {pair!r}: NAME=LITERAL, NAME one of hopper.forward's switches "
+                     f"other than {switch}")
+        try:
+            held[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError) as e:
+            ap.error(f"--set {pair!r}: the value must be a Python literal ({e})")
+    return held
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switch", required=True, help="a module constant of hopper.forward")
@@ -155,6 +175,8 @@ def main():
     ap.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     ap.add_argument("--entries", action="store_true",
                     help="each value is a dict of entries laid over the switch's table")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=LITERAL",
+                    help="another switch held at a value through the A/B (repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
@@ -169,13 +191,22 @@ def main():
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in values):
             ap.error(f"--entries: {args.switch} and each value must be dicts")
         values = [{**table, **v} for v in values]
+    held = held_switches(ap, args.set, args.switch)
     rows = args.rows.split(",")
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         ap.error(f"--rows: {unknown} unknown; rows are {', '.join(ROWS)}")
-    results = [row(r, args.switch, values, args.rounds) for r in rows]
+    before = {name: getattr(knobs, name) for name in held}
+    try:
+        for name, value in held.items():
+            setattr(knobs, name, value)
+        results = [row(r, args.switch, values, args.rounds) for r in rows]
+    finally:
+        for name, value in before.items():
+            setattr(knobs, name, value)
     write_json(f"{args.out}/switch_ab-{args.switch}.json", dict(
-        switch=args.switch, rows=results, environment=environment(),
+        switch=args.switch, held={k: repr(v) for k, v in held.items()}, rows=results,
+        environment=environment(),
         command=" ".join(sys.argv),
         sources={str(p.relative_to(REPO)): sha256_file(p)
                  for p in sorted(REPO.glob("src/fusedattn/hopper/forward*.py"))}))

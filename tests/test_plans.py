@@ -389,6 +389,20 @@ def test_the_ab_scripts_set_a_switch_while_the_call_runs_and_restore_it():
     assert knobs.MAX_SPLIT == 4
 
 
+def test_switch_ab_holds_other_switches_by_name_and_literal_and_refuses_the_rest():
+    # `scripts/switch_ab.py --set NAME=LITERAL`: another forward switch held through an A/B
+    import argparse
+
+    held_switches = script("switch_ab").held_switches
+    ap = argparse.ArgumentParser()
+    assert held_switches(ap, ["THREAD_ARRIVES=True", "MAX_SPLIT=1"], "PINGPONG") == {
+        "THREAD_ARRIVES": True, "MAX_SPLIT": 1}
+    for bad in ("THREAD_ARRIVES", "NO_SUCH=1", "PINGPONG=True", "MAX_SPLIT=one",
+                "launch=1"):
+        with pytest.raises(SystemExit):
+            held_switches(ap, [bad], "PINGPONG")
+
+
 def test_a_replay_passes_empty_launch_hooks_as_none_and_registered_ones_as_they_are():
     # Triton 3.6 keeps its launch hooks in chains that are never None: a replay hands its
     # launcher None for an empty chain (no metadata built, no empty chain called), and a
