@@ -104,8 +104,8 @@ def _sdpa_call(kind: str, group, precision, chunks: int, args, kwargs):
     q, k, v, mesh, group, refused = _local(q, k, v, group)
     if refused is None:
         if mask is not None:
-            refused = ProblemError("attn_mask", "a mask tensor", "None: the ring takes "
-                                   "is_causal=True or no mask")
+            refused = ProblemError("attn_mask", "a mask tensor", "None: the ring and "
+                                   "Ulysses take is_causal=True or no mask")
         elif dropout_p:
             refused = ProblemError("dropout_p", dropout_p, "0.0 (fusedattn has no dropout)")
         elif not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
