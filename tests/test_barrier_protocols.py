@@ -1,0 +1,149 @@
+"""The named-barrier protocols of two ready patches, checked on a model: every order in
+which the parties' barrier operations can interleave, on hardware named barriers'
+rules. This is a model of the protocols, not of the kernels (Gluon kernels do not run
+here): a wrong protocol hangs on the GPU, where a run costs device time.
+
+The patches:
+- `notes/patches/fwd-named-turns.patch` (`hopper.forward.PINGPONG = 2`): the consumer
+  warpgroups take turns through barriers TURN + c, each phase made of 256 threads.
+- `notes/patches/bwd-named-handoff.patch` (`hopper.backward.NAMED_HANDOFF`): dQ's buffers go
+  between the 256 compute threads and the 128-thread writer through barriers READY + b and
+  FREE + b, 384 threads a phase.
+
+The rules (PTX `bar.sync` / `bar.arrive`): a barrier counts the threads that arrive; a
+`sync` arrives and waits; the phase completes when the count reaches the barrier's thread
+count, which releases every waiter and starts the next phase at zero. The model treats a
+warpgroup as one party. Its warps arrive one by one on the GPU, but no phase can take a
+warp of the next phase, because a party reaches its next arrival only after a phase that
+needs this one to complete. What must hold:
+- no deadlock, in any order;
+- no phase completed by arrivals alone (its waiter would wait for the next one);
+- no phase left open when the program ends (every barrier at zero).
+"""
+
+import functools
+
+import pytest
+
+
+def explore(programs: dict, threads: dict) -> None:
+    """Every interleaving of `programs` (party -> [("sync" | "arrive", barrier, count)]),
+    parties of `threads[party]` threads; raises AssertionError on a deadlock, a phase
+    without a waiter, a phase overfilled, a count that differs between operations, or a
+    barrier left open at the end."""
+    parties = sorted(programs)
+    counts: dict = {}
+    for party in parties:
+        for _, bar, count in programs[party]:
+            assert counts.setdefault(bar, count) == count, f"barrier {bar}: counts differ"
+
+    @functools.cache
+    def step(pcs: tuple, arrived: tuple, waiting: frozenset) -> None:
+        # arrived: (barrier, threads so far, whether a sync is among them) for open phases
+        runnable = [i for i, p in enumerate(parties)
+                    if pcs[i] < len(programs[p]) and p not in waiting]
+        if not runnable:  # (a party still waiting at its last sync is not done)
+            done = all(pc == len(programs[p]) for p, pc in zip(parties, pcs, strict=True))
+            assert done and not waiting, (f"deadlock: {dict(zip(parties, pcs, strict=True))},"
+                                          f" {sorted(waiting)} waiting, {arrived}")
+            assert not arrived, f"barriers left open at the end: {arrived}"
+            return
+        for i in runnable:
+            party = parties[i]
+            kind, bar, count = programs[party][pcs[i]]
+            state = dict((b, (n, s)) for b, n, s in arrived)
+            n, synced = state.get(bar, (0, False))
+            n += threads[party]
+            synced = synced or kind == "sync"
+            assert n <= count, f"barrier {bar} overfilled by {party}"
+            new_pcs = pcs[:i] + (pcs[i] + 1,) + pcs[i + 1:]
+            new_waiting = set(waiting)
+            if n == count:  # the phase completes: its waiters go on
+                assert synced, f"barrier {bar}: a phase completed by arrivals alone"
+                state.pop(bar, None)
+                new_waiting -= {p for p in waiting if _waits_on(programs, parties, pcs, p)
+                                == bar}
+            else:
+                state[bar] = (n, synced)
+                if kind == "sync":
+                    new_waiting.add(party)
+            step(new_pcs, tuple(sorted((b, m, s) for b, (m, s) in state.items())),
+                 frozenset(new_waiting))
+
+    step(tuple(0 for _ in parties), (), frozenset())
+
+
+def _waits_on(programs, parties, pcs, party):
+    """The barrier a waiting party's sync is on (its pc has not moved past the sync)."""
+    i = parties.index(party)
+    # a waiting party's pc was advanced past its sync when it was executed
+    return programs[party][pcs[i] - 1][1]
+
+
+TURN, READY = 8, 8
+
+
+def forward_turns(consumers: int, tiles: list[int], final_sync: bool = True,
+                  first_arrivals: int = 1) -> dict:
+    """The forward patch's turns: the last consumer lets consumer 0 go first; a consumer
+    takes a turn for each key tile after an item's first (the same items for all); consumer
+    0 closes its barrier's extra phase at the end."""
+    programs = {}
+    for c in range(consumers):
+        ops = [("arrive", TURN, 256)] * first_arrivals if c == consumers - 1 else []
+        for n in tiles:
+            for _ in range(1, n):
+                ops += [("sync", TURN + c, 256), ("arrive", TURN + (c + 1) % consumers, 256)]
+        if c == 0 and final_sync:
+            ops.append(("sync", TURN, 256))
+        programs[f"consumer{c}"] = ops
+    return programs
+
+
+def backward_handoff(steps: int, bufs: int, skip_last_free: bool = True,
+                     first_free_all: bool = False) -> dict:
+    """The backward patch's dQ hand-over: the writer frees each buffer once for its first
+    use, then again after a use only where a later step uses it; a compute step waits for
+    its buffer free and arrives at its ready; the writer waits at ready."""
+    free = READY + bufs
+    writer = [("arrive", free + b, 384) for b in range(bufs) if first_free_all or b < steps]
+    compute = []
+    for t in range(steps):
+        b = t % bufs
+        compute += [("sync", free + b, 384), ("arrive", READY + b, 384)]
+        writer.append(("sync", READY + b, 384))
+        if not skip_last_free or t + bufs < steps:
+            writer.append(("arrive", free + b, 384))
+    return {"writer": writer, "compute": compute}
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("tiles", [[], [1], [0, 1], [2], [3, 1, 2], [5], [1, 4, 0, 2]])
+def test_the_forward_turns_never_hang_and_end_closed(consumers, tiles):
+    explore(forward_turns(consumers, tiles), {f"consumer{c}": 128 for c in range(consumers)})
+
+
+@pytest.mark.parametrize("bufs", [1, 2])
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5])
+def test_the_backward_handoff_never_hangs_and_ends_closed(bufs, steps):
+    explore(backward_handoff(steps, bufs), {"writer": 128, "compute": 256})
+
+
+def test_the_model_catches_what_the_protocols_guard_against():
+    threads2 = {"consumer0": 128, "consumer1": 128}
+    # without consumer 0's last wait, its barrier ends with an arrival open
+    with pytest.raises(AssertionError, match="left open"):
+        explore(forward_turns(2, [3], final_sync=False), threads2)
+    # without the arrival that lets consumer 0 go first, both wait for each other
+    with pytest.raises(AssertionError, match="deadlock"):
+        explore(forward_turns(2, [3], first_arrivals=0), threads2)
+    # two first arrivals fill a phase with no one waiting in it
+    with pytest.raises(AssertionError, match="arrivals alone"):
+        explore(forward_turns(2, [3], first_arrivals=2), threads2)
+    threads = {"writer": 128, "compute": 256}
+    # the writer freeing a buffer after its last use leaves that phase open
+    with pytest.raises(AssertionError, match="left open"):
+        explore(backward_handoff(3, 2, skip_last_free=False), threads)
+    # freeing both buffers ahead where one step uses one
+    with pytest.raises(AssertionError, match="left open"):
+        explore(backward_handoff(1, 2, first_free_all=True), threads)
