@@ -13,6 +13,10 @@
 #               put it back after, and say in the evidence that the call left it behind.
 #               The tier carries the numpy wheel (.whl, 16.6 MB) beside the tree
 #   tier        the GPU tier: scripts/gpu_tier.py (the whole suite, both paths)
+#   apply P     notes/patches/P.patch onto this copy of the tree (`revert P` takes it off);
+#               later steps' evidence is marked dirty (FUSEDATTN_GIT_DIRTY=1) and the log
+#               names the patch and its hash. Kernel patches change Triton's cache key: the
+#               prebuilt entries then miss and kernels compile on first use
 #   hopper      tests/test_hopper.py, tests/test_plans.py and tests/test_fp8.py alone, no
 #               evidence folder
 #   hopperbwd   tests/test_hopper_backward.py alone (-x), no evidence folder
@@ -148,6 +152,15 @@ while [ $# -gt 0 ]; do
          fi
          python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
     tier) python3 scripts/gpu_tier.py --out $ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    apply|revert) name=$1; shift; f=notes/patches/$name.patch
+         flags=$([ "$step" = revert ] && echo -R)
+         if [ ! -f "$f" ]; then echo "no $f" | tee -a "$log"; rc=2
+         elif patch -p1 --batch --forward $flags < "$f" >>"$log" 2>&1; then
+           # every later step's evidence says the tree is not the commit's
+           export FUSEDATTN_GIT_DIRTY=1
+           echo "$step $f (sha256 $(sha256sum "$f" | cut -c1-16)): later steps run a tree" \
+                "that is not the commit's" | tee -a "$log"
+         else echo "$step $f failed" | tee -a "$log"; rc=1; fi ;;
     hopper) python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_hopper.py tests/test_plans.py tests/test_fp8.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hopperbwd) python3 -m pytest -q -x -p no:cacheprovider -o addopts= tests/test_hopper_backward.py 2>&1 | tail -25 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     pyk) file=$1 expr=$2; shift 2   # one test file's tests matching a -k expression
