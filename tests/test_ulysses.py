@@ -239,6 +239,22 @@ def _usp_body(rank: int, world: int, device, results: str) -> list[str]:
                for t in full[:3])
     want = usp_shard(attention_ref(*full[:3], causal=True), u_rank, ulysses, r_rank, ring)
     lines += _verdicts("mesh", (usp_attention(q, k, v, mesh=mesh, is_causal=True),), (want,))
+    # model code's SDPA calls on USP's shards (`usp_sdpa`): the same rows
+    import torch.nn.functional as F
+
+    from fusedattn.distributed import usp_sdpa
+
+    with usp_sdpa(mesh):
+        got = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    lines += _verdicts("mesh-sdpa", (got,), (want,))
+    # a refusal in one Ulysses group is raised in every one: before, the other Ulysses
+    # group went on into the ring and waited there for the refusing ranks (a hang)
+    lines.append(refusal("disagree", lambda: usp_attention(
+        q, k, v, mesh=mesh, scale=0.5 if rank == 0 else None)))
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=device)
+    with usp_sdpa(mesh):
+        lines.append(refusal("sdpa-mask", lambda: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask if rank == 3 else None, enable_gqa=True)))
     # sinks through USP (each ring takes its Ulysses heads' sinks)
     sinks = torch.randn(4, generator=torch.Generator().manual_seed(6)) * 2
     want = usp_shard(attention_ref(*full[:3], causal=True, sinks=sinks), u_rank, ulysses,
@@ -300,8 +316,13 @@ def test_usp_on_two_by_two_matches_the_reference(tmp_path):
     need_gpus(4)
     for rank, lines in enumerate(spawn(_usp_body, 4, tmp_path)):
         assert not any(line.startswith("ERROR") for line in lines), lines
-        checks = [line.split() for line in lines]
-        assert len(checks) == 18 and all(c[2] == "True" for c in checks), (rank, lines)
+        checks = [line.split() for line in lines if not line.startswith(("disagree",
+                                                                         "sdpa-mask"))]
+        assert len(checks) == 19 and all(c[2] == "True" for c in checks), (rank, lines)
+        starts = [" ".join(line.split()[:3]) for line in lines]
+        assert "disagree refused shards" in starts, lines  # every rank, not rank 0 alone
+        assert ("sdpa-mask refused attn_mask" if rank == 3
+                else "sdpa-mask refused shards") in starts, lines
 
 
 def test_usp_shards_and_its_refusals():

@@ -87,12 +87,14 @@ _PRECISION_CODES = {None: 0, "ieee": 1, "tf32": 2, "tf32x3": 3}
 
 def _check_shards(q, k, group, causal: bool, scale: float | None, precision: str | None,
                   world: int, error: ProblemError | None, extra: tuple = (),
-                  zigzag: bool = True) -> None:
+                  zigzag: bool = True, also=None) -> None:
     """Every rank the same shapes, dtype, scale, precision and is_causal, and no rank that
     refused its own inputs (one all_gather of 11 integers, and `extra`'s (name, int)
     pairs, which must agree too): every rank reaches the same verdict, so none waits on a
     raised one or computes with a disagreeing one. `zigzag`: causal shards must split in
-    two (the ring's)."""
+    two (the ring's). `also`: a second group (USP's ring, crossing the Ulysses groups)
+    whose ranks share their verdicts by one all_reduce, so that a refusal in one Ulysses
+    group is raised in every one, not only in its own while the others wait in the ring."""
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
     mine = torch.zeros(11 + len(extra), dtype=torch.int64)
@@ -108,26 +110,40 @@ def _check_shards(q, k, group, causal: bool, scale: float | None, precision: str
     mine = mine.to(device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
-    rows = [tuple(t.tolist()) for t in every]
+    verdict = error if error is not None else _shards_verdict(
+        [tuple(t.tolist()) for t in every], q, k, causal, world, extra, zigzag)
+    if also is not None:  # (every rank of `also` takes part, whatever its own verdict)
+        flag = torch.tensor([int(verdict is not None)], dtype=torch.int64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=also)
+        if verdict is None and flag.item():
+            verdict = ProblemError("shards", "a rank of another Ulysses group refused its "
+                                   "inputs or disagreed", "valid inputs alike on every rank "
+                                   "of the mesh (the ranks of that group raised why)")
+    if verdict is not None:
+        raise verdict
+
+
+def _shards_verdict(rows: list, q, k, causal: bool, world: int, extra: tuple,
+                    zigzag: bool) -> ProblemError | None:
+    """`_check_shards`' verdict on the ranks' gathered rows (None: all is well)."""
     refused = [r for r, row in enumerate(rows) if row[0]]
-    if error is not None:
-        raise error
     if refused:
-        raise ProblemError("shards", f"rank(s) {refused} refused their inputs",
-                           "valid inputs on every rank (each refusing rank raised why)")
+        return ProblemError("shards", f"rank(s) {refused} refused their inputs",
+                            "valid inputs on every rank (each refusing rank raised why)")
     if len(set(rows)) > 1:
         names = ("B", "H", "S/P", "D", "H_kv", "S_kv/P", "is_causal", "dtype", "precision",
                  "scale bits", *(name for name, _ in extra))
         differ = [n for i, n in enumerate(names) if len({row[1 + i] for row in rows}) > 1]
-        raise ProblemError("shards", f"ranks disagree on {', '.join(differ)}",
-                           "the same [B, H, S/P, D], K/V heads, dtype, precision, scale and "
-                           "is_causal on every rank")
+        return ProblemError("shards", f"ranks disagree on {', '.join(differ)}",
+                            "the same [B, H, S/P, D], K/V heads, dtype, precision, scale and "
+                            "is_causal on every rank")
     if q.shape[-2] != k.shape[-2]:
-        raise ProblemError("shards", (q.shape[-2], k.shape[-2]),
-                           "q and k/v shards of one length on every rank")
+        return ProblemError("shards", (q.shape[-2], k.shape[-2]),
+                            "q and k/v shards of one length on every rank")
     if zigzag and causal and q.shape[-2] % 2:
-        raise ProblemError("seq", q.shape[-2] * world, f"a multiple of 2*P = {2 * world} "
-                           "(zigzag: two equal chunks per rank)")
+        return ProblemError("seq", q.shape[-2] * world, f"a multiple of 2*P = {2 * world} "
+                            "(zigzag: two equal chunks per rank)")
+    return None
 
 
 def _exchange(tensors: list[torch.Tensor], group, rank: int, world: int):

@@ -1,6 +1,6 @@
-"""`ring_sdpa` and `ulysses_sdpa`: `torch.nn.functional.scaled_dot_product_attention` on
-sequence shards, run by fusedattn's ring or Ulysses' all-to-alls, for model code that calls
-SDPA and cannot be changed.
+"""`ring_sdpa`, `ulysses_sdpa` and `usp_sdpa`: `torch.nn.functional.
+scaled_dot_product_attention` on sequence shards, run by fusedattn's ring, Ulysses'
+all-to-alls or both (USP), for model code that calls SDPA and cannot be changed.
 
     with ring_sdpa(group):                 # the ranks of `group` hold zigzag shards
         loss = model(input_ids_shard, position_ids=positions_shard).loss
@@ -27,7 +27,9 @@ causal mask:
   layout (`contiguous_shard`).
 So a causal call is refused under `ring_sdpa` with torch's balancing off, and under
 `ulysses_sdpa` with it on: either would be a wrong answer. Without a causal mask any equal
-split serves both.
+split serves both. `usp_sdpa` takes local shards only (`usp_shard`'s, over a 2-D mesh or
+two groups); torch's `context_parallel` shards over one mesh dimension, so its DTensors
+are refused there.
 
 Refused, on every rank alike (a ProblemError, never a hang or a local-only answer):
 an `attn_mask` (causal masks go by `is_causal=True`), `dropout_p` > 0, K/V heads unlike
@@ -97,13 +99,24 @@ def _local(q, k, v, group):
 
 
 def _sdpa_call(kind: str, group, precision, chunks: int, args, kwargs):
-    """One SDPA call through the ring (`kind` "ring") or Ulysses ("ulysses"; `chunks` its
-    overlap's head groups); the module docstring says what is refused."""
+    """One SDPA call through the ring (`kind` "ring"), Ulysses ("ulysses") or USP ("usp",
+    `group` then its (Ulysses group, ring group, Ulysses degree)); `chunks`: the
+    all-to-alls' overlap; the module docstring says what is refused."""
     from fusedattn.distributed.ring import checked_ring
-    from fusedattn.distributed.ulysses import checked_ulysses
+    from fusedattn.distributed.ulysses import checked_ulysses, checked_usp
 
     q, k, v, mask, dropout_p, causal, scale, gqa = _sdpa_arguments(*args, **kwargs)
-    q, k, v, mesh, group, refused = _local(q, k, v, group)
+    if kind == "usp":
+        from torch.distributed.tensor import DTensor
+
+        mesh, refused = None, None
+        if any(isinstance(t, DTensor) for t in (q, k, v)):
+            refused = ProblemError("q, k, v", "DTensors", "local shards (`usp_shard`) under "
+                                   "usp_sdpa: torch's context_parallel shards over one mesh "
+                                   "dimension (ring_sdpa or ulysses_sdpa there)")
+            q, k, v = (t.to_local() if isinstance(t, DTensor) else t for t in (q, k, v))
+    else:
+        q, k, v, mesh, group, refused = _local(q, k, v, group)
     if refused is None:
         if mask is not None:
             refused = ProblemError("attn_mask", "a mask tensor", "None: the ring and "
@@ -126,9 +139,12 @@ def _sdpa_call(kind: str, group, precision, chunks: int, args, kwargs):
                 "with is_causal=True")
     if kind == "ring":
         out = checked_ring(q, k, v, group, bool(causal), scale, precision, None, refused)
-    else:
+    elif kind == "ulysses":
         out = checked_ulysses(q, k, v, group, bool(causal), scale, precision, None, None,
                               None, chunks, refused)
+    else:
+        out = checked_usp(q, k, v, *group, bool(causal), scale, precision, None, chunks,
+                          refused)
     if mesh is None:
         return out
     from torch.distributed.tensor import DTensor, Shard
@@ -177,3 +193,17 @@ def ulysses_sdpa(group=None, *, precision: str | None = None, chunks: int = 1):
 
     check_chunks(chunks)
     return _sdpa_mode("ulysses", group, precision, chunks)
+
+
+@contextlib.contextmanager
+def usp_sdpa(mesh=None, *, ulysses_group=None, ring_group=None,
+             precision: str | None = None, chunks: int = 1):
+    """As `ring_sdpa`, by `fusedattn.distributed.usp_attention`: Ulysses inside a ring, over
+    a 2-D `mesh` (dim 0 Ulysses, dim 1 the ring) or the two groups, on `usp_shard`'s local
+    shards (no DTensors); `chunks` as `usp_attention`'s."""
+    from fusedattn.distributed.ulysses import _usp_groups, check_chunks
+
+    check_chunks(chunks)
+    groups = _usp_groups(mesh, ulysses_group, ring_group)
+    with _sdpa_mode("usp", groups, precision, chunks):
+        yield

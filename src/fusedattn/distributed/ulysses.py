@@ -182,11 +182,12 @@ def _group_size(group, name: str) -> int:
 
 
 def _checked(q, k, v, group, world: int, is_causal, scale, precision, chunks: int = 1,
-             refused: ProblemError | None = None, **options) -> int:
+             refused: ProblemError | None = None, also=None, **options) -> int:
     """Every rank's inputs valid and alike (`ring._check_shards`: one all_gather, so every
     rank raises the same error instead of waiting in an all-to-all), then `_heads`; the
     head groups of the overlap (`_chunks`) alike too. `refused`: a caller's own verdict
-    against its arguments (`sdpa.ulysses_sdpa`'s), told to every rank the same way."""
+    against its arguments (`sdpa`'s modes'), told to every rank the same way. `also`:
+    USP's ring group, which shares the Ulysses groups' verdicts (`_check_shards`)."""
     from fusedattn.api import _validate
 
     error = refused
@@ -201,7 +202,8 @@ def _checked(q, k, v, group, world: int, is_causal, scale, precision, chunks: in
     # (no zigzag here: Ulysses gathers whole rows, so an odd shard is fine; USP's ring
     # checks its own shards)
     _check_shards(q, k, group, is_causal, scale, precision, world, error,
-                  extra=(("chunks", chunks if error is None else 0),), zigzag=False)
+                  extra=(("chunks", chunks if error is None else 0),), zigzag=False,
+                  also=also)
     return replicas
 
 
@@ -407,15 +409,24 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ulysses_
     `[B, H, S/P, D]`, differentiable. Causal masks run on the ring's zigzag shards; windows
     and softcap are not taken (the ring has neither); `sinks: [H]` are (each rank's ring
     takes its heads' sinks)."""
-    from fusedattn.distributed.ring import ring_attention
-
     ulysses_group, ring_group, world = _usp_groups(mesh, ulysses_group, ring_group)
+    return checked_usp(q, k, v, ulysses_group, ring_group, world, is_causal, scale,
+                       precision, sinks, chunks)
+
+
+def checked_usp(q, k, v, ulysses_group, ring_group, world: int, is_causal, scale, precision,
+                sinks, chunks: int, refused: ProblemError | None = None):
+    """`usp_attention`'s body on its groups (`_usp_groups`). The Ulysses groups' checks
+    share their verdicts over the ring group, so a refusal anywhere in the mesh is raised
+    on every rank. `refused`: a caller's own verdict (`sdpa.usp_sdpa`'s)."""
+    from fusedattn.distributed.ring import checked_ring, ring_attention
+
     if world == 1:
-        _chunks_alone(chunks, q, k, 4)
-        return ring_attention(q, k, v, group=ring_group, is_causal=is_causal, scale=scale,
-                              precision=precision, sinks=sinks)
+        if refused is None:
+            _chunks_alone(chunks, q, k, 4)
+        return checked_ring(q, k, v, ring_group, is_causal, scale, precision, sinks, refused)
     replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision, chunks,
-                        sinks=sinks)
+                        refused, also=ring_group, sinks=sinks)
 
     def attend(qh, kh, vh, sinks):
         return ring_attention(qh, kh, vh, group=ring_group, is_causal=is_causal, scale=scale,
@@ -459,7 +470,7 @@ def usp_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return ring_attention_varlen(q, k, v, cu_seqlens, max_seqlen, sinks=sinks, **options)
     q, k, v = map(_as_bhsd, (q, k, v))
     replicas = _checked(q, k, v, ulysses_group, world, is_causal, scale, precision, chunks,
-                        sinks=sinks)
+                        also=ring_group, sinks=sinks)
 
     def attend(qh, kh, vh, sinks):
         return _as_bhsd(ring_attention_varlen(_as_rows(qh), _as_rows(kh), _as_rows(vh),
