@@ -150,6 +150,80 @@ def test_sdpa_modes_match_the_reference_alone_and_under_torch_context_parallel(t
         assert "after True" in lines, lines
 
 
+class _TinyModel(torch.nn.Module):
+    """A causal language model that calls SDPA, as torchtitan's do: embedding, one
+    attention layer (no positional encoding: the causal mask carries the order), logits."""
+
+    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2):
+        super().__init__()
+        torch.manual_seed(3)
+        self.heads = heads
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        import torch.nn.functional as F
+
+        b, s = tokens.shape
+        x = self.embed(tokens)
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2)
+                   for t in self.qkv(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(x + y.transpose(1, 2).reshape(b, s, -1))
+
+
+def _loss(model, tokens, labels):
+    return torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), labels.flatten(),
+                                             reduction="sum")
+
+
+def _train_body(rank: int, world: int, device, results: str) -> list[str]:
+    """One training step of `_TinyModel` under torch's context_parallel and ring_sdpa: the
+    ranks' summed loss and gradients against one process's on the whole sequence."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    from fusedattn.distributed import ring_sdpa
+
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 32, (2, 24), generator=g)
+    labels = torch.randint(0, 32, (2, 24), generator=g)
+    whole = _TinyModel().double()  # the reference: one process, SDPA itself, float64
+    _loss(whole, tokens, labels).backward()
+    model = _TinyModel().to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    tok, lab = tokens.clone().to(device), labels.clone().to(device)
+    with context_parallel(mesh, buffers=[tok, lab], buffer_seq_dims=[1, 1]), ring_sdpa():
+        shard_shape = tuple(tok.shape)
+        loss = _loss(model, tok, lab)
+        loss.backward()
+    restored = torch.equal(tok.cpu(), tokens)  # torch puts the buffers back after
+    dist.all_reduce(loss.detach())
+    lines = [f"shard {shard_shape}", f"restored {restored}"]
+    got = loss.detach().cpu().double()
+    want = _loss(whole, tokens, labels).detach()
+    lines.append(f"loss sum {torch.allclose(got, want, rtol=1e-4)} {got.item():.6f} "
+                 f"{want.item():.6f}")
+    for (name, p), (_, w) in zip(model.named_parameters(), whole.named_parameters(),
+                                 strict=True):
+        grad = p.grad.detach().clone()
+        dist.all_reduce(grad)  # the ranks' parts of each parameter's gradient
+        err = (grad.cpu().double() - w.grad).abs().max().item()
+        lines.append(f"grad {name} {err < 1e-4} {err:.2e}")
+    return lines
+
+
+def test_a_training_step_under_torch_context_parallel_matches_one_process(tmp_path):
+    need_gpus(2)
+    for rank, lines in enumerate(spawn(_train_body, 2, tmp_path)):
+        assert not any(line.startswith("ERROR") for line in lines), lines
+        assert lines[0] == "shard (2, 12)" and lines[1] == "restored True", lines
+        checks = [line.split() for line in lines[2:]]
+        assert len(checks) == 1 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
+
+
 def test_sdpa_modes_need_a_process_group_and_ulysses_a_chunk_count():
     from fusedattn.distributed import ring_sdpa, ulysses_sdpa
     from fusedattn.problem import ProblemError
