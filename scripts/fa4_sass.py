@@ -21,11 +21,9 @@ the sizes). `--backward` reports FA4's main backward kernel (not its pre- and
 postprocess)."""
 
 import argparse
-import collections
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -80,28 +78,16 @@ def compile_fa4_backward(d: int, dv: int, causal: bool, dump: Path,
 
 
 def facts(cubin: Path) -> tuple[dict, str]:
-    """(registers, setmaxnreg, SASS counts, instruction count, each innermost wgmma loop's
-    length, paths and top opcodes), and the SASS."""
+    """(registers, stack, the SASS counts of `gluon_compile_report.sass_counts`, each
+    innermost wgmma loop's length, paths and top opcodes), and the SASS."""
     import triton
 
-    tools = Path(triton.__file__).parent / "backends/nvidia/bin"
-    usage = subprocess.run([tools / "cuobjdump", "--dump-resource-usage", cubin],
-                           capture_output=True, text=True, check=True).stdout
-    sass = subprocess.run([tools / "cuobjdump", "--dump-sass", cubin],
-                          capture_output=True, text=True, check=True).stdout
-    loops = []
-    for body in report.wgmma_loops(sass):
-        ops = collections.Counter(t.split()[1] if t.startswith("@") else t.split()[0]
-                                  for _, t in body)
-        loops.append(dict(start=f"{body[0][0]:05x}", length=len(body),
-                          paths=report.path_lengths(body), **dict(ops.most_common(12))))
-    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return dict(registers=int(regs[1]), stack=int(regs[2]),
-                instructions=len(report._instructions(sass)),
-                setmaxnreg=sorted({int(x, 16) for x in re.findall(
-                    r"USETMAXREG\.\S+ (?:UP0, )?(0x[0-9a-f]+)", sass)}),
-                **collections.Counter(re.findall(report.COUNTED, sass)),
-                loops=loops), sass
+    usage, sass = report.cuobjdump(Path(triton.__file__).parent / "backends/nvidia/bin", cubin)
+    loops = [dict(start=f"{body[0][0]:05x}", length=len(body),
+                  paths=report.path_lengths(body),
+                  **dict(report.opcodes(body).most_common(12)))
+             for body in report.wgmma_loops(sass)]
+    return dict(**usage, **report.sass_counts(sass), loops=loops), sass
 
 
 def main() -> int:

@@ -253,18 +253,33 @@ def _ptxas(tools: Path, ptx: str) -> dict:
                 wgmma_serialised=bool(re.search(r"C751\d", info)))
 
 
+def cuobjdump(tools: Path, cubin: str | Path) -> tuple[dict, str]:
+    """A cubin file's registers and stack (cuobjdump's resource usage), and its SASS."""
+    usage = subprocess.run([tools / "cuobjdump", "--dump-resource-usage", cubin],
+                           capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run([tools / "cuobjdump", "--dump-sass", cubin],
+                          capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return dict(registers=int(regs[1]), stack=int(regs[2])), sass
+
+
+def sass_counts(sass: str) -> dict:
+    """The SASS's instruction count, the partitions' register counts (setmaxnreg: loader,
+    writer, consumers, as the SASS sets them) and the counts of `COUNTED`."""
+    return dict(instructions=len(_instructions(sass)),
+                setmaxnreg=sorted({int(x, 16) for x in re.findall(
+                    r"USETMAXREG\.\S+ (?:UP0, )?(0x[0-9a-f]+)", sass)}),
+                **collections.Counter(re.findall(COUNTED, sass)))
+
+
 def cubin_facts(tools: Path, compiled) -> tuple[dict, str]:
-    """A compiled kernel's shared memory, registers and stack (cuobjdump), ptxas' spills and
-    wgmma note (`_ptxas`), and its SASS."""
+    """A compiled kernel's shared memory, registers and stack (`cuobjdump`), ptxas' spills
+    and wgmma note (`_ptxas`), and its SASS."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        usage = subprocess.run([tools / "cuobjdump", "--dump-resource-usage", cubin.name],
-                               capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([tools / "cuobjdump", "--dump-sass", cubin.name],
-                              capture_output=True, text=True, check=True).stdout
-    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return dict(shared=compiled.metadata.shared, registers=int(regs[1]), stack=int(regs[2]),
+        usage, sass = cuobjdump(tools, cubin.name)
+    return dict(shared=compiled.metadata.shared, **usage,
                 **_ptxas(tools, compiled.asm["ptx"])), sass
 
 
@@ -299,13 +314,7 @@ def report(kernel_file: Path, configs: list[dict], backward: bool = False,
             loops.mkdir(parents=True, exist_ok=True)
             (loops / (re.sub(r"[^\w.-]+", "_", config["name"]) + ".sass")).write_text(
                 "".join(f"{a:05x} {t}\n" for a, t in key_loop(sass)))
-        rows.append(dict(name=config["name"], **facts,
-                         instructions=len(_instructions(sass)),
-                         # the partitions' register counts (setmaxnreg: loader, writer,
-                         # consumers), as the SASS sets them
-                         setmaxnreg=sorted({int(x, 16) for x in re.findall(
-                             r"USETMAXREG\.\S+ (?:UP0, )?(0x[0-9a-f]+)", sass)}),
-                         **collections.Counter(re.findall(COUNTED, sass)),
+        rows.append(dict(name=config["name"], **facts, **sass_counts(sass),
                          sass_digest=sass_digest(sass), loop=loop_mix(sass)))
     return rows
 
@@ -374,13 +383,18 @@ def path_lengths(body: list[tuple[int, str]]) -> list[int]:
     return sorted(lengths)
 
 
+def opcodes(body: list[tuple[int, str]]) -> collections.Counter:
+    """A run of instructions' counts by opcode (a predicate left out)."""
+    return collections.Counter(t.split()[1] if t.startswith("@") else t.split()[0]
+                               for _, t in body)
+
+
 def loop_mix(sass: str) -> dict:
     """The key loop's (`key_loop`) instruction mix: its length, its paths' lengths
     (`path_lengths`) and its counts by opcode (what a step costs each warp, spills
     included: LDL/STL inside the loop); {} where there is no such loop."""
     body = key_loop(sass)
-    ops = collections.Counter(t.split()[1] if t.startswith("@") else t.split()[0]
-                              for _, t in body)
+    ops = opcodes(body)
     return (dict(length=sum(ops.values()), paths=path_lengths(body), **dict(ops.most_common()))
             if ops else {})
 
