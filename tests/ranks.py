@@ -1,7 +1,8 @@
 """The multi-process scaffolding of the distributed tests: one process per rank, gloo on CPUs
 in emulation, NCCL with one GPU per rank otherwise. A test hands `spawn` a module-level
 `body(rank, world, device, results) -> list[str]` (picklable for the spawned processes) and
-gets each rank's lines back; a rank that raised has a line starting with "ERROR"."""
+gets each rank's lines back; a rank that raised (a line starting with "ERROR") fails the
+test there."""
 
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ def spawn(body, world: int, tmp_path: Path) -> list[list[str]]:
     results = str(tmp_path / "r")
     mp.spawn(_rank, args=(body, world, f"file://{tmp_path}/rendezvous", results),
              nprocs=world, join=True)
-    return [Path(f"{results}.{rank}").read_text().splitlines() for rank in range(world)]
+    ranks = [Path(f"{results}.{rank}").read_text().splitlines() for rank in range(world)]
+    for rank, lines in enumerate(ranks):  # (a rank that raised fails the test here)
+        assert not any(line.startswith("ERROR") for line in lines), (rank, lines)
+    return ranks
 
 
 def _rank(rank: int, body, world: int, init: str, results: str) -> None:

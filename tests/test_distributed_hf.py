@@ -270,7 +270,6 @@ def test_every_rank_refuses_what_one_rank_cannot_run_under_sequence_parallel(tmp
     need_gpus(2)
     ranks = spawn(_refusals, 2, tmp_path)
     for rank, lines in enumerate(ranks):
-        assert not any(line.startswith("ERROR") for line in lines), lines
         got = dict(line.split(" ", 1) for line in lines)
         assert set(got) == {"packed", "packed-nocache", "unsharded", "one-rank-padding",
                             "packed-mismatch"}

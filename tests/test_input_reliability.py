@@ -246,7 +246,6 @@ def test_ranks_that_disagree_are_all_refused(tmp_path):
 
     need_gpus(2)
     for rank, lines in enumerate(spawn(_disagreeing_body, 2, tmp_path)):
-        assert not any(line.startswith("ERROR") for line in lines), lines
         dtype, scale, local = lines
         assert dtype.startswith("dtype refused shards") and "dtype" in dtype, lines
         assert scale.startswith("scale refused shards") and "scale" in scale, lines

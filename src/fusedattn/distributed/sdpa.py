@@ -195,7 +195,6 @@ def ulysses_sdpa(group=None, *, precision: str | None = None, chunks: int = 1):
     return _sdpa_mode("ulysses", group, precision, chunks)
 
 
-@contextlib.contextmanager
 def usp_sdpa(mesh=None, *, ulysses_group=None, ring_group=None,
              precision: str | None = None, chunks: int = 1):
     """As `ring_sdpa`, by `fusedattn.distributed.usp_attention`: Ulysses inside a ring, over
@@ -204,6 +203,4 @@ def usp_sdpa(mesh=None, *, ulysses_group=None, ring_group=None,
     from fusedattn.distributed.ulysses import _usp_groups, check_chunks
 
     check_chunks(chunks)
-    groups = _usp_groups(mesh, ulysses_group, ring_group)
-    with _sdpa_mode("usp", groups, precision, chunks):
-        yield
+    return _sdpa_mode("usp", _usp_groups(mesh, ulysses_group, ring_group), precision, chunks)
