@@ -9,8 +9,9 @@ Inside the context, a `TorchFunctionMode` (torch's public hook for this) catches
 SDPA call and runs `ring_attention` (or `ulysses_attention`) over `group` on its
 arguments, which are this rank's `[B, H, S/P, D]` shards; every other function runs as it
 would. The mode sees every torch function the context calls, which costs the host time:
-1.8 µs a call on top of 3.3 on the development CPU (a loop of small adds). Where the
-sequence is long enough to shard, the GPU's time is far larger.
+1.4-1.7 µs a call on top of 3.0-3.3 on the development CPU (a loop of small operations,
+evidence/cpu/20261204T2310Z-sdpa-mode-host-cost). Where the sequence is long enough to
+shard, the GPU's time is far larger.
 
 **With torch's `context_parallel`.** `torch.distributed.tensor.experimental.
 context_parallel(mesh, buffers=..., buffer_seq_dims=...)` shards a model's buffers along
