@@ -14,6 +14,11 @@ few mask and head-dim variants (`SAME`): "identical" (the same instructions in t
 order), "reordered" (the same opcodes, scheduled or allocated otherwise) or "different".
 It tells whether a change to the kernel changed what the GPU runs for those dtypes.
 
+`--decode` compiles instead the split-KV decode configurations `attention_with_kvcache`
+launches (`configs.decode_config` for one query row, an 8k cache; paged or not; the lengths
+read per sequence, causal bottom-right), in e4m3 (a program a query head, as FP8 decode
+runs) and in bf16 (GQA packed, 4 query heads a K/V head) beside it.
+
 (run with a Python whose Triton is 3.6, the H200's, e.g. a venv of `pip install
 triton==3.6.0 torch`)."""
 
@@ -29,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gluon_compile_report import cubin_facts  # noqa: E402
 
-COUNTED = r"\b([HQ]GMMA\.\S+|HMMA\.\S+|F2FP\.\S+|MUFU\.EX2|LDL|STL)"
+COUNTED = r"\b([HQ]GMMA\.\S+|[HQ]MMA\.\S+|F2FP\.\S+|MUFU\.EX2|LDL|STL)"
 # dtype, head dim, causal: the fp8 suite's rows, and bf16 beside them for comparison
 ROWS = [(dt, d, c) for dt in ("fp8e4nv", "bf16") for d in (64, 128, 256) for c in (False, True)]
 
@@ -66,6 +71,26 @@ def _configuration(dtype: str, dim: int, causal: bool):
     return pointers, constants, warps, stages
 
 
+# decode (`--decode`): dtype, head dim, paged; a query row (of each head, or of a GQA group
+# of 4 where packed), 8192 keys, causal bottom-right, split-KV
+DECODE = [(dt, d, paged) for dt in ("fp8e4nv", "bf16") for d in (64, 128, 256)
+          for paged in (False, True)]
+
+
+def _decode_over(dtype: str, dim: int, paged: bool) -> dict:
+    """The constexprs of a decode launch over `_configuration`'s (`flash.flash_forward`
+    with a `KVCache`, split-KV; PACK_GQA for bf16, not for e4m3: `kvcache`'s docstring)."""
+    from fusedattn import configs
+
+    fp8 = dtype.startswith("fp8")
+    bm, bn, warps, stages = configs.decode_config(dim=dim, rows=1 if fp8 else 4,
+                                                  seq_k=8192, programs=128)
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+                BOTTOM_RIGHT=True, PACK_GQA=not fp8, SEQLENS_K=True, PAGED=paged,
+                SPLIT=True, ONE_LOOP=configs.single_key_loop(seq_k=8192, precision=None,
+                                                             has_left=False))
+
+
 # (dtype, head dim, causal, constexprs over the defaults): what --against compares
 SAME = [(dt, d, c, {}) for dt in ("bf16", "fp16", "fp32")
         for d, c in ((64, False), (128, True), (128, False), (256, False))]
@@ -88,10 +113,13 @@ def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
 
     fn = module._flash_fwd.fn  # under the heuristics: the JITFunction
     pointers, constants, warps, stages = _configuration(dtype, dim, causal)
+    warps, stages = over.pop("num_warps", warps), over.pop("num_stages", stages)
     constants.update(over)
-    if over.get("SINKS"):
-        del constants["p_sinks"]
-        pointers["p_sinks"] = "fp32"
+    for flag, name, kind in (("SINKS", "p_sinks", "fp32"), ("SEQLENS_K", "p_seqlens_k", "i32"),
+                             ("PAGED", "p_table", "i32")):
+        if over.get(flag):  # the flag's tensor a pointer, not an absent None
+            del constants[name]
+            pointers[name] = kind
     signature, constexprs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constants:
@@ -146,6 +174,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--against", default=None, help="compare with the kernel at this rev")
+    ap.add_argument("--decode", action="store_true", help="the split-KV decode launches")
     args = ap.parse_args()
     import triton
 
@@ -156,9 +185,16 @@ def main():
             Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
         return 0
     rows = []
-    for dtype, dim, causal in ROWS:
-        facts, sass = cubin_facts(tools, compile_row(dtype, dim, causal))
-        row = dict(dtype=dtype, dim=dim, causal=causal, triton=triton.__version__, **facts,
+    for dtype, dim, third in DECODE if args.decode else ROWS:
+        if args.decode:  # (third: paged)
+            over = _decode_over(dtype, dim, third)
+            facts, sass = cubin_facts(tools, compile_row(dtype, dim, True, **over))
+            what = dict(kind="decode", paged=third, BLOCK_M=over["BLOCK_M"],
+                        BLOCK_N=over["BLOCK_N"], PACK_GQA=over["PACK_GQA"])
+        else:  # (third: causal)
+            facts, sass = cubin_facts(tools, compile_row(dtype, dim, third))
+            what = dict(causal=third)
+        row = dict(dtype=dtype, dim=dim, **what, triton=triton.__version__, **facts,
                    **collections.Counter(re.findall(COUNTED, sass)))
         rows.append(row)
         print(json.dumps(row), flush=True)

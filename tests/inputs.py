@@ -33,6 +33,21 @@ def script(name: str):
     return module
 
 
+def paged(dense, page, spare, seed):
+    """`dense [B, H_kv, S, D]` as pages `[num_blocks, H_kv, page, D]` in a shuffled order,
+    with `spare` unused blocks, and its block table."""
+    batch, heads, seq, dim = dense.shape
+    per = -(-seq // page)
+    order = torch.randperm(batch * per + spare, generator=torch.Generator().manual_seed(seed))
+    table = order[: batch * per].reshape(batch, per).to(torch.int32)
+    pages = torch.zeros(batch * per + spare, heads, page, dim, dtype=dense.dtype)
+    padded = torch.nn.functional.pad(dense.cpu(), (0, 0, 0, per * page - seq))
+    for b in range(batch):
+        for j in range(per):
+            pages[table[b, j]] = padded[b, :, j * page:(j + 1) * page]
+    return pages.to(DEVICE), table.to(DEVICE)
+
+
 # a ragged packed batch for the Hopper varlen tests: empty query and key sequences, one
 # token, and sequences past a tile
 RAGGED_Q, RAGGED_K = [5, 0, 1, 300, 1000, 64], [5, 3, 1, 500, 1000, 0]

@@ -22,10 +22,16 @@ from fusedattn import (
 from fusedattn.dispatch import hopper_refusal, use_backend
 from fusedattn.mode import DEVICE, EMULATION
 from fusedattn.problem import FP8, ProblemError
-from fusedattn.reference import attention_ref, attention_ref_grads, dequantize, varlen_ref
+from fusedattn.reference import (
+    attention_ref,
+    attention_ref_grads,
+    dequantize,
+    paged_to_dense,
+    varlen_ref,
+)
 from fusedattn.tiles.common import Mask
 from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
-from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, passes, ragged, rand
+from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, paged, passes, ragged, rand
 
 # the forward's paths: the portable kernel everywhere, the Hopper one on the GPU tier
 PATHS = ["portable", pytest.param("hopper", marks=pytest.mark.gpu_only(
@@ -184,6 +190,83 @@ def _check_fp8_varlen(lengths, causal, path):
     passes(out, ref, f"varlen causal={causal}", peer=peer)
 
 
+FP8_KV = [  # (cache_seqlens, S_new, Sq, splits, page or None, D, options, descale kind)
+    ([30, 0, 49], 1, 1, 3, None, 64, {}, "head"),    # decode, 3 splits; an empty cache, one
+                                                     # ending full
+    ([20, 7, 33], 2, 2, 4, 16, 128, dict(window=(6, None), softcap=5.0), "tensor"),  # paged
+    ([0, 10, 40], 5, 5, 1, None, 64, dict(sinks=True), None),  # chunked prefill, sinks
+    ([0, 0, 0], 0, 1, 2, 16, 64, {}, "tensor"),      # no keys at all: O = 0, LSE = -inf
+    ([9, 50, 31], 0, 1, 2, None, 256, {}, "head"),   # the widest head dim, no append
+]
+
+
+@pytest.mark.parametrize("case", FP8_KV)
+def test_fp8_kvcache_appends_the_bytes_and_attends(case):
+    # e4m3 q, caches and new keys (FlashAttention-3's form), GQA 4/2: the append copies
+    # the bytes; O against the float64 reference of the dequantised values, bounded by
+    # the FP8 peer, sequence by sequence (the queries aligned bottom-right)
+    lengths, s_new, sq, splits, page, d, options, kind = case
+    b, h, hk, s_max = 3, 4, 2, 50
+    dq, dk, dv = _factors(kind, h, hk)
+    dense = [rand(b, hk, s_max, d, seed=i) * 2 for i in (0, 1)]  # K, V before quantising
+    k8, v8 = _fp8(dense[0], dk), _fp8(dense[1], dv)
+    q8 = _fp8(rand(b, h, sq, d, seed=2) * 2, dq)
+    new = [_fp8(rand(b, hk, s_new, d, seed=s) * 2, f) for s, f in ((3, dk), (4, dv))] \
+        if s_new else [None, None]
+    table = None
+    if page:  # the pages quantised as the dense cache was (elementwise: the same bytes)
+        (kc, table), (vc, _) = (paged(t, page, 3, 7) for t in dense)
+        kc, vc = _fp8(kc, dk), _fp8(vc, dv)
+    else:
+        kc, vc = k8.clone(), v8.clone()
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], device=DEVICE) if options.get("sinks") \
+        else None
+    mask = {n: options[n] for n in ("window", "softcap") if n in options}
+    seqlens = i32(lengths)
+    out, lse = attention_with_kvcache(q8, kc, vc, cache_seqlens=seqlens, k_new=new[0],
+                                      v_new=new[1], block_table=table, splits=splits,
+                                      sinks=sinks, descale_q=dq, descale_k=dk, descale_v=dv,
+                                      return_lse=True, **mask)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, h, sq, d)
+    after = seqlens + s_new
+    if page:
+        keys, values = (paged_to_dense(t, table, after) for t in (kc, vc))
+    else:
+        keys, values = ([t[i, :, :n] for i, n in enumerate(after.tolist())] for t in (kc, vc))
+    for i, n in enumerate(lengths):
+        want = [torch.cat([t[i, :, :n]] + ([t_new[i]] if s_new else []), 1)
+                for t, t_new in ((k8, new[0]), (v8, new[1]))]
+        for got, w in zip((keys[i], values[i]), want, strict=True):
+            assert torch.equal(got.view(torch.uint8), w.view(torch.uint8))  # appended
+        kw = dict(causal=True, align="bottom-right", sinks=sinks, **mask)
+        ref, ref_lse = attention_ref(dequantize(q8[i], dq), dequantize(want[0], dk),
+                                     dequantize(want[1], dv), return_lse=True, **kw)
+        peer = fp8_peer(q8[i], *want, dq, dk, dv, **kw)
+        passes(out[i], ref, f"{case} sequence {i}", peer=peer)
+        seen = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse[i]).cpu(), seen)
+        assert (lse[i].double().cpu() - ref_lse)[seen].abs().max().item() < 1e-3 \
+            if seen.any() else torch.all(out[i] == 0)
+
+
+def test_fp8_kvcache_replays_with_new_factors_and_lengths():
+    # a check_lengths=False decode loop keeps its plan (`dispatch.kept_forward`): the
+    # factors and lengths of each step are read afresh, never the first step's
+    b, h, hk, d = 2, 2, 1, 64
+    kc, vc = (_fp8(rand(b, hk, 40, d, seed=i), None) for i in (0, 1))
+    q8 = _fp8(rand(b, h, 1, d, seed=2), None)
+    for step, (n, dv) in enumerate(((10, 1.0), (25, 3.0), (40, 0.5))):
+        lens, dv = i32([n, n - 5]), torch.tensor(dv, device=DEVICE)
+        out = attention_with_kvcache(q8, kc, vc, cache_seqlens=lens, descale_v=dv,
+                                     check_lengths=False)
+        for i, m in enumerate((n, n - 5)):
+            kw = dict(causal=True, align="bottom-right")
+            want = (kc[i, :, :m], vc[i, :, :m])
+            passes(out[i], attention_ref(q8[i], want[0], dequantize(want[1], dv), **kw),
+                   f"step {step} sequence {i}", peer=fp8_peer(q8[i], *want, None, None, dv,
+                                                               **kw))
+
+
 @pytest.mark.parametrize("call, field, allowed", [
     (lambda q, k, v: attention(q, k, v, precision="ieee"), "precision", "float8_e4m3fn"),
     (lambda q, k, v: attention(q, k, v, descale_q=torch.ones(3, device=DEVICE)),
@@ -205,8 +288,19 @@ def _check_fp8_varlen(lengths, causal, path):
     (lambda q, k, v: attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
                                       v[0].transpose(0, 1), i32([0, 16]), i32([0, 16]), 16,
                                       16, precision="tf32"), "precision", "float8_e4m3fn"),
-    (lambda q, k, v: attention_with_kvcache(q, k, v, cache_seqlens=i32([16])), "q.dtype",
-     "float32"),
+    (lambda q, k, v: attention_with_kvcache(q, k, v, cache_seqlens=i32([16]),
+                                            precision="ieee"), "precision", "float8_e4m3fn"),
+    (lambda q, k, v: attention_with_kvcache(q, k, v, cache_seqlens=i32([16]),
+                                            descale_k=torch.ones(2, 1, device=DEVICE)),
+     "descale_k.shape", "[2] (per head)"),
+    (lambda q, k, v: attention_with_kvcache(q, k, v, cache_seqlens=i32([4]),
+                                            k_new=k[..., :2, :].to(torch.bfloat16),
+                                            v_new=v[..., :2, :].to(torch.bfloat16)),
+     "k_new.dtype", "torch.float8_e4m3fn"),
+    (lambda q, k, v: attention_with_kvcache(q.to(torch.bfloat16), k.to(torch.bfloat16),
+                                            v.to(torch.bfloat16), cache_seqlens=i32([16]),
+                                            descale_v=torch.ones(1, device=DEVICE)),
+     "descale_v", "None for bfloat16"),
 ])
 def test_fp8_refuses_what_it_does_not_take(call, field, allowed):
     with pytest.raises(ProblemError) as e:

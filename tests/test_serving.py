@@ -20,6 +20,7 @@ from fusedattn.reference import (
     visible,
 )
 from fusedattn_lab.verify import check
+from inputs import paged
 
 LOW = (torch.float16, torch.bfloat16)
 
@@ -141,21 +142,6 @@ def test_varlen_equals_each_sequence_alone():
 
 # --- KV cache ----------------------------------------------------------------------------
 
-def _paged(dense, page, spare, seed):
-    """`dense [B, H_kv, S, D]` as pages `[num_blocks, H_kv, page, D]` in a shuffled order,
-    with `spare` unused blocks, and its block table."""
-    batch, heads, seq, dim = dense.shape
-    per = -(-seq // page)
-    order = torch.randperm(batch * per + spare, generator=torch.Generator().manual_seed(seed))
-    table = order[: batch * per].reshape(batch, per).to(torch.int32)
-    pages = torch.zeros(batch * per + spare, heads, page, dim, dtype=dense.dtype)
-    padded = torch.nn.functional.pad(dense.cpu(), (0, 0, 0, per * page - seq))
-    for b in range(batch):
-        for j in range(per):
-            pages[table[b, j]] = padded[b, :, j * page:(j + 1) * page]
-    return pages.to(DEVICE), table.to(DEVICE)
-
-
 KV = [
     # (cache_seqlens, S_new, Sq, splits, page size or None, window, softcap)
     ([0, 10, 45], 5, 5, 1, None, None, None),    # an empty cache; chunked prefill of 5
@@ -177,7 +163,7 @@ def test_kvcache_appends_and_attends(case):
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     table = None
     if page:
-        (k_cache, table), (v_cache, _) = (_paged(t, page, 3, 7) for t in (k_dense, v_dense))
+        (k_cache, table), (v_cache, _) = (paged(t, page, 3, 7) for t in (k_dense, v_dense))
     else:
         k_cache, v_cache = k_dense.clone(), v_dense.clone()
     out, lse = fusedattn.attention_with_kvcache(
@@ -291,12 +277,16 @@ def test_serving_bench_verifies_every_kind(tmp_path):
     (csv_path,) = tmp_path.rglob("bench.csv")
     rows = list(csv.DictReader(csv_path.open()))
     assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window", "sinks",
-                                                        "mla", "mla-bwd", "fp8", "fp8-bwd"}
+                                                        "mla", "mla-bwd", "fp8", "fp8-bwd",
+                                                        "fp8-decode"}
     # the backwards' rows say so (their FLOPs are 2.5 times their forwards')
     assert {r["problem"].split()[0] for r in rows if r["mode"] == "bwd"} == {"mla-bwd",
                                                                              "fp8-bwd"}
     # the FP8 backward's row: both of `attention_fp8_backward`'s routes verified
     assert {r["provider"] for r in rows if r["problem"].startswith("fp8-bwd")} == {
         "fusedattn", "fusedattn-fp32"}
+    # FP8 decode beside the same call on the values dequantised to bf16
+    assert {r["provider"] for r in rows if r["problem"].startswith("fp8-decode")} == {
+        "fusedattn", "fusedattn-bf16"}
     assert all(r["status"] == "ok" and float(r["max_abs_error"]) <= float(r["tolerance"])
                for r in rows)

@@ -39,8 +39,9 @@ q/k and v head dims, V transposed for it first; the portable kernel any pair). A
 cannot take FP8's gradients (a float8 tensor cannot hold one), so inputs (or sinks) that
 require grad are refused: `fusedattn.attention_fp8_backward` gives them, for an autograd
 Function of the caller's (`fusedattn.fp8`). Precision modes and the factors on other dtypes
-are refused too. `attention_varlen` takes FP8 the same way
-(forward); `attention_with_kvcache` takes none.
+are refused too. `attention_varlen` takes FP8 the same way (forward), and
+`attention_with_kvcache` takes e4m3 q, caches and new keys with the same factors (FlashAttention-3's
+`flash_attn_with_kvcache` form; its module docstring).
 
 Under `torch.autocast` (on the inputs' device type) fp32 q, k and v run in autocast's
 dtype, as SDPA's do, and the output comes back in it; an explicit `precision` keeps fp32

@@ -4,7 +4,8 @@ chunked prefill), with the new keys appended in place.
     attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k_new=None, v_new=None,
                            block_table=None, is_causal=True, window=None, softcap=None,
                            scale=None, return_lse=False, precision=None, splits=None,
-                           check_lengths=True, sinks=None)
+                           check_lengths=True, sinks=None, descale_q=None,
+                           descale_k=None, descale_v=None)
 
 - `q: [B, H, Sq, D]`: the new queries.
 - The cache is `[B, H_kv, S_max, D]`, or paged: `[num_blocks, H_kv, block_size, D]` with
@@ -49,6 +50,16 @@ then the caller's bug, with exactly these effects:
 - the attention reads `clamp(cache_seqlens + S_new, 0, capacity)` keys per sequence, and
   a block index out of range as the nearest real block (0 or num_blocks - 1): the output
   is then meaningless, but nothing is read outside the cache.
+FP8 (e4m3) caches, as FlashAttention-3's `flash_attn_with_kvcache` takes them: q, the caches
+and `k_new`/`v_new` all `float8_e4m3fn`, standing for q * descale_q, k * descale_k and
+v * descale_v (`descale_q` None, one element or `[H]`; `descale_k`/`descale_v` None, one
+element or `[H_kv]`, float32, as `attention` takes them). The append copies the e4m3 bytes;
+the attention runs the portable kernel's FP8 products (P in e4m3, as `attention`'s FP8
+forward) and returns O in bfloat16. Head dims 64, 128 and 256. Each program serves one
+query head there (the packed GQA rows of a bf16 call take q's factor per head, which the
+kernel reads per program), so a K/V tile is read once per query head of its group, from
+L2 after the first.
+
 Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """
 
@@ -59,13 +70,15 @@ import math
 import torch
 import triton
 
-from fusedattn.api import DTYPES, as_sinks, call_key, check_options, new_outputs
+from fusedattn.api import DTYPES, as_sinks, call_key, check_options, fp8_descale, new_outputs
 from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
+    FP8,
     ProblemError,
     check_flag,
+    check_fp8,
     check_index_tensor,
     check_qkv,
     check_sinks,
@@ -115,12 +128,13 @@ def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
-              check_lengths: bool) -> tuple:
-    """Check everything (the lengths and block table's values only with `check_lengths`);
-    returns (capacity per sequence, S_new, cache_seqlens, block_table), the index tensors
-    contiguous."""
+              check_lengths: bool, descales: tuple) -> tuple:
+    """Check everything (the lengths and block table's values only with `check_lengths`;
+    `descales`: FP8's factors, `problem.DESCALE_NAMES`); returns (capacity per sequence,
+    S_new, cache_seqlens, block_table), the index tensors contiguous."""
     check_flag("check_lengths", check_lengths)
-    check_qkv(q, k_cache, v_cache, device=DEVICE, ranks={4: "[B, H, S, D]"}, dtypes=DTYPES)
+    check_qkv(q, k_cache, v_cache, device=DEVICE, ranks={4: "[B, H, S, D]"},
+              dtypes=(*DTYPES, FP8))
     if k_cache.shape[:-1] != v_cache.shape[:-1]:
         raise ProblemError("k_cache/v_cache shapes",
                            (tuple(k_cache.shape), tuple(v_cache.shape)),
@@ -132,6 +146,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
                            "no zero-sized dimension")
     if heads % heads_kv:
         raise ProblemError("heads", (heads, heads_kv), "k/v heads dividing q heads")
+    check_fp8(q, v_cache, descales, heads, heads_kv, False)
     if block_table is None:
         if k_cache.shape[0] != batch:
             raise ProblemError("k_cache.shape", tuple(k_cache.shape),
@@ -207,13 +222,14 @@ _DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call g
 
 
 def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
-                options):
+                descales, options):
     """The metadata every check and decision of a `check_lengths=False` call reads
     (`api.call_key`; the caches' addresses too: the overlap checks read them), or None:
     `check_lengths=True` reads the lengths' values each call."""
     if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
         return None
-    tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks)
+    tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
+               *descales)
     key = call_key(tensors, options[:1] + options[2:], options[1])
     # (the addresses after `call_key`, which has refused what has none: sparse tensors)
     return None if key is None else (*key, k_cache.data_ptr(), v_cache.data_ptr())
@@ -227,20 +243,27 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            softcap: float | None = None, scale: float | None = None,
                            return_lse: bool = False, precision: str | None = None,
                            splits: int | None = None, check_lengths: bool = True,
-                           sinks: torch.Tensor | None = None):
+                           sinks: torch.Tensor | None = None,
+                           descale_q: torch.Tensor | None = None,
+                           descale_k: torch.Tensor | None = None,
+                           descale_v: torch.Tensor | None = None):
     """Attention of new queries over a KV cache; see the module docstring."""
     from fusedattn.dispatch import forward, forward_inputs, kept_forward
     from fusedattn.tiles.common import KVCache, Mask
 
+    descales = (descale_q, descale_k, descale_v)
     key = _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
-                      (is_causal, window, softcap, scale, return_lse, precision, splits,
-                       check_lengths))
+                      descales, (is_causal, window, softcap, scale, return_lse, precision,
+                                 splits, check_lengths))
     decided = _DECIDED.get(key) if key is not None else None
+    # FP8: a program a query head (the module docstring: q's factor is read per program)
+    pack_gqa = getattr(q, "dtype", None) != FP8  # (q checked below, where new)
     if decided is None:
         from fusedattn.configs import decode_splits, tuned_table
 
         capacity, s_new, cache_seqlens, block_table = _validate(
-            q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths)
+            q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths,
+            descales)
         window, softcap = check_options(q, k_cache, v_cache, is_causal, scale, precision,
                                         window, softcap)
         check_flag("return_lse", return_lse)
@@ -249,10 +272,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):
             raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
         tuned_table()  # a malformed tuned table is refused here, before the cache is written
-        if splits is None:
-            rows = q.shape[2] * (q.shape[1] // k_cache.shape[1])
-            splits = decode_splits(programs=q.shape[0] * k_cache.shape[1]
-                                   * triton.cdiv(rows, 64), seq_k=capacity)
+        if splits is None:  # (a program's rows: a query tile of one head, or of its group)
+            group = q.shape[1] // k_cache.shape[1] if pack_gqa else 1
+            splits = decode_splits(programs=q.shape[0] * q.shape[1] // group
+                                   * triton.cdiv(q.shape[2] * group, 64), seq_k=capacity)
         # the last: the plan of this key's calls (below)
         decided = (capacity, s_new, window, softcap, splits, KeptPlan())
         if key is not None:
@@ -267,6 +290,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
     dim = q.shape[3]
     out, lse = new_outputs(q, v_cache, q.shape[:3] if return_lse else None)  # V's head dim
+    descale = None if pack_gqa else fp8_descale(q, descales, q.shape[1], k_cache.shape[1])
     # the kernel reads cache_seqlens + s_new keys, clamped to the capacity, through block
     # indices clamped to the cache (`tiles.common.KVCache`): unchecked lengths and tables
     # read inside the cache, and no torch op a call adds a launch
@@ -278,12 +302,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                 precision=resolve(q.dtype, precision).op,
                 mask=Mask(causal=is_causal, window=window, softcap=softcap,
                           bottom_right=True),
-                cache=cache, splits=splits, pack_gqa=True, sinks=as_sinks(sinks), keep=keep)
+                cache=cache, splits=splits, pack_gqa=pack_gqa, sinks=as_sinks(sinks),
+                descale=descale, keep=keep)
 
     if key is None:  # check_lengths=True: no plan kept
         launch()
     else:  # the key settled the dispatch's plan key but for the context: the tensors made
-        # here are fresh (O, the LSE), the rest are the key's
+        # here are fresh (O, the LSE, FP8's factors), the rest are the key's
         kept_forward(decided[-1], forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
-                                                 sinks=as_sinks(sinks)), launch)
+                                                 sinks=as_sinks(sinks), descale=descale),
+                     launch)
     return (out, lse) if return_lse else out

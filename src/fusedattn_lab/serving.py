@@ -23,6 +23,10 @@ peers, in one process, on the same inputs.
   against SDPA's cuDNN and flash backends on the same values dequantised to bf16 (SDPA takes
   no FP8; FA4's FP8 runs on SM100 only, FA3 is not staged here). Its error bound is twice
   the FP8 formula's done by torch (`peers.fp8_peer`), not the bf16 peers'.
+- fp8-decode: `attention_with_kvcache` on e4m3 q and caches (every sequence full) with
+  per-head factors, against its own bf16 decode (`fusedattn-bf16`) and SDPA's on the values
+  dequantised to bf16; the bandwidth column counts each provider's own K/V bytes (one a
+  value for e4m3, two for bf16), the bound as fp8's.
 
 Every provider's output is verified against the float64 reference on one sequence / two
 heads before it is timed (`lab/verify.check`, peers' errors for the low-precision bound),
@@ -44,6 +48,7 @@ from fusedattn_lab.suites import DTYPES, BenchRow
 @dataclass(frozen=True)
 class ServingProblem:
     kind: str             # decode | varlen | window | sinks | mla | mla-bwd | fp8 | fp8-bwd
+    #                       | fp8-decode
     batch: int
     heads: int
     heads_kv: int
@@ -67,6 +72,9 @@ class ServingProblem:
         if self.kind in ("mla", "mla-bwd"):
             return (f"{base} S{self.seq_k} D{self.dim}/{self.dim_v}"
                     + (" causal" if self.causal else ""))
+        if self.kind == "fp8-decode":
+            return (f"fp8-decode e4m3 (O {self.dtype}) B{self.batch} "
+                    f"H{self.heads}/{self.heads_kv} Sq{self.seq_q} Sk{self.seq_k} D{self.dim}")
         if self.kind == "fp8":
             return (f"fp8 e4m3 (O {self.dtype}) B{self.batch} H{self.heads}/{self.heads_kv} "
                     f"S{self.seq_k} D{self.dim}" + (" causal" if self.causal else ""))
@@ -87,7 +95,7 @@ class ServingProblem:
             return 2.5 * replace(self, kind=BACKWARDS[self.kind]).useful_flops()
         if self.kind in ("mla", "fp8") and not self.causal:
             pairs = self.batch * self.seq_k * self.seq_k
-        elif self.kind == "decode":
+        elif self.kind in DECODES:
             pairs = self.batch * self.seq_q * self.seq_k
         elif self.kind == "varlen":
             pairs = sum(n * (n + 1) // 2 for n in self.lengths)
@@ -96,9 +104,11 @@ class ServingProblem:
             pairs = self.batch * sum(min(i, w) + 1 for i in range(s))
         return 2.0 * dims * self.heads * pairs
 
-    def kv_bytes(self) -> int:
+    def kv_bytes(self, itemsize: int | None = None) -> int:
+        """The K and V bytes a decode reads, at `itemsize` bytes a value (default: the
+        problem's dtype's)."""
         return 2 * self.batch * self.heads_kv * self.seq_k * self.dim * \
-            DTYPES[self.dtype].itemsize
+            (itemsize or DTYPES[self.dtype].itemsize)
 
 
 def _lengths(n: int, total: int, seed: int) -> tuple[int, ...]:
@@ -129,8 +139,10 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
         # issue 34's FP8 rows: D128 at S4096 (its target), D64 and D256 beside it
         # the backward's rows (`attention_fp8_backward`, each precision, beside cuDNN's bf16
         # forward + backward): its fp32 route takes D64 and D128 (D256 a skipped row)
+        # and decode on e4m3 caches, as the decode suite's first row
         "fp8": [ServingProblem(kind, 4, 32, 32, 4096, 4096, d, causal=c)
-                for kind in ("fp8", "fp8-bwd") for d in (64, 128, 256) for c in (False, True)],
+                for kind in ("fp8", "fp8-bwd") for d in (64, 128, 256) for c in (False, True)]
+        + [ServingProblem("fp8-decode", 32, 32, 8, 1, 8192, d) for d in (64, 128, 256)],
         "tiny-serving": [ServingProblem("decode", 2, 4, 2, 1, 40, 16, "fp32"),
                          ServingProblem("decode", 2, 4, 2, 2, 48, 16, "fp32", page=16),
                          ServingProblem("varlen", 3, 2, 2, 9, 9, 16, "fp32",
@@ -140,7 +152,8 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
                          ServingProblem("mla", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16),
                          ServingProblem("mla-bwd", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16),
                          ServingProblem("fp8", 1, 4, 2, 40, 40, 64, causal=True),
-                         ServingProblem("fp8-bwd", 1, 4, 2, 40, 40, 64, causal=True)],
+                         ServingProblem("fp8-bwd", 1, 4, 2, 40, 40, 64, causal=True),
+                         ServingProblem("fp8-decode", 2, 4, 2, 2, 40, 64)],
     }
 
 
@@ -414,8 +427,9 @@ def _fp8_inputs(p: ServingProblem, gen):
     query head with their K/V heads' values and factors, as `[(tensor, factors)] * 3`."""
     from fusedattn.problem import FP8
 
-    x = [_rand((p.batch, n, p.seq_k, p.dim), torch.float32, gen)
-         for n in (p.heads, p.heads_kv, p.heads_kv)]
+    rows_q = p.seq_q if p.kind in DECODES else p.seq_k
+    x = [_rand((p.batch, n, s, p.dim), torch.float32, gen)
+         for n, s in ((p.heads, rows_q), (p.heads_kv, p.seq_k), (p.heads_kv, p.seq_k))]
     factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
     q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
     heads = [0, p.heads - 1]
@@ -459,6 +473,37 @@ def _fp8(p: ServingProblem, gen):
     return {**ours, **peers}, lambda out: (out[0, heads], ref), peer_error
 
 
+def _fp8_decode(p: ServingProblem, gen):
+    """(providers, reference check, the FP8 formula's error by torch) for decode on e4m3
+    caches, every sequence full (the queries last: bottom-right)."""
+    from fusedattn.kvcache import attention_with_kvcache
+    from fusedattn.reference import attention_ref, dequantize
+    from fusedattn.tiles.dequantize import dequantize_as
+    from fusedattn_lab.peers import fp8_peer
+
+    (q8, k8, v8), factors, heads, picked = _fp8_inputs(p, gen)
+    seqlens = torch.full((p.batch,), p.seq_k, dtype=torch.int32, device=DEVICE)
+    q, k, v = (dequantize_as(t, f, DTYPES[p.dtype]) for t, f in
+               zip((q8, k8, v8), factors, strict=True))
+    kw = dict(descale_q=factors[0], descale_k=factors[1], descale_v=factors[2])
+    providers = {
+        "fusedattn": lambda: attention_with_kvcache(q8, k8, v8, cache_seqlens=seqlens,
+                                                    check_lengths=False, **kw),
+        "fusedattn-bf16": lambda: attention_with_kvcache(q, k, v, cache_seqlens=seqlens,
+                                                         check_lengths=False)}
+    if p.seq_q == 1:  # (one query sees the whole cache: no mask for SDPA)
+        providers.update({name: _sdpa(name, q, k, v, enable_gqa=True)
+                          for name in ("sdpa-cudnn", "sdpa-flash")})
+    causal = dict(causal=True, align="bottom-right")
+    ref = attention_ref(*(dequantize(t, f) for t, f in picked), device=q8.device, **causal)
+
+    def peer_error():
+        return float((fp8_peer(*(t for t, _ in picked), *(f for _, f in picked),
+                               **causal).double() - ref).abs().max())
+
+    return providers, lambda out: (out[0, heads], ref), peer_error
+
+
 def _fp8_bwd(p: ServingProblem, gen):
     """(providers, reference check, the bf16 formulas' error by torch) for the FP8
     backward: each provider gives dQ, for dO in bf16, with respect to the dequantised
@@ -499,11 +544,13 @@ def _fp8_bwd(p: ServingProblem, gen):
 
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
                                  "sinks": _sinks, "mla": _mla, "fp8": _fp8,
-                                 "fp8-bwd": _fp8_bwd, "mla-bwd": _mla_bwd}
+                                 "fp8-bwd": _fp8_bwd, "mla-bwd": _mla_bwd,
+                                 "fp8-decode": _fp8_decode}
 # the backward kinds, each with its forward's kind (the FLOPs' convention, the row's mode)
 BACKWARDS = {"fp8-bwd": "fp8", "mla-bwd": "mla"}
-PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-fp32", "sdpa-cudnn", "sdpa-flash",
-             "sdpa-efficient", "flex", "fa4")
+DECODES = ("decode", "fp8-decode")  # the kinds of one or a few queries over a cache
+PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-fp32", "fusedattn-bf16",
+             "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
 
@@ -519,7 +566,8 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
     # a builder may add the error that bounds its rows (fp8: the FP8 formula's by torch)
     providers, reference, *own_bound = BUILDERS[p.kind](p, gen)
     if EMULATION:  # the compiled and SDPA-backend peers need the GPU
-        providers = {n: providers[n] for n in ("fusedattn", "fusedattn-fp32") if n in providers}
+        providers = {n: providers[n] for n in ("fusedattn", "fusedattn-fp32", "fusedattn-bf16")
+                     if n in providers}
     unmeasured = dict.fromkeys(("max_abs_error", "tolerance", "median_ms", "min_ms", "max_ms",
                                 "tflops", "peak_bytes", "call_bytes"))
 
@@ -563,8 +611,9 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
             row.update(median_ms=t.median_ms, min_ms=t.min_ms, max_ms=t.max_ms,
                        tflops=p.useful_flops() / (t.median_ms * 1e-3) / 1e12,
                        peak_bytes=peak, call_bytes=call_bytes)
-            if p.kind == "decode":
-                row["gbps"] = p.kv_bytes() / (t.median_ms * 1e-3) / 1e9
+            if p.kind in DECODES:  # each provider's own bytes (fp8-decode: e4m3 for ours)
+                itemsize = 1 if p.kind == "fp8-decode" and name == "fusedattn" else None
+                row["gbps"] = p.kv_bytes(itemsize) / (t.median_ms * 1e-3) / 1e9
         rows.append(row)
     ours = next((r for r in rows if r["provider"] == "fusedattn" and r["median_ms"]), None)
     for r in rows:
