@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fusedattn
+from fusedattn import ahead_of_time
 from fusedattn.ahead_of_time import _batches, _lengths, _listen
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
@@ -49,6 +50,38 @@ def test_warmup_takes_fp8_and_its_backward(monkeypatch):
     assert done["calls"] == 3 * 2 + 3
 
 
+def test_warmup_takes_decode_at_every_split_count(monkeypatch):
+    from fusedattn import configs, kvcache
+
+    monkeypatch.setattr(configs, "SMS", 4)  # splits: min(16 / programs, keys / 256)
+    # (prefill at one length: its calls are the tests' above; the interpreter is slow, so
+    # only batch 1's decode calls run, and the others are recorded)
+    monkeypatch.setattr(ahead_of_time, "_lengths", lambda max_len: [1])
+    made, real, run = [], kvcache.attention_with_kvcache, True
+
+    def recorded(q, k_cache, v_cache, **kw):
+        made.append((q.shape[0], kw["block_table"] is not None, kw["cache_seqlens"][0].item()))
+        return real(q, k_cache, v_cache, **kw) if q.shape[0] == 1 and run else None
+    monkeypatch.setattr(kvcache, "attention_with_kvcache", recorded)
+    done = fusedattn.warmup(head_dims=(16,), heads=(4,), heads_kv=(2,), dtypes=("fp32",),
+                            causal=(True,), decode=True, max_len=1024)
+    # prefill's one call, then decode: one capacity (1024 <= ONE_LOOP_MAX_KEYS: each call
+    # appends at 1023), batches 1, 2, 4, 8 (splits 4, 4, 2, 1: 16 programs fill the 4
+    # SMs' four each), contiguous and paged
+    assert done["calls"] == 1 + 4 * 2
+    assert made == [(b, paged, 1023) for b in (1, 2, 4, 8) for paged in (False, True)]
+    from fusedattn.ahead_of_time import _decode_batches
+
+    # e4m3 runs a program a query head: twice the programs, one doubling fewer
+    assert _decode_batches(4, 2, 1024, torch.float8_e4m3fn) == [1, 2, 4]
+    # past ONE_LOOP_MAX_KEYS keys a second capacity (the two-loop kernel), in whole pages
+    made.clear()
+    run = False  # (recorded alone)
+    fusedattn.warmup(head_dims=(16,), heads=(4,), heads_kv=(4,), dtypes=("fp32",),
+                     causal=(True,), decode=True, max_len=3000)
+    assert sorted({n + 1 for _, _, n in made}) == [2048, 3008]
+
+
 @pytest.mark.parametrize("bad", [dict(head_dims=(0,)), dict(head_dims=()),
                                  dict(head_dims=(80,), dtypes=("bf16", "fp8")),
                                  dict(head_dims=((24, 300),)), dict(sinks=1),
@@ -77,6 +110,34 @@ def test_after_warmup_a_new_length_or_batch_compiles_nothing():
             out.backward(torch.randn_like(out))
             with torch.no_grad():  # an evaluation step's forward (no LSE written)
                 fusedattn.attention(q, k, v, is_causal=True)
+        torch.cuda.synchronize()
+    finally:
+        restore()
+    assert compiled == [], compiled
+
+
+@pytest.mark.gpu_only("compiles happen on the GPU only (the interpreter compiles nothing)")
+def test_after_warmup_a_decode_step_compiles_nothing():
+    # other batches and cache lengths than warmup's, GQA 32/8, contiguous and paged
+    fusedattn.warmup(head_dims=(128,), heads=(32,), heads_kv=(8,), dtypes=("bf16",),
+                     causal=(True,), decode=True, max_len=4096)
+    compiled = []
+    restore = _listen(compiled)
+    try:
+        for batch, capacity, page in ((3, 4096, None), (24, 4096, 256), (200, 4096, None),
+                                      (5, 1024, 64)):
+            rows = (batch * capacity // page, 8, page) if page else (batch, 8, capacity)
+            k, v = (torch.randn(*rows, 128, device=DEVICE, dtype=torch.bfloat16)
+                    for _ in range(2))
+            table = (torch.randperm(batch * capacity // page, device=DEVICE)
+                     .to(torch.int32).reshape(batch, -1)) if page else None
+            q, k_new, v_new = (torch.randn(batch, n, 1, 128, device=DEVICE,
+                                           dtype=torch.bfloat16) for n in (32, 8, 8))
+            lengths = torch.randint(0, capacity - 1, (batch,), device=DEVICE,
+                                    dtype=torch.int32)
+            fusedattn.attention_with_kvcache(q, k, v, cache_seqlens=lengths, k_new=k_new,
+                                             v_new=v_new, block_table=table,
+                                             check_lengths=False)
         torch.cuda.synchronize()
     finally:
         restore()

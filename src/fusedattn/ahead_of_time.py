@@ -18,6 +18,12 @@ kernels write no LSE and so are kernels of their own.
 "fp8" warms float8 e4m3 q, k, v (head dims 64, 128, 256) and, with `training`,
 `attention_fp8_backward` on a bfloat16 upstream gradient; the descale factors (none, per
 tensor or per head) make no kernel of their own.
+`decode=True` warms `attention_with_kvcache` as a decode loop calls it (`check_lengths=False`,
+one new query with its key and value appended, the mask options given, causal): caches of
+`max_len` keys and, past `configs.ONE_LOOP_MAX_KEYS`, of that many (a kernel of its own),
+contiguous and paged, at batches 1, 2, 4, ... until the split-KV rule stops splitting. Each
+split count's merge is a kernel of its own (the count's power of two), and a batch whose
+programs fill the SMs takes the table's other tile.
 
 Compiled kernels land in Triton's cache, `$TRITON_CACHE_DIR` (default
 `~/.triton/cache`): a process started later on the same machine (or on an image that
@@ -65,7 +71,7 @@ def _check(name: str, values, allowed) -> tuple:
 
 def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
            training: bool = False, varlen: bool = False, window=None, softcap=None,
-           sinks: bool = False, max_len: int = 4096) -> dict:
+           sinks: bool = False, max_len: int = 4096, decode: bool = False) -> dict:
     """Compile what these calls need (see the module docstring); returns
     {"calls": n, "compiled": n, "seconds": s}. A head dim is an int, or a pair (Q/K's,
     V's) for a V head dim of its own; `sinks=True` warms the calls with attention sinks
@@ -106,8 +112,8 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                 raise ProblemError("head_dims", head_dims, "with 'fp8' in dtypes, head dims "
                                    f"of {', '.join(map(str, FP8_HEAD_DIMS))}")
     causal = _check("causal", causal, bool_ok)
-    if not all(isinstance(x, bool) for x in (training, varlen, sinks)):
-        raise ProblemError("training/varlen/sinks", (training, varlen, sinks),
+    if not all(isinstance(x, bool) for x in (training, varlen, sinks, decode)):
+        raise ProblemError("training/varlen/sinks/decode", (training, varlen, sinks, decode),
                            "True or False each")
     if not is_int(max_len) or not MIN_LEN <= max_len <= MAX_LEN:
         raise ProblemError("max_len", max_len, f"an int in {MIN_LEN}..{MAX_LEN}")
@@ -154,12 +160,60 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                                  is_causal=is_causal, window=window,
                                                  softcap=softcap, sinks=sink)
                                 calls += 1
+                    if decode:
+                        calls += _warm_decode(DTYPES[dtype], dim, dim_v, h, hkv, max_len,
+                                              dict(window=window, softcap=softcap,
+                                                   sinks=sink))
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
     finally:
         listener()
     return {"calls": calls, "compiled": len(compiled),
             "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _warm_decode(dtype, dim: int, dim_v: int, heads: int, heads_kv: int, max_len: int,
+                 options: dict) -> int:
+    """`warmup(decode=True)`'s calls for one dtype, head dims and heads (the module
+    docstring); returns how many it made. The largest batch's caches hold batch x
+    capacity keys (B 128 at 8 K/V heads, 4096 keys and D128: 2 GB for K and V)."""
+    from fusedattn.configs import ONE_LOOP_MAX_KEYS
+    from fusedattn.kvcache import attention_with_kvcache
+    from fusedattn.mode import DEVICE
+
+    page, calls = 16, 0
+    for capacity in sorted({min(max_len, ONE_LOOP_MAX_KEYS), max_len}):
+        capacity = -(-capacity // page) * page  # (whole pages, for the paged cache)
+        for batch in _decode_batches(heads, heads_kv, capacity, dtype):
+            q = torch.randn(batch, heads, 1, dim, device=DEVICE).to(dtype)
+            new = [torch.randn(batch, heads_kv, 1, d, device=DEVICE).to(dtype)
+                   for d in (dim, dim_v)]
+            lengths = torch.full((batch,), capacity - 1, dtype=torch.int32, device=DEVICE)
+            for paged in (False, True):
+                rows = (batch * capacity // page, heads_kv, page) if paged else \
+                    (batch, heads_kv, capacity)
+                # (never read but by these calls: their values do not matter)
+                caches = [torch.empty(*rows, d, device=DEVICE, dtype=dtype)
+                          for d in (dim, dim_v)]
+                table = torch.arange(batch * capacity // page, dtype=torch.int32,
+                                     device=DEVICE).reshape(batch, -1) if paged else None
+                attention_with_kvcache(q, *caches, cache_seqlens=lengths, k_new=new[0],
+                                       v_new=new[1], block_table=table, check_lengths=False,
+                                       **options)
+                calls += 1
+    return calls
+
+
+def _decode_batches(heads: int, heads_kv: int, capacity: int, dtype) -> list[int]:
+    """1, 2, 4, ... up to the first batch that the split-KV rule does not split (one new
+    query a sequence; e4m3 runs a program a query head)."""
+    from fusedattn.kvcache import chosen_splits
+
+    batches = [1]
+    while chosen_splits(batches[-1], heads, 1, heads_kv, capacity,
+                        dtype != torch.float8_e4m3fn) > 1:
+        batches.append(2 * batches[-1])
+    return batches
 
 
 def _listen(records: list):

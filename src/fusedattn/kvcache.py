@@ -221,6 +221,17 @@ def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: i
 _DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call gave
 
 
+def chosen_splits(batch: int, heads: int, seq_q: int, heads_kv: int, capacity: int,
+                  pack_gqa: bool) -> int:
+    """The split count a call with `splits=None` takes (`configs.decode_splits`): a
+    program's rows are a query tile of one head, or of its GQA group where packed."""
+    from fusedattn.configs import decode_splits
+
+    group = heads // heads_kv if pack_gqa else 1
+    return decode_splits(programs=batch * heads // group * triton.cdiv(seq_q * group, 64),
+                         seq_k=capacity)
+
+
 def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
                 descales, options):
     """The metadata every check and decision of a `check_lengths=False` call reads
@@ -259,7 +270,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # FP8: a program a query head (the module docstring: q's factor is read per program)
     pack_gqa = getattr(q, "dtype", None) != FP8  # (q checked below, where new)
     if decided is None:
-        from fusedattn.configs import decode_splits, tuned_table
+        from fusedattn.configs import tuned_table
 
         capacity, s_new, cache_seqlens, block_table = _validate(
             q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, check_lengths,
@@ -272,10 +283,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):
             raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
         tuned_table()  # a malformed tuned table is refused here, before the cache is written
-        if splits is None:  # (a program's rows: a query tile of one head, or of its group)
-            group = q.shape[1] // k_cache.shape[1] if pack_gqa else 1
-            splits = decode_splits(programs=q.shape[0] * q.shape[1] // group
-                                   * triton.cdiv(q.shape[2] * group, 64), seq_k=capacity)
+        if splits is None:
+            splits = chosen_splits(*q.shape[:3], k_cache.shape[1], capacity, pack_gqa)
         # the last: the plan of this key's calls (below)
         decided = (capacity, s_new, window, softcap, splits, KeptPlan())
         if key is not None:

@@ -33,6 +33,8 @@ def add(sub) -> None:
     p.add_argument("--train", action="store_true", help="the backward's kernels too")
     p.add_argument("--varlen", action="store_true", help="attention_varlen's too")
     p.add_argument("--sinks", action="store_true", help="with attention sinks (gpt-oss)")
+    p.add_argument("--decode", action="store_true",
+                   help="attention_with_kvcache's decode steps too (caches of --max-len)")
     p.add_argument("--max-len", type=int_arg, default=4096,
                    help="the longest sequence to expect (16..16384)")
 
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     done = warmup(head_dims=args.head_dims, heads=args.heads, heads_kv=args.heads_kv,
                   dtypes=[d.strip() for d in args.dtypes.split(",") if d.strip()],
                   causal=[m == "causal" for m in masks], training=args.train,
-                  varlen=args.varlen, sinks=args.sinks, max_len=args.max_len)
+                  varlen=args.varlen, sinks=args.sinks, max_len=args.max_len,
+                  decode=args.decode)
     cache = os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache"))
     console.print(f"warmup: {done['calls']} calls, {done['compiled']} kernels compiled in "
                   f"{done['seconds']:.1f} s, into {cache}")
