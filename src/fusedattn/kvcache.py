@@ -56,9 +56,9 @@ v * descale_v (`descale_q` None, one element or `[H]`; `descale_k`/`descale_v` N
 element or `[H_kv]`, float32, as `attention` takes them). The append copies the e4m3 bytes;
 the attention runs the portable kernel's FP8 products (P in e4m3, as `attention`'s FP8
 forward) and returns O in bfloat16. Head dims 64, 128 and 256. Each program serves one
-query head there (the packed GQA rows of a bf16 call take q's factor per head, which the
-kernel reads per program), so a K/V tile is read once per query head of its group, from
-L2 after the first.
+query head, not a packed GQA group as in bf16 decode, since the kernel reads q's factor
+once per program: a K/V tile is read once per query head of its group (from L2 after the
+first).
 
 Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """
