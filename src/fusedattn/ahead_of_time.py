@@ -210,8 +210,7 @@ def _decode_batches(heads: int, heads_kv: int, capacity: int, dtype) -> list[int
     from fusedattn.kvcache import chosen_splits
 
     batches = [1]
-    while chosen_splits(batches[-1], heads, 1, heads_kv, capacity,
-                        dtype != torch.float8_e4m3fn) > 1:
+    while chosen_splits(batches[-1], heads, 1, heads_kv, capacity, dtype) > 1:
         batches.append(2 * batches[-1])
     return batches
 

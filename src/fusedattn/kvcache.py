@@ -57,8 +57,7 @@ element or `[H_kv]`, float32, as `attention` takes them). The append copies the 
 the attention runs the portable kernel's FP8 products (P in e4m3, as `attention`'s FP8
 forward) and returns O in bfloat16. Head dims 64, 128 and 256. Each program serves one
 query head, not a packed GQA group as in bf16 decode, since the kernel reads q's factor
-once per program: a K/V tile is read once per query head of its group (from L2 after the
-first).
+once per program: a K/V tile is read once per query head of its group (`packs_gqa`).
 
 Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """
@@ -221,13 +220,21 @@ def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: i
 _DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call gave
 
 
+def packs_gqa(dtype) -> bool:
+    """Whether a call's programs each serve a whole GQA group (its query heads as rows of
+    one tile, so a K/V tile is read once a group): every dtype but e4m3, whose q factor
+    the kernel reads once per program (the module docstring)."""
+    return dtype != FP8
+
+
 def chosen_splits(batch: int, heads: int, seq_q: int, heads_kv: int, capacity: int,
-                  pack_gqa: bool) -> int:
+                  dtype) -> int:
     """The split count a call with `splits=None` takes (`configs.decode_splits`): a
-    program's rows are a query tile of one head, or of its GQA group where packed."""
+    program's rows are a query tile of one head, or of its GQA group where packed
+    (`packs_gqa`)."""
     from fusedattn.configs import decode_splits
 
-    group = heads // heads_kv if pack_gqa else 1
+    group = heads // heads_kv if packs_gqa(dtype) else 1
     return decode_splits(programs=batch * heads // group * triton.cdiv(seq_q * group, 64),
                          seq_k=capacity)
 
@@ -267,8 +274,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                       descales, (is_causal, window, softcap, scale, return_lse, precision,
                                  splits, check_lengths))
     decided = _DECIDED.get(key) if key is not None else None
-    # FP8: a program a query head (the module docstring: q's factor is read per program)
-    pack_gqa = getattr(q, "dtype", None) != FP8  # (q checked below, where new)
+    pack_gqa = packs_gqa(getattr(q, "dtype", None))  # (q checked below, where new)
     if decided is None:
         from fusedattn.configs import tuned_table
 
@@ -284,7 +290,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
         tuned_table()  # a malformed tuned table is refused here, before the cache is written
         if splits is None:
-            splits = chosen_splits(*q.shape[:3], k_cache.shape[1], capacity, pack_gqa)
+            splits = chosen_splits(*q.shape[:3], k_cache.shape[1], capacity, q.dtype)
         # the last: the plan of this key's calls (below)
         decided = (capacity, s_new, window, softcap, splits, KeptPlan())
         if key is not None:

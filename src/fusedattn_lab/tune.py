@@ -40,7 +40,7 @@ BWD_DQ = ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2), (64, 32, 4, 1))
 # scripts/fwd_configs.py's D256 sweep (20261130T1550Z), beside the autotuner's two
 WIDE_FWD = ((128, 64, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2))
 # decode's: (16, 64, 8, 3) and (16, 32, 4, 3) are the D256 tiles that do not spill on sm_90a
-# (1 KB a thread at (16, 64, 4, 3): evidence/sm90-compile/20261205T0040Z-fp8-decode)
+# (1 KB a thread at (16, 64, 4, 3): evidence/sm90-compile/20261204T2347Z-fp8-decode)
 DECODE = ((16, 64, 4, 3), (16, 128, 4, 3), (16, 128, 4, 4), (16, 256, 8, 3),
           (32, 128, 4, 3), (64, 64, 4, 3), (16, 64, 8, 3), (16, 32, 4, 3))
 

@@ -1,6 +1,6 @@
 """The decode configurations of `portable_compile_report --decode` at other tiles: registers,
 shared memory and spills for sm_90a (Triton 3.6, no GPU). Run from the repository root:
-PYTHONPATH=src python3 evidence/sm90-compile/20261205T0040Z-fp8-decode/candidates.py"""
+PYTHONPATH=src python3 evidence/sm90-compile/20261204T2347Z-fp8-decode/candidates.py"""
 import sys, json
 sys.path.insert(0, "scripts")
 import portable_compile_report as r
