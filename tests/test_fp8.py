@@ -17,6 +17,7 @@ from fusedattn import (
     attention,
     attention_fp8_backward,
     attention_varlen,
+    attention_varlen_fp8_backward,
     attention_with_kvcache,
 )
 from fusedattn.dispatch import hopper_refusal, use_backend
@@ -28,6 +29,7 @@ from fusedattn.reference import (
     dequantize,
     paged_to_dense,
     varlen_ref,
+    varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
 from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
@@ -477,6 +479,10 @@ def test_fp8_backward_by_default_is_attentions_backward_on_the_dequantised_value
     assert len(got) == 4 and got[3].dtype == torch.float32
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+    with torch.inference_mode():  # (autograd inside it refused inference tensors before)
+        again = attention_fp8_backward(dout, q8, k8, v8, descale_q=dq, sinks=sinks, **options)
+    for g, w in zip(again, want, strict=True):
+        assert torch.equal(g, w)
     with pytest.raises(ProblemError) as e:
         attention_fp8_backward(dout, q8, k8, v8, enable_gqa=True, precision="fp16")
     assert e.value.field == "precision" and "bf16" in str(e.value)
@@ -504,6 +510,123 @@ def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():
             attention_fp8_backward(args["dout"], args["q"], args["k"], args["v"],
                                    is_causal=True, precision="fp32", **kw)
         assert e.value.field == field, (field, str(e.value))
+
+
+# packed sequences for the varlen backward: an empty one with keys, one token, Sq < Sk, and
+# queries with no key (their rows' gradients are 0)
+VARLEN_BACKWARD_LENGTHS = ([5, 0, 1, 37, 20], [5, 3, 1, 50, 0])
+
+
+def _fp8_packed(lengths=VARLEN_BACKWARD_LENGTHS, dim=64):
+    """Packed e4m3 q, k, v (GQA 4/2) at factors per head, the factors, the offsets and the
+    longest lengths."""
+    q, k, v, cu_q, cu_k, max_q, max_k = ragged(dim, lengths=lengths)
+    factors = tuple(torch.linspace(a, b, n, device=DEVICE) for a, b, n in
+                    ((0.5, 1.0, 4), (0.25, 0.5, 2), (1.0, 2.0, 2)))
+    q8, k8, v8 = (_fp8((t.float() * 2).transpose(0, 1), f).transpose(0, 1)
+                  for t, f in zip((q, k, v), factors, strict=True))
+    return (q8, k8, v8), factors, (cu_q, cu_k, max_q, max_k)
+
+
+def _packed_values(t, descale):
+    """float64 values of a packed `[total, H, D]` float8 tensor (factors per head)."""
+    return dequantize(t.transpose(0, 1), descale).transpose(0, 1)
+
+
+@pytest.mark.parametrize("options", [
+    dict(is_causal=True),
+    dict(window=(6, 3), softcap=5.0, sinks=True),
+])
+def test_fp8_varlen_backward_against_float64_autograd_of_the_dequantised_inputs(options):
+    # precision="fp32", dO in e4m3 with a factor per head; bounded sequence by sequence by
+    # the FP8 backward's peer (bottom-right, as the packed batch aligns)
+    (q8, k8, v8), factors, (cu_q, cu_k, max_q, max_k) = _fp8_packed()
+    options = dict(options)
+    sinks = torch.tensor([0.5, -1.0, 0.0, 2.0], device=DEVICE) if options.pop("sinks", 0) \
+        else None
+    descale_do = torch.linspace(0.01, 0.02, 4, device=DEVICE)
+    dout = _fp8(rand(q8.shape[0], 4, 64, seed=7).transpose(0, 1), descale_do).transpose(0, 1)
+    grads = attention_varlen_fp8_backward(
+        dout, q8, k8, v8, cu_q, cu_k, max_q, max_k, descale_q=factors[0],
+        descale_k=factors[1], descale_v=factors[2], descale_do=descale_do, sinks=sinks,
+        precision="fp32", **options)
+    assert len(grads) == (3 if sinks is None else 4)
+    deq = [_packed_values(t, f) for t, f in zip((q8, k8, v8), factors, strict=True)]
+    dout_ref = _packed_values(dout, descale_do)
+    ref_kw = dict(window=options.get("window"), softcap=options.get("softcap"))
+    refs = varlen_ref_grads(*deq, dout_ref, cu_q, cu_k, causal=options.get("is_causal", False),
+                            sinks=sinks, **ref_kw)
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    per_sequence = [fp8_backward_peer(
+        *(t[a:z].transpose(0, 1) for t, a, z in ((dout_ref, bq[i], bq[i + 1]),
+                                                 (q8, bq[i], bq[i + 1]), (k8, bk[i], bk[i + 1]),
+                                                 (v8, bk[i], bk[i + 1]))),
+        *factors, causal=options.get("is_causal", False), align="bottom-right", **ref_kw)
+        for i in range(len(bq) - 1)]
+    peers = [torch.cat([p[n].transpose(0, 1) for p in per_sequence]) for n in range(3)]
+    for name, g, r, p, t in zip(("dq", "dk", "dv"), grads, refs, peers, (q8, k8, v8),
+                                strict=False):
+        assert g.dtype == torch.bfloat16 and g.shape == t.shape, name
+        passes(g, r, f"{name} {options}", peer=p)
+    if sinks is not None:
+        assert grads[3].dtype == torch.float32 and grads[3].shape == (4,)
+        passes(grads[3], refs[3], "dsinks")
+
+
+def test_fp8_varlen_backward_by_default_is_varlens_backward_on_the_dequantised_values():
+    # precision "bf16": the same bits as autograd of `attention_varlen` on the values,
+    # dequantised by the reference with each factor on its head (the packed layout's
+    # axis), rounded to bfloat16; the options and sinks reach it
+    (q8, k8, v8), factors, (cu_q, cu_k, max_q, max_k) = _fp8_packed()
+    sinks = torch.tensor([0.5, -1.0, 0.0, 2.0], device=DEVICE)
+    dout = rand(q8.shape[0], 4, 64, seed=5, dtype=torch.bfloat16)
+    options = dict(is_causal=True, window=(9, None), softcap=20.0, scale=0.2)
+    got = attention_varlen_fp8_backward(dout, q8, k8, v8, cu_q, cu_k, max_q, max_k,
+                                        descale_q=factors[0], descale_k=factors[1],
+                                        descale_v=factors[2], sinks=sinks, **options)
+    leaves = [_packed_values(t, f).to(torch.bfloat16).requires_grad_()
+              for t, f in zip((q8, k8, v8), factors, strict=True)]
+    leaves.append(sinks.clone().requires_grad_())
+    out = attention_varlen(*leaves[:3], cu_q, cu_k, max_q, max_k, sinks=leaves[3], **options)
+    want = torch.autograd.grad(out, leaves, dout)
+    assert len(got) == 4
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+def test_fp8_varlen_backward_refuses_what_it_does_not_take():
+    (q8, k8, v8), factors, (cu_q, cu_k, max_q, max_k) = _fp8_packed()
+    dout = rand(q8.shape[0], 4, 64, seed=5, dtype=torch.bfloat16)
+    cases = [  # (argument changes, the field named)
+        (dict(dout=dout[:-1]), "dout.shape"),
+        (dict(dout=dout.to(torch.float8_e5m2)), "dout.dtype"),
+        (dict(descale_do=torch.ones(4, device=DEVICE)), "descale_do"),  # dout not e4m3
+        (dict(q=q8.to(torch.bfloat16)), "q.dtype"),
+        (dict(max_seqlen_q=max_q - 1), "max_seqlen_q"),  # would skip rows
+        (dict(cu_seqlens_k=cu_k[:-1]), "cu_seqlens_k"),  # one sequence fewer than q's
+        (dict(precision="fp16"), "precision"),
+        (dict(check_lengths=1), "check_lengths"),
+    ]
+    for changes, field in cases:
+        args = dict(dout=dout, q=q8, k=k8, v=v8, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    max_seqlen_q=max_q, max_seqlen_k=max_k) | changes
+        positional = [args.pop(n) for n in ("dout", "q", "k", "v", "cu_seqlens_q",
+                                            "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")]
+        with pytest.raises(ProblemError) as e:
+            attention_varlen_fp8_backward(*positional, is_causal=True, **args)
+        assert e.value.field.startswith(field), (field, str(e.value))
+    # descale_do of e4m3 dO: one factor per query head, on the packed layout's head axis
+    dout8 = dout.to(FP8)
+    with pytest.raises(ProblemError) as e:
+        attention_varlen_fp8_backward(dout8, q8, k8, v8, cu_q, cu_k, max_q, max_k,
+                                      descale_do=torch.ones(3, device=DEVICE))
+    assert e.value.field == "descale_do.shape" and "[4]" in str(e.value), str(e.value)
+    # precision="fp32" at D256 (the bf16 route takes it)
+    (q8, k8, v8), _, (cu_q, cu_k, max_q, max_k) = _fp8_packed(([3, 4], [5, 2]), dim=256)
+    with pytest.raises(ProblemError) as e:
+        attention_varlen_fp8_backward(rand(7, 4, 256, seed=1), q8, k8, v8, cu_q, cu_k,
+                                      max_q, max_k, precision="fp32")
+    assert e.value.field == "head_dim"
 
 
 def test_fp8_traces_under_torch_compile_without_a_graph_break():

@@ -278,13 +278,16 @@ def test_serving_bench_verifies_every_kind(tmp_path):
     rows = list(csv.DictReader(csv_path.open()))
     assert {r["problem"].split()[0] for r in rows} == {"decode", "varlen", "window", "sinks",
                                                         "mla", "mla-bwd", "fp8", "fp8-bwd",
-                                                        "fp8-decode"}
+                                                        "fp8-decode", "fp8-varlen-bwd"}
     # the backwards' rows say so (their FLOPs are 2.5 times their forwards')
-    assert {r["problem"].split()[0] for r in rows if r["mode"] == "bwd"} == {"mla-bwd",
-                                                                             "fp8-bwd"}
+    assert {r["problem"].split()[0] for r in rows if r["mode"] == "bwd"} == {
+        "mla-bwd", "fp8-bwd", "fp8-varlen-bwd"}
     # the FP8 backward's row: both of `attention_fp8_backward`'s routes verified
     assert {r["provider"] for r in rows if r["problem"].startswith("fp8-bwd")} == {
         "fusedattn", "fusedattn-fp32"}
+    # and of packed documents, beside the bf16 varlen step on the dequantised values
+    assert {r["provider"] for r in rows if r["problem"].startswith("fp8-varlen-bwd")} == {
+        "fusedattn", "fusedattn-fp32", "fusedattn-bf16"}
     # FP8 decode beside the same call on the values dequantised to bf16
     assert {r["provider"] for r in rows if r["problem"].startswith("fp8-decode")} == {
         "fusedattn", "fusedattn-bf16"}

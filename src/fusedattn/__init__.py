@@ -3,7 +3,8 @@
     fusedattn.attention(q, k, v, is_causal=..., window=..., softcap=..., enable_gqa=...)
     fusedattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, ...)
     fusedattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., ...)
-    fusedattn.attention_fp8_backward(dout, q8, k8, v8, out, lse, descale_q=..., ...)
+    fusedattn.attention_fp8_backward(dout, q8, k8, v8, descale_q=..., ...)  # FP8's gradients
+    fusedattn.attention_varlen_fp8_backward(dout, q8, k8, v8, cu_q, cu_k, max_q, max_k, ...)
     fusedattn.distributed.ring_attention(q, k, v, group=..., is_causal=...)
     fusedattn.warmup(head_dims=..., heads=..., training=...)  # compile ahead of time
 
@@ -20,7 +21,8 @@ __version__ = "0.1.0"
 
 _PUBLIC = {"attention": "fusedattn.api", "attention_varlen": "fusedattn.varlen",
            "attention_with_kvcache": "fusedattn.kvcache", "warmup": "fusedattn.ahead_of_time",
-           "attention_fp8_backward": "fusedattn.fp8"}
+           "attention_fp8_backward": "fusedattn.fp8",
+           "attention_varlen_fp8_backward": "fusedattn.fp8"}
 
 
 def __getattr__(name: str):

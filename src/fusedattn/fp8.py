@@ -1,4 +1,5 @@
-"""The backward of FP8 attention (issue 34.3): `attention_fp8_backward`.
+"""The backward of FP8 attention (issue 34.3): `attention_fp8_backward`, and
+`attention_varlen_fp8_backward` for packed sequences.
 
 `attention(q8, k8, v8, descale_q=, descale_k=, descale_v=)` runs FP8 (e4m3) inputs forward.
 Autograd cannot take their gradients: a float8 tensor cannot hold one (autograd casts every
@@ -34,6 +35,8 @@ keeps the exact route, at D64 and D128."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from fusedattn.problem import FP8, FP8_GRAD_HEAD_DIMS, ProblemError, check_grad_inputs
@@ -62,62 +65,97 @@ def attention_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     forward takes. `precision="fp32"`: the fp32 formulas (exact to bf16 storage, at the
     portable fp32 kernels' rate), head dims `problem.FP8_GRAD_HEAD_DIMS`. Every bad input
     raises `ProblemError`."""
-    from fusedattn.api import _as_4d, _flash_bwd, _flash_fwd, _prepare
-    from fusedattn.dispatch import use_backend
+    from fusedattn.api import _prepare, attention
 
+    factors = (descale_q, descale_k, descale_v)
+    _check_fp8_q(q, "attention(...).backward()")
+    with torch.no_grad():  # (the checks' "requires grad" is the forward's, not this call's)
+        _prepare(q, k, v, is_causal, scale, enable_gqa, None, window, softcap, sinks, True,
+                 factors)
+    return _gradients(attention, dout, descale_do, (q, k, v), factors, sinks, precision,
+                      head_axis=-3, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                      window=window, softcap=softcap)
+
+
+def attention_varlen_fp8_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                                  v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                                  max_seqlen_k: int, *,
+                                  descale_q: torch.Tensor | None = None,
+                                  descale_k: torch.Tensor | None = None,
+                                  descale_v: torch.Tensor | None = None,
+                                  descale_do: torch.Tensor | None = None,
+                                  is_causal: bool = False, scale: float | None = None,
+                                  window: tuple[int | None, int | None] | None = None,
+                                  softcap: float | None = None,
+                                  sinks: torch.Tensor | None = None, precision: str = "bf16",
+                                  check_lengths: bool = True):
+    """`attention_fp8_backward` for packed sequences: the gradients of `out =
+    attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...,
+    descale_q=..., descale_k=..., descale_v=...)` (float8_e4m3fn `[total, H, D]` q, k, v)
+    for `dout` (`[total_q, H, Dv]`; float8_e4m3fn with `descale_do` as there), `(dq, dk,
+    dv)` in bfloat16 shaped as q, k, v (`dsinks` last with `sinks`). The offsets, the
+    longest lengths, `check_lengths` and the options are `attention_varlen`'s (the offsets'
+    values are checked once here, as the forward checks them); `precision` as in
+    `attention_fp8_backward`. Every bad input raises `ProblemError`."""
+    from fusedattn.problem import check_flag
+    from fusedattn.varlen import _checked, attention_varlen
+
+    factors = (descale_q, descale_k, descale_v)
+    _check_fp8_q(q, "attention_varlen(...).backward()")
+    check_flag("check_lengths", check_lengths)
+    with torch.no_grad():
+        _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                 window, softcap, scale, None, check_lengths, sinks, factors)
+
+    def packed(q, k, v, **options):  # (the offsets' values checked above, once)
+        return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, check_lengths=False, **options)
+
+    return _gradients(packed, dout, descale_do, (q, k, v), factors, sinks, precision,
+                      head_axis=-2, is_causal=is_causal, scale=scale, window=window,
+                      softcap=softcap)
+
+
+def _check_fp8_q(q, instead: str) -> None:
     if not isinstance(q, torch.Tensor) or q.dtype != FP8:
         raise ProblemError("q.dtype", getattr(q, "dtype", type(q).__name__),
-                           "float8_e4m3fn (other dtypes take their gradients through "
-                           "autograd: attention(...).backward())")
-    with torch.no_grad():  # (the checks' "requires grad" is the forward's, not this call's)
-        call = _prepare(q, k, v, is_causal, scale, enable_gqa, None, window, softcap, sinks,
-                        True, (descale_q, descale_k, descale_v))
-    check_grad_inputs(q, v, dout, descale_do)
+                           f"float8_e4m3fn (other dtypes take their gradients through "
+                           f"autograd: {instead})")
+
+
+def _gradients(entry, dout, descale_do, qkv, factors, sinks, precision, head_axis,
+               **options):
+    """Both routes of the FP8 backward (the module docstring), for the forward `entry`
+    (`attention` or varlen's, taking q, k, v, `sinks`, `precision` and `options`) on
+    checked float8 `qkv` whose heads lie on `head_axis`: autograd of `entry` on the
+    dequantised values, in bfloat16 ("bf16": the kernels bf16 training runs) or in
+    float32 with 3xTF32 products on the portable kernels ("fp32": O and the LSE
+    recomputed in fp32, so delta = rowsum(dO * O) is exact to fp32). The gradients in
+    bfloat16, dsinks float32."""
+    from fusedattn.dispatch import use_backend
+
+    q, k, v = qkv
+    check_grad_inputs(q, v, dout, descale_do, q.shape[head_axis])
     if precision not in ("fp32", "bf16"):
         raise ProblemError("precision", precision, '"fp32" (the fp32 formulas, O recomputed '
                            'in fp32: exact to bf16 storage) or "bf16" (the bf16 kernels on '
                            "the dequantised values: bf16 training's error)")
-    factors = (descale_q, descale_k, descale_v)
-    def values(t, descale, dtype):  # what a float8 tensor stands for, in dtype
-        return dequantize_as(t, descale, dtype) if t.dtype == FP8 else t.to(dtype)
-
-    if precision == "bf16":
-        return _bf16_grads(values(dout, descale_do, torch.bfloat16), q, k, v, factors, call,
-                           enable_gqa, window, softcap, sinks)
-    if q.shape[-1] not in FP8_GRAD_HEAD_DIMS or v.shape[-1] not in FP8_GRAD_HEAD_DIMS:
+    if precision == "fp32" and (q.shape[-1] not in FP8_GRAD_HEAD_DIMS
+                                or v.shape[-1] not in FP8_GRAD_HEAD_DIMS):
         raise ProblemError("head_dim", (q.shape[-1], v.shape[-1]), 'for precision="fp32", '
                            f"{', '.join(map(str, FP8_GRAD_HEAD_DIMS))} for q/k and for v "
                            '(precision="bf16" takes every head dim of the FP8 forward)')
-    qf, kf, vf = (dequantize_as(t, f, torch.float32) for t, f in zip((q, k, v), factors,
-                                                                      strict=True))
-    sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
-    is_causal, scale_, _, *options = call.options
-    q4, k4, v4, do4 = _as_4d(qf, kf, vf, values(dout, descale_do, torch.float32))
-    # O and the LSE in fp32 for delta = rowsum(dO * O) (the module docstring: why not the
-    # FP8 forward's)
-    with use_backend("portable"):  # (fp32: the portable kernels, whatever is forced)
-        out, lse = _flash_fwd(q4, k4, v4, sinks, is_causal, scale_, "tf32x3", *options)
-    grads = _flash_bwd(do4, q4, k4, v4, out, lse, None, sinks, is_causal, scale_, "tf32x3",
-                       *options[:3], True, "portable")
-    dq, dk, dv = (g.reshape(t.shape).to(torch.bfloat16) for g, t in zip(grads[:3], (q, k, v),
-                                                                         strict=True))
-    return (dq, dk, dv) if sinks is None else (dq, dk, dv, grads[3])
-
-
-def _bf16_grads(do, q, k, v, factors, call, enable_gqa, window, softcap, sinks):
-    """`attention_fp8_backward(precision="bf16")`: autograd of `attention` on the
-    dequantised values in bfloat16 (its forward recomputes O and the LSE, its backward
-    takes the bf16 kernels: the Hopper ones where the dispatch sends bf16)."""
-    from fusedattn.api import attention
-
-    leaves = [dequantize_as(t, f, torch.bfloat16).requires_grad_() for t, f in
-              zip((q, k, v), factors, strict=True)]
-    if sinks is not None:
-        leaves.append(sinks.detach().to(torch.float32).requires_grad_())
-    is_causal, scale = call.options[:2]
-    with torch.enable_grad():
-        out = attention(*leaves[:3], is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                        window=window, softcap=softcap,
-                        sinks=leaves[3] if sinks is not None else None)
-        grads = torch.autograd.grad(out, leaves, do)
-    return tuple(grads)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    with torch.inference_mode(False), torch.enable_grad():
+        leaves = [dequantize_as(t, f, dtype, head_axis).requires_grad_()
+                  for t, f in zip(qkv, factors, strict=True)]
+        if sinks is not None:
+            leaves.append(sinks.detach().to(torch.float32).requires_grad_())
+        do = (dequantize_as(dout, descale_do, dtype, head_axis) if dout.dtype == FP8
+              else dout.to(dtype))
+        with nullcontext() if precision == "bf16" else use_backend("portable"):
+            out = entry(*leaves[:3], sinks=leaves[3] if sinks is not None else None,
+                        precision=None if precision == "bf16" else "tf32x3", **options)
+            grads = torch.autograd.grad(out, leaves, do)
+    return (*(g.to(torch.bfloat16) for g in grads[:3]), *grads[3:])

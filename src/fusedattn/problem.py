@@ -288,10 +288,10 @@ def check_fp8(q: torch.Tensor, v: torch.Tensor, descales: tuple, heads: int,
 
 
 def check_grad_inputs(q: torch.Tensor, v: torch.Tensor, dout: object,
-                      descale_do: object) -> None:
-    """`fp8.attention_fp8_backward`'s `dout`: shaped as the forward's O (q's shape with v's
+                      descale_do: object, heads: int) -> None:
+    """The FP8 backward's `dout` (`fp8`): shaped as the forward's O (q's shape with v's
     head dim), bfloat16/float16/float32 or float8_e4m3fn (with `descale_do`, None, one
-    element or `[H]`), on q's device."""
+    element or `[H]` of q's `heads`), on q's device."""
     shape = (*q.shape[:-1], v.shape[-1])
     dtypes = (torch.bfloat16, torch.float16, torch.float32, FP8)
     if not isinstance(dout, torch.Tensor):
@@ -305,7 +305,7 @@ def check_grad_inputs(q: torch.Tensor, v: torch.Tensor, dout: object,
         raise ProblemError("dout.device", str(dout.device), f"{q.device}, as q")
     if descale_do is not None and dout.dtype != FP8:
         raise ProblemError("descale_do", "a tensor", "None unless dout is float8_e4m3fn")
-    _check_descale("descale_do", descale_do, q.shape[-3] if q.dim() >= 3 else 1, q.device)
+    _check_descale("descale_do", descale_do, heads, q.device)
 
 
 def check_sinks(sinks: object, heads: int, device: torch.device) -> None:

@@ -27,6 +27,10 @@ peers, in one process, on the same inputs.
   per-head factors, against its own bf16 decode (`fusedattn-bf16`) and SDPA's on the values
   dequantised to bf16; the bandwidth column counts each provider's own K/V bytes (one a
   value for e4m3, two for bf16), the bound as fp8's.
+- fp8-varlen-bwd: `attention_varlen_fp8_backward` on e4m3 packed documents (the varlen
+  row's lengths), each route, beside the bf16 varlen forward + backward on the dequantised
+  values (ours, and FA4's where staged: the FP8 backward recomputes its forward too); dQ
+  verified, the bound as fp8-bwd's.
 
 Every provider's output is verified against the float64 reference on one sequence / two
 heads before it is timed (`lab/verify.check`, peers' errors for the low-precision bound),
@@ -48,7 +52,7 @@ from fusedattn_lab.suites import DTYPES, BenchRow
 @dataclass(frozen=True)
 class ServingProblem:
     kind: str             # decode | varlen | window | sinks | mla | mla-bwd | fp8 | fp8-bwd
-    #                       | fp8-decode
+    #                       | fp8-decode | fp8-varlen-bwd
     batch: int
     heads: int
     heads_kv: int
@@ -69,6 +73,10 @@ class ServingProblem:
                     + (f" paged{self.page}" if self.page else ""))
         if self.kind == "varlen":
             return f"{base} total{sum(self.lengths)} max{self.seq_q} D{self.dim} causal"
+        if self.kind == "fp8-varlen-bwd":
+            return (f"fp8-varlen-bwd e4m3 (grads {self.dtype}) B{self.batch} "
+                    f"H{self.heads}/{self.heads_kv} total{sum(self.lengths)} max{self.seq_q} "
+                    f"D{self.dim} causal")
         if self.kind in ("mla", "mla-bwd"):
             return (f"{base} S{self.seq_k} D{self.dim}/{self.dim_v}"
                     + (" causal" if self.causal else ""))
@@ -139,10 +147,13 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
         # issue 34's FP8 rows: D128 at S4096 (its target), D64 and D256 beside it
         # the backward's rows (`attention_fp8_backward`, each precision, beside cuDNN's bf16
         # forward + backward): its fp32 route takes D64 and D128 (D256 a skipped row)
-        # and decode on e4m3 caches, as the decode suite's first row
+        # and decode on e4m3 caches, as the decode suite's first row, and the backward of
+        # packed documents, as the varlen suite's row
         "fp8": [ServingProblem(kind, 4, 32, 32, 4096, 4096, d, causal=c)
                 for kind in ("fp8", "fp8-bwd") for d in (64, 128, 256) for c in (False, True)]
-        + [ServingProblem("fp8-decode", 32, 32, 8, 1, 8192, d) for d in (64, 128, 256)],
+        + [ServingProblem("fp8-decode", 32, 32, 8, 1, 8192, d) for d in (64, 128, 256)]
+        + [ServingProblem("fp8-varlen-bwd", len(lengths), 16, 16, max(lengths), max(lengths),
+                          128, lengths=lengths)],
         "tiny-serving": [ServingProblem("decode", 2, 4, 2, 1, 40, 16, "fp32"),
                          ServingProblem("decode", 2, 4, 2, 2, 48, 16, "fp32", page=16),
                          ServingProblem("varlen", 3, 2, 2, 9, 9, 16, "fp32",
@@ -153,7 +164,9 @@ def serving_suites() -> dict[str, list[ServingProblem]]:
                          ServingProblem("mla-bwd", 1, 2, 2, 40, 40, 24, "fp32", dim_v=16),
                          ServingProblem("fp8", 1, 4, 2, 40, 40, 64, causal=True),
                          ServingProblem("fp8-bwd", 1, 4, 2, 40, 40, 64, causal=True),
-                         ServingProblem("fp8-decode", 2, 4, 2, 2, 40, 64)],
+                         ServingProblem("fp8-decode", 2, 4, 2, 2, 40, 64),
+                         ServingProblem("fp8-varlen-bwd", 3, 4, 2, 9, 9, 64,
+                                        lengths=(9, 1, 5))],
     }
 
 
@@ -542,12 +555,69 @@ def _fp8_bwd(p: ServingProblem, gen):
     return providers, lambda out: (out[0, heads], ref), peer_error
 
 
+def _fp8_varlen_bwd(p: ServingProblem, gen):
+    """(providers, reference check, the bf16 formulas' error by torch) for the FP8
+    backward of packed documents: each provider gives dQ `[total, H, D]` for dO in bf16,
+    with respect to the dequantised values (factors per head). `fusedattn` and
+    `fusedattn-fp32` are `attention_varlen_fp8_backward`'s routes; `fusedattn-bf16` and
+    `fa4` the bf16 forward + backward of the same documents on the dequantised values.
+    Checked on the first document's first and last query heads."""
+    from fusedattn.fp8 import attention_varlen_fp8_backward
+    from fusedattn.problem import FP8
+    from fusedattn.reference import attention_ref_grads, dequantize
+    from fusedattn.tiles.dequantize import dequantize_as
+    from fusedattn.varlen import attention_varlen
+    from fusedattn_lab.peers import fp8_backward_peer
+
+    total, longest = sum(p.lengths), max(p.lengths)
+    x = [_rand((total, n, p.dim), torch.float32, gen) for n in (p.heads, p.heads_kv,
+                                                                p.heads_kv)]
+    factors = [t.abs().amax(dim=(0, 2)) / 256 for t in x]  # as `_fp8_inputs`', per head
+    q8, k8, v8 = ((t / f.reshape(-1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
+    dout = _rand((total, p.heads, p.dim), torch.bfloat16, gen)
+    cu = torch.tensor([0, *torch.tensor(p.lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device=DEVICE)
+    offsets = (cu, cu, longest, longest)
+    kw = dict(is_causal=True, descale_q=factors[0], descale_k=factors[1],
+              descale_v=factors[2])
+
+    def ours(precision):
+        return lambda: attention_varlen_fp8_backward(dout, q8, k8, v8, *offsets,
+                                                     precision=precision, **kw)[0]
+    leaves = [dequantize_as(t, f, torch.bfloat16, head_axis=-2).requires_grad_()
+              for t, f in zip((q8, k8, v8), factors, strict=True)]
+
+    def bf16_step(forward):
+        return lambda: torch.autograd.grad(forward(*leaves), leaves, dout)[0]
+    providers = {"fusedattn": ours("bf16"), "fusedattn-fp32": ours("fp32"),
+                 "fusedattn-bf16": bf16_step(lambda *t: attention_varlen(
+                     *t, *offsets, is_causal=True))}
+    providers |= _fa4(lambda fa4: bf16_step(lambda *t: fa4.flash_attn_varlen_func(
+        *t, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+        causal=True)[0])())
+    n0, heads = p.lengths[0], [0, p.heads - 1]
+    kv = [h // (p.heads // p.heads_kv) for h in heads]
+    picked = [(q8[:n0, heads], factors[0][heads]), (k8[:n0, kv], factors[1][kv]),
+              (v8[:n0, kv], factors[2][kv])]
+    picked = [(t.transpose(0, 1), f) for t, f in picked]  # [2, n0, D]: heads first
+    dout0 = dout[:n0, heads].transpose(0, 1)
+    ref = attention_ref_grads(*(dequantize(t, f) for t, f in picked), dout0, causal=True,
+                              device=q8.device)[0]
+
+    def peer_error():
+        peer = fp8_backward_peer(dout0, *(t for t, _ in picked), *(f for _, f in picked),
+                                 causal=True, dtype=torch.bfloat16)[0]
+        return float((peer.double() - ref).abs().max())
+
+    return providers, lambda dq: (dq[:n0, heads].transpose(0, 1), ref), peer_error
+
+
 BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window": _window,
                                  "sinks": _sinks, "mla": _mla, "fp8": _fp8,
                                  "fp8-bwd": _fp8_bwd, "mla-bwd": _mla_bwd,
-                                 "fp8-decode": _fp8_decode}
+                                 "fp8-decode": _fp8_decode, "fp8-varlen-bwd": _fp8_varlen_bwd}
 # the backward kinds, each with its forward's kind (the FLOPs' convention, the row's mode)
-BACKWARDS = {"fp8-bwd": "fp8", "mla-bwd": "mla"}
+BACKWARDS = {"fp8-bwd": "fp8", "mla-bwd": "mla", "fp8-varlen-bwd": "varlen"}
 DECODES = ("decode", "fp8-decode")  # the kinds of one or a few queries over a cache
 PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-fp32", "fusedattn-bf16",
              "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")

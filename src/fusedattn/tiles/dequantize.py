@@ -1,4 +1,4 @@
-"""FP8 (e4m3) values dequantised into bfloat16 or float32 for `attention_fp8_backward`,
+"""FP8 (e4m3) values dequantised into bfloat16 or float32 for the FP8 backward (`fp8`),
 one pass: a float8 tensor has 256 codes, so a head's dequantised values are a table of 256,
 made by `reference.dequantize` itself (the product in float64, rounded once to the target
 dtype) and read by one gather launch. The result is bit for bit `dequantize(t,
@@ -7,6 +7,8 @@ element (1 read, float64 written and read twice, 2 written), this 3 (bf16) or 5 
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -29,10 +31,11 @@ def _lookup(p_codes, p_table, p_out, n, per_head, heads, BLOCK: tl.constexpr):
     tl.store(p_out + offs, tl.load(p_table + head * 256 + code, mask=inside), mask=inside)
 
 
-def dequantize_as(t: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype
-                  ) -> torch.Tensor:
+def dequantize_as(t: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype,
+                  head_axis: int = -3) -> torch.Tensor:
     """`reference.dequantize(t, descale).to(dtype)` (a float8_e4m3fn tensor `[..., H, S, D]`,
-    `descale` None, one element or `[H]`), contiguous, in one launch: the same bits."""
+    `descale` None, one element or `[H]`), contiguous, in one launch: the same bits.
+    `head_axis=-2`: the heads of a packed `[total, H, D]` tensor (varlen's)."""
     from fusedattn.reference import dequantize
 
     heads = descale.numel() if descale is not None else 1
@@ -43,7 +46,7 @@ def dequantize_as(t: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dt
     out = torch.empty(t.shape, dtype=dtype, device=t.device)
     n = t.numel()
     if n:
-        per_head = t.shape[-2] * t.shape[-1] if t.dim() >= 2 else 1
+        per_head = math.prod(t.shape[head_axis + 1:]) if t.dim() >= -head_axis else 1
         with kernel_launches():
             _lookup[(triton.cdiv(n, BLOCK),)](t.view(torch.uint8), table, out, n,
                                              max(per_head, 1), heads, BLOCK=BLOCK)
