@@ -195,21 +195,22 @@ def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """The backward's kernels: (dQ, dK, dV, dsinks), dsinks empty without sinks (an op
     returns tensors only). The backward op's body; `backend` is the `use_backend` choice
     the forward ran under."""
-    return _kept_backward(None, dout, q, k, v, out, lse, dlse, sinks, is_causal, scale,
-                          precision, window_left, window_right, softcap, deterministic,
-                          backend)
+    return sink_grads(_kept_backward(None, dout, q, k, v, out, lse, dlse, sinks, is_causal,
+                                     scale, precision, window_left, window_right, softcap,
+                                     deterministic, backend), lse)
 
 
 def _kept_backward(kept, dout, q, k, v, out, lse, dlse, sinks, is_causal, scale, precision,
                    window_left, window_right, softcap, deterministic, backend):
-    """`_flash_bwd` with `kept` (`launch.KeptPlan` or None), the backward's plan kept with
-    the forward call's key (`_Call.backward`), passed on to `flash_backward`."""
+    """`flash_backward`'s (dq, dk, dv[, dsinks]) with `kept` (`launch.KeptPlan` or None),
+    the backward's plan kept with the forward call's key (`_Call.backward`): `_flash_bwd`
+    without the op's empty dsinks, what an eager backward runs (`_backward`)."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
-    return sink_grads(flash_backward(
+    return flash_backward(
         dout, q, k, v, out, lse, dlse, is_causal=is_causal, scale=scale, precision=precision,
         mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
-        backend=backend, deterministic=deterministic, kept=kept), lse)
+        backend=backend, deterministic=deterministic, kept=kept)
 
 
 def sink_grads(grads: tuple, like: torch.Tensor) -> tuple:
@@ -258,15 +259,21 @@ def _setup_context(ctx, inputs, output):
     ctx.backend = current_backend()
 
 
-def _backward(ctx, dout, dlse):
+def _gradients(ctx, dout, dlse) -> tuple:
+    """(dq, dk, dv, dsinks or None) of a call's backward (`_backward`, `_FlashCall`)."""
     q, k, v, sinks, out, lse = ctx.saved_tensors
     if dout is None:  # only the LSE was used
         dout = torch.zeros_like(out)
-    body = eager_backward(_flash_bwd_op, _flash_bwd, dout, q, dlse,
-                          kept=(_kept_backward, ctx.kept))
-    dq, dk, dv, dsinks = body(dout, q, k, v, out, lse, dlse, sinks, *ctx.options, ctx.backend)
-    return (dq, dk, dv, dsinks if sinks is not None else None,
-            *(None for _ in ctx.options), None)
+    args = (dout, q, k, v, out, lse, dlse, sinks, *ctx.options, ctx.backend)
+    if eager_backward(dout, q, dlse):
+        grads = _kept_backward(ctx.kept, *args)
+    else:
+        grads = _flash_bwd_op(*args)
+    return (*grads[:3], grads[3] if sinks is not None else None)
+
+
+def _backward(ctx, dout, dlse):  # (none for the options and FP8's descale)
+    return (*_gradients(ctx, dout, dlse), *(None,) * (len(ctx.options) + 1))
 
 
 _flash_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -307,19 +314,16 @@ def call_op(op, function, body, *args, grad: bool):
     return function.apply(*args) if grad else body(*args)
 
 
-def eager_backward(op, body, *tensors, kept=None):
-    """What a backward runs: its body on plain tensors in eager; the backward op where
-    its graph is recorded (create_graph: the op's autograd refuses a double backward) or
-    traced (torch.compile's AOT autograd traces the backward with fake tensors, outside
-    dynamo: `is_compiling` alone does not tell). `kept`: (kept_body, plan), the body that
-    takes the call's kept backward plan first (`_kept_backward`) and that plan, or a plan
-    of None (a call `_Flash` ran: nothing kept)."""
-    plain = all(type(t) is torch.Tensor for t in tensors if t is not None)
-    if not plain or torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return op
-    if kept is not None and kept[1] is not None:
-        return functools.partial(*kept)
-    return body
+def eager_backward(*tensors) -> bool:
+    """Whether a backward runs its body directly (`_kept_backward`, with the call's kept
+    plan or None): on plain tensors in eager. Else it runs the backward op: where its graph
+    is recorded (create_graph: the op's autograd refuses a double backward) or traced
+    (torch.compile's AOT autograd traces the backward with fake tensors, outside dynamo:
+    `is_compiling` alone does not tell)."""
+    for t in tensors:
+        if t is not None and t.__class__ is not _TENSOR:
+            return False
+    return not (torch.is_grad_enabled() or torch.compiler.is_compiling())
 
 
 _Flash = eager_autograd("_Flash", _flash_fwd, _setup_context, _backward)
@@ -347,7 +351,7 @@ class _FlashCall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)[:6]  # (dq, dk, dv, dsinks, None, None)
+        return (*_gradients(ctx, dout, dlse), None, None)  # (none for `call`, `descale`)
 
 
 def check_options(q, k, v, is_causal, scale, precision, window, softcap):

@@ -147,16 +147,17 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward op's body; `backend` is the `use_backend` choice the forward ran under
     (as `api._flash_bwd`'s)."""
-    return _kept_varlen_bwd(None, dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max_q,
-                            max_k, is_causal, scale, precision, window_left, window_right,
-                            softcap, backend)
+    return sink_grads(_kept_varlen_bwd(None, dout, q, k, v, out, lse, dlse, cu_q, cu_k,
+                                       sinks, max_q, max_k, is_causal, scale, precision,
+                                       window_left, window_right, softcap, backend), lse)
 
 
 def _kept_varlen_bwd(kept, dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max_q, max_k,
                      is_causal, scale, precision, window_left, window_right, softcap,
                      backend):
-    """`_varlen_bwd` with `kept` (`launch.KeptPlan` or None), the backward's plan kept with
-    the forward call's key, passed on to `flash_backward` (as `api._kept_backward`)."""
+    """`flash_backward`'s (dq, dk, dv[, dsinks]) in the packed layout, with `kept`
+    (`launch.KeptPlan` or None), the backward's plan kept with the forward call's key (as
+    `api._kept_backward`): `_varlen_bwd` without the op's empty dsinks."""
     from fusedattn.tiles.flash_bwd import flash_backward
 
     dq, dk, dv, *dsinks = flash_backward(
@@ -164,7 +165,7 @@ def _kept_varlen_bwd(kept, dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max
         dlse[None] if dlse is not None else None, is_causal=is_causal, scale=scale,
         precision=precision, mask=_mask(is_causal, window_left, window_right, softcap, True),
         varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, backend=backend, kept=kept)
-    return sink_grads((*(g[0].permute(1, 0, 2) for g in (dq, dk, dv)), *dsinks), lse)
+    return (*(g[0].permute(1, 0, 2) for g in (dq, dk, dv)), *dsinks)
 
 
 _varlen_bwd_op = torch.library.custom_op("fusedattn::varlen_bwd", _varlen_bwd, mutates_args=())
@@ -194,16 +195,22 @@ def _setup_context(ctx, inputs, output):
     ctx.backend = current_backend()  # (as `api._setup_context`: autograd's own thread)
 
 
-def _backward(ctx, dout, dlse):
+def _gradients(ctx, dout, dlse) -> tuple:
+    """(dq, dk, dv, None, None, dsinks or None) of a call's backward (`_backward`,
+    `_VarlenCall`): none for the offsets."""
     q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    body = eager_backward(_varlen_bwd_op, _varlen_bwd, dout, q, dlse,
-                          kept=(_kept_varlen_bwd, ctx.kept))
-    dq, dk, dv, dsinks = body(dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options,
-                              ctx.backend)
-    return (dq, dk, dv, None, None, dsinks if sinks is not None else None,
-            *(None for _ in ctx.options), None)
+    args = (dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, *ctx.options, ctx.backend)
+    if eager_backward(dout, q, dlse):
+        grads = _kept_varlen_bwd(ctx.kept, *args)
+    else:
+        grads = _varlen_bwd_op(*args)
+    return (*grads[:3], None, None, grads[3] if sinks is not None else None)
+
+
+def _backward(ctx, dout, dlse):
+    return (*_gradients(ctx, dout, dlse), *(None,) * (len(ctx.options) + 1))
 
 
 _varlen_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -226,7 +233,7 @@ class _VarlenCall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)[:8]  # (dq, dk, dv, None, None, dsinks, None, None)
+        return (*_gradients(ctx, dout, dlse), None, None)  # (none for `decided`, `descale`)
 
 
 def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
