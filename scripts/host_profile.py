@@ -136,6 +136,23 @@ def _sdpa_problems():
     return out
 
 
+class Floor(torch.autograd.Function):
+    """A Python autograd Function that allocates what ours does and launches nothing: the
+    floor torch's autograd puts under any Python attention's training step (SDPA's backward
+    node is C++; this one's backward is Python, as ours is). `instructions_per_call.py`
+    counts it too."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _pieces():
     """The layers under `attention`, called one by one on the forward's problem."""
     from fusedattn.api import _flash_fwd_op
@@ -152,21 +169,6 @@ def _pieces():
     @torch.library.custom_op("fusedattn_probe::nothing", mutates_args=())
     def nothing(x: torch.Tensor) -> torch.Tensor:
         return x.new_empty(1)
-
-    class Floor(torch.autograd.Function):
-        """A Python autograd Function that allocates what ours does and launches nothing:
-        the floor torch's autograd puts under any Python attention's training step
-        (SDPA's backward node is C++; this one's backward is Python, as ours is)."""
-
-        @staticmethod
-        def forward(ctx, q, k, v):
-            ctx.save_for_backward(q, k, v)
-            return torch.empty_like(q)
-
-        @staticmethod
-        def backward(ctx, dout):
-            q, k, v = ctx.saved_tensors
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     g = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
 

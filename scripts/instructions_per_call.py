@@ -31,6 +31,7 @@ def calls() -> dict:
     """The call kinds: each a function of no arguments making one call (or training step)
     on small fp32 CPU tensors."""
     import torch
+    from host_profile import Floor  # (scripts/, beside this one)
 
     from fusedattn import attention, attention_varlen, attention_with_kvcache
 
@@ -56,6 +57,9 @@ def calls() -> dict:
         "train": lambda: attention(tq, tk, tv, is_causal=True).sum().backward(),
         "train-varlen": lambda: attention_varlen(*tx, cu, cu, 32, 32,
                                                  is_causal=True).sum().backward(),
+        # torch's own part of "train": a Python autograd Function allocating what ours
+        # does, launching nothing (`host_profile.Floor`)
+        "train-floor": lambda: Floor.apply(tq, tk, tv).sum().backward(),
     }
 
 
@@ -100,7 +104,8 @@ def instructions(name: str, count: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", default="attention,varlen,kvcache,train,train-varlen")
+    parser.add_argument("--calls",
+                        default="attention,varlen,kvcache,train,train-varlen,train-floor")
     parser.add_argument("--few", type=int, default=200)
     parser.add_argument("--many", type=int, default=1200)
     parser.add_argument("--out", default=None)
