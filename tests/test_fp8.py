@@ -488,6 +488,20 @@ def test_fp8_backward_by_default_is_attentions_backward_on_the_dequantised_value
     assert e.value.field == "precision" and "bf16" in str(e.value)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_fp8_backward_of_one_head_without_its_axes(precision):
+    # [S, D] inputs, as `attention` takes them: the gradients of [1, 1, S, D], reshaped
+    q8, k8, v8 = (t[0, 0] for t in _fp8_inputs(h=1))
+    dout = rand(16, 64, seed=5, dtype=torch.bfloat16)
+    got = attention_fp8_backward(dout, q8, k8, v8, is_causal=True, precision=precision,
+                                 descale_k=torch.tensor(0.5, device=DEVICE))
+    want = attention_fp8_backward(dout[None, None], q8[None, None], k8[None, None],
+                                  v8[None, None], is_causal=True, precision=precision,
+                                  descale_k=torch.tensor(0.5, device=DEVICE))
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == (16, 64) and torch.equal(g, w[0, 0])
+
+
 def test_fp8_backward_gives_the_sinks_gradient_and_checks_its_inputs():
     q8, k8, v8 = _fp8_inputs()
     sinks = torch.tensor([0.5, -1.0], device=DEVICE)

@@ -136,7 +136,8 @@ def _gradients(entry, dout, descale_do, qkv, factors, sinks, precision, head_axi
     from fusedattn.dispatch import use_backend
 
     q, k, v = qkv
-    check_grad_inputs(q, v, dout, descale_do, q.shape[head_axis])
+    check_grad_inputs(q, v, dout, descale_do,
+                      q.shape[head_axis] if q.dim() >= -head_axis else 1)  # ([S, D]: one)
     if precision not in ("fp32", "bf16"):
         raise ProblemError("precision", precision, '"fp32" (the fp32 formulas, O recomputed '
                            'in fp32: exact to bf16 storage) or "bf16" (the bf16 kernels on '
