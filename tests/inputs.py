@@ -69,6 +69,18 @@ def ragged(dim: int, dim_v: int | None = None, heads=(4, 2), lengths=(RAGGED_Q, 
     return q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k)
 
 
+def forget_plans() -> None:
+    """Every plan and call decision the library keeps forgotten: the next call takes the
+    full path and launches through `launch` (what a spy on a launch builder sees), not a
+    replay of a plan an earlier test recorded on the same shapes."""
+    from fusedattn import api, dispatch, kvcache, varlen
+    from fusedattn.tiles import flash_bwd
+
+    for plans in (dispatch._PLANS, flash_bwd._PLANS, api._CALLS, varlen._DECIDED,
+                  kvcache._DECIDED):
+        plans.clear()
+
+
 def passes(got, ref, name="", peer=None):
     """`got` within the dtype's bound of the float64 `ref` (low precision: twice `peer`'s
     error, the same formula by torch in the same dtype, plus a floor)."""

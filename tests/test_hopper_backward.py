@@ -14,7 +14,7 @@ from fusedattn.dispatch import backward_path, hopper_backward_refusal, use_backe
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref_grads, varlen_ref_grads
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, ragged, rand, script
+from inputs import ON_HOPPER, forget_plans, ragged, rand, script
 
 KERNEL = "_flash_bwd_sm90"
 
@@ -436,8 +436,12 @@ ORDER_MASKS = [dict(is_causal=True), {}, dict(window=(100, 30)), dict(window=(15
 def _launch_spy(names, monkeypatch) -> list:
     """The keyword `names` (one, or a tuple of them: a tuple each) of every Hopper backward
     launch built from here on (a spy on `hopper.backward.hopper_backward_launch`), in a
-    list that grows as they are."""
+    list that grows as they are. The plans kept so far are forgotten: a call that replayed
+    one an earlier test recorded on the same shapes would build no launch (the D256 case
+    of the dQ buffer's test saw none on the GPU tier, 20261205T023816Z)."""
     from fusedattn.hopper import backward as knobs
+
+    forget_plans()
 
     seen, real = [], knobs.hopper_backward_launch
 

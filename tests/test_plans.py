@@ -16,14 +16,12 @@ from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref
 from fusedattn.tiles import flash_bwd
 from fusedattn_lab.verify import check
-from inputs import background_done, i32, passes, rand, script
+from inputs import background_done, forget_plans, i32, passes, rand, script
 
 
 def _fresh(fn):
     """`fn()` with every plan forgotten first: the full path's result."""
-    dispatch._PLANS.clear()
-    flash_bwd._PLANS.clear()
-    _CALLS.clear()
+    forget_plans()
     return fn()
 
 
