@@ -12,9 +12,9 @@ calls after warm-up and one `--many`; (instructions of the second - of the first
 (many - few) is a call's count, so start-up and warm-up fall out (the collector's
 objects frozen after warm-up, so that no full collection lands in one count alone; one
 thread). The library is the one Python imports: `PYTHONPATH=OTHER/src` counts another
-tree's (`git archive REV src | tar -x -C OTHER`). Two trees at paths of one length, and the
-same again with their paths swapped: the layout of memory alone moved counts by up to 3%
-between trees that differ in none of the code counted."""
+tree's (`git archive REV src | tar -x -C OTHER`). Put two trees at paths of one length:
+at paths of different lengths, forward paths neither tree changed read 3% apart
+(evidence/cpu/20261205T0236Z-instructions-backward-path/noise.txt)."""
 
 import argparse
 import gc

@@ -261,8 +261,7 @@ def _varlen(p: ServingProblem, gen):
     dt = DTYPES[p.dtype]
     total = sum(p.lengths)
     q, k, v = (_rand((total, p.heads, p.dim), dt, gen) for _ in range(3))
-    cu = torch.tensor([0, *torch.tensor(p.lengths).cumsum(0).tolist()], dtype=torch.int32,
-                      device=DEVICE)
+    cu = _offsets(p.lengths)
     longest = max(p.lengths)
     ours = {"fusedattn": lambda: attention_varlen(q, k, v, cu, cu, longest, longest,
                                                   is_causal=True)}
@@ -434,17 +433,33 @@ def _mla_bwd(p: ServingProblem, gen):
     return providers, reference
 
 
-def _fp8_inputs(p: ServingProblem, gen):
-    """An FP8 problem's e4m3 q, k, v and their per-head factors (each head's largest value
-    mapped to 256; e4m3's range is 448), and the reference's heads: the first and the last
-    query head with their K/V heads' values and factors, as `[(tensor, factors)] * 3`."""
+def _offsets(lengths) -> torch.Tensor:
+    """A packed batch's int32 offsets on the device, from its sequences' lengths."""
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                        device=DEVICE)
+
+
+def _e4m3_per_head(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in e4m3 with a factor per head (heads on `axis`: -3 for `[B, H, S, D]`, -2 for
+    packed `[total, H, D]`), each head's largest value mapped to 256 (e4m3's range is
+    448): (x8, factors), x8 * factors standing for x."""
     from fusedattn.problem import FP8
 
+    axis = x.dim() + axis
+    factors = x.abs().amax(dim=[d for d in range(x.dim()) if d != axis]) / 256
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return (x / factors.reshape(shape)).to(FP8), factors
+
+
+def _fp8_inputs(p: ServingProblem, gen):
+    """An FP8 problem's e4m3 q, k, v and their per-head factors (`_e4m3_per_head`), and the
+    reference's heads: the first and the last query head with their K/V heads' values and
+    factors, as `[(tensor, factors)] * 3`."""
     rows_q = p.seq_q if p.kind in DECODES else p.seq_k
     x = [_rand((p.batch, n, s, p.dim), torch.float32, gen)
          for n, s in ((p.heads, rows_q), (p.heads_kv, p.seq_k), (p.heads_kv, p.seq_k))]
-    factors = [t.abs().amax(dim=(0, 2, 3)) / 256 for t in x]
-    q8, k8, v8 = ((t / f.reshape(-1, 1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
+    (q8, k8, v8), factors = zip(*(_e4m3_per_head(t, -3) for t in x), strict=True)
     heads = [0, p.heads - 1]
     kv = [h // (p.heads // p.heads_kv) for h in heads]
     picked = [(q8[0, heads], factors[0][heads]), (k8[0, kv], factors[1][kv]),
@@ -563,7 +578,6 @@ def _fp8_varlen_bwd(p: ServingProblem, gen):
     `fa4` the bf16 forward + backward of the same documents on the dequantised values.
     Checked on the first document's first and last query heads."""
     from fusedattn.fp8 import attention_varlen_fp8_backward
-    from fusedattn.problem import FP8
     from fusedattn.reference import attention_ref_grads, dequantize
     from fusedattn.tiles.dequantize import dequantize_as
     from fusedattn.varlen import attention_varlen
@@ -572,11 +586,9 @@ def _fp8_varlen_bwd(p: ServingProblem, gen):
     total, longest = sum(p.lengths), max(p.lengths)
     x = [_rand((total, n, p.dim), torch.float32, gen) for n in (p.heads, p.heads_kv,
                                                                 p.heads_kv)]
-    factors = [t.abs().amax(dim=(0, 2)) / 256 for t in x]  # as `_fp8_inputs`', per head
-    q8, k8, v8 = ((t / f.reshape(-1, 1)).to(FP8) for t, f in zip(x, factors, strict=True))
+    (q8, k8, v8), factors = zip(*(_e4m3_per_head(t, -2) for t in x), strict=True)
     dout = _rand((total, p.heads, p.dim), torch.bfloat16, gen)
-    cu = torch.tensor([0, *torch.tensor(p.lengths).cumsum(0).tolist()], dtype=torch.int32,
-                      device=DEVICE)
+    cu = _offsets(p.lengths)
     offsets = (cu, cu, longest, longest)
     kw = dict(is_causal=True, descale_q=factors[0], descale_k=factors[1],
               descale_v=factors[2])
