@@ -56,6 +56,8 @@
 #               "dim,batch,heads,seq[,causal]", $KNOB as backward.NAME=VALUE if set
 #   ncufp8 ROW  Nsight Compute of the FP8 forward (V's transpose and the Hopper kernel)
 #               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
+#   ncudecode K D  Nsight Compute of one decode call's split kernel (scripts/decode_ncu.py:
+#               B32 H32/8, 8192 keys), K fp8 or bf16, head dim D, into $ev/ncu/decode-K-dD.csv
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
 #               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
 #               all); --sweep of short lengths; under $ev/fp8check-TIME/
@@ -229,6 +231,12 @@ while [ $# -gt 0 ]; do
     ncufp8) IFS=, read -r d b h s c <<<"$1"; shift
          profile ncu-fp8-d$d-b$b-h$h-s$s${c:+-$c} cudnn --dtype fp8 --dim "$d" --batch "$b" \
            --heads "$h" --seq "$s" ${c:+--causal} ;;
+    ncudecode) kind=$1 d=$2; shift 2; mkdir -p $ev/ncu
+         ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+           --section Occupancy --section LaunchStats --section WarpStateStats \
+           -k regex:_flash_fwd --launch-skip 2 --launch-count 1 --csv --page details \
+           python3 scripts/decode_ncu.py "$kind" "$d" > $ev/ncu/decode-$kind-d$d.csv 2>>"$log"
+         echo "ncudecode $kind $d: rc=$? $(wc -l < $ev/ncu/decode-$kind-d$d.csv) lines" | tee -a "$log" ;;
     fp8check) d=$ev/fp8check-$(date -u +%H%M%S); mkdir -p $d
               python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
