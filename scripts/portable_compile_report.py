@@ -16,8 +16,8 @@ It tells whether a change to the kernel changed what the GPU runs for those dtyp
 
 `--decode` compiles instead the split-KV decode configurations `attention_with_kvcache`
 launches (`configs.decode_config` for one query row, an 8k cache; paged or not; the lengths
-read per sequence, causal bottom-right), in e4m3 (a program a query head, as FP8 decode
-runs) and in bf16 (GQA packed, 4 query heads a K/V head) beside it.
+read per sequence, causal bottom-right), in e4m3 and in bf16 beside it (GQA packed, 4 query
+heads a K/V head, as both run).
 
 (run with a Python whose Triton is 3.6, the H200's, e.g. a venv of `pip install
 triton==3.6.0 torch`)."""
@@ -71,22 +71,20 @@ def _configuration(dtype: str, dim: int, causal: bool):
     return pointers, constants, warps, stages
 
 
-# decode (`--decode`): dtype, head dim, paged; a query row (of each head, or of a GQA group
-# of 4 where packed), 8192 keys, causal bottom-right, split-KV
+# decode (`--decode`): dtype, head dim, paged; a query row of each head of a GQA group of 4
+# (packed), 8192 keys, causal bottom-right, split-KV
 DECODE = [(dt, d, paged) for dt in ("fp8e4nv", "bf16") for d in (64, 128, 256)
           for paged in (False, True)]
 
 
-def _decode_over(dtype: str, dim: int, paged: bool) -> dict:
+def _decode_over(dim: int, paged: bool) -> dict:
     """The constexprs of a decode launch over `_configuration`'s (`flash.flash_forward`
-    with a `KVCache`, split-KV; PACK_GQA for bf16, not for e4m3: `kvcache`'s docstring)."""
+    with a `KVCache`, split-KV, PACK_GQA: `kvcache`'s docstring)."""
     from fusedattn import configs
 
-    fp8 = dtype.startswith("fp8")
-    bm, bn, warps, stages = configs.decode_config(dim=dim, rows=1 if fp8 else 4,
-                                                  seq_k=8192, programs=128)
+    bm, bn, warps, stages = configs.decode_config(dim=dim, rows=4, seq_k=8192, programs=128)
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
-                BOTTOM_RIGHT=True, PACK_GQA=not fp8, SEQLENS_K=True, PAGED=paged,
+                BOTTOM_RIGHT=True, PACK_GQA=True, SEQLENS_K=True, PAGED=paged,
                 SPLIT=True, ONE_LOOP=configs.single_key_loop(seq_k=8192, precision=None,
                                                              has_left=False))
 
@@ -187,7 +185,7 @@ def main():
     rows = []
     for dtype, dim, third in DECODE if args.decode else ROWS:
         if args.decode:  # (third: paged)
-            over = _decode_over(dtype, dim, third)
+            over = _decode_over(dim, third)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, True, **over))
             what = dict(kind="decode", paged=third, BLOCK_M=over["BLOCK_M"],
                         BLOCK_N=over["BLOCK_N"], PACK_GQA=over["PACK_GQA"])

@@ -72,8 +72,10 @@ def test_warmup_takes_decode_at_every_split_count(monkeypatch):
     assert made == [(b, paged, 1023) for b in (1, 2, 4, 8) for paged in (False, True)]
     from fusedattn.ahead_of_time import _decode_batches
 
-    # e4m3 runs a program a query head: twice the programs, one doubling fewer
-    assert _decode_batches(4, 2, 1024, torch.float8_e4m3fn) == [1, 2, 4]
+    # a program a GQA group (e4m3 too), so a batch's programs are its K/V heads: H_kv 4
+    # takes one doubling fewer than H_kv 2, H_kv 1 one more (whatever the dtype)
+    assert _decode_batches(4, 4, 1024) == [1, 2, 4]
+    assert _decode_batches(4, 1, 1024) == [1, 2, 4, 8, 16]
     # past ONE_LOOP_MAX_KEYS keys a second capacity (the two-loop kernel), in whole pages
     made.clear()
     run = False  # (recorded alone)

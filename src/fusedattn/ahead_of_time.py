@@ -184,7 +184,7 @@ def _warm_decode(dtype, dim: int, dim_v: int, heads: int, heads_kv: int, max_len
     page, calls = 16, 0
     for capacity in sorted({min(max_len, ONE_LOOP_MAX_KEYS), max_len}):
         capacity = -(-capacity // page) * page  # (whole pages, for the paged cache)
-        for batch in _decode_batches(heads, heads_kv, capacity, dtype):
+        for batch in _decode_batches(heads, heads_kv, capacity):
             q = torch.randn(batch, heads, 1, dim, device=DEVICE).to(dtype)
             new = [torch.randn(batch, heads_kv, 1, d, device=DEVICE).to(dtype)
                    for d in (dim, dim_v)]
@@ -204,13 +204,13 @@ def _warm_decode(dtype, dim: int, dim_v: int, heads: int, heads_kv: int, max_len
     return calls
 
 
-def _decode_batches(heads: int, heads_kv: int, capacity: int, dtype) -> list[int]:
+def _decode_batches(heads: int, heads_kv: int, capacity: int) -> list[int]:
     """1, 2, 4, ... up to the first batch that the split-KV rule does not split (one new
-    query a sequence; e4m3 runs a program a query head)."""
+    query a sequence)."""
     from fusedattn.kvcache import chosen_splits
 
     batches = [1]
-    while chosen_splits(batches[-1], heads, 1, heads_kv, capacity, dtype) > 1:
+    while chosen_splits(batches[-1], heads, 1, heads_kv, capacity) > 1:
         batches.append(2 * batches[-1])
     return batches
 

@@ -55,9 +55,9 @@ and `k_new`/`v_new` all `float8_e4m3fn`, standing for q * descale_q, k * descale
 v * descale_v (`descale_q` None, one element or `[H]`; `descale_k`/`descale_v` None, one
 element or `[H_kv]`, float32, as `attention` takes them). The append copies the e4m3 bytes;
 the attention runs the portable kernel's FP8 products (P in e4m3, as `attention`'s FP8
-forward) and returns O in bfloat16. Head dims 64, 128 and 256. Each program serves one
-query head, not a packed GQA group as in bf16 decode, since the kernel reads q's factor
-once per program: a K/V tile is read once per query head of its group (`packs_gqa`).
+forward) and returns O in bfloat16. Head dims 64, 128 and 256. As in bf16 decode, one
+program serves a whole GQA group (its query heads are rows of one tile, each row scaled by
+its own head's q factor), so a K/V tile is read once a group.
 
 Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """
@@ -220,22 +220,13 @@ def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: i
 _DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call gave
 
 
-def packs_gqa(dtype) -> bool:
-    """Whether a call's programs each serve a whole GQA group (its query heads as rows of
-    one tile, so a K/V tile is read once a group): every dtype but e4m3, whose q factor
-    the kernel reads once per program (the module docstring)."""
-    return dtype != FP8
-
-
-def chosen_splits(batch: int, heads: int, seq_q: int, heads_kv: int, capacity: int,
-                  dtype) -> int:
+def chosen_splits(batch: int, heads: int, seq_q: int, heads_kv: int, capacity: int) -> int:
     """The split count a call with `splits=None` takes (`configs.decode_splits`): a
-    program's rows are a query tile of one head, or of its GQA group where packed
-    (`packs_gqa`)."""
+    program's rows are a query tile of one GQA group's heads, packed."""
     from fusedattn.configs import decode_splits
 
-    group = heads // heads_kv if packs_gqa(dtype) else 1
-    return decode_splits(programs=batch * heads // group * triton.cdiv(seq_q * group, 64),
+    group = heads // heads_kv
+    return decode_splits(programs=batch * heads_kv * triton.cdiv(seq_q * group, 64),
                          seq_k=capacity)
 
 
@@ -274,7 +265,6 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                       descales, (is_causal, window, softcap, scale, return_lse, precision,
                                  splits, check_lengths))
     decided = _DECIDED.get(key) if key is not None else None
-    pack_gqa = packs_gqa(getattr(q, "dtype", None))  # (q checked below, where new)
     if decided is None:
         from fusedattn.configs import tuned_table
 
@@ -290,7 +280,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
         tuned_table()  # a malformed tuned table is refused here, before the cache is written
         if splits is None:
-            splits = chosen_splits(*q.shape[:3], k_cache.shape[1], capacity, q.dtype)
+            splits = chosen_splits(*q.shape[:3], k_cache.shape[1], capacity)
         # the last: the plan of this key's calls (below)
         decided = (capacity, s_new, window, softcap, splits, KeptPlan())
         if key is not None:
@@ -305,7 +295,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity)
     dim = q.shape[3]
     out, lse = new_outputs(q, v_cache, q.shape[:3] if return_lse else None)  # V's head dim
-    descale = None if pack_gqa else fp8_descale(q, descales, q.shape[1], k_cache.shape[1])
+    descale = fp8_descale(q, descales, q.shape[1], k_cache.shape[1]) if q.dtype == FP8 \
+        else None
     # the kernel reads cache_seqlens + s_new keys, clamped to the capacity, through block
     # indices clamped to the cache (`tiles.common.KVCache`): unchecked lengths and tables
     # read inside the cache, and no torch op a call adds a launch
@@ -317,7 +308,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                 precision=resolve(q.dtype, precision).op,
                 mask=Mask(causal=is_causal, window=window, softcap=softcap,
                           bottom_right=True),
-                cache=cache, splits=splits, pack_gqa=pack_gqa, sinks=as_sinks(sinks),
+                cache=cache, splits=splits, pack_gqa=True, sinks=as_sinks(sinks),
                 descale=descale, keep=keep)
 
     if key is None:  # check_lengths=True: no plan kept

@@ -271,10 +271,11 @@ def _flash_fwd(
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    if FP8:  # the scores are (q8 k8^T) * descale_q * descale_k * scale (no decode path)
-        tl.static_assert(not PACK_GQA)
+    if FP8:  # the scores are (q8 k8^T) * descale_q * descale_k * scale, q's factor the
+        # row's head's (packed GQA: the rows of one tile are several heads)
         heads_kv = n_heads // group
-        qk_scale = qk_scale * tl.load(p_descale + h) * tl.load(p_descale + n_heads + h_kv)
+        qk_scale = (qk_scale * tl.load(p_descale + heads)
+                    * tl.load(p_descale + n_heads + h_kv))[:, None]
 
     if PAGED:
         p_k_base = p_k + h_kv * sk_h
