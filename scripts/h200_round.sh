@@ -36,7 +36,7 @@
 #               path, with SHARED_KV, cuDNN, FA4), rows $ROWIDX (indices, default all);
 #               under $ev/rows-TIME/
 #   bench S     fusedattn bench --suite S with the Hopper-era providers (FA4 where staged;
-#               $PROVIDERS, comma-separated, to choose)
+#               $PROVIDERS, comma-separated, to choose), the problems matching $MATCH if set
 #   ncu ROW     Nsight Compute of our forward against FA4's on a prefill row, ROW as
 #               "dim,batch,heads,seq[,causal|varlen]" (scripts/ncu_vs_cudnn.py --peer fa4;
 #               varlen: the varlen suite's batch at heads and dim)
@@ -183,7 +183,7 @@ while [ $# -gt 0 ]; do
              *) providers=${PROVIDERS:-flash,flash-portable,sdpa-cudnn,sdpa-flash,fa4} ;;
            esac
            python3 -m fusedattn_lab bench --suite "$suite" --out $ev \
-             --providers "$providers" 2>&1 | tail -40 | tee -a "$log" ;;
+             --providers "$providers" ${MATCH:+--match "$MATCH"} 2>&1 | tail -40 | tee -a "$log" ;;
     ncu) IFS=, read -r d b h s c <<<"$1"; shift
          case $c in causal) extra=--causal ;; varlen) extra=--varlen ;; *) extra= ;; esac
          profile ncu-d$d-b$b-h$h-s$s${c:+-$c} fa4 --peer fa4 --dim "$d" --batch "$b" \
