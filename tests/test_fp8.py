@@ -196,8 +196,9 @@ FP8_KV = [  # (cache_seqlens, S_new, Sq, splits, page or None, D, options, desca
     ([30, 0, 49], 1, 1, 3, None, 64, {}, "head"),    # decode, 3 splits; an empty cache, one
                                                      # ending full
     ([20, 7, 33], 2, 2, 4, 16, 128, dict(window=(6, None), softcap=5.0), "tensor"),  # paged
-    ([0, 10, 40], 5, 5, 2, None, 64, dict(sinks=True), None),  # chunked prefill; sinks
-                                                               # added by the merge
+    ([0, 10, 40], 5, 5, 2, None, 64, dict(sinks=True), "head"),  # chunked prefill (a
+    # packed tile's rows are 5 queries of 2 heads, each row its head's q factor); sinks
+    # added by the merge
     ([0, 0, 0], 0, 1, 2, 16, 64, {}, "tensor"),      # no keys at all: O = 0, LSE = -inf
     ([9, 50, 31], 0, 1, 2, None, 256, {}, "head"),   # the widest head dim, no append
 ]
