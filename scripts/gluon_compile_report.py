@@ -331,18 +331,19 @@ def _target(text: str) -> int | None:
     return int(b[1], 16) if b else None
 
 
-def wgmma_loops(sass: str) -> list[list[tuple[int, str]]]:
-    """The loops that hold a wgmma and no other such loop inside them, each as its
-    instructions (address, text), in address order. A loop is a predicated branch back to
-    a lower address; an unconditional one is a jump back from code placed at the end (an
-    mbarrier wait's retry)."""
+def wgmma_loops(sass: str, marker: str = "GMMA") -> list[list[tuple[int, str]]]:
+    """The loops that hold a wgmma (an instruction naming `marker`: "MMA" takes mma.sync's
+    HMMA too) and no other such loop inside them, each as its instructions (address,
+    text), in address order. A loop is a predicated branch back to a lower address; an
+    unconditional one is a jump back from code placed at the end (an mbarrier wait's
+    retry)."""
     ins = _instructions(sass)
     loops = [(target, addr) for addr, text in ins
              if text.startswith("@") and (target := _target(text)) is not None
              and target < addr]
 
     def wgmmas(lo: int, hi: int) -> int:
-        return sum("GMMA" in t for a, t in ins if lo <= a <= hi)
+        return sum(marker in t for a, t in ins if lo <= a <= hi)
 
     holding = [se for se in loops if wgmmas(*se)]
     innermost = sorted({(lo, hi) for lo, hi in holding
@@ -351,13 +352,13 @@ def wgmma_loops(sass: str) -> list[list[tuple[int, str]]]:
     return [[(a, t) for a, t in ins if lo <= a <= hi] for lo, hi in innermost]
 
 
-def key_loop(sass: str) -> list[tuple[int, str]]:
+def key_loop(sass: str, marker: str = "GMMA") -> list[tuple[int, str]]:
     """The key loop's instructions as (address, text): of `wgmma_loops`, the one with the
     most wgmmas (the forward's key tile, masked and unmasked paths both, not the item loop
     around it; the backward's step); [] where there is none. Before 2026-12-02 `loop_mix`
     took the loop with the most wgmmas, in the forward the persistent item loop."""
-    loops = wgmma_loops(sass)
-    return max(loops, key=lambda body: sum("GMMA" in t for _, t in body)) if loops else []
+    loops = wgmma_loops(sass, marker)
+    return max(loops, key=lambda body: sum(marker in t for _, t in body)) if loops else []
 
 
 def path_lengths(body: list[tuple[int, str]]) -> list[int]:

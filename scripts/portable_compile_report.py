@@ -19,6 +19,13 @@ launches (`configs.decode_config` for one query row, an 8k cache; paged or not; 
 read per sequence, causal bottom-right), in e4m3 and in bf16 beside it (GQA packed, 4 query
 heads a K/V head, as both run).
 
+Each build specialises its arguments as a launch does (`JITFunction.run`): pointers
+16-byte aligned, an int equal to 1 (the head dim's stride) a constant, an int divisible by
+16 hinted so, but the `shape_jit` ints. Without that (the reports before 2026-12-05:
+sm90-compile 2203Z, 2318Z, 2347Z, 0334Z) the loads were scalar, there was no cp.async
+pipeline, and the registers, spills and shared memory were not a launch's. Decode rows
+give `tile_paths`: the instructions of the key loop's paths (a key tile, unmasked first).
+
 (run with a Python whose Triton is 3.6, the H200's, e.g. a venv of `pip install
 triton==3.6.0 torch`)."""
 
@@ -32,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_compile_report import cubin_facts  # noqa: E402
+from gluon_compile_report import cubin_facts, key_loop, path_lengths  # noqa: E402
 
 COUNTED = r"\b([HQ]GMMA\.\S+|[HQ]MMA\.\S+|F2FP\.\S+|MUFU\.EX2|LDL|STL)"
 # dtype, head dim, causal: the fp8 suite's rows, and bf16 beside them for comparison
@@ -42,7 +49,7 @@ ROWS = [(dt, d, c) for dt in ("fp8e4nv", "bf16") for d in (64, 128, 256) for c i
 def _configuration(dtype: str, dim: int, causal: bool):
     """The `_flash_fwd` signature and constexprs `flash.flash_forward` would launch with at
     B4 H32 S4096 (16-byte aligned, contiguous rows: ALIGN = 1, every stride a multiple of
-    16), and its warps and stages."""
+    16), its warps and stages, and its int arguments' values (`_prefill_ints`)."""
     import triton.language as tl
 
     from fusedattn import configs
@@ -68,7 +75,27 @@ def _configuration(dtype: str, dim: int, causal: bool):
         constants["p_descale"] = None
     else:
         pointers["p_descale"] = "fp32"
-    return pointers, constants, warps, stages
+    return pointers, constants, warps, stages, _prefill_ints(dim, causal)
+
+
+def _strides(*shape: int) -> list[int]:
+    """A contiguous tensor's strides."""
+    out = [1]
+    for n in reversed(shape[1:]):
+        out.insert(0, out[0] * n)
+    return out
+
+
+def _prefill_ints(dim: int, causal: bool, batch=4, heads=32, seq=4096) -> dict:
+    """The int arguments of `_flash_fwd` at a contiguous B4 H32 S4096 launch (what Triton
+    specialises on: a 1 becomes a constant, a multiple of 16 a divisibility hint)."""
+    x = _strides(batch, heads, seq, dim)
+    ints = {f"s{t}_{a}": v for t in "qkvo" for a, v in zip("bhsd", x, strict=True)}
+    return ints | dict(so_split=0, sl_b=heads * seq, sl_h=seq, sl_split=0, st_b=0,
+                       n_heads=heads, group=1, seq_q=seq, seq_k=seq, head_dim=dim,
+                       head_dim_v=dim, left=-1, right=0 if causal else -1, page=0,
+                       split_len=0, seqlens_add=0, n_pages=0,
+                       bucket_q=seq, bucket_k=seq)
 
 
 # decode (`--decode`): dtype, head dim, paged; a query row of each head of a GQA group of 4
@@ -83,7 +110,18 @@ def _decode_over(dim: int, paged: bool) -> dict:
     from fusedattn import configs
 
     bm, bn, warps, stages = configs.decode_config(dim=dim, rows=4, seq_k=8192, programs=128)
-    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+    batch, heads, heads_kv, keys, page, splits = 32, 32, 8, 8192, 16, 4
+    q, o = _strides(batch, heads, 1, dim), _strides(splits, batch, heads, 1, dim)
+    cache = _strides(batch * keys // page, heads_kv, page, dim) if paged else \
+        _strides(batch, heads_kv, keys, dim)
+    ints = {f"s{t}_{a}": v for t, x in (("q", q), ("k", cache), ("v", cache), ("o", o[1:]))
+            for a, v in zip("bhsd", x, strict=True)}
+    ints |= dict(so_split=o[0], sl_b=heads, sl_h=1, sl_split=batch * heads,
+                 st_b=keys // page if paged else 0, n_heads=heads, group=heads // heads_kv,
+                 seq_q=1, seq_k=keys, head_dim=dim, head_dim_v=dim, left=-1, right=0,
+                 page=page if paged else 0, split_len=keys // splits, seqlens_add=0,
+                 n_pages=batch * keys // page if paged else 0, bucket_q=1, bucket_k=keys)
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, INTS=ints,
                 BOTTOM_RIGHT=True, PACK_GQA=True, SEQLENS_K=True, PAGED=paged,
                 SPLIT=True, ONE_LOOP=configs.single_key_loop(seq_k=8192, precision=None,
                                                              has_left=False))
@@ -109,25 +147,43 @@ def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
     if module is None:
         from fusedattn.tiles import flash_kernels as module
 
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
     fn = module._flash_fwd.fn  # under the heuristics: the JITFunction
-    pointers, constants, warps, stages = _configuration(dtype, dim, causal)
+    pointers, constants, warps, stages, ints = _configuration(dtype, dim, causal)
     warps, stages = over.pop("num_warps", warps), over.pop("num_stages", stages)
+    ints = over.pop("INTS", ints)
     constants.update(over)
     for flag, name, kind in (("SINKS", "p_sinks", "fp32"), ("SEQLENS_K", "p_seqlens_k", "i32"),
                              ("PAGED", "p_table", "i32")):
         if over.get(flag):  # the flag's tensor a pointer, not an absent None
             del constants[name]
             pointers[name] = kind
-    signature, constexprs = {}, {}
-    for i, name in enumerate(fn.arg_names):
+    # as a launch specialises (`JITFunction.run`): pointers 16-byte aligned, ints equal to
+    # 1 constants and multiples of 16 hinted so, but the `shape_jit` ones
+    signature, constexprs, attrs = {}, {}, {}
+    divisible = [["tt.divisibility", 16]]
+    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params, strict=True)):
         if name in constants:
             signature[name] = "constexpr"
             constexprs[(i,)] = constants[name]
         elif name in pointers:
             signature[name] = "*" + pointers[name]
-        else:  # strides, sizes and the mask's sides: i32; the scales fp32
-            signature[name] = "fp32" if name in ("qk_scale", "cap") else "i32"
-    source = ASTSource(fn, signature, constexprs)
+            attrs[(i,)] = divisible
+        elif name in ("qk_scale", "cap"):
+            signature[name] = "fp32"
+        else:  # strides, sizes and the mask's sides
+            kind, hint = native_specialize_impl(BaseBackend, ints[name], False,
+                                                not param.do_not_specialize, True)
+            if kind == "constexpr":
+                signature[name] = "constexpr"
+                constexprs[(i,)] = hint
+            else:
+                signature[name] = kind
+                if hint == "D":
+                    attrs[(i,)] = divisible
+    source = ASTSource(fn, signature, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
 
@@ -188,7 +244,8 @@ def main():
             over = _decode_over(dim, third)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, True, **over))
             what = dict(kind="decode", paged=third, BLOCK_M=over["BLOCK_M"],
-                        BLOCK_N=over["BLOCK_N"], PACK_GQA=over["PACK_GQA"])
+                        BLOCK_N=over["BLOCK_N"], PACK_GQA=over["PACK_GQA"],
+                        tile_paths=path_lengths(key_loop(sass, "MMA")))
         else:  # (third: causal)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, third))
             what = dict(causal=third)
