@@ -24,7 +24,8 @@ Each build specialises its arguments as a launch does (`JITFunction.run`): point
 16 hinted so, but the `shape_jit` ints. Without that (the reports before 2026-12-05:
 sm90-compile 2203Z, 2318Z, 2347Z, 0334Z) the loads were scalar, there was no cp.async
 pipeline, and the registers, spills and shared memory were not a launch's. Decode rows
-give `tile_paths`: the instructions of the key loop's paths (a key tile, unmasked first).
+give `tile_paths`: the fewest and the most instructions of the key loop's paths (a key
+tile; paged, each block's lookup forks a path).
 
 (run with a Python whose Triton is 3.6, the H200's, e.g. a venv of `pip install
 triton==3.6.0 torch`)."""
@@ -136,6 +137,10 @@ SAME += [("bf16", 128, True, dict(SOFTCAP=True, HAS_LEFT=True)),
          ("fp16", 128, True, dict(ONE_LOOP=True))]
 
 
+def _fewest_most(lengths: list[int]) -> list[int]:
+    return [min(lengths), max(lengths)] if lengths else []
+
+
 def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
     """`_flash_fwd` of `module` (default today's `tiles.flash_kernels`) compiled for
     sm_90a with `_configuration`'s constexprs, `over` replacing some (SINKS=True makes
@@ -245,7 +250,7 @@ def main():
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, True, **over))
             what = dict(kind="decode", paged=third, BLOCK_M=over["BLOCK_M"],
                         BLOCK_N=over["BLOCK_N"], PACK_GQA=over["PACK_GQA"],
-                        tile_paths=path_lengths(key_loop(sass, "MMA")))
+                        tile_paths=_fewest_most(path_lengths(key_loop(sass, "MMA"))))
         else:  # (third: causal)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, third))
             what = dict(causal=third)
