@@ -58,6 +58,8 @@
 #               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
 #   ncudecode K D  Nsight Compute of one decode call's split kernel (scripts/decode_ncu.py:
 #               B32 H32/8, 8192 keys), K fp8 or bf16, head dim D, into $ev/ncu/decode-K-dD.csv
+#   decodetiles D  scripts/decode_tiles.py: decode's tiles, e4m3 and bf16, head dims D
+#               (comma-separated), into $ev/decode-tiles-TIME/
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
 #               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
 #               all); --sweep of short lengths; under $ev/fp8check-TIME/
@@ -237,6 +239,8 @@ while [ $# -gt 0 ]; do
            -k regex:_flash_fwd --launch-skip 2 --launch-count 1 --csv --page details \
            python3 scripts/decode_ncu.py "$kind" "$d" > $ev/ncu/decode-$kind-d$d.csv 2>>"$log"
          echo "ncudecode $kind $d: rc=$? $(wc -l < $ev/ncu/decode-$kind-d$d.csv) lines" | tee -a "$log" ;;
+    decodetiles) dims=$1; shift; d=$ev/decode-tiles-$(date -u +%H%M%S); mkdir -p $d
+         python3 scripts/decode_tiles.py --dims "$dims" --out $d 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     fp8check) d=$ev/fp8check-$(date -u +%H%M%S); mkdir -p $d
               python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;

@@ -1,0 +1,105 @@
+"""Decode's tiles timed against each other, e4m3 and bf16, in one process (the GPU only).
+
+`attention_with_kvcache`'s kernel (`flash.flash_forward` with the GQA group packed, split-KV
+at `kvcache.chosen_splits`' count, bottom-right causal) on the serving bench's fp8-decode
+inputs (B32 H32/8, one new query over 8192 keys a sequence, per-head factors; bf16: the same
+values dequantised), at each tile (BLOCK_M, BLOCK_N, warps, stages): the table's first,
+then `fusedattn_lab.tune.DECODE`'s. The tiles take turns (A B C ... A B C, `--rounds`
+times, each a median of 30 calls by `fusedattn_lab.timing.time_gpu`); every output is
+checked as the bench checks it (the float64 reference of the dequantised values on its
+first and last head, the FP8 formula's error by torch as the bound), and each tile's
+output after timing against its first (bits).
+
+    python3 scripts/decode_tiles.py --dims 64,128,256 [--rounds 3] [--out DIR]
+    (writes DIR/decode_tiles.json; `--tiny`: a small problem checked, not timed, as
+    emulation runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import triton
+
+from fusedattn.api import fp8_descale
+from fusedattn.configs import decode_config
+from fusedattn.kvcache import chosen_splits
+from fusedattn.mode import DEVICE
+from fusedattn.tiles.common import KVCache, Mask
+from fusedattn.tiles.dequantize import dequantize_as
+from fusedattn.tiles.flash import flash_forward
+from fusedattn_lab.evidence import environment, write_json
+from fusedattn_lab.serving import ServingProblem, _fp8_decode, _fp8_inputs
+from fusedattn_lab.timing import time_gpu
+from fusedattn_lab.tune import DECODE
+from fusedattn_lab.verify import check
+
+
+def _call(q, k, v, descale, tile, splits):
+    """The kernel as `attention_with_kvcache` launches it, at `tile`."""
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=DEVICE)
+    bm, bn, warps, stages = tile
+    config = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+    cache = KVCache(torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=DEVICE))
+    return lambda: flash_forward(
+        q, k, v, out=out, lse=None, is_causal=True, scale=q.shape[3] ** -0.5,
+        precision="ieee", config=config, mask=Mask(causal=True, bottom_right=True),
+        cache=cache, splits=splits, pack_gqa=True, descale=descale)[0]
+
+
+def run(dim: int, rounds: int, tiny: bool = False) -> list[dict]:
+    """Every tile, e4m3 and bf16 (the same values dequantised), at head dim `dim` (`tiny`:
+    B2 H4/2 over 40 keys, the check without timing: emulation's)."""
+    p = ServingProblem("fp8-decode", *((2, 4, 2, 1, 40) if tiny else (32, 32, 8, 1, 8192)),
+                       dim)
+    _, verify, peer_error = _fp8_decode(p, torch.Generator(device=DEVICE).manual_seed(0))
+    (q8, k8, v8), factors, _, _ = _fp8_inputs(p, torch.Generator(device=DEVICE).manual_seed(0))
+    bf16 = [dequantize_as(t, f, torch.bfloat16) for t, f in zip((q8, k8, v8), factors,
+                                                                 strict=True)]
+    bound = peer_error()  # the FP8 formula's by torch: the bench's bound for both dtypes
+    splits = chosen_splits(p.batch, p.heads, 1, p.heads_kv, p.seq_k)
+    table = tuple(decode_config(dim=dim, rows=p.heads // p.heads_kv, seq_k=p.seq_k,
+                                programs=p.batch * p.heads_kv))
+    tiles = list(dict.fromkeys([table, *DECODE]))[:2 if tiny else None]
+    cases = [(dt, tile) for dt in ("e4m3", "bf16") for tile in tiles]
+    calls, first, times = {}, {}, {c: [] for c in cases}
+    for dt, tile in cases:
+        tensors, descale = ((q8, k8, v8), fp8_descale(q8, factors, p.heads, p.heads_kv)) \
+            if dt == "e4m3" else (bf16, None)
+        calls[dt, tile] = _call(*tensors, descale, tile, splits)
+        first[dt, tile] = calls[dt, tile]().clone()
+    for _ in range(rounds):
+        for case in cases:
+            times[case].append(time_gpu(calls[case], warmup=5, repeat=30).median_ms)
+    rows = []
+    for dt, tile in cases:
+        result = check(*verify(first[dt, tile]), peer_error=bound)
+        same = torch.equal(calls[dt, tile](), first[dt, tile])
+        ms = statistics.median(times[dt, tile]) if rounds else float("nan")
+        cache_bytes = 2 * p.batch * p.heads_kv * p.seq_k * dim * (1 if dt == "e4m3" else 2)
+        rows.append(dict(dtype=dt, dim=dim, tile=list(tile), table=tile == table,
+                         splits=splits, ms=ms, rounds=times[dt, tile], gbps=cache_bytes / ms / 1e6,
+                         ok=bool(result.ok) and same, same_bits=same,
+                         reasons=list(result.reasons)))
+        print(f"{dt} D{dim} {tile}{' (table)' if tile == table else ''}: {ms:.4f} ms, "
+              f"{rows[-1]['gbps']:.0f} GB/s, ok={rows[-1]['ok']}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tiny", action="store_true", help="emulation's check, no timing")
+    args = ap.parse_args()
+    rows = [r for dim in map(int, args.dims.split(","))
+            for r in run(dim, 0 if args.tiny else args.rounds, args.tiny)]
+    if args.out:
+        write_json(f"{args.out}/decode_tiles.json", dict(environment=environment(), rows=rows))
+
+
+if __name__ == "__main__":
+    main()
