@@ -61,10 +61,11 @@ def run(dim: int, rounds: int, tiny: bool = False) -> list[dict]:
                                                                  strict=True)]
     bound = peer_error()  # the FP8 formula's by torch: the bench's bound for both dtypes
     splits = chosen_splits(p.batch, p.heads, 1, p.heads_kv, p.seq_k)
-    table = tuple(decode_config(dim=dim, rows=p.heads // p.heads_kv, seq_k=p.seq_k,
-                                programs=p.batch * p.heads_kv))
-    tiles = list(dict.fromkeys([table, *DECODE]))[:2 if tiny else None]
-    cases = [(dt, tile) for dt in ("e4m3", "bf16") for tile in tiles]
+    table = {dt: tuple(decode_config(dim=dim, rows=p.heads // p.heads_kv, seq_k=p.seq_k,
+                                     programs=p.batch * p.heads_kv, fp8=dt == "e4m3"))
+             for dt in ("e4m3", "bf16")}
+    cases = [(dt, tile) for dt in ("e4m3", "bf16")
+             for tile in list(dict.fromkeys([table[dt], *DECODE]))[:2 if tiny else None]]
     calls, first, rows = {}, {}, []
     for dt, tile in cases:
         tensors, descale = ((q8, k8, v8), fp8_descale(q8, factors, p.heads, p.heads_kv)) \
@@ -73,7 +74,7 @@ def run(dim: int, rounds: int, tiny: bool = False) -> list[dict]:
         try:
             first[dt, tile] = call().clone()
         except OutOfResources as e:  # (a tile whose stages do not fit the SM)
-            rows.append(dict(dtype=dt, dim=dim, tile=list(tile), table=tile == table,
+            rows.append(dict(dtype=dt, dim=dim, tile=list(tile), table=tile == table[dt],
                              ok=False, reasons=[f"does not fit: {e}"]))
             print(f"{dt} D{dim} {tile}: does not fit ({e})", flush=True)
             continue
@@ -88,11 +89,11 @@ def run(dim: int, rounds: int, tiny: bool = False) -> list[dict]:
         same = torch.equal(calls[dt, tile](), first[dt, tile])
         ms = statistics.median(times[dt, tile]) if rounds else float("nan")
         cache_bytes = 2 * p.batch * p.heads_kv * p.seq_k * dim * (1 if dt == "e4m3" else 2)
-        rows.append(dict(dtype=dt, dim=dim, tile=list(tile), table=tile == table,
+        rows.append(dict(dtype=dt, dim=dim, tile=list(tile), table=tile == table[dt],
                          splits=splits, ms=ms, rounds=times[dt, tile], gbps=cache_bytes / ms / 1e6,
                          ok=bool(result.ok) and same, same_bits=same,
                          reasons=list(result.reasons)))
-        print(f"{dt} D{dim} {tile}{' (table)' if tile == table else ''}: {ms:.4f} ms, "
+        print(f"{dt} D{dim} {tile}{' (table)' if tile == table[dt] else ''}: {ms:.4f} ms, "
               f"{rows[-1]['gbps']:.0f} GB/s, ok={rows[-1]['ok']}", flush=True)
     return rows
 

@@ -103,6 +103,9 @@ def test_a_tuned_table_entry_comes_before_the_rules(gpu_rules, monkeypatch, tmp_
     assert configs.backward_configs(dim=64, itemsize=4, precision="tf32", causal=False,
                                     seq=4096, programs=8) == ((32, 32, 4, 1), (64, 32, 4, 1))
     assert configs.decode_config(dim=128, rows=4, seq_k=8192, programs=256) == (16, 256, 8, 3)
+    # e4m3 decode takes the rule: the table's entries were timed in 16 bits
+    assert configs.decode_config(dim=128, rows=4, seq_k=8192, programs=256,
+                                 fp8=True) == (16, 128, 4, 3)
     # a key the table lacks falls back to the rules
     assert configs.forward_config(dim=100, seq_q=3000, programs_per_tile_row=64,
                                   causal=False, precision=None) == (128, 128, 8, 3)

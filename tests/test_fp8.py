@@ -271,6 +271,25 @@ def test_fp8_kvcache_replays_with_new_factors_and_lengths():
                                                                **kw))
 
 
+def test_fp8_decode_takes_its_own_tile(monkeypatch):
+    # e4m3 decode asks the config rule for an e4m3 tile (not the 16-bit table's entry:
+    # `configs.decode_config`), bf16 decode for its own, on the same shapes
+    from fusedattn.tiles import flash
+    from inputs import forget_plans
+
+    forget_plans()
+    asked, real = [], flash.decode_config
+    monkeypatch.setattr(flash, "decode_config",
+                        lambda **kw: asked.append(kw["fp8"]) or real(**kw))
+    kc, vc = (_fp8(rand(1, 1, 20, 64, seed=i), None) for i in (0, 1))
+    q8 = _fp8(rand(1, 2, 1, 64, seed=2), None)
+    lens = i32([20])
+    for q, k, v in ((q8, kc, vc), (t.to(torch.bfloat16) for t in (q8, kc, vc))):
+        out = attention_with_kvcache(q, k, v, cache_seqlens=lens, splits=2)
+        assert torch.isfinite(out).all()
+    assert asked == [True, False]
+
+
 @pytest.mark.parametrize("call, field, allowed", [
     (lambda q, k, v: attention(q, k, v, precision="ieee"), "precision", "float8_e4m3fn"),
     (lambda q, k, v: attention(q, k, v, descale_q=torch.ones(3, device=DEVICE)),

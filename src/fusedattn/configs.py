@@ -245,15 +245,18 @@ def backward_single_loop(*, seq: int, precision: str | None, has_left: bool,
 
 
 def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS,
-                  precision: str | None = None) -> Config:
+                  precision: str | None = None, fp8: bool = False) -> Config:
     """Few query rows per K/V head (decode: Sq * H / H_kv rows with GQA packing, split
     across programs along the keys): the smallest tile that tl.dot takes and holds them, and
     key tiles wide enough to stream K and V at memory speed. The tuned table is keyed by the
-    rows as its "sequence" and `programs` (B * H_kv * splits)."""
+    rows as its "sequence" and `programs` (B * H_kv * splits). `fp8` (e4m3 K and V) takes
+    the rule: the table's entries were timed in 16 bits, and e4m3 tiles cost otherwise (at
+    D128 the bf16 entry's 64 keys took 0.195 ms, the rule's 128 0.172: decode_tiles
+    0448Z)."""
     if EMULATION:
         return EMULATED
     hit = _tuned("decode", precision=precision, dim=dim, causal=False, seq=rows,
-                 programs=programs) if seq_k else None
+                 programs=programs) if seq_k and not fp8 else None
     if hit:
         return tuple(hit)
     block_m = min(64, max(16, triton.next_power_of_2(rows)))

@@ -140,7 +140,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     else:
         if config is None and (pack_gqa or splits > 1):
             bm, bn, warps, stages = decode_config(dim=widest, rows=rows, seq_k=seq_k,
-                                                  programs=per_row, precision=dot_precision)
+                                                  programs=per_row, precision=dot_precision,
+                                                  fp8=descale is not None)
         elif config is None:
             bm, bn, warps, stages = forward_config(
                 dim=widest, seq_q=rows, programs_per_tile_row=per_row,
