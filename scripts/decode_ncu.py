@@ -1,7 +1,7 @@
 """One decode call profiled: `attention_with_kvcache` on e4m3 caches or on the same values in
 bf16 (B32 H32/8, one query over 8192 keys, factors per head), called three times, for
-`ncu` to profile the last call's split kernel (issue 34's FP8 decode, 4-12x the bf16
-decode's time in bench 025121Z).
+`ncu` to profile the last call's split kernel (issue 34's FP8 decode: 4-12x the bf16
+decode's time in bench 025121Z, before the GQA group was packed; ncu 0447Z after).
 
     ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \\
         --section LaunchStats --section WarpStateStats -k regex:_flash_fwd \\
