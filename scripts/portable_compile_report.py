@@ -25,7 +25,8 @@ Each build specialises its arguments as a launch does (`JITFunction.run`): point
 sm90-compile 2203Z, 2318Z, 2347Z, 0334Z) the loads were scalar, there was no cp.async
 pipeline, and the registers, spills and shared memory were not a launch's. Decode rows
 give `tile_paths`: the fewest and the most instructions of the key loop's paths (a key
-tile; paged, each block's lookup forks a path).
+tile; paged, each block's lookup forks a path), and `tile_ops`: the loop's 12 commonest
+opcodes.
 
 (run with a Python whose Triton is 3.6, the H200's, e.g. a venv of `pip install
 triton==3.6.0 torch`)."""
@@ -40,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_compile_report import cubin_facts, key_loop, path_lengths  # noqa: E402
+from gluon_compile_report import cubin_facts, key_loop, opcodes, path_lengths  # noqa: E402
 
 COUNTED = r"\b([HQ]GMMA\.\S+|[HQ]MMA\.\S+|F2FP\.\S+|MUFU\.EX2|LDL|STL)"
 # dtype, head dim, causal: the fp8 suite's rows, and bf16 beside them for comparison
@@ -250,7 +251,8 @@ def main():
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, True, **over))
             what = dict(kind="decode", paged=third, BLOCK_M=over["BLOCK_M"],
                         BLOCK_N=over["BLOCK_N"], PACK_GQA=over["PACK_GQA"],
-                        tile_paths=_fewest_most(path_lengths(key_loop(sass, "MMA"))))
+                        tile_paths=_fewest_most(path_lengths(key_loop(sass, "MMA"))),
+                        tile_ops=dict(opcodes(key_loop(sass, "MMA")).most_common(12)))
         else:  # (third: causal)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, third))
             what = dict(causal=third)
