@@ -5,7 +5,7 @@ per head; before 2026-12-05 05:40 its own copy of them), called three times, for
 decode's time in bench 025121Z, before the GQA group was packed; ncu 0447Z after).
 
     ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \\
-        --section LaunchStats --section WarpStateStats -k regex:_flash_fwd \\
+        --section LaunchStats --section WarpStateStats -k 'regex:_flash_fwd|_fp8_decode' \\
         --launch-skip 2 --launch-count 1 python3 scripts/decode_ncu.py fp8 128
 """
 

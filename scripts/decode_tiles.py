@@ -1,10 +1,14 @@
-"""Decode's tiles timed against each other, e4m3 and bf16, in one process (the GPU only).
+"""Decode's kernels and tiles timed against each other, e4m3 and bf16, in one process (the GPU
+only).
 
-`attention_with_kvcache`'s kernel (`flash.flash_forward` with the GQA group packed, split-KV
+`attention_with_kvcache`'s kernels (`flash.flash_forward` with the GQA group packed, split-KV
 at `kvcache.chosen_splits`' count, bottom-right causal) on the serving bench's fp8-decode
 inputs (B32 H32/8, one new query over 8192 keys a sequence, per-head factors; bf16: the same
-values dequantised), at each tile (BLOCK_M, BLOCK_N, warps, stages): the table's first,
-then `fusedattn_lab.tune.DECODE`'s. The tiles take turns (A B C ... A B C, `--rounds`
+values dequantised): e4m3 on `tiles.fp8_decode` (kind "fp8_decode", the default) at each
+of `FP8_DECODE`'s tiles (BLOCK_R, BLOCK_N, warps, stages; the rule's first), and e4m3 and
+bf16 on `_flash_fwd` (kind "flash_fwd", e4m3's with FUSEDATTN_FP8_DECODE=0) at each tile
+(BLOCK_M, BLOCK_N, warps, stages): the table's first, then `fusedattn_lab.tune.DECODE`'s.
+The tiles take turns (A B C ... A B C, `--rounds`
 times, each a median of 30 calls by `fusedattn_lab.timing.time_gpu`); every output is
 checked as the bench checks it (the float64 reference of the dequantised values on its
 first and last head, the FP8 formula's error by torch as the bound), and each tile's
@@ -25,12 +29,12 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from fusedattn.api import fp8_descale
-from fusedattn.configs import decode_config
+from fusedattn.configs import decode_config, fp8_decode_config
 from fusedattn.kvcache import chosen_splits
 from fusedattn.mode import DEVICE
 from fusedattn.tiles.common import KVCache, Mask
 from fusedattn.tiles.dequantize import dequantize_as
-from fusedattn.tiles.flash import flash_forward
+from fusedattn.tiles import flash
 from fusedattn_lab.evidence import environment, write_json
 from fusedattn_lab.serving import ServingProblem, _fp8_decode, _fp8_inputs
 from fusedattn_lab.timing import time_gpu
@@ -38,17 +42,34 @@ from fusedattn_lab.tune import DECODE
 from fusedattn_lab.verify import check
 
 
-def _call(q, k, v, descale, tile, splits):
+# `tiles.fp8_decode`'s candidates beside its rule's tile (`configs.fp8_decode_config`): 64
+# to 256 keys, 4 or 8 warps, 2 or 3 stages (sm90-compile 0620Z has their instructions)
+FP8_DECODE = [(16, 64, 4, 2), (16, 128, 4, 2), (16, 128, 4, 3), (16, 256, 4, 2),
+              (16, 128, 8, 2)]
+
+
+def _call(q, k, v, descale, kernel, tile, splits):
     """The kernel as `attention_with_kvcache` launches it, at `tile` (precision "ieee", as
-    kvcache passes for 16-bit and e4m3 inputs: unused past fp32)."""
+    kvcache passes for 16-bit and e4m3 inputs: unused past fp32). `kernel` "fp8_decode":
+    `tiles.fp8_decode` with `tile` in place of its rule's; "flash_fwd": `_flash_fwd` by an
+    explicit config (which `fp8_decode` refuses)."""
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=DEVICE)
     bm, bn, warps, stages = tile
-    config = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+    config = None if kernel == "fp8_decode" else triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
     cache = KVCache(torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=DEVICE))
-    return lambda: flash_forward(
-        q, k, v, out=out, lse=None, is_causal=True, scale=q.shape[3] ** -0.5,
-        precision="ieee", config=config, mask=Mask(causal=True, bottom_right=True),
-        cache=cache, splits=splits, pack_gqa=True, descale=descale)[0]
+
+    def call():
+        rule = flash.fp8_decode_config
+        flash.fp8_decode_config = lambda **kw: tile
+        try:
+            return flash.flash_forward(
+                q, k, v, out=out, lse=None, is_causal=True, scale=q.shape[3] ** -0.5,
+                precision="ieee", config=config, mask=Mask(causal=True, bottom_right=True),
+                cache=cache, splits=splits, pack_gqa=True, descale=descale)[0]
+        finally:
+            flash.fp8_decode_config = rule
+    return call
 
 
 def run(dim: int, rounds: int, tiny: bool = False) -> list[dict]:
@@ -62,40 +83,49 @@ def run(dim: int, rounds: int, tiny: bool = False) -> list[dict]:
                                                                  strict=True)]
     bound = peer_error()  # the FP8 formula's by torch: the bench's bound for both dtypes
     splits = chosen_splits(p.batch, p.heads, 1, p.heads_kv, p.seq_k)
-    table = {dt: tuple(decode_config(dim=dim, rows=p.heads // p.heads_kv, seq_k=p.seq_k,
-                                     programs=p.batch * p.heads_kv, fp8=dt == "e4m3"))
+    group = p.heads // p.heads_kv
+    table = {(dt, "flash_fwd"): tuple(decode_config(dim=dim, rows=group, seq_k=p.seq_k,
+                                                    programs=p.batch * p.heads_kv,
+                                                    fp8=dt == "e4m3"))
              for dt in ("e4m3", "bf16")}
-    cases = [(dt, tile) for dt in ("e4m3", "bf16")
-             for tile in list(dict.fromkeys([table[dt], *DECODE]))[:2 if tiny else None]]
+    table["e4m3", "fp8_decode"] = fp8_decode_config(dim=dim, rows=group)
+    tiles = {("e4m3", "fp8_decode"): FP8_DECODE, ("e4m3", "flash_fwd"): DECODE,
+             ("bf16", "flash_fwd"): DECODE}
+    cases = [(dt, kernel, tile) for (dt, kernel), rest in tiles.items()
+             for tile in list(dict.fromkeys([table[dt, kernel], *rest]))[:2 if tiny else None]]
     calls, first, rows = {}, {}, []
-    for dt, tile in cases:
+    for case in cases:
+        dt, kernel, tile = case
         tensors, descale = ((q8, k8, v8), fp8_descale(q8, factors, p.heads, p.heads_kv)) \
             if dt == "e4m3" else (bf16, None)
-        call = _call(*tensors, descale, tile, splits)
+        call = _call(*tensors, descale, kernel, tile, splits)
         try:
-            first[dt, tile] = call().clone()
+            first[case] = call().clone()
         except OutOfResources as e:  # (a tile whose stages do not fit the SM)
-            rows.append(dict(dtype=dt, dim=dim, tile=list(tile), table=tile == table[dt],
-                             ok=False, reasons=[f"does not fit: {e}"]))
-            print(f"{dt} D{dim} {tile}: does not fit ({e})", flush=True)
+            rows.append(dict(dtype=dt, kernel=kernel, dim=dim, tile=list(tile),
+                             table=tile == table[dt, kernel], ok=False,
+                             reasons=[f"does not fit: {e}"]))
+            print(f"{dt} {kernel} D{dim} {tile}: does not fit ({e})", flush=True)
             continue
-        calls[dt, tile] = call
+        calls[case] = call
     cases = list(calls)
     times = {c: [] for c in cases}
     for _ in range(rounds):
         for case in cases:
             times[case].append(time_gpu(calls[case], warmup=5, repeat=30).median_ms)
-    for dt, tile in cases:
-        result = check(*verify(first[dt, tile]), peer_error=bound)
-        same = torch.equal(calls[dt, tile](), first[dt, tile])
-        ms = statistics.median(times[dt, tile]) if rounds else float("nan")
+    for case in cases:
+        dt, kernel, tile = case
+        result = check(*verify(first[case]), peer_error=bound)
+        same = torch.equal(calls[case](), first[case])
+        ms = statistics.median(times[case]) if rounds else float("nan")
         cache_bytes = 2 * p.batch * p.heads_kv * p.seq_k * dim * (1 if dt == "e4m3" else 2)
-        rows.append(dict(dtype=dt, dim=dim, tile=list(tile), table=tile == table[dt],
-                         splits=splits, ms=ms, rounds=times[dt, tile], gbps=cache_bytes / ms / 1e6,
+        rows.append(dict(dtype=dt, kernel=kernel, dim=dim, tile=list(tile),
+                         table=tile == table[dt, kernel], splits=splits, ms=ms,
+                         rounds=times[case], gbps=cache_bytes / ms / 1e6,
                          ok=bool(result.ok) and same, same_bits=same,
                          reasons=list(result.reasons)))
-        print(f"{dt} D{dim} {tile}{' (table)' if tile == table[dt] else ''}: {ms:.4f} ms, "
-              f"{rows[-1]['gbps']:.0f} GB/s, ok={rows[-1]['ok']}", flush=True)
+        print(f"{dt} {kernel} D{dim} {tile}{' (rule/table)' if rows[-1]['table'] else ''}: "
+              f"{ms:.4f} ms, {rows[-1]['gbps']:.0f} GB/s, ok={rows[-1]['ok']}", flush=True)
     return rows
 
 

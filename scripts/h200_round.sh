@@ -58,7 +58,8 @@
 #               against cuDNN in bf16 on the same values, ROW "dim,batch,heads,seq[,causal]"
 #   ncudecode K D  Nsight Compute of one decode call's split kernel (scripts/decode_ncu.py:
 #               B32 H32/8, 8192 keys), K fp8 or bf16, head dim D, into $ev/ncu/decode-K-dD.csv
-#   decodetiles D  scripts/decode_tiles.py: decode's tiles, e4m3 and bf16, head dims D
+#   decodetiles D  scripts/decode_tiles.py: decode's kernels and tiles, e4m3 (tiles.fp8_decode
+#               and _flash_fwd) and bf16, head dims D
 #               (comma-separated), into $ev/decode-tiles-TIME/
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
 #               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
@@ -236,7 +237,7 @@ while [ $# -gt 0 ]; do
     ncudecode) kind=$1 d=$2; shift 2; mkdir -p $ev/ncu
          ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
            --section Occupancy --section LaunchStats --section WarpStateStats \
-           -k regex:_flash_fwd --launch-skip 2 --launch-count 1 --csv --page details \
+           -k 'regex:_flash_fwd|_fp8_decode' --launch-skip 2 --launch-count 1 --csv --page details \
            python3 scripts/decode_ncu.py "$kind" "$d" > $ev/ncu/decode-$kind-d$d.csv 2>>"$log"
          echo "ncudecode $kind $d: rc=$? $(wc -l < $ev/ncu/decode-$kind-d$d.csv) lines" | tee -a "$log" ;;
     decodetiles) dims=$1; shift; d=$ev/decode-tiles-$(date -u +%H%M%S); mkdir -p $d

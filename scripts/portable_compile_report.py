@@ -146,17 +146,9 @@ def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
     """`_flash_fwd` of `module` (default today's `tiles.flash_kernels`) compiled for
     sm_90a with `_configuration`'s constexprs, `over` replacing some (SINKS=True makes
     `p_sinks` a pointer)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     if module is None:
         from fusedattn.tiles import flash_kernels as module
 
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
-
-    fn = module._flash_fwd.fn  # under the heuristics: the JITFunction
     pointers, constants, warps, stages, ints = _configuration(dtype, dim, causal)
     warps, stages = over.pop("num_warps", warps), over.pop("num_stages", stages)
     ints = over.pop("INTS", ints)
@@ -166,6 +158,46 @@ def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
         if over.get(flag):  # the flag's tensor a pointer, not an absent None
             del constants[name]
             pointers[name] = kind
+    # (under the heuristics: the JITFunction)
+    return _compile(module._flash_fwd.fn, pointers, constants, ints, warps, stages)
+
+
+def compile_fp8_decode(dim: int, paged: bool):
+    """`tiles.fp8_decode._fp8_decode` as `flash.flash_forward` launches it for `DECODE`'s
+    problem (`_decode_over`'s: one query of each of a GQA group's 4 heads, an 8k cache,
+    4 splits), at `configs.fp8_decode_config`'s tile. V's strides count int32 words."""
+    import triton.language as tl
+
+    from fusedattn import configs
+    from fusedattn.tiles import fp8_decode
+
+    ints = _decode_over(dim, paged)["INTS"]
+    ints = {k: v for k, v in ints.items() if not k.endswith("_d") or k in ("sq_d", "sk_d",
+                                                                             "so_d")}
+    for a in "bhs":
+        ints[f"sv_{a}"] //= 4
+    block_r, block_n, warps, stages = configs.fp8_decode_config(dim=dim, rows=4)
+    pointers = dict(p_q="fp8e4nv", p_k="fp8e4nv", p_v="fp8e4nv", p_o="fp32", p_lse="fp32",
+                    p_seqlens_k="i32", p_descale="fp32")
+    constants = dict(p_sinks=None, BLOCK_R=block_r, BLOCK_N=block_n, HEAD_DIM=dim,
+                     INDEX=tl.int32, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
+                     PAGED=paged, WRITE_LSE=True, SPLIT=True, SINKS=False)
+    if paged:
+        pointers["p_table"] = "i32"
+    else:
+        constants["p_table"] = None
+    compiled = _compile(fp8_decode._fp8_decode.fn, pointers, constants, ints, warps, stages)
+    return compiled, dict(BLOCK_R=block_r, BLOCK_N=block_n)
+
+
+def _compile(fn, pointers: dict, constants: dict, ints: dict, warps: int, stages: int):
+    """`fn` compiled for sm_90a: `constants` its constexprs, `pointers` its pointers'
+    element types, `ints` its other ints' values, specialised as a launch does."""
+    import triton
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.compiler import ASTSource
+
     # as a launch specialises (`JITFunction.run`): pointers 16-byte aligned, ints equal to
     # 1 constants and multiples of 16 hinted so, but the `shape_jit` ones
     signature, constexprs, attrs = {}, {}, {}
@@ -192,6 +224,14 @@ def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
     source = ASTSource(fn, signature, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
+
+
+def _loop_facts(sass: str) -> dict:
+    """A decode kernel's key loop: its paths' fewest and most instructions (a key tile) and
+    its 12 commonest opcodes."""
+    loop = key_loop(sass, "MMA")
+    return dict(tile_paths=_fewest_most(path_lengths(loop)),
+                tile_ops=dict(opcodes(loop).most_common(12)))
 
 
 def _instructions(sass: str) -> list[str]:
@@ -246,13 +286,19 @@ def main():
         return 0
     rows = []
     for dtype, dim, third in DECODE if args.decode else ROWS:
-        if args.decode:  # (third: paged)
+        if args.decode and dtype == "fp8e4nv":  # (third: paged) the kernel e4m3 takes
+            compiled, tile = compile_fp8_decode(dim, third)
+            facts, sass = cubin_facts(tools, compiled)
+            rows.append(dict(dtype=dtype, dim=dim, kind="fp8-decode", paged=third, **tile,
+                             **_loop_facts(sass), triton=triton.__version__, **facts,
+                             **collections.Counter(re.findall(COUNTED, sass))))
+            print(json.dumps(rows[-1]), flush=True)
+        if args.decode:  # (third: paged) `_flash_fwd`'s (e4m3: FUSEDATTN_FP8_DECODE=0)
             over = _decode_over(dim, third)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, True, **over))
             what = dict(kind="decode", paged=third, BLOCK_M=over["BLOCK_M"],
                         BLOCK_N=over["BLOCK_N"], PACK_GQA=over["PACK_GQA"],
-                        tile_paths=_fewest_most(path_lengths(key_loop(sass, "MMA"))),
-                        tile_ops=dict(opcodes(key_loop(sass, "MMA")).most_common(12)))
+                        **_loop_facts(sass))
         else:  # (third: causal)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, third))
             what = dict(causal=third)

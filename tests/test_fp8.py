@@ -12,6 +12,8 @@ so a fallback fails them). Every bad combination is a `ProblemError` at the call
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from fusedattn import (
     attention,
@@ -32,6 +34,7 @@ from fusedattn.reference import (
     varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
+from fusedattn.tiles.fp8_decode import _widen_e4m3
 from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
 from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, paged, passes, ragged, rand
 
@@ -204,11 +207,27 @@ FP8_KV = [  # (cache_seqlens, S_new, Sq, splits, page or None, D, options, desca
 ]
 
 
+# e4m3 decode's kernels: `tiles.fp8_decode` (few rows a K/V head, the default), and
+# `_flash_fwd` (FUSEDATTN_FP8_DECODE=0, and every call the first refuses)
+KERNELS = ["fp8_decode", "flash_fwd"]
+
+
+def _kernel(monkeypatch, kernel):
+    from dataclasses import replace
+
+    from fusedattn import configs
+
+    monkeypatch.setattr(configs, "OVERRIDES", replace(configs.OVERRIDES,
+                                                      fp8_decode=kernel == "fp8_decode"))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("case", FP8_KV)
-def test_fp8_kvcache_appends_the_bytes_and_attends(case):
+def test_fp8_kvcache_appends_the_bytes_and_attends(case, kernel, monkeypatch):
     # e4m3 q, caches and new keys (FlashAttention-3's form), GQA 4/2: the append copies
     # the bytes; O against the float64 reference of the dequantised values, bounded by
-    # the FP8 peer, sequence by sequence (the queries aligned bottom-right)
+    # the FP8 peer, sequence by sequence (the queries aligned bottom-right), on each kernel
+    _kernel(monkeypatch, kernel)
     lengths, s_new, sq, splits, page, d, options, kind = case
     b, h, hk, s_max = 3, 4, 2, 50
     dq, dk, dv = _factors(kind, h, hk)
@@ -253,9 +272,11 @@ def test_fp8_kvcache_appends_the_bytes_and_attends(case):
             if seen.any() else torch.all(out[i] == 0)
 
 
-def test_fp8_kvcache_replays_with_new_factors_and_lengths():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fp8_kvcache_replays_with_new_factors_and_lengths(kernel, monkeypatch):
     # a check_lengths=False decode loop keeps its plan (`dispatch.kept_forward`): the
     # factors and lengths of each step are read afresh, never the first step's
+    _kernel(monkeypatch, kernel)
     b, h, hk, d = 2, 2, 1, 64
     kc, vc = (_fp8(rand(b, hk, 40, d, seed=i), None) for i in (0, 1))
     q8 = _fp8(rand(b, h, 1, d, seed=2), None)
@@ -271,23 +292,64 @@ def test_fp8_kvcache_replays_with_new_factors_and_lengths():
                                                                **kw))
 
 
-def test_fp8_decode_takes_its_own_tile(monkeypatch):
-    # e4m3 decode asks the config rule for an e4m3 tile (not the 16-bit table's entry:
-    # `configs.decode_config`), bf16 decode for its own, on the same shapes
-    from fusedattn.tiles import flash
+def test_fp8_decode_takes_its_own_kernel_and_tile(monkeypatch):
+    # e4m3 decode of up to MAX_ROWS rows a K/V head runs `tiles.fp8_decode` at its tile
+    # rule; past it, with the override off, or with V's rows off 4-byte words, `_flash_fwd`
+    # at the e4m3 config rule (not the 16-bit table's entry: `configs.decode_config`); bf16
+    # decode asks the table for its own. Each result against the reference
+    from fusedattn.tiles import flash, fp8_decode
     from inputs import forget_plans
 
     forget_plans()
-    asked, real = [], flash.decode_config
+    asked, real = [], (flash.decode_config, flash.fp8_decode_config)
     monkeypatch.setattr(flash, "decode_config",
-                        lambda **kw: asked.append(kw["fp8"]) or real(**kw))
-    kc, vc = (_fp8(rand(1, 1, 20, 64, seed=i), None) for i in (0, 1))
-    q8 = _fp8(rand(1, 2, 1, 64, seed=2), None)
-    lens = i32([20])
-    for q, k, v in ((q8, kc, vc), (t.to(torch.bfloat16) for t in (q8, kc, vc))):
-        out = attention_with_kvcache(q, k, v, cache_seqlens=lens, splits=2)
-        assert torch.isfinite(out).all()
-    assert asked == [True, False]
+                        lambda **kw: asked.append(("flash_fwd", kw["fp8"])) or real[0](**kw))
+    monkeypatch.setattr(flash, "fp8_decode_config",
+                        lambda **kw: asked.append(("fp8_decode", kw["rows"])) or real[1](**kw))
+    group = fp8_decode.MAX_ROWS // 2
+
+    def call(sq, heads, dtype=FP8, offset=0, kernel="fp8_decode"):
+        _kernel(monkeypatch, kernel)
+        kc, vc = (_fp8(rand(1, 1, 20, 64 + offset, seed=i), None)[..., offset:]
+                  for i in (0, 1))
+        q8 = _fp8(rand(1, heads, sq, 64, seed=2), None)
+        q, k, v = (t.to(dtype) for t in (q8, kc, vc))
+        out = attention_with_kvcache(q, k, v, cache_seqlens=i32([20]), splits=2)
+        kw = dict(causal=True, align="bottom-right")
+        passes(out[0], attention_ref(q[0], k[0], v[0], **kw), f"sq={sq} heads={heads}",
+               peer=fp8_peer(q8[0], kc[0], vc[0], None, None, None, **kw))
+
+    call(2, group)                                  # 2 x 16 rows: MAX_ROWS
+    call(3, group)                                  # 48 rows
+    call(1, 2, kernel="flash_fwd")                  # the override off
+    call(1, 2, offset=1)                            # V's rows on odd bytes
+    call(1, 2, dtype=torch.bfloat16)
+    assert asked == [("fp8_decode", fp8_decode.MAX_ROWS), ("flash_fwd", True),
+                     ("flash_fwd", True), ("flash_fwd", True), ("flash_fwd", False)]
+
+
+@triton.jit
+def _widen(p_words, p_out, N: tl.constexpr, W: tl.constexpr):
+    rows, cols = tl.arange(0, N), tl.arange(0, W)
+    words = tl.load(p_words + rows[:, None] * W + cols[None, :])
+    tl.store(p_out + rows[:, None] * 4 * W + tl.arange(0, 4 * W)[None, :],
+             _widen_e4m3(words))
+
+
+@pytest.mark.parametrize("shape", [(16, 4), (64, 16)])
+def test_every_e4m3_byte_widens_to_its_fp16_value(shape):
+    # `fp8_decode._widen_e4m3` (the GPU's PTX; the interpreter's byte ops) against torch's
+    # e4m3 -> fp16 on every byte value at every position of a word, NaNs included
+    n, w = shape
+    values = torch.arange(n * w * 4, device=DEVICE) * 7 % 256  # each byte at each place
+    data = values.to(torch.uint8).view(n, 4 * w)
+    out = torch.empty(n, 4 * w, dtype=torch.float16, device=DEVICE)
+    _widen[(1,)](data.view(torch.int32), out, N=n, W=w)
+    want = data.view(FP8).to(torch.float16)
+    nan = want.isnan()  # 0x7f and 0xff
+    assert torch.equal(out[~nan], want[~nan])
+    if not EMULATION:  # (the interpreter widens e4m3's NaN bytes to +-480)
+        assert out[nan].isnan().all()
 
 
 @pytest.mark.parametrize("call, field, allowed", [

@@ -47,6 +47,7 @@ class Overrides:
     split_d: bool = True          # FUSEDATTN_SPLIT_D=0: every head dim one padded piece
     index64: bool = False         # FUSEDATTN_INDEX64=1: 64-bit offsets always (their cost)
     table: Path | None = None     # FUSEDATTN_TUNED_TABLE=path: another tuned table
+    fp8_decode: bool = True       # FUSEDATTN_FP8_DECODE=0: e4m3 decode on `_flash_fwd`
 
     @classmethod
     def from_env(cls, env=os.environ) -> Overrides:
@@ -55,7 +56,8 @@ class Overrides:
                    one_loop=loop == "1" if loop in ("0", "1") else None,
                    split_d=env.get("FUSEDATTN_SPLIT_D", "") != "0",
                    index64=env.get("FUSEDATTN_INDEX64", "") == "1",
-                   table=Path(env[TABLE_ENV]) if env.get(TABLE_ENV) else None)
+                   table=Path(env[TABLE_ENV]) if env.get(TABLE_ENV) else None,
+                   fp8_decode=env.get("FUSEDATTN_FP8_DECODE", "") != "0")
 
 
 OVERRIDES = Overrides.from_env()
@@ -261,6 +263,18 @@ def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS,
         return tuple(hit)
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     return (block_m, 64 if dim > 128 else 128, 4, 3)
+
+
+def fp8_decode_config(*, dim: int, rows: int) -> Config:
+    """`tiles.fp8_decode`'s tile: (BLOCK_R query rows, BLOCK_N keys, warps, stages). The
+    rows are S^T's N (16 at least: tl.dot's); the keys its M, 64 at least for wgmma. One
+    warpgroup, two stages: at D128 the tile of 128 keys issues the fewest instructions a key
+    (sm90-compile 0620Z: 4.4 a key a thread, against 5.3 at 64 keys and 8 warps' 5.4), and
+    88 KB of shared memory let two programs share an SM; at D256, 64 keys keep it at 88 KB
+    (128 took 172). Not timed yet."""
+    if EMULATION:
+        return EMULATED
+    return (max(16, triton.next_power_of_2(rows)), 64 if dim > 128 else 128, 4, 2)
 
 
 def decode_splits(*, programs: int, seq_k: int) -> int:

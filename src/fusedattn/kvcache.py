@@ -54,10 +54,13 @@ FP8 (e4m3) caches, as FlashAttention-3's `flash_attn_with_kvcache` takes them: q
 and `k_new`/`v_new` all `float8_e4m3fn`, standing for q * descale_q, k * descale_k and
 v * descale_v (`descale_q` None, one element or `[H]`; `descale_k`/`descale_v` None, one
 element or `[H_kv]`, float32, as `attention` takes them). The append copies the e4m3 bytes;
-the attention runs the portable kernel's FP8 products (P in e4m3, as `attention`'s FP8
-forward) and returns O in bfloat16. Head dims 64, 128 and 256. As in bf16 decode, one
-program serves a whole GQA group (its query heads are rows of one tile, each row scaled by
-its own head's q factor), so a K/V tile is read once a group.
+O comes back in bfloat16. Head dims 64, 128 and 256. As in bf16 decode, one program serves
+a whole GQA group (its query heads are rows of one tile, each row scaled by its own head's q
+factor), so a K/V tile is read once a group. Up to 32 query rows a K/V head (Sq x H / H_kv:
+decode, a few speculative tokens) run `tiles.fp8_decode`'s kernel (the products transposed,
+keys as their M: K Q^T in e4m3, V^T P^T with V widened to fp16 in registers and P in fp16);
+more rows, or V's rows off 4-byte words, run the portable kernel's FP8 products (P in e4m3,
+as `attention`'s FP8 forward).
 
 Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """

@@ -48,6 +48,7 @@ from fusedattn.configs import (
     autotune_requested,
     decode_config,
     forward_config,
+    fp8_decode_config,
     head_dim_pieces,
     prune_configs,
     single_key_loop,
@@ -55,6 +56,7 @@ from fusedattn.configs import (
 from fusedattn.launch import Recording
 from fusedattn.mode import kernel_launches
 from fusedattn.precision import resolve
+from fusedattn.tiles import fp8_decode
 from fusedattn.tiles.common import (
     KVCache,
     Mask,
@@ -134,11 +136,16 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     per_row = batch * (heads_kv if pack_gqa else heads)
 
     kernel, fixed = _flash_fwd, {}
+    # e4m3 decode of few rows a K/V head: its own kernel (`fp8_decode`'s docstring says why)
+    transposed = fp8_decode.refusal(q, k, v, cache=cache, pack_gqa=pack_gqa,
+                                    config=config) is None
     if config is None and autotune_requested() and mask == Mask(causal=is_causal) \
             and varlen is None and cache is None and splits == 1 and not pack_gqa:
         kernel = _flash_fwd_autotuned
     else:
-        if config is None and (pack_gqa or splits > 1):
+        if transposed:
+            bm, bn, warps, stages = fp8_decode_config(dim=dim, rows=rows)
+        elif config is None and (pack_gqa or splits > 1):
             bm, bn, warps, stages = decode_config(dim=widest, rows=rows, seq_k=seq_k,
                                                   programs=per_row, precision=dot_precision,
                                                   fp8=descale is not None)
@@ -177,6 +184,16 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
     def grid(meta):
         return (triton.cdiv(rows, meta["BLOCK_M"]), per_row, splits)
 
+    index = index_dtype(q, k, v, target, rows=target.numel() // max(dim_v, 1))
+    if transposed:
+        compiled = fp8_decode.launch(
+            q, k, v, target=target, target_lse=target_lse, cache=cache,
+            mask_args=(qk_scale, cap, left, right), sinks=sinks, descale=descale,
+            splits=splits, split_len=split_len, tile=(bm, bn, warps, stages), index=index,
+            recording=recording)
+        if splits > 1:
+            merge_splits(target, target_lse, out, lse, launcher=recording.launch, sinks=sinks)
+        return out, compiled
     (sq_b, sq_h, sq_s), (sk_b, sk_h, sk_s), (sv_b, sv_h, sv_s) = map(divided, (q, k, v))
     args = dict(
         p_q=q, p_k=k, p_v=v, p_o=target, p_lse=target_lse,
@@ -199,7 +216,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
         bucket_q=triton.next_power_of_2(seq_q), bucket_k=triton.next_power_of_2(seq_k),
         BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2,
         PRECISION=dot_precision,
-        INDEX=index_dtype(q, k, v, target, rows=target.numel() // max(dim_v, 1)),
+        INDEX=index,
         BOTTOM_RIGHT=mask.bottom_right, PACK_GQA=pack_gqa, ALIGN=align,
         ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision, has_left=left >= 0),
         **fixed)
