@@ -4,9 +4,9 @@ only).
 `attention_with_kvcache`'s kernels (`flash.flash_forward` with the GQA group packed, split-KV
 at `kvcache.chosen_splits`' count, bottom-right causal) on the serving bench's fp8-decode
 inputs (B32 H32/8, one new query over 8192 keys a sequence, per-head factors; bf16: the same
-values dequantised): e4m3 on `tiles.fp8_decode` (kind "fp8_decode", the default) at each
+values dequantised): e4m3 on `tiles.fp8_decode` (kind "fp8_decode", opt-in) at each
 of `FP8_DECODE`'s tiles (BLOCK_R, BLOCK_N, warps, stages; the rule's first), and e4m3 and
-bf16 on `_flash_fwd` (kind "flash_fwd", e4m3's with FUSEDATTN_FP8_DECODE=0) at each tile
+bf16 on `_flash_fwd` (kind "flash_fwd", e4m3's default) at each tile
 (BLOCK_M, BLOCK_N, warps, stages): the table's first, then `fusedattn_lab.tune.DECODE`'s.
 The tiles take turns (A B C ... A B C, `--rounds`
 times, each a median of 30 calls by `fusedattn_lab.timing.time_gpu`); every output is
@@ -32,18 +32,17 @@ from fusedattn.api import fp8_descale
 from fusedattn.configs import decode_config, fp8_decode_config
 from fusedattn.kvcache import chosen_splits
 from fusedattn.mode import DEVICE
+from fusedattn.tiles import flash
 from fusedattn.tiles.common import KVCache, Mask
 from fusedattn.tiles.dequantize import dequantize_as
-from fusedattn.tiles import flash
 from fusedattn_lab.evidence import environment, write_json
 from fusedattn_lab.serving import ServingProblem, _fp8_decode, _fp8_inputs
 from fusedattn_lab.timing import time_gpu
 from fusedattn_lab.tune import DECODE
 from fusedattn_lab.verify import check
 
-
 # `tiles.fp8_decode`'s candidates beside its rule's tile (`configs.fp8_decode_config`): 64
-# to 256 keys, 4 or 8 warps, 2 or 3 stages (sm90-compile 0620Z has their instructions)
+# to 256 keys, 4 or 8 warps, 2 or 3 stages (scripts/portable_compile_report.py builds the rule's)
 FP8_DECODE = [(16, 64, 4, 2), (16, 128, 4, 2), (16, 128, 4, 3), (16, 256, 4, 2),
               (16, 128, 8, 2)]
 

@@ -14,10 +14,16 @@ few mask and head-dim variants (`SAME`): "identical" (the same instructions in t
 order), "reordered" (the same opcodes, scheduled or allocated otherwise) or "different".
 It tells whether a change to the kernel changed what the GPU runs for those dtypes.
 
+`--fp8-decode-tiles` compiles `tiles.fp8_decode` (FUSEDATTN_FP8_DECODE=1's e4m3 decode
+kernel) at each of `decode_tiles.FP8_DECODE`'s tiles and head dims 64/128/256, with
+`per_key_warp`: a key tile's most instructions x warps / keys (what a key costs the SM's
+issue slots, across tiles of different widths and warp counts).
+
 `--decode` compiles instead the split-KV decode configurations `attention_with_kvcache`
 launches (`configs.decode_config` for one query row, an 8k cache; paged or not; the lengths
 read per sequence, causal bottom-right), in e4m3 and in bf16 beside it (GQA packed, 4 query
-heads a K/V head, as both run).
+heads a K/V head, as both run); for e4m3 both kernels, `tiles.fp8_decode`'s ("fp8-decode")
+and `_flash_fwd`'s ("decode").
 
 Each build specialises its arguments as a launch does (`JITFunction.run`): pointers
 16-byte aligned, an int equal to 1 (the head dim's stride) a constant, an int divisible by
@@ -162,10 +168,11 @@ def compile_row(dtype: str, dim: int, causal: bool, module=None, **over):
     return _compile(module._flash_fwd.fn, pointers, constants, ints, warps, stages)
 
 
-def compile_fp8_decode(dim: int, paged: bool):
+def compile_fp8_decode(dim: int, paged: bool, tile=None):
     """`tiles.fp8_decode._fp8_decode` as `flash.flash_forward` launches it for `DECODE`'s
     problem (`_decode_over`'s: one query of each of a GQA group's 4 heads, an 8k cache,
-    4 splits), at `configs.fp8_decode_config`'s tile. V's strides count int32 words."""
+    4 splits), at `tile` (BLOCK_R, BLOCK_N, warps, stages), default
+    `configs.fp8_decode_config`'s. V's strides count int32 words."""
     import triton.language as tl
 
     from fusedattn import configs
@@ -176,7 +183,7 @@ def compile_fp8_decode(dim: int, paged: bool):
                                                                              "so_d")}
     for a in "bhs":
         ints[f"sv_{a}"] //= 4
-    block_r, block_n, warps, stages = configs.fp8_decode_config(dim=dim, rows=4)
+    block_r, block_n, warps, stages = tile or configs.fp8_decode_config(dim=dim, rows=4)
     pointers = dict(p_q="fp8e4nv", p_k="fp8e4nv", p_v="fp8e4nv", p_o="fp32", p_lse="fp32",
                     p_seqlens_k="i32", p_descale="fp32")
     constants = dict(p_sinks=None, BLOCK_R=block_r, BLOCK_N=block_n, HEAD_DIM=dim,
@@ -187,7 +194,8 @@ def compile_fp8_decode(dim: int, paged: bool):
     else:
         constants["p_table"] = None
     compiled = _compile(fp8_decode._fp8_decode.fn, pointers, constants, ints, warps, stages)
-    return compiled, dict(BLOCK_R=block_r, BLOCK_N=block_n)
+    return compiled, dict(BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps,
+                          num_stages=stages)
 
 
 def _compile(fn, pointers: dict, constants: dict, ints: dict, warps: int, stages: int):
@@ -275,10 +283,31 @@ def main():
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--against", default=None, help="compare with the kernel at this rev")
     ap.add_argument("--decode", action="store_true", help="the split-KV decode launches")
+    ap.add_argument("--fp8-decode-tiles", action="store_true",
+                    help="tiles.fp8_decode at decode_tiles.FP8_DECODE's tiles, contiguous")
     args = ap.parse_args()
     import triton
 
     tools = Path(triton.__file__).parent / "backends/nvidia/bin"
+    if args.fp8_decode_tiles:
+        from decode_tiles import FP8_DECODE
+
+        rows = []
+        for dim in (64, 128, 256):
+            for tile in FP8_DECODE:
+                try:
+                    compiled, what = compile_fp8_decode(dim, False, tile)
+                except Exception as e:  # noqa: BLE001 (a tile past the SM's shared memory)
+                    rows.append(dict(dim=dim, tile=list(tile), error=str(e)[:200]))
+                else:
+                    facts, sass = cubin_facts(tools, compiled)
+                    loop = _loop_facts(sass)
+                    rows.append(dict(dim=dim, **what, **loop, per_key_warp=round(
+                        max(loop["tile_paths"]) * tile[2] / tile[1], 2), **facts))
+                print(json.dumps(rows[-1]), flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
     if args.against:
         rows = against(args.against, tools)
         if args.out:
@@ -286,14 +315,14 @@ def main():
         return 0
     rows = []
     for dtype, dim, third in DECODE if args.decode else ROWS:
-        if args.decode and dtype == "fp8e4nv":  # (third: paged) the kernel e4m3 takes
+        if args.decode and dtype == "fp8e4nv":  # (third: paged) FUSEDATTN_FP8_DECODE=1's
             compiled, tile = compile_fp8_decode(dim, third)
             facts, sass = cubin_facts(tools, compiled)
             rows.append(dict(dtype=dtype, dim=dim, kind="fp8-decode", paged=third, **tile,
                              **_loop_facts(sass), triton=triton.__version__, **facts,
                              **collections.Counter(re.findall(COUNTED, sass))))
             print(json.dumps(rows[-1]), flush=True)
-        if args.decode:  # (third: paged) `_flash_fwd`'s (e4m3: FUSEDATTN_FP8_DECODE=0)
+        if args.decode:  # (third: paged) `_flash_fwd`'s (e4m3's default)
             over = _decode_over(dim, third)
             facts, sass = cubin_facts(tools, compile_row(dtype, dim, True, **over))
             what = dict(kind="decode", paged=third, BLOCK_M=over["BLOCK_M"],

@@ -204,11 +204,15 @@ FP8_KV = [  # (cache_seqlens, S_new, Sq, splits, page or None, D, options, desca
     # added by the merge
     ([0, 0, 0], 0, 1, 2, 16, 64, {}, "tensor"),      # no keys at all: O = 0, LSE = -inf
     ([9, 50, 31], 0, 1, 2, None, 256, {}, "head"),   # the widest head dim, no append
+    ([16, 3, 30], 5, 5, 1, None, 64, dict(window=(2, None)), "head"),  # a window of 3 keys:
+    # the last rows see none of the first key tile the first rows see (16-key tiles in
+    # emulation): m stays -inf there, and no -inf - -inf may turn into NaN
 ]
 
 
-# e4m3 decode's kernels: `tiles.fp8_decode` (few rows a K/V head, the default), and
-# `_flash_fwd` (FUSEDATTN_FP8_DECODE=0, and every call the first refuses)
+# e4m3 decode's kernels: `tiles.fp8_decode` (few rows a K/V head, FUSEDATTN_FP8_DECODE=1),
+# and `_flash_fwd` (the default until the GPU has timed the first, and every call the
+# first refuses)
 KERNELS = ["fp8_decode", "flash_fwd"]
 
 

@@ -47,7 +47,8 @@ class Overrides:
     split_d: bool = True          # FUSEDATTN_SPLIT_D=0: every head dim one padded piece
     index64: bool = False         # FUSEDATTN_INDEX64=1: 64-bit offsets always (their cost)
     table: Path | None = None     # FUSEDATTN_TUNED_TABLE=path: another tuned table
-    fp8_decode: bool = True       # FUSEDATTN_FP8_DECODE=0: e4m3 decode on `_flash_fwd`
+    fp8_decode: bool = False      # FUSEDATTN_FP8_DECODE=1: e4m3 decode on `tiles.fp8_decode`
+    # (off until the GPU has run and timed it: notes/next-device-calls.md)
 
     @classmethod
     def from_env(cls, env=os.environ) -> Overrides:
@@ -57,7 +58,7 @@ class Overrides:
                    split_d=env.get("FUSEDATTN_SPLIT_D", "") != "0",
                    index64=env.get("FUSEDATTN_INDEX64", "") == "1",
                    table=Path(env[TABLE_ENV]) if env.get(TABLE_ENV) else None,
-                   fp8_decode=env.get("FUSEDATTN_FP8_DECODE", "") != "0")
+                   fp8_decode=env.get("FUSEDATTN_FP8_DECODE", "") == "1")
 
 
 OVERRIDES = Overrides.from_env()
@@ -268,10 +269,12 @@ def decode_config(*, dim: int, rows: int, seq_k: int = 0, programs: int = SMS,
 def fp8_decode_config(*, dim: int, rows: int) -> Config:
     """`tiles.fp8_decode`'s tile: (BLOCK_R query rows, BLOCK_N keys, warps, stages). The
     rows are S^T's N (16 at least: tl.dot's); the keys its M, 64 at least for wgmma. One
-    warpgroup, two stages: at D128 the tile of 128 keys issues the fewest instructions a key
-    (sm90-compile 0620Z: 4.4 a key a thread, against 5.3 at 64 keys and 8 warps' 5.4), and
-    88 KB of shared memory let two programs share an SM; at D256, 64 keys keep it at 88 KB
-    (128 took 172). Not timed yet."""
+    warpgroup, two stages, 128 keys (64 at D256): built for sm_90a, a key costs the fewest
+    issue slots there of the tiles that keep shared memory at 88 KB or less (two programs an
+    SM) and spill nothing: at D128 17.7 instructions x warps a key, against 22.1 at 64 keys
+    and 22.2 with 8 warps (256 keys: 16.2, but 174 KB and 238 registers); at D256, 32.4 at
+    64 keys (128 keys: 27.3 at 172 KB). evidence/sm90-compile/20261205T0640Z-fp8-decode-
+    kernel. A compiler's count: not timed yet (`scripts/decode_tiles.py` times them)."""
     if EMULATION:
         return EMULATED
     return (max(16, triton.next_power_of_2(rows)), 64 if dim > 128 else 128, 4, 2)

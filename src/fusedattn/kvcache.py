@@ -56,11 +56,11 @@ v * descale_v (`descale_q` None, one element or `[H]`; `descale_k`/`descale_v` N
 element or `[H_kv]`, float32, as `attention` takes them). The append copies the e4m3 bytes;
 O comes back in bfloat16. Head dims 64, 128 and 256. As in bf16 decode, one program serves
 a whole GQA group (its query heads are rows of one tile, each row scaled by its own head's q
-factor), so a K/V tile is read once a group. Up to 32 query rows a K/V head (Sq x H / H_kv:
-decode, a few speculative tokens) run `tiles.fp8_decode`'s kernel (the products transposed,
-keys as their M: K Q^T in e4m3, V^T P^T with V widened to fp16 in registers and P in fp16);
-more rows, or V's rows off 4-byte words, run the portable kernel's FP8 products (P in e4m3,
-as `attention`'s FP8 forward).
+factor), so a K/V tile is read once a group. The kernel is the portable one's FP8 products
+(P in e4m3, as `attention`'s FP8 forward); with `FUSEDATTN_FP8_DECODE=1` (opt-in until the
+H200 has timed it), up to 32 query rows a K/V head (Sq x H / H_kv: decode, a few
+speculative tokens) run `tiles.fp8_decode`'s instead: the products transposed, keys as
+their M (K Q^T in e4m3; V^T P^T with V widened to fp16 in registers, P in fp16).
 
 Returns O `[B, H, Sq, D]` (and the LSE `[B, H, Sq] float32`). Inference only: no autograd.
 """

@@ -19,13 +19,16 @@ shared-memory round trip. V is loaded as int32 words (four e4m3 each, a row's 16
 load) and widened by PTX's `cvt.rn.f16x2.e4m3x2` (`_widen_e4m3`): loaded as bytes, Triton
 takes each byte apart and packs it again (PRMTs) around the loop's back edge. P enters the
 product in fp16 (exact enough that the result is closer to the float64 reference than the
-e4m3 P of the FP8 formula). A D128 tile of 128 keys compiles to about 560 instructions a
-thread against `_flash_fwd`'s 906 and bf16 decode's 425 (sm90-compile 0620Z).
+e4m3 P of the FP8 formula). Built for sm_90a with Triton 3.6, a D128 key tile of 128 keys
+is 509-567 SASS instructions a thread against `_flash_fwd`'s 906-910 and bf16 decode's 425
+(evidence/sm90-compile/20261205T0640Z-fp8-decode-kernel): a compiler's count, not a time.
 
 Masks, paging, lengths, splits, sinks and the outputs are `_flash_fwd`'s (the same
 `tiles/common` helpers and arguments); the split partials go to the same merge
-(`splitkv.merge_splits`). `flash.flash_forward` launches it where `refusal` returns None;
-`FUSEDATTN_FP8_DECODE=0` (`configs.OVERRIDES.fp8_decode`) keeps `_flash_fwd` for the A/B."""
+(`splitkv.merge_splits`). `flash.flash_forward` launches it where `refusal` returns None.
+Not by default yet: until the GPU tier has run it and `scripts/decode_tiles.py` has timed
+it against `_flash_fwd` on the H200, it is opt-in, `FUSEDATTN_FP8_DECODE=1`
+(`configs.OVERRIDES.fp8_decode`). CI runs the tests on both kernels."""
 
 from __future__ import annotations
 
@@ -204,7 +207,7 @@ def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cache, pack_gq
     if q.dtype != FP8 or cache is None or not pack_gqa:
         return "not an e4m3 KV-cache call"
     if not configs.OVERRIDES.fp8_decode:
-        return "FUSEDATTN_FP8_DECODE=0"
+        return "not turned on (FUSEDATTN_FP8_DECODE=1)"
     if config is not None:
         return "an explicit config (`_flash_fwd`'s)"
     dim = q.shape[-1]
