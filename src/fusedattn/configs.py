@@ -273,7 +273,7 @@ def fp8_decode_config(*, dim: int, rows: int) -> Config:
     issue slots there of the tiles that keep shared memory at 88 KB or less (two programs an
     SM) and spill nothing: at D128 17.7 instructions x warps a key, against 22.1 at 64 keys
     and 22.2 with 8 warps (256 keys: 16.2, but 174 KB and 238 registers); at D256, 32.4 at
-    64 keys (128 keys: 27.3 at 172 KB). evidence/sm90-compile/20261205T0640Z-fp8-decode-
+    64 keys (128 keys: 27.3 at 172 KB). evidence/sm90-compile/20261205T0621Z-fp8-decode-
     kernel. A compiler's count: not timed yet (`scripts/decode_tiles.py` times them)."""
     if EMULATION:
         return EMULATED
