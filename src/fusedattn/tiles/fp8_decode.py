@@ -10,7 +10,8 @@ an e4m3 key tile issued about 2.1x a bf16 one (sm90-compile 0404Z). Here the pro
 transposed, the keys as M:
 
     S^T = K Q^T                  [BLOCK_N, BLOCK_R]  e4m3 x e4m3, K as stored (K-major)
-    softmax along the keys (axis 0), the online m, l per column (= per query row)
+    softmax along the keys (axis 0), the online m per column (= per query row), l kept
+    per element of S^T and summed over the keys after the last tile
     O^T = O^T * alpha + V^T P^T  [D, BLOCK_R]        fp16: V widened in registers
 
 With M = BLOCK_N >= 64 Triton takes wgmma: QGMMA for S^T straight from K's bytes, and for
@@ -150,7 +151,9 @@ def _fp8_decode(
         p_pages = p_k  # stands in, never read
 
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_R,), tl.float32)
+    # l, the rows' sums, kept as S^T's shape and summed over the keys once at the end: a
+    # sum along the keys a tile would cross the warps (shuffles, shared memory, a barrier)
+    l_acc = tl.zeros((BLOCK_N, BLOCK_R), tl.float32)
     acc = tl.zeros((HEAD_DIM, BLOCK_R), tl.float32)  # O^T
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
@@ -175,13 +178,14 @@ def _fp8_decode(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + tl.sum(p, axis=0)
+        l_acc = l_acc * alpha[None, :] + p
         words = tl.load(p_w_base + v_rows[:, None] + offs_w[None, :], mask=mask_n[:, None],
                         other=0)
         b_vt = tl.trans(_widen_e4m3(words))  # [HEAD_DIM, BLOCK_N] fp16
         acc = acc * alpha[None, :] + tl.dot(b_vt, p.to(tl.float16))
         m_i = m_new
 
+    l_i = tl.sum(l_acc, axis=0)
     # a row that sees no key (a window past the keys, an empty split) has l = 0: its
     # output is 0 and its LSE -inf
     if SINKS and not SPLIT:  # O = acc * alpha / l (alpha = 0, acc = 0: a row of no key)
