@@ -271,10 +271,11 @@ def fp8_decode_config(*, dim: int, rows: int) -> Config:
     rows are S^T's N (16 at least: tl.dot's); the keys its M, 64 at least for wgmma. One
     warpgroup, two stages, 128 keys (64 at D256): built for sm_90a, a key costs the fewest
     issue slots there of the tiles that keep shared memory at 86 KiB or less (two programs
-    an SM) and spill nothing: at D128 17.7 instructions x warps a key, against 22.1 at 64
-    keys and 22.2 with 8 warps (256 keys: 16.2, but 170 KiB and 238 registers); at D256,
-    32.4 at 64 keys (128 keys: 27.3 at 168 KiB). evidence/sm90-compile/20261205T0621Z-fp8-
-    decode-kernel. A compiler's count: not timed yet (`scripts/decode_tiles.py` times them)."""
+    an SM) and spill nothing: at D128 16.2 instructions x warps a key, against 20.6 at 64
+    keys and 19.7 with 8 warps (256 keys: 16.5, with spills and 170 KiB); at D256, 31.1 at
+    64 keys (128 keys: 26.8 at 168 KiB, spilling); at D64 12.3 (256 keys: 10.6 at 243
+    registers). evidence/sm90-compile/20261205T0626Z-fp8-decode-deferred-sum. A compiler's
+    count: not timed yet (`scripts/decode_tiles.py` times them)."""
     if EMULATION:
         return EMULATED
     return (max(16, triton.next_power_of_2(rows)), 64 if dim > 128 else 128, 4, 2)

@@ -21,8 +21,9 @@ load) and widened by PTX's `cvt.rn.f16x2.e4m3x2` (`_widen_e4m3`): loaded as byte
 takes each byte apart and packs it again (PRMTs) around the loop's back edge. P enters the
 product in fp16 (exact enough that the result is closer to the float64 reference than the
 e4m3 P of the FP8 formula). Built for sm_90a with Triton 3.6, a D128 key tile of 128 keys
-is 509-567 SASS instructions a thread against `_flash_fwd`'s 906-910 and bf16 decode's 425
-(evidence/sm90-compile/20261205T0621Z-fp8-decode-kernel): a compiler's count, not a time.
+is 459-519 SASS instructions a thread against `_flash_fwd`'s 906-910 and bf16 decode's 425
+(evidence/sm90-compile/20261205T0626Z-fp8-decode-deferred-sum): a compiler's count, not a
+time.
 
 Masks, paging, lengths, splits, sinks and the outputs are `_flash_fwd`'s (the same
 `tiles/common` helpers and arguments); the split partials go to the same merge
