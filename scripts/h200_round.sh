@@ -66,6 +66,8 @@
 #               all); --sweep of short lengths; under $ev/fp8check-TIME/
 #   hostrows    scripts/host_profile.py --bench-rows: the host suite's fusedattn calls,
 #               each timed alone and profiled (cProfile's top functions)
+#   mergeab D   scripts/merge_ab.py: split-KV's merge of D/src (an older tree's) against this
+#               tree's, in one process, on decode rows' partials, into $ev/mergeab/
 #   hostab D    scripts/host_ab.py: host µs a call of D/src's library (an older commit's,
 #               renamed `fusedattn_base`) against this tree's and SDPA's in one process,
 #               their loops taking turns (D: an ignored folder the device tool carries)
@@ -252,6 +254,9 @@ while [ $# -gt 0 ]; do
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
           torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \
           $ev/cp/cp-$n-gpus.csv --layouts "$layouts" 2>&1 | grep -v Warning | tail -20 | tee -a "$log" ;;
+    mergeab) other=$1; shift  # an older tree's src/: scripts/merge_ab.py, the merges in turns
+        python3 scripts/merge_ab.py --base "$other" --out $ev/mergeab 2>&1 | grep -v UserWarning \
+          | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hostab) other=$1; shift  # an older tree's src/ (e.g. `git archive REV src | tar -x -C D`)
         python3 scripts/host_ab.py --base "$other" --out $ev/hostab 2>&1 | grep -v UserWarning \
           | tail -60 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;

@@ -197,6 +197,41 @@ def test_kvcache_splits_agree():
         assert torch.allclose(o, outs[0], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("splits, dim, sinks", [(2, 24, False), (3, 80, True),
+                                                 (64, 256, False), (64, 32, True)])
+def test_the_merge_of_split_partials_against_float64(splits, dim, sinks):
+    # `splitkv.merge_splits` alone on random partials: some splits saw no key (LSE -inf,
+    # O 0), one row none at all; 64 splits (a long sequence's), head dims cut into
+    # several column programs (80: a ragged last one), rows not a multiple of a
+    # program's, the LSE written once
+    from fusedattn.tiles.splitkv import merge_splits
+
+    g = torch.Generator().manual_seed(splits * dim)
+    b, h, sq = 2, 3, 5
+    part = torch.randn(splits, b, h, sq, dim, generator=g, dtype=torch.float64)
+    lse = torch.randn(splits, b, h, sq, generator=g, dtype=torch.float64) * 4
+    empty = torch.rand(splits, b, h, sq, generator=g) < 0.3
+    empty[:, 1, 2, 4] = True  # a row no split saw
+    lse[empty], part[empty] = float("-inf"), 0.0
+    sink = torch.randn(h, generator=g, dtype=torch.float64) if sinks else None
+    out = torch.full((b, h, sq, dim), float("nan"), device=DEVICE)  # poisoned
+    got_lse = torch.full((b, h, sq), float("nan"), device=DEVICE)
+    merge_splits(part.float().to(DEVICE), lse.float().to(DEVICE), out, got_lse,
+                 sinks=sink.float().to(DEVICE) if sinks else None)
+    terms = lse if sink is None else torch.cat([lse, sink[None, None, :, None].expand(
+        1, b, h, sq)])
+    m = terms.amax(0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp(terms - m)
+    total = w.sum(0)
+    want = (w[:splits, ..., None] * part).sum(0) / torch.where(total == 0, 1, total)[..., None]
+    want_lse = m + torch.log(total)
+    assert torch.allclose(out.double().cpu(), want, atol=1e-5, rtol=1e-5)
+    seen = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(got_lse).cpu(), seen) and (sinks or not seen[1, 2, 4])
+    assert torch.allclose(got_lse.double().cpu()[seen], want_lse[seen], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", LOW)
 def test_kvcache_low_precision(dtype):
     k, v = (_rand(2, 2, 80, 64, dtype=dtype, seed=s) for s in (0, 1))
