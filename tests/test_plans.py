@@ -278,6 +278,43 @@ def test_decode_keeps_its_plan_per_key_and_context(monkeypatch):
     assert len(dispatch._PLANS) == plans + 1
 
 
+@pytest.mark.parametrize("page", [None, 8])
+def test_a_decode_loop_replays_its_append(page, monkeypatch):
+    """A check_lengths=False decode loop that appends a key a step (a server's step) keeps
+    the append's launch with its call key and replays it (`append.append_to_cache`'s
+    `kept`): Triton's launch path runs at the first step only, and every step writes its
+    own new keys at its own lengths (paged too), the attention reading them."""
+    from fusedattn import attention_with_kvcache
+    from fusedattn.tiles import append
+
+    forget_plans()
+    launched, real = [], append.Recording.launch
+    monkeypatch.setattr(append.Recording, "launch",
+                        lambda self, kernel, *a, **kw: launched.append(kernel) or
+                        real(self, kernel, *a, **kw))
+    b, h, hk, d, cap = 2, 4, 2, 16, 24
+    kc, vc = (torch.zeros(b, hk, cap, d) for _ in range(2))
+    table = None
+    if page:  # the blocks of sequence 1 first, then of 0, backwards
+        table = i32([[5, 4, 3], [2, 1, 0]])
+        kc, vc = (torch.zeros(b * cap // page, hk, page, d) for _ in range(2))
+    for step in range(4):
+        lengths = [3 + step, 9 + 2 * step]  # each step's own; a gap in sequence 1
+        new = [rand(b, hk, 1, d, seed=20 + 2 * step + i) for i in range(2)]
+        q = rand(b, h, 1, d, seed=step)
+        out = attention_with_kvcache(q, kc, vc, cache_seqlens=i32(lengths), k_new=new[0],
+                                     v_new=new[1], block_table=table, check_lengths=False)
+        for i, n in enumerate(lengths):
+            rows = range(n + 1)
+            dense = [torch.stack([c[table[i, r // page], :, r % page] if page else c[i, :, r]
+                                  for r in rows], 1) for c in (kc, vc)]
+            assert torch.equal(dense[0][:, n], new[0][i, :, 0])  # this step's key, here
+            assert torch.equal(dense[1][:, n], new[1][i, :, 0])
+            passes(out[i], attention_ref(q[i], dense[0], dense[1], causal=True,
+                                         align="bottom-right"), f"step {step} seq {i}")
+    assert launched.count(append._append_rows) == 1
+
+
 def test_decode_checks_kept_per_key_still_refuse_what_they_refused():
     """`check_lengths=False` calls keep their checks per key; the key holds the caches'
     addresses, so one cache passed as both K and V is checked (and refused) again."""

@@ -21,8 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedattn.launch import settle_keys
-from fusedattn.mode import kernel_launches
+from fusedattn.launch import KeptPlan, Recording, settle_keys
 
 BLOCK_S = 16  # new rows per program
 
@@ -71,20 +70,33 @@ def _append_rows(p_kn, p_vn, p_kc, p_vc, p_lens, p_table,
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
                     v_new: torch.Tensor, seqlens: torch.Tensor,
-                    block_table: torch.Tensor | None, capacity: int) -> None:
+                    block_table: torch.Tensor | None, capacity: int,
+                    kept: KeptPlan | None = None) -> None:
     """Write `k_new`, `v_new` into the caches at rows `seqlens[b] ..` (the module
     docstring); `seqlens [B]` and `block_table [B, max_blocks]` contiguous int32,
-    `capacity` the rows each sequence has."""
+    `capacity` the rows each sequence has. `kept`: the plan a caller keeps for calls whose
+    key settles every argument but the tensors' addresses (`attention_with_kvcache`'s
+    `check_lengths=False` calls): replayed where it holds one (no pass through Triton's
+    launch binding, issue 31), else recorded into it."""
+    inputs = (k_new, v_new, k_cache, v_cache, seqlens, block_table)
+    plan = kept.get(None) if kept is not None else None
+    if plan is not None:
+        plan(inputs)
+        return
     batch, heads_kv, s_new, dim = k_new.shape
     table = block_table if block_table is not None else seqlens  # unused pointer
-    with kernel_launches():
-        _append_rows[(batch * heads_kv, triton.cdiv(s_new, BLOCK_S))](
-            k_new, v_new, k_cache, v_cache, seqlens, table,
-            *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(),
-            block_table.stride(0) if block_table is not None else 0,
-            heads_kv, s_new, capacity, k_cache.shape[0], k_cache.shape[2], dim,
-            v_new.shape[3], BLOCK_S=BLOCK_S, BLOCK_D=triton.next_power_of_2(dim),
-            BLOCK_DV=triton.next_power_of_2(v_new.shape[3]), PAGED=block_table is not None)
+    recording = Recording(inputs)
+    recording.launch(
+        _append_rows, (batch * heads_kv, triton.cdiv(s_new, BLOCK_S)),
+        k_new, v_new, k_cache, v_cache, seqlens, table,
+        *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(),
+        block_table.stride(0) if block_table is not None else 0,
+        heads_kv, s_new, capacity, k_cache.shape[0], k_cache.shape[2], dim,
+        v_new.shape[3], BLOCK_S=BLOCK_S, BLOCK_D=triton.next_power_of_2(dim),
+        BLOCK_DV=triton.next_power_of_2(v_new.shape[3]), PAGED=block_table is not None)
+    if kept is not None:
+        plan = recording.plan()
+        kept.keep(None, [plan] if plan is not None else [])
 
 
 settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)
