@@ -12,6 +12,7 @@ import torch
 
 from fusedattn import attention, attention_varlen, dispatch, launch
 from fusedattn.api import _CALLS
+from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref
 from fusedattn.tiles import flash_bwd
@@ -293,11 +294,11 @@ def test_a_decode_loop_replays_its_append(page, monkeypatch):
                         lambda self, kernel, *a, **kw: launched.append(kernel) or
                         real(self, kernel, *a, **kw))
     b, h, hk, d, cap = 2, 4, 2, 16, 24
-    kc, vc = (torch.zeros(b, hk, cap, d) for _ in range(2))
+    kc, vc = (torch.zeros(b, hk, cap, d, device=DEVICE) for _ in range(2))
     table = None
     if page:  # the blocks of sequence 1 first, then of 0, backwards
         table = i32([[5, 4, 3], [2, 1, 0]])
-        kc, vc = (torch.zeros(b * cap // page, hk, page, d) for _ in range(2))
+        kc, vc = (torch.zeros(b * cap // page, hk, page, d, device=DEVICE) for _ in range(2))
     for step in range(4):
         lengths = [3 + step, 9 + 2 * step]  # each step's own; a gap in sequence 1
         new = [rand(b, hk, 1, d, seed=20 + 2 * step + i) for i in range(2)]
