@@ -37,7 +37,7 @@ TARGET = 1.2
 
 @dataclass(frozen=True)
 class HostProblem:
-    kind: str  # "fwd", "fwd+bwd", "varlen", "decode"
+    kind: str  # "fwd", "fwd+bwd", "varlen", "decode", "decode+append"
     batch: int
     heads: int
     seq: int
@@ -47,7 +47,7 @@ class HostProblem:
 
     def label(self) -> str:
         kv = f"/{self.heads_kv}" if self.heads_kv else ""
-        keys = "Sk" if self.kind == "decode" else "S"
+        keys = "Sk" if self.kind.startswith("decode") else "S"
         return (f"{self.kind} bf16 B{self.batch} H{self.heads}{kv} {keys}{self.seq} D{self.dim}"
                 + (" causal" if self.causal else ""))
 
@@ -58,7 +58,10 @@ def problems() -> list[HostProblem]:
             HostProblem("fwd", 4, 32, 4096, 128, True),
             HostProblem("fwd+bwd", 4, 8, 256, 64, True), HostProblem("fwd+bwd", 1, 8, 128, 64),
             HostProblem("varlen", 4, 16, 256, 64, True),
-            HostProblem("decode", 32, 32, 8192, 128, True, heads_kv=8)]
+            HostProblem("decode", 32, 32, 8192, 128, True, heads_kv=8),
+            # a server's step: the new key and value appended to the cache, then the
+            # attention (the peers: torch's copy into the cache's last row, then SDPA)
+            HostProblem("decode+append", 32, 32, 8192, 128, True, heads_kv=8)]
 
 
 def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
@@ -73,11 +76,15 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
         return torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16)
 
     hkv = p.heads_kv or p.heads
-    q_len = 1 if p.kind == "decode" else p.seq
+    decode = p.kind.startswith("decode")
+    q_len = 1 if decode else p.seq
     q, k, v = rand(p.batch, p.heads, q_len, p.dim), *(rand(p.batch, hkv, p.seq, p.dim)
                                                        for _ in range(2))
     gqa = hkv != p.heads
-    causal = p.causal and p.kind != "decode"  # one new query sees the whole cache
+    causal = p.causal and not decode  # one new query sees the whole cache
+    appended = None
+    if p.kind == "decode+append":  # each call writes them at the cache's last row
+        appended = [rand(p.batch, hkv, 1, p.dim) for _ in range(2)]
     if p.kind == "fwd+bwd":
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         dout = rand(*q.shape)
@@ -90,13 +97,19 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
             return out
         return call
 
-    peers = {name: (backend, plain(lambda q, k, v: sdpa(q, k, v, is_causal=causal,
-                                                        enable_gqa=gqa)))
+    def peer(q, k, v):
+        if appended is not None:
+            k[:, :, -1:].copy_(appended[0])
+            v[:, :, -1:].copy_(appended[1])
+        return sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    peers = {name: (backend, plain(peer))
              for name, backend in (("sdpa", None), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                                    ("sdpa-flash", SDPBackend.FLASH_ATTENTION))}
     calls = {}
     cu = torch.arange(0, (p.batch + 1) * p.seq, p.seq, dtype=torch.int32, device="cuda")
-    lens = torch.full((p.batch,), p.seq, dtype=torch.int32, device="cuda")
+    lens = torch.full((p.batch,), p.seq - (appended is not None), dtype=torch.int32,
+                      device="cuda")
     packed = [t.transpose(1, 2).reshape(-1, t.shape[1], p.dim).contiguous()
               for t in (q, k, v)] if p.kind == "varlen" else None
     for name, lib in libraries.items():
@@ -112,10 +125,12 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
             calls[name] = (None, varlen(True))
             calls[f"{name} check_lengths=False"] = (None, varlen(False))
         else:
-            def decode(lib=lib):
-                return lib.attention_with_kvcache(q, k, v, cache_seqlens=lens,
-                                                  check_lengths=False)
-            calls[f"{name} check_lengths=False"] = (None, decode)
+            def step(lib=lib):
+                return lib.attention_with_kvcache(
+                    q, k, v, cache_seqlens=lens, check_lengths=False,
+                    **({} if appended is None else dict(k_new=appended[0],
+                                                        v_new=appended[1])))
+            calls[f"{name} check_lengths=False"] = (None, step)
     calls.update(peers)
     return calls, (q, k, v, causal)
 
