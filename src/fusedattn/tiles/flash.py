@@ -191,42 +191,41 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: tor
             mask_args=(qk_scale, cap, left, right), sinks=sinks, descale=descale,
             splits=splits, split_len=split_len, tile=(bm, bn, warps, stages), index=index,
             recording=recording)
-        if splits > 1:
-            merge_splits(target, target_lse, out, lse, launcher=recording.launch, sinks=sinks)
-        return out, compiled
-    (sq_b, sq_h, sq_s), (sk_b, sk_h, sk_s), (sv_b, sv_h, sv_s) = map(divided, (q, k, v))
-    args = dict(
-        p_q=q, p_k=k, p_v=v, p_o=target, p_lse=target_lse,
-        p_cu_q=varlen.cu_q if packed else None, p_cu_k=varlen.cu_k if packed else None,
-        p_seqlens_k=cache.seqlens if cache is not None else None, p_table=table,
-        p_sinks=sinks, p_descale=descale, sq_b=sq_b, sq_h=sq_h, sq_s=sq_s, sq_d=q.stride(3),
-        sk_b=sk_b, sk_h=sk_h, sk_s=sk_s, sk_d=k.stride(3),
-        sv_b=sv_b, sv_h=sv_h, sv_s=sv_s, sv_d=v.stride(3),
-        so_b=0 if packed else target.stride(-4), so_h=target.stride(-3),
-        so_s=target.stride(-2), so_d=target.stride(-1),
-        so_split=target.stride(0) if splits > 1 else 0,
-        sl_b=lse_strides[0], sl_h=lse_strides[1], sl_split=lse_strides[2],
-        st_b=table.stride(0) if table is not None else 0,
-        n_heads=heads, group=group, seq_q=seq_q, seq_k=seq_k, head_dim=dim // align,
-        head_dim_v=dim_v // align,
-        qk_scale=qk_scale, cap=cap, left=left, right=right,
-        page=k.shape[2] if table is not None else 0, split_len=split_len,
-        seqlens_add=cache.added if cache is not None else 0,
-        n_pages=k.shape[0] if table is not None else 0,
-        bucket_q=triton.next_power_of_2(seq_q), bucket_k=triton.next_power_of_2(seq_k),
-        BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2,
-        PRECISION=dot_precision,
-        INDEX=index,
-        BOTTOM_RIGHT=mask.bottom_right, PACK_GQA=pack_gqa, ALIGN=align,
-        ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision, has_left=left >= 0),
-        **fixed)
-    if fixed:
-        compiled = recording.launch(kernel, (triton.cdiv(rows, fixed["BLOCK_M"]), per_row,
-                                             splits), **args)
-    else:  # the autotuner's: its grid is a function of the config it picks
-        recording.unreplayable()
-        with kernel_launches():
-            compiled = kernel[grid](**args)
+    else:
+        (sq_b, sq_h, sq_s), (sk_b, sk_h, sk_s), (sv_b, sv_h, sv_s) = map(divided, (q, k, v))
+        args = dict(
+            p_q=q, p_k=k, p_v=v, p_o=target, p_lse=target_lse,
+            p_cu_q=varlen.cu_q if packed else None, p_cu_k=varlen.cu_k if packed else None,
+            p_seqlens_k=cache.seqlens if cache is not None else None, p_table=table,
+            p_sinks=sinks, p_descale=descale, sq_b=sq_b, sq_h=sq_h, sq_s=sq_s,
+            sq_d=q.stride(3),
+            sk_b=sk_b, sk_h=sk_h, sk_s=sk_s, sk_d=k.stride(3),
+            sv_b=sv_b, sv_h=sv_h, sv_s=sv_s, sv_d=v.stride(3),
+            so_b=0 if packed else target.stride(-4), so_h=target.stride(-3),
+            so_s=target.stride(-2), so_d=target.stride(-1),
+            so_split=target.stride(0) if splits > 1 else 0,
+            sl_b=lse_strides[0], sl_h=lse_strides[1], sl_split=lse_strides[2],
+            st_b=table.stride(0) if table is not None else 0,
+            n_heads=heads, group=group, seq_q=seq_q, seq_k=seq_k, head_dim=dim // align,
+            head_dim_v=dim_v // align,
+            qk_scale=qk_scale, cap=cap, left=left, right=right,
+            page=k.shape[2] if table is not None else 0, split_len=split_len,
+            seqlens_add=cache.added if cache is not None else 0,
+            n_pages=k.shape[0] if table is not None else 0,
+            bucket_q=triton.next_power_of_2(seq_q), bucket_k=triton.next_power_of_2(seq_k),
+            BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2,
+            PRECISION=dot_precision, INDEX=index, BOTTOM_RIGHT=mask.bottom_right,
+            PACK_GQA=pack_gqa, ALIGN=align,
+            ONE_LOOP=single_key_loop(seq_k=seq_k, precision=dot_precision,
+                                     has_left=left >= 0),
+            **fixed)
+        if fixed:
+            compiled = recording.launch(kernel, (triton.cdiv(rows, fixed["BLOCK_M"]),
+                                                 per_row, splits), **args)
+        else:  # the autotuner's: its grid is a function of the config it picks
+            recording.unreplayable()
+            with kernel_launches():
+                compiled = kernel[grid](**args)
     if splits > 1:
         merge_splits(target, target_lse, out, lse, launcher=recording.launch, sinks=sinks)
     return out, compiled
