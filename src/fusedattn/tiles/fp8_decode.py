@@ -159,6 +159,9 @@ def _fp8_decode(
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
         mask_n = keys < seq_k
+        # the rows of the keys as `flash_kernels._key_tiles` finds them (to become one
+        # helper when `_flash_fwd`'s source next changes: its shipped prebuilt entries are
+        # keyed by that source, and moving this out of it would miss them all)
         if PAGED:
             blk = tl.load(p_pages + keys // page, mask=mask_n, other=0)
             blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1).to(INDEX)  # inside the cache
