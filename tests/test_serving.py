@@ -323,8 +323,8 @@ def test_serving_bench_verifies_every_kind(tmp_path):
     # and of packed documents, beside the bf16 varlen step on the dequantised values
     assert {r["provider"] for r in rows if r["problem"].startswith("fp8-varlen-bwd")} == {
         "fusedattn", "fusedattn-fp32", "fusedattn-bf16"}
-    # FP8 decode beside the same call on the values dequantised to bf16
+    # FP8 decode (both kernels) beside the same call on the values dequantised to bf16
     assert {r["provider"] for r in rows if r["problem"].startswith("fp8-decode")} == {
-        "fusedattn", "fusedattn-bf16"}
+        "fusedattn", "fusedattn-fp8dec", "fusedattn-bf16"}
     assert all(r["status"] == "ok" and float(r["max_abs_error"]) <= float(r["tolerance"])
                for r in rows)

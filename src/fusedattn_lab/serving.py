@@ -24,8 +24,9 @@ peers, in one process, on the same inputs.
   no FP8; FA4's FP8 runs on SM100 only, FA3 is not staged here). Its error bound is twice
   the FP8 formula's done by torch (`peers.fp8_peer`), not the bf16 peers'.
 - fp8-decode: `attention_with_kvcache` on e4m3 q and caches (every sequence full) with
-  per-head factors, against its own bf16 decode (`fusedattn-bf16`) and SDPA's on the values
-  dequantised to bf16; the bandwidth column counts each provider's own K/V bytes (one a
+  per-head factors (`fusedattn`; `fusedattn-fp8dec` with FUSEDATTN_FP8_DECODE=1's kernel,
+  `tiles.fp8_decode`), against its own bf16 decode (`fusedattn-bf16`) and SDPA's on the
+  values dequantised to bf16; the bandwidth column counts each provider's own K/V bytes (one a
   value for e4m3, two for bf16), the bound as fp8's.
 - fp8-varlen-bwd: `attention_varlen_fp8_backward` on e4m3 packed documents (the varlen
   row's lengths), each route, beside the bf16 varlen forward + backward on the dequantised
@@ -504,6 +505,7 @@ def _fp8(p: ServingProblem, gen):
 def _fp8_decode(p: ServingProblem, gen):
     """(providers, reference check, the FP8 formula's error by torch) for decode on e4m3
     caches, every sequence full (the queries last: bottom-right)."""
+    from fusedattn import configs
     from fusedattn.kvcache import attention_with_kvcache
     from fusedattn.reference import attention_ref, dequantize
     from fusedattn.tiles.dequantize import dequantize_as
@@ -514,9 +516,20 @@ def _fp8_decode(p: ServingProblem, gen):
     q, k, v = (dequantize_as(t, f, DTYPES[p.dtype]) for t, f in
                zip((q8, k8, v8), factors, strict=True))
     kw = dict(descale_q=factors[0], descale_k=factors[1], descale_v=factors[2])
+    opt_in = replace(configs.OVERRIDES, fp8_decode=True)
+
+    def fp8dec():  # FUSEDATTN_FP8_DECODE=1 for this call alone (plans keep it in their key)
+        before, configs.OVERRIDES = configs.OVERRIDES, opt_in
+        try:
+            return attention_with_kvcache(q8, k8, v8, cache_seqlens=seqlens,
+                                          check_lengths=False, **kw)
+        finally:
+            configs.OVERRIDES = before
+
     providers = {
         "fusedattn": lambda: attention_with_kvcache(q8, k8, v8, cache_seqlens=seqlens,
                                                     check_lengths=False, **kw),
+        "fusedattn-fp8dec": fp8dec,
         "fusedattn-bf16": lambda: attention_with_kvcache(q, k, v, cache_seqlens=seqlens,
                                                          check_lengths=False)}
     if p.seq_q == 1:  # (one query sees the whole cache: no mask for SDPA)
@@ -632,6 +645,7 @@ BUILDERS: dict[str, Callable] = {"decode": _decode, "varlen": _varlen, "window":
 BACKWARDS = {"fp8-bwd": "fp8", "mla-bwd": "mla", "fp8-varlen-bwd": "varlen"}
 DECODES = ("decode", "fp8-decode")  # the kinds of one or a few queries over a cache
 PROVIDERS = ("fusedattn", "fusedattn-portable", "fusedattn-fp32", "fusedattn-bf16",
+             "fusedattn-fp8dec",
              "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex", "fa4")
 """Every provider a serving problem may have (each builder makes the ones that apply)."""
 
@@ -648,8 +662,8 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
     # a builder may add the error that bounds its rows (fp8: the FP8 formula's by torch)
     providers, reference, *own_bound = BUILDERS[p.kind](p, gen)
     if EMULATION:  # the compiled and SDPA-backend peers need the GPU
-        providers = {n: providers[n] for n in ("fusedattn", "fusedattn-fp32", "fusedattn-bf16")
-                     if n in providers}
+        providers = {n: providers[n] for n in ("fusedattn", "fusedattn-fp32", "fusedattn-bf16",
+                                               "fusedattn-fp8dec") if n in providers}
     unmeasured = dict.fromkeys(("max_abs_error", "tolerance", "median_ms", "min_ms", "max_ms",
                                 "tflops", "peak_bytes", "call_bytes"))
 
@@ -694,7 +708,9 @@ def run_serving(p: ServingProblem, names: list[str], *, warmup: int, repeat: int
                        tflops=p.useful_flops() / (t.median_ms * 1e-3) / 1e12,
                        peak_bytes=peak, call_bytes=call_bytes)
             if p.kind in DECODES:  # each provider's own bytes (fp8-decode: e4m3 for ours)
-                itemsize = 1 if p.kind == "fp8-decode" and name == "fusedattn" else None
+                itemsize = 1 if p.kind == "fp8-decode" and name in ("fusedattn",
+                                                                     "fusedattn-fp8dec") \
+                    else None
                 row["gbps"] = p.kv_bytes(itemsize) / (t.median_ms * 1e-3) / 1e9
         rows.append(row)
     ours = next((r for r in rows if r["provider"] == "fusedattn" and r["median_ms"]), None)
