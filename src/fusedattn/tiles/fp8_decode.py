@@ -17,8 +17,8 @@ transposed, the keys as M:
 With M = BLOCK_N >= 64 Triton takes wgmma: QGMMA for S^T straight from K's bytes, and for
 O^T an HGMMA whose A is V^T, widened from e4m3 to fp16 in registers (exact) before any
 shared-memory round trip. V is loaded as int32 words (four e4m3 each, a row's 16 bytes a
-load) and widened by PTX's `cvt.rn.f16x2.e4m3x2` (`_widen_e4m3`): loaded as bytes, Triton
-takes each byte apart and packs it again (PRMTs) around the loop's back edge. P enters the
+load), not as bytes, which the loop carried a register each and packed again (PRMTs)
+around its back edge, and widened by PTX's `cvt.rn.f16x2.e4m3x2` (`_widen_e4m3`). P enters the
 product in fp16 (exact enough that the result is closer to the float64 reference than the
 e4m3 P of the FP8 formula). Built for sm_90a with Triton 3.6, a D128 key tile of 128 keys
 is 459-519 SASS instructions a thread against `_flash_fwd`'s 906-910 and bf16 decode's 425
