@@ -5,6 +5,8 @@
               pair there (`hopper.forward.kernel_pair`), causal or not (both alignments),
               windows, softcap, GQA, varlen, LSE
     portable  Triton `tl.*` (`fusedattn.tiles`): everything, on every GPU and in emulation
+              (e4m3 decode of few rows a K/V head on `tiles.fp8_decode`'s kernel where its
+              `refusal` lets it and FUSEDATTN_FP8_DECODE=1 asks: `flash.flash_forward`)
 
 `forward_path` returns the path and a one-line reason; `use_backend("portable" | "hopper"
 | "auto")` forces a path for the calls inside it (tests, A/Bs): "hopper" on a call it
