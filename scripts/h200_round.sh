@@ -254,7 +254,7 @@ while [ $# -gt 0 ]; do
         NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
           torchrun --nproc-per-node "$n" scripts/context_parallel_bench.py \
           $ev/cp/cp-$n-gpus.csv --layouts "$layouts" 2>&1 | grep -v Warning | tail -20 | tee -a "$log" ;;
-    mergeab) other=$1; shift  # an older tree's src/: scripts/merge_ab.py, the merges in turns
+    mergeab) other=$1; shift  # a folder holding an older tree's src/ (as hostab): merge_ab.py
         python3 scripts/merge_ab.py --base "$other" --out $ev/mergeab 2>&1 | grep -v UserWarning \
           | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     hostab) other=$1; shift  # an older tree's src/ (e.g. `git archive REV src | tar -x -C D`)

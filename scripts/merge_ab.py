@@ -2,8 +2,10 @@
 process on the GPU (the split partials of decode rows, random, as the split kernel leaves
 them: some splits empty).
 
-    git archive REV src | tar -x -C .ab/old      # an ignored folder, carried
-    python3 scripts/merge_ab.py --base .ab/old/src [--rounds 5] --out DIR
+    git archive REV src | tar -x -C .hostab-base    # an ignored folder, carried
+    python3 scripts/merge_ab.py --base .hostab-base [--rounds 5] --out DIR
+
+(`--base` as `scripts/host_ab.py` takes it: the folder holding the older `src/`.)
 
 Until 2026-12-05 the merge was one program per 16 rows walking the splits one load at a
 time: a long sequence's 32 rows (B1 H32, 64 splits) ran on two programs. Since then a
@@ -35,11 +37,12 @@ ROWS = [("B1 H32 Sk131072 D128", 64, 1, 32, 128), ("B1 H32 Sk131072 D64", 64, 1,
         ("B8 H32 Sk32768 D128", 16, 8, 32, 128)]
 
 
-def _base(src: Path):
-    """The older tree's `splitkv` module, imported from its file under another name (its
-    imports are this tree's `fusedattn.launch` helpers)."""
+def _base(base: Path):
+    """The older tree's `splitkv` module (`base`/src/fusedattn/tiles/splitkv.py), imported
+    from its file under another name (its imports are this tree's `fusedattn.launch`
+    helpers)."""
     spec = importlib.util.spec_from_file_location(
-        "splitkv_base", src / "fusedattn" / "tiles" / "splitkv.py")
+        "splitkv_base", base / "src" / "fusedattn" / "tiles" / "splitkv.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["splitkv_base"] = module
     spec.loader.exec_module(module)
@@ -92,7 +95,7 @@ def run(base, rounds: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--base", required=True, help="an older tree's src/ folder")
+    ap.add_argument("--base", required=True, help="the folder holding an older tree's src/")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
