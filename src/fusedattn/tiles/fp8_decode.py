@@ -19,8 +19,8 @@ O^T an HGMMA whose A is V^T, widened from e4m3 to fp16 in registers (exact) befo
 shared-memory round trip. V is loaded as int32 words (four e4m3 each, a row's 16 bytes a
 load), not as bytes, which the loop carried a register each and packed again (PRMTs)
 around its back edge, and widened by PTX's `cvt.rn.f16x2.e4m3x2` (`_widen_e4m3`). P enters the
-product in fp16 (exact enough that the result is closer to the float64 reference than the
-e4m3 P of the FP8 formula). Built for sm_90a with Triton 3.6, a D128 key tile of 128 keys
+product in fp16: the product's operands are fp16 anyway, and P keeps 11 significant bits
+where the FP8 formula's e4m3 P keeps 4. Built for sm_90a with Triton 3.6, a D128 key tile of 128 keys
 is 459-519 SASS instructions a thread against `_flash_fwd`'s 906-910 and bf16 decode's 425
 (evidence/sm90-compile/20261205T0626Z-fp8-decode-deferred-sum): a compiler's count, not a
 time.
