@@ -18,12 +18,12 @@ With M = BLOCK_N >= 64 Triton takes wgmma: QGMMA for S^T straight from K's bytes
 O^T an HGMMA whose A is V^T, widened from e4m3 to fp16 in registers (exact) before any
 shared-memory round trip. V is loaded as int32 words (four e4m3 each, a row's 16 bytes a
 load), not as bytes, which the loop carried a register each and packed again (PRMTs)
-around its back edge, and widened by PTX's `cvt.rn.f16x2.e4m3x2` (`_widen_e4m3`). P enters the
-product in fp16: the product's operands are fp16 anyway, and P keeps 11 significant bits
-where the FP8 formula's e4m3 P keeps 4. Built for sm_90a with Triton 3.6, a D128 key tile of 128 keys
-is 459-519 SASS instructions a thread against `_flash_fwd`'s 906-910 and bf16 decode's 425
-(evidence/sm90-compile/20261205T0626Z-fp8-decode-deferred-sum): a compiler's count, not a
-time.
+around its back edge, and widened by PTX's `cvt.rn.f16x2.e4m3x2` (`_widen_e4m3`). P
+enters the product in fp16: the product's operands are fp16 anyway, and P keeps 11
+significant bits where the FP8 formula's e4m3 P keeps 4. Built for sm_90a with Triton
+3.6, a D128 key tile of 128 keys is 459-519 SASS instructions a thread against
+`_flash_fwd`'s 906-910 and bf16 decode's 425 (evidence/sm90-compile/20261205T0626Z-fp8-
+decode-deferred-sum): a compiler's count, not a time.
 
 Masks, paging, lengths, splits, sinks and the outputs are `_flash_fwd`'s (the same
 `tiles/common` helpers and arguments); the split partials go to the same merge
