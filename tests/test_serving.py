@@ -232,6 +232,36 @@ def test_the_merge_of_split_partials_against_float64(splits, dim, sinks):
     assert torch.allclose(got_lse.double().cpu()[seen], want_lse[seen], atol=1e-5, rtol=1e-5)
 
 
+def test_the_device_calls_decode_scripts_run_in_emulation():
+    # what the next device call runs, checked here first (a broken script costs device
+    # time): `decode_tiles.py` checks both FP8 decode kernels and bf16 decode at two tiles
+    # each on its tiny problem; `merge_ab.py` loads an older tree's merge beside this one
+    # (here this tree's own, from the repository root) and its float64 merge agrees
+    from pathlib import Path
+
+    from fusedattn.tiles import splitkv
+    from inputs import script
+
+    rows = script("decode_tiles").run(64, 0, tiny=True)
+    assert {(r["dtype"], r["kernel"]) for r in rows} == {
+        ("e4m3", "fp8_decode"), ("e4m3", "flash_fwd"), ("bf16", "flash_fwd")}
+    assert len(rows) == 6 and all(r["ok"] for r in rows)
+    merge_ab = script("merge_ab")
+    base = merge_ab._base(Path(__file__).resolve().parents[1])
+    assert base is not splitkv and base.merge_splits is not splitkv.merge_splits
+    g = torch.Generator().manual_seed(0)
+    part = torch.randn(5, 1, 3, 1, 40, generator=g)
+    lse = torch.randn(5, 1, 3, 1, generator=g)
+    lse[1] = float("-inf")
+    outs = []
+    for module in (splitkv, base):
+        out = torch.empty(1, 3, 1, 40, device=DEVICE)
+        module.merge_splits(part.to(DEVICE), lse.to(DEVICE), out, None)
+        outs.append(out.double().cpu())
+    want = merge_ab._reference(part, lse)
+    assert all(torch.allclose(o, want, atol=1e-5) for o in outs)
+
+
 @pytest.mark.parametrize("dtype", LOW)
 def test_kvcache_low_precision(dtype):
     k, v = (_rand(2, 2, 80, 64, dtype=dtype, seed=s) for s in (0, 1))
