@@ -30,11 +30,11 @@ from fusedattn_lab.evidence import environment, write_json
 from fusedattn_lab.timing import time_gpu
 
 # (name, splits, batch, heads, head dim): the bench's decode rows' merges, as
-# `kvcache.chosen_splits` splits them on the H200 (B1 over 131k keys: 64 splits; B32 over
-# 8k: 3), and the head dims beside
+# `kvcache.chosen_splits` splits them (H32/8, one query: B1 over 131k keys 64 splits, B32
+# over 8k 3, B8 over 32k 9), and the head dims beside
 ROWS = [("B1 H32 Sk131072 D128", 64, 1, 32, 128), ("B1 H32 Sk131072 D64", 64, 1, 32, 64),
         ("B1 H32 Sk131072 D256", 64, 1, 32, 256), ("B32 H32 Sk8192 D128", 3, 32, 32, 128),
-        ("B8 H32 Sk32768 D128", 16, 8, 32, 128)]
+        ("B8 H32 Sk32768 D128", 9, 8, 32, 128)]
 
 
 def _base(base: Path):

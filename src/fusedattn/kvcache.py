@@ -289,14 +289,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if key is not None:
             _DECIDED.put(key, decided)
     else:  # checked before, on the same metadata (and no values to check)
-        capacity, s_new, window, softcap, splits, _, _ = decided
+        capacity, s_new, window, softcap, splits, *_ = decided
         cache_seqlens = cache_seqlens.contiguous()
         block_table = block_table.contiguous() if block_table is not None else None
+    kept_attention, kept_append = decided[-2:] if key is not None else (None, None)
     if s_new:
         from fusedattn.tiles.append import append_to_cache
 
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity,
-                        kept=decided[-1] if key is not None else None)
+                        kept=kept_append)
     dim = q.shape[3]
     out, lse = new_outputs(q, v_cache, q.shape[:3] if return_lse else None)  # V's head dim
     descale = fp8_descale(q, descales, q.shape[1], k_cache.shape[1]) if q.dtype == FP8 \
@@ -319,7 +320,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         launch()
     else:  # the key settled the dispatch's plan key but for the context: the tensors made
         # here are fresh (O, the LSE, FP8's factors), the rest are the key's
-        kept_forward(decided[-2], forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
+        kept_forward(kept_attention, forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
                                                  sinks=as_sinks(sinks), descale=descale),
                      launch)
     return (out, lse) if return_lse else out

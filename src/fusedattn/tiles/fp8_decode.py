@@ -54,6 +54,18 @@ WIDEN_ASM = tl.constexpr(not EMULATION)
 
 
 @triton.jit
+def _half(x, SHIFT: tl.constexpr):
+    """The fp16 in bits SHIFT..SHIFT + 15 of int32 `x` (the cast to int16 keeps the low 16)."""
+    return (x >> SHIFT).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _byte(x, SHIFT: tl.constexpr):
+    """The e4m3 in bits SHIFT..SHIFT + 7 of int32 `x`, widened to fp16 (exact)."""
+    return (x >> SHIFT).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
 def _widen_e4m3(words):
     """`words` [N, W] int32, each four e4m3 values (the first in the low byte, as memory
     holds them) -> [N, 4 * W] fp16, in memory order."""
@@ -62,18 +74,10 @@ def _widen_e4m3(words):
             "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.rn.f16x2.e4m3x2 $0, a; "
             "cvt.rn.f16x2.e4m3x2 $1, b; }",
             "=r,=r,r", [words], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-        e0 = (lo & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-        e1 = (lo >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-        e2 = (hi & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-        e3 = (hi >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+        e0, e1, e2, e3 = _half(lo, 0), _half(lo, 16), _half(hi, 0), _half(hi, 16)
     else:
-        e0 = (words & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        e1 = ((words >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(
-            tl.float16)
-        e2 = ((words >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(
-            tl.float16)
-        e3 = ((words >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(
-            tl.float16)
+        e0, e1, e2, e3 = (_byte(words, 0), _byte(words, 8), _byte(words, 16),
+                          _byte(words, 24))
     n: tl.constexpr = words.shape[0]
     w: tl.constexpr = words.shape[1]
     # (join stacks on a new last axis: [.., j, i] is element 2 j + i)
