@@ -398,6 +398,27 @@ def test_fp8_refuses_what_it_does_not_take(call, field, allowed):
     assert e.value.field == field and allowed in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("entry", ["attention", "varlen"])
+def test_a_float8_input_requiring_grad_is_refused_after_a_call_whose_factor_did(entry):
+    # the call caches key each tensor's requires_grad, not only whether one tensor's is set:
+    # a descale factor that requires grad is taken (factors get no gradient), and its
+    # call's cached decisions must not let through a float8 q that requires grad, on the
+    # same metadata otherwise (they had: the output came back with no graph). (The KV
+    # cache's entry is inference only: it takes no gradient from any input.)
+    def call(q, k, v, factor):
+        if entry == "attention":
+            return attention(q, k, v, descale_q=factor)
+        return attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), i32([0, 16]),
+                                i32([0, 16]), 16, 16, descale_q=factor, check_lengths=False)
+
+    q, k, v = _fp8_inputs()
+    factor = torch.full((1,), 0.5, device=DEVICE, requires_grad=True)
+    assert call(q, k, v, factor).dtype == torch.bfloat16  # taken
+    with pytest.raises(ProblemError) as e:
+        call(q.detach().requires_grad_(), k, v, factor)
+    assert e.value.field == "requires_grad", str(e.value)
+
+
 def test_fp8_on_the_hopper_path_takes_its_head_dims_and_says_why_not_others():
     q8, k8, v8 = _fp8_inputs(d=64)
     assert "head dims" not in (hopper_refusal(q8, k8, v8, mask=Mask()) or "")

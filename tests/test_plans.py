@@ -963,19 +963,21 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
 def test_a_call_key_lays_out_each_tensors_plan_key_parts():
     # `api.call_key` inlines `launch.tensor_key`'s parts (one flat tuple a call): a part
     # added to one and not the other would let a call key serve a call whose plan key
-    # differs. Each tensor's stretch of the call key is its `tensor_key`, None as None.
+    # differs. Each tensor's stretch of the call key is its `tensor_key` and whether it
+    # requires grad (the checks refuse that for some tensors alone), None as None.
     from fusedattn import launch
     from fusedattn.api import call_key
 
     q = rand(1, 2, 9, 16)
     k = rand(1, 2, 11, 16)[..., ::1].transpose(2, 3).contiguous().transpose(2, 3)
+    k.requires_grad_()
     options = (True, 0.5)
     key = call_key((q, None, k), options, None)
     start = 2 * len(options) + 1  # the options, their types, the window
-    parts = len(launch.tensor_key(q))
-    assert key[start:start + parts] == launch.tensor_key(q)
+    parts = len(launch.tensor_key(q)) + 1
+    assert key[start:start + parts] == (*launch.tensor_key(q), False)
     assert key[start + parts] is None
-    assert key[start + parts + 1:start + 2 * parts + 1] == launch.tensor_key(k)
+    assert key[start + parts + 1:start + 2 * parts + 1] == (*launch.tensor_key(k), True)
     assert launch.tensor_key(k) != launch.tensor_key(rand(1, 2, 11, 16))  # (its strides)
 
 

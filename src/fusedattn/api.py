@@ -74,6 +74,7 @@ from typing import NamedTuple
 
 import torch
 
+from fusedattn import dispatch
 from fusedattn.launch import KeptPlan, Plans, alias_positions
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
@@ -140,9 +141,7 @@ def new_outputs(q, v, lse_shape) -> tuple[torch.Tensor, torch.Tensor | None]:
 def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
             softcap, descale, keep: list | None = None):
     """`dispatch.forward` into `out` and `lse` (`keep` receives its plan)."""
-    from fusedattn.dispatch import forward
-
-    forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
+    dispatch.forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
             precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
             descale=descale, keep=keep)
@@ -154,12 +153,11 @@ def _kept_forward(call, q, k, v, sinks, descale, lse=True):
     settles the dispatch's plan key but for `dispatch.plan_context`. A call autograd
     records runs it inside `_FlashCall`. `lse`: whether the LSE is made and written (a
     call that neither returns it nor keeps it for a backward makes none: `new_outputs`)."""
-    from fusedattn.dispatch import forward_inputs, kept_forward
-
     out, lse = new_outputs(q, v, q.shape[:3] if lse else None)
-    kept_forward(call.plan, forward_inputs(q, k, v, out, lse, sinks=sinks, descale=descale),
-                 lambda keep: _launch(q, k, v, out, lse, sinks, *call.options[:6], descale,
-                                      keep))
+    dispatch.kept_forward(call.plan, dispatch.forward_inputs(q, k, v, out, lse, sinks=sinks,
+                                                             descale=descale),
+                          lambda keep: _launch(q, k, v, out, lse, sinks, *call.options[:6],
+                                               descale, keep))
     return out, lse
 
 
@@ -253,10 +251,8 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, sinks, out, lse)
     ctx.options = options
     ctx.kept = None  # `_FlashCall` gives its call's kept backward plan
-    from fusedattn.dispatch import current_backend
-
     # the path's choice now: autograd may run the backward on a thread of its own
-    ctx.backend = current_backend()
+    ctx.backend = dispatch.current_backend()
 
 
 def _gradients(ctx, dout, dlse) -> tuple:
@@ -455,9 +451,11 @@ def typed(x):
 def call_key(tensors, options, window, *extra):
     """The metadata an entry point's checks and decisions read, for its call cache: each
     tensor's shape, strides, dtype, device and 16-byte alignment (`launch.tensor_key`'s
-    parts, laid flat: one tuple a call, not one a tensor), whether autograd records the
-    call, which tensors are one object (`launch.aliases`: a plan recorded on
-    `attention(x, x, x)` must not serve three tensors), the options with their types
+    parts, laid flat: one tuple a call, not one a tensor) and whether it requires grad
+    (each one's, not only whether any does: the checks refuse a float8 input that does,
+    and not a descale factor), whether autograd records the call, which tensors are one
+    object (`launch.aliases`: a plan recorded on `attention(x, x, x)` must not serve three
+    tensors), the options with their types
     (1, 1.0 and True hash alike), the window's sides with theirs, and `extra` as it is.
     None for a call that takes the full path each time: tensor subclasses, a window that
     is not a pair, unhashable options, nested or sparse tensors (the full path says what
@@ -474,8 +472,9 @@ def call_key(tensors, options, window, *extra):
                 continue
             if t.__class__ is not _TENSOR:
                 return None
-            parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
-            grad = grad or t.requires_grad
+            wants = t.requires_grad
+            parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15, wants)
+            grad = grad or wants
             ids.append(id(t))
         key = (*parts, grad and torch.is_grad_enabled(), alias_positions(ids))
         hash(key)  # (the cache's lookup hashes it again: the tensors' parts always hash)

@@ -230,14 +230,12 @@ def current_backend() -> str:
 _PLANS = Plans()
 
 
-def forward_inputs(q, k, v, out, lse, *, varlen=None, cache=None, sinks=None,
-                   descale=None) -> tuple:
+def forward_inputs(q, k, v, out, lse, *, offsets=(None, None), cache=(None, None),
+                   sinks=None, descale=None) -> tuple:
     """A forward's tensors in the order its plans record them (`launch.Recording`) and
-    replay them."""
-    return (q, k, v, out, lse, *((varlen.cu_q, varlen.cu_k) if varlen is not None
-                                 else (None, None)),
-            *((cache.seqlens, cache.block_table) if cache is not None else (None, None)),
-            sinks, descale)
+    replay them: `offsets` varlen's (cu_seqlens_q, cu_seqlens_k), `cache` a KV cache's
+    (lengths, block table), each a pair (of Nones where the call has none)."""
+    return (q, k, v, out, lse, *offsets, *cache, sinks, descale)
 
 
 def plan_context() -> tuple:
@@ -278,8 +276,10 @@ def forward(q, k, v, *, out, lse, is_causal, scale, precision, mask=None, varlen
     from fusedattn.tiles.common import Mask
 
     mask = mask or Mask(causal=is_causal)
-    inputs = forward_inputs(q, k, v, out, lse, varlen=varlen, cache=cache, sinks=sinks,
-                            descale=descale)
+    inputs = forward_inputs(
+        q, k, v, out, lse, offsets=(None, None) if varlen is None else (varlen.cu_q, varlen.cu_k),
+        cache=(None, None) if cache is None else (cache.seqlens, cache.block_table),
+        sinks=sinks, descale=descale)
     key = None
     if config is None:
         key = (*hashable(plan_context()), is_causal, scale, precision, mask, splits, pack_gqa,

@@ -72,6 +72,7 @@ import math
 import torch
 import triton
 
+from fusedattn import dispatch
 from fusedattn.api import DTYPES, as_sinks, call_key, check_options, fp8_descale, new_outputs
 from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
@@ -87,6 +88,8 @@ from fusedattn.problem import (
     clamp_window,
     is_int,
 )
+from fusedattn.tiles.append import append_to_cache
+from fusedattn.tiles.common import KVCache, Mask
 
 
 def _check_index(name: str, t: object, shape: tuple[int, ...] | None,
@@ -244,7 +247,7 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, s
                *descales)
     key = call_key(tensors, options[:1] + options[2:], options[1])
     # (the addresses after `call_key`, which has refused what has none: sparse tensors)
-    return None if key is None else (*key, k_cache.data_ptr(), v_cache.data_ptr())
+    return None if key is None else (key, k_cache.data_ptr(), v_cache.data_ptr())
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
@@ -260,9 +263,6 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            descale_k: torch.Tensor | None = None,
                            descale_v: torch.Tensor | None = None):
     """Attention of new queries over a KV cache; see the module docstring."""
-    from fusedattn.dispatch import forward, forward_inputs, kept_forward
-    from fusedattn.tiles.common import KVCache, Mask
-
     descales = (descale_q, descale_k, descale_v)
     key = _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
                       descales, (is_causal, window, softcap, scale, return_lse, precision,
@@ -294,33 +294,30 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_table = block_table.contiguous() if block_table is not None else None
     kept_attention, kept_append = decided[-2:] if key is not None else (None, None)
     if s_new:
-        from fusedattn.tiles.append import append_to_cache
-
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity,
                         kept=kept_append)
-    dim = q.shape[3]
     out, lse = new_outputs(q, v_cache, q.shape[:3] if return_lse else None)  # V's head dim
     descale = fp8_descale(q, descales, q.shape[1], k_cache.shape[1]) if q.dtype == FP8 \
         else None
-    # the kernel reads cache_seqlens + s_new keys, clamped to the capacity, through block
-    # indices clamped to the cache (`tiles.common.KVCache`): unchecked lengths and tables
-    # read inside the cache, and no torch op a call adds a launch
-    cache = KVCache(cache_seqlens, block_table, added=s_new)
+    sinks = as_sinks(sinks)
 
     def launch(keep=None):
-        forward(q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal,
-                scale=1.0 / math.sqrt(dim) if scale is None else float(scale),
-                precision=resolve(q.dtype, precision).op,
-                mask=Mask(causal=is_causal, window=window, softcap=softcap,
-                          bottom_right=True),
-                cache=cache, splits=splits, pack_gqa=True, sinks=as_sinks(sinks),
-                descale=descale, keep=keep)
+        # the kernel reads cache_seqlens + s_new keys, clamped to the capacity, through
+        # block indices clamped to the cache (`tiles.common.KVCache`): unchecked lengths
+        # and tables read inside the cache, and no torch op a call adds a launch
+        dispatch.forward(
+            q, k_cache, v_cache, out=out, lse=lse, is_causal=is_causal,
+            scale=1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale),
+            precision=resolve(q.dtype, precision).op,
+            mask=Mask(causal=is_causal, window=window, softcap=softcap, bottom_right=True),
+            cache=KVCache(cache_seqlens, block_table, added=s_new), splits=splits,
+            pack_gqa=True, sinks=sinks, descale=descale, keep=keep)
 
     if key is None:  # check_lengths=True: no plan kept
         launch()
     else:  # the key settled the dispatch's plan key but for the context: the tensors made
         # here are fresh (O, the LSE, FP8's factors), the rest are the key's
-        kept_forward(kept_attention, forward_inputs(q, k_cache, v_cache, out, lse, cache=cache,
-                                                 sinks=as_sinks(sinks), descale=descale),
-                     launch)
+        dispatch.kept_forward(kept_attention, dispatch.forward_inputs(
+            q, k_cache, v_cache, out, lse, cache=(cache_seqlens, block_table), sinks=sinks,
+            descale=descale), launch)
     return (out, lse) if return_lse else out

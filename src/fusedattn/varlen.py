@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from fusedattn import api
+from fusedattn import api, dispatch
 from fusedattn.api import (
     DTYPES,
     _mask,
@@ -71,12 +71,7 @@ from fusedattn.problem import (
     clamp_window,
     is_int,
 )
-
-
-def _varlen(cu_q, cu_k, max_q, max_k):
-    from fusedattn.tiles.common import Varlen
-
-    return Varlen(cu_q, cu_k, max_q, max_k)
+from fusedattn.tiles.common import Varlen
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:
@@ -101,13 +96,11 @@ def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal
                    keep: list | None = None):
     """`dispatch.forward` on the packed views, into `out` and `lse` (`keep` receives its
     plan)."""
-    from fusedattn.dispatch import forward
-
-    forward(_packed(q), _packed(k), _packed(v), out=_packed(out),
+    dispatch.forward(_packed(q), _packed(k), _packed(v), out=_packed(out),
             lse=None if lse is None else lse[None],
             is_causal=is_causal, scale=scale, precision=precision,
             mask=_mask(is_causal, window_left, window_right, softcap, True),
-            varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale,
+            varlen=Varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale,
             keep=keep)
 
 
@@ -116,16 +109,14 @@ def _kept_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *opti
     """The eager forward, by `dispatch.kept_forward` with the plan its call key keeps (as
     `api._kept_forward`, `lse` as there); a call autograd records runs it inside
     `_VarlenCall`."""
-    from fusedattn.dispatch import forward_inputs, kept_forward
-
     out, lse = new_outputs(q, v, (q.shape[1], q.shape[0]) if lse else None)
     # a replay reads its tensors' addresses alone (`launch.Replay`), so the packed tensors
     # stand in for the kernels' views of them (`_packed`, the same storage): no view a call
-    kept_forward(kept, forward_inputs(q, k, v, out, lse, varlen=_varlen(cu_q, cu_k, max_q,
-                                                                        max_k),
-                                      sinks=sinks, descale=descale),
-                 lambda keep: _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q,
-                                             max_k, *options, descale, keep))
+    dispatch.kept_forward(
+        kept, dispatch.forward_inputs(q, k, v, out, lse, offsets=(cu_q, cu_k), sinks=sinks,
+                                      descale=descale),
+        lambda keep: _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k,
+                                    *options, descale, keep))
     return out, lse
 
 
@@ -164,7 +155,7 @@ def _kept_varlen_bwd(kept, dout, q, k, v, out, lse, dlse, cu_q, cu_k, sinks, max
         _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out), lse[None],
         dlse[None] if dlse is not None else None, is_causal=is_causal, scale=scale,
         precision=precision, mask=_mask(is_causal, window_left, window_right, softcap, True),
-        varlen=_varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, backend=backend, kept=kept)
+        varlen=Varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, backend=backend, kept=kept)
     return (*(g[0].permute(1, 0, 2) for g in (dq, dk, dv)), *dsinks)
 
 
@@ -190,9 +181,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # an unused LSE: dLSE None, not zeros (as in api)
     ctx.options = options[:len(BACKWARD_OPTIONS)]
     ctx.kept = None  # `_VarlenCall` gives its call's kept backward plan
-    from fusedattn.dispatch import current_backend
-
-    ctx.backend = current_backend()  # (as `api._setup_context`: autograd's own thread)
+    ctx.backend = dispatch.current_backend()  # (as `api._setup_context`: autograd's own thread)
 
 
 def _gradients(ctx, dout, dlse) -> tuple:
@@ -225,7 +214,7 @@ class _VarlenCall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, sinks, decided, descale):
-        options, kept, backward = decided
+        options, kept, backward, _ = decided
         output = _kept_varlen(kept, q, k, v, cu_q, cu_k, sinks, *options, descale=descale)
         _setup_context(ctx, (q, k, v, cu_q, cu_k, sinks, *options), output)
         ctx.kept = backward
@@ -364,10 +353,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k, scale, window, softcap = _checked(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
             window, softcap, scale, precision, check_lengths, sinks, descales)
-        # the op's arguments after the sinks, the forward's plan (`_kept_varlen`) and the
-        # backward's where autograd records the call (`_VarlenCall`)
+        # the op's arguments after the sinks, the forward's plan (`_kept_varlen`), the
+        # backward's where autograd records the call (`_VarlenCall`), and whether it does
+        # (the key holds it: whether any of its tensors requires grad, and grad mode)
         decided = ((max_q, max_k, is_causal, scale, resolve(q.dtype, precision).op,
-                    *kernel_options(window, softcap)), KeptPlan(), KeptPlan())
+                    *kernel_options(window, softcap)), KeptPlan(), KeptPlan(),
+                   wants_grads((q, k, v, sinks)))
         if key is not None:
             _DECIDED.put(key, decided)
     elif check_lengths:  # the metadata's checks passed on this key; the offsets' values
@@ -376,10 +367,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
         if not _seen(cu_seqlens_k, k.shape[0], max_seqlen_k):
             check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], None, max_seqlen_k)
-    options, kept, _ = decided
+    options, kept, _, grad = decided
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     descale = None if q.dtype != FP8 else fp8_descale(q, descales, q.shape[1], k.shape[1])
-    grad = wants_grads((q, k, v, sinks))
     if compiling or (grad and not api.KEEP_RECORDED):
         out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
                            cu_seqlens_k, as_sinks(sinks), *options, descale, grad=True)

@@ -40,7 +40,9 @@ import torch
 import triton
 
 from fusedattn import configs as tuning
+from fusedattn import dispatch, launch
 from fusedattn.configs import backward_configs, backward_single_loop
+from fusedattn.hopper import backward as hopper_knobs
 from fusedattn.launch import (
     KeptPlan,
     Plans,
@@ -66,8 +68,6 @@ def _preprocess_launch(out, dout, dlse, delta, hopper: tuple | None = None,
     the compact varlen grid's, whose sequences' order it writes after the counters."""
     zero = hopper is not None
     if zero:
-        from fusedattn.hopper import backward as hopper_knobs
-
         zero = hopper_knobs.ZERO_IN_PREPROCESS
     rows_b, heads, rows_q, dim_v = out.shape
     pre_m = 64 if not EMULATION else 16
@@ -108,17 +108,12 @@ def _launches(dout, q, k, v, out, lse, dlse, delta, dq, dk, dv, *, precision: st
     dot_precision = resolve(q.dtype, precision).dot  # None for fp16/bf16
     order = None
     if hopper is not None:
-        from fusedattn.hopper.backward import sequence_order
-
-        order = sequence_order(varlen, dim)
+        order = hopper_knobs.sequence_order(varlen, dim)
     launches = [_preprocess_launch(out, dout, dlse, delta, hopper, order)]
     if hopper is not None:
-        from fusedattn.hopper.backward import hopper_backward_launch
-
-        return [*launches, hopper_backward_launch(dout, q, k, v, lse, delta, *hopper, dk, dv,
-                                                  scale=scale, mask=mask,
-                                                  deterministic=deterministic,
-                                                  varlen=varlen)]
+        return [*launches, hopper_knobs.hopper_backward_launch(
+            dout, q, k, v, lse, delta, *hopper, dk, dv, scale=scale, mask=mask,
+            deterministic=deterministic, varlen=varlen)]
     (km, kn, kw, ks), (qm, qn, qw, qs) = configs or backward_configs(
         dim=max(dim, dim_v), itemsize=q.element_size(), precision=dot_precision,
         causal=mask.causal or mask.window is not None, seq=seq_k, programs=batch * heads_kv)
@@ -177,8 +172,6 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if EMULATION or key in _SUBMITTED:
         return
     _SUBMITTED.add(key)
-    from fusedattn import launch
-
     # what a first GPU launch does first (once a process), before these compiles start: the
     # package's prebuilt kernels go into Triton's cache there (`prebuilt.ensure`); a compile
     # submitted before would miss them (the H200: the backward's kernels compiled on an
@@ -190,17 +183,13 @@ def precompile_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     out = q if q.is_contiguous() and v.shape[3] == q.shape[3] else torch.empty(
         (*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)  # O's and dO's shape
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    from fusedattn.dispatch import backward_path
-
-    if backward_path(q, k, v, mask=mask)[0] == "hopper":
+    if dispatch.backward_path(q, k, v, mask=mask)[0] == "hopper":
         # the portable passes will not run: the preprocess, zeroing as it will there, and
         # the Gluon kernel, beside the forward's compile (evidence 20261203T0401Z). A
         # compile reads dQ's accumulator's dtype, alignment and head dim, and its
         # descriptor's block, so one step's tile stands for it; the counters
         # are as many as the launch checks for (their count is not specialised); k and v
         # stand for dK and dV
-        from fusedattn.hopper import backward as hopper_knobs
-
         batch, heads, seq_q, dim = q.shape
         softcap = bool(mask.softcap)
         acc = torch.empty((1, 1, hopper_knobs.tiles(dim, softcap)[0], dim),
@@ -272,9 +261,6 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     tensors (offsets included) are one object (the last of these seen: a training loop's
     calls share them), so a backward of that call decides nothing and keys no other
     tensor."""
-    from fusedattn import dispatch
-    from fusedattn.hopper import backward as hopper_knobs
-
     mask = mask or Mask(causal=is_causal)
     kept_key = found = None
     if kept is not None and configs is None:
