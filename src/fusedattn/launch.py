@@ -547,8 +547,8 @@ def alias_positions(ids: list) -> int | tuple:
     """`aliases` from the tensors' ids (None left out), for a caller that has them."""
     if len({*ids}) == len(ids):  # the common case, all apart: their count (never a tuple)
         return len(ids)
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(i, n) for n, i in enumerate(ids))
+    first: dict[int, int] = {}  # id -> its first position (`setdefault` keeps the first)
+    return tuple(map(first.setdefault, ids, range(len(ids))))
 
 
 class Plans:

@@ -210,7 +210,7 @@ _Varlen = eager_autograd("_Varlen", _varlen_fwd, _setup_context, _backward)
 class _VarlenCall(torch.autograd.Function):
     """`attention_varlen`'s eager forward on a call autograd records, as `api._FlashCall`:
     the forward replays the plan its call key keeps, the backward keeps its own beside it
-    (`decided`: the call's options, forward plan and backward plan)."""
+    (`decided`: the call's options, forward plan, backward plan and grad)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, sinks, decided, descale):
