@@ -2,10 +2,14 @@
 the launches and torch's CPU-side work, with every replayed launch stubbed out after
 warm-up (emulation: `TRITON_INTERPRET=1` is set here). A count, not a time: it moves by
 well under 1% between runs, where the CPU's µs (`python_path.py`) move by 10% or more, so it
-can tell a change to the Python path of a few per cent. Not a GPU host time (that is
-`fusedattn bench --suite host` on the GPU).
+can tell a change to the Python path of a few per cent. A training step less finely: its
+autograd graph is cyclic garbage, and where the collector's young-generation runs land
+moved a step's count by 2-3% for a change of a few hundred instructions (the same in every
+run; `--gc-off` counts with the collector off after warm-up: evidence/cpu/
+20261205T0823Z-python-path-imports). Not a GPU host time (that is `fusedattn bench --suite
+host` on the GPU).
 
-    python3 scripts/instructions_per_call.py [--calls attention,train,...] [--out F]
+    python3 scripts/instructions_per_call.py [--calls attention,train,...] [--out F] [--gc-off]
 
 Each call kind runs in two processes under `valgrind --tool=callgrind`, one making `--few`
 calls after warm-up and one `--many`; (instructions of the second - of the first) /
@@ -63,9 +67,9 @@ def calls() -> dict:
     }
 
 
-def child(name: str, count: int) -> None:
+def child(name: str, count: int, gc_off: bool = False) -> None:
     """Warm `name` up (its kernels run and record their plans), stub the launches out, then
-    make `count` calls."""
+    make `count` calls (`gc_off`: with the collector off for them)."""
     import torch
 
     from fusedattn import launch
@@ -82,15 +86,17 @@ def child(name: str, count: int) -> None:
     # and not the other
     gc.collect()
     gc.freeze()
+    if gc_off:
+        gc.disable()
     for _ in range(count):
         call()
 
 
-def instructions(name: str, count: int) -> int:
+def instructions(name: str, count: int, gc_off: bool = False) -> int:
     """callgrind's instruction total of a child process making `count` calls of `name`."""
     run = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-         __file__, "--child", name, str(count)],
+         __file__, "--child", name, str(count), *(["--gc-off"] if gc_off else [])],
         capture_output=True, text=True,
         # one thread: torch's pool threads spinning after a parallel region would add
         # instructions by the wall time, not by the work
@@ -109,22 +115,25 @@ def main() -> None:
     parser.add_argument("--few", type=int, default=200)
     parser.add_argument("--many", type=int, default=1200)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--gc-off", action="store_true",
+                        help="the collector off for the counted calls")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child[0], int(args.child[1]))
+        return child(args.child[0], int(args.child[1]), args.gc_off)
     import fusedattn
 
     results = {}
     for name in args.calls.split(","):
-        few, many = instructions(name, args.few), instructions(name, args.many)
+        few, many = (instructions(name, n, args.gc_off) for n in (args.few, args.many))
         results[name] = {"few": few, "many": many,
                          "per_call": round((many - few) / (args.many - args.few))}
         print(f"{name}: {results[name]['per_call']:,} instructions a call", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"library": fusedattn.__file__, "few": args.few, "many": args.many,
-                       "python": sys.version.split()[0], "results": results}, f, indent=1)
+                       "gc_off": args.gc_off, "python": sys.version.split()[0],
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
