@@ -142,9 +142,9 @@ def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, 
             softcap, descale, keep: list | None = None):
     """`dispatch.forward` into `out` and `lse` (`keep` receives its plan)."""
     dispatch.forward(q, k, v, out=out, lse=lse, is_causal=is_causal, scale=scale,
-            precision=precision,
-            mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
-            descale=descale, keep=keep)
+                     precision=precision,
+                     mask=_mask(is_causal, window_left, window_right, softcap), sinks=sinks,
+                     descale=descale, keep=keep)
 
 
 def _kept_forward(call, q, k, v, sinks, descale, lse=True):
@@ -455,8 +455,8 @@ def call_key(tensors, options, window, *extra):
     (each one's, not only whether any does: the checks refuse a float8 input that does,
     and not a descale factor), whether autograd records the call, which tensors are one
     object (`launch.aliases`: a plan recorded on `attention(x, x, x)` must not serve three
-    tensors), the options with their types
-    (1, 1.0 and True hash alike), the window's sides with theirs, and `extra` as it is.
+    tensors), the options with their types (1, 1.0 and True hash alike), the window's
+    sides with theirs, and `extra` as it is.
     None for a call that takes the full path each time: tensor subclasses, a window that
     is not a pair, unhashable options, nested or sparse tensors (the full path says what
     is wrong with them)."""

@@ -522,7 +522,8 @@ def tensor_key(t):
     """What of a tensor decides a launch, for plan keys: shape, strides, dtype, device and
     16-byte alignment (Triton specialises pointers on it; TMA and the portable kernels'
     ALIGN need it); None for None. `api.call_key` lays the same parts out flat, inline
-    (a call a tensor fewer on every call's path): a part added here goes there too."""
+    (a call a tensor fewer on every call's path), each tensor's followed by whether it
+    requires grad: a part added here goes there too."""
     if t is None:
         return None
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)

@@ -97,11 +97,11 @@ def _varlen_launch(q, k, v, out, lse, cu_q, cu_k, sinks, max_q, max_k, is_causal
     """`dispatch.forward` on the packed views, into `out` and `lse` (`keep` receives its
     plan)."""
     dispatch.forward(_packed(q), _packed(k), _packed(v), out=_packed(out),
-            lse=None if lse is None else lse[None],
-            is_causal=is_causal, scale=scale, precision=precision,
-            mask=_mask(is_causal, window_left, window_right, softcap, True),
-            varlen=Varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale,
-            keep=keep)
+                     lse=None if lse is None else lse[None],
+                     is_causal=is_causal, scale=scale, precision=precision,
+                     mask=_mask(is_causal, window_left, window_right, softcap, True),
+                     varlen=Varlen(cu_q, cu_k, max_q, max_k), sinks=sinks, descale=descale,
+                     keep=keep)
 
 
 def _kept_varlen(kept: KeptPlan, q, k, v, cu_q, cu_k, sinks, max_q, max_k, *options,
