@@ -334,3 +334,46 @@ def test_sequence_parallel_holds_for_its_own_thread_only():
     _passes(out.transpose(1, 2), attention_ref(q, q, q, causal=True))
 
 
+
+
+def test_lazy_negative_views_are_refused_by_every_entry_point_even_after_a_kept_call():
+    """A lazy negative view (`x.conj().imag`, `_neg_view`) holds -t as t's bytes and a bit:
+    the kernels read the bytes, so attention(q, k._neg_view(), v) returned attention(q, k,
+    v) (a max error of 1.9 against the resolved call). Each is refused, naming the field,
+    after a call of the same metadata but the bit was kept (its plan must not serve it)."""
+    x, packed, cu = _rand(1, 2, 8, 16), _rand(10, 2, 16), _i32([0, 4, 10])
+    cache, lens, table = _rand(2, 2, 8, 16), _i32([3, 5]), _i32([[0], [1]])
+    one, sinks = _rand(2, 2, 1, 16), _rand(2)
+    x64 = _rand(1, 2, 8, 64)
+    f8 = x64.to(torch.float8_e4m3fn)  # (FP8 takes head dims 64, 128 and 256)
+    factor = torch.ones(1, device=x.device)
+
+    def neg(t):
+        return t._neg_view()
+
+    calls = {  # field named -> the call, given a function applied to that field's tensor
+        "q": lambda f: fusedattn.attention(f(x), x, x),
+        "sinks": lambda f: fusedattn.attention(x, x, x, sinks=f(sinks)),
+        "descale_k": lambda f: fusedattn.attention(f8, f8, f8, descale_k=f(factor)),
+        "v": lambda f: fusedattn.attention_varlen(packed, packed, f(packed), cu, cu, 6, 6),
+        "cu_seqlens_q": lambda f: fusedattn.attention_varlen(packed, packed, packed, f(cu),
+                                                             cu, 6, 6),
+        "k": lambda f: fusedattn.attention_with_kvcache(  # (the cache, named k as q's peer)
+            one, f(cache), cache, cache_seqlens=lens, check_lengths=False),
+        "cache_seqlens": lambda f: fusedattn.attention_with_kvcache(
+            one, cache, cache, cache_seqlens=f(lens), check_lengths=False),
+        "block_table": lambda f: fusedattn.attention_with_kvcache(
+            one, cache, cache, cache_seqlens=lens, block_table=f(table)),
+        "v_new": lambda f: fusedattn.attention_with_kvcache(
+            one, cache.clone(), cache.clone(), cache_seqlens=lens, k_new=one,
+            v_new=f(one)),
+        "dout": lambda f: fusedattn.attention_fp8_backward(f(x64), f8, f8, f8),
+    }
+    for field, call in calls.items():
+        call(lambda t: t)  # the same metadata, the bit clear: checked and kept
+        with pytest.raises(ProblemError, match=rf"^{field}\.is_neg\(\)=.*resolve_neg"):
+            call(neg)
+    # what the refusal guards against: the bytes read as they are
+    k = _rand(1, 2, 8, 16, seed=1)
+    assert not torch.allclose(fusedattn.attention(x, k, x), attention_ref(x, -k, x).float(),
+                              atol=1e-2)

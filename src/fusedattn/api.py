@@ -457,9 +457,9 @@ def call_key(tensors, options, window, *extra):
     object (`launch.aliases`: a plan recorded on `attention(x, x, x)` must not serve three
     tensors), the options with their types (1, 1.0 and True hash alike), the window's
     sides with theirs, and `extra` as it is.
-    None for a call that takes the full path each time: tensor subclasses, a window that
-    is not a pair, unhashable options, nested or sparse tensors (the full path says what
-    is wrong with them)."""
+    None for a call that takes the full path each time: tensor subclasses, lazy negative
+    views, a window that is not a pair, unhashable options, nested or sparse tensors (the
+    full path says what is wrong with them)."""
     if window is not None:
         if type(window) not in (tuple, list) or len(window) != 2:
             return None
@@ -470,7 +470,7 @@ def call_key(tensors, options, window, *extra):
             if t is None:
                 parts.append(None)
                 continue
-            if t.__class__ is not _TENSOR:
+            if t.__class__ is not _TENSOR or t.is_neg():
                 return None
             wants = t.requires_grad
             parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15, wants)

@@ -84,6 +84,7 @@ from fusedattn.problem import (
     check_fp8,
     check_index_tensor,
     check_qkv,
+    check_resolved,
     check_sinks,
     clamp_window,
     is_int,
@@ -179,6 +180,7 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
             if t.dtype != q.dtype or t.device != q.device:
                 raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
                                    f"{q.dtype} on {q.device}, as q")
+            check_resolved(name, t)
         s_new = rows
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if _self_overlaps(t):

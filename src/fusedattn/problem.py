@@ -125,6 +125,16 @@ class Limits:
             )
 
 
+def check_resolved(name: str, t: torch.Tensor) -> None:
+    """`t` without a pending negation: a lazy negative view (`x.conj().imag` of a complex
+    `x`, `torch._neg_view`) holds -t's values as t's bytes with a bit that says so, and a
+    kernel reads the bytes (it read -k for k: silently wrong). Refused, not copied: a
+    cache is written in place, and a copy made each call would hide the cost."""
+    if t.is_neg():
+        raise ProblemError(f"{name}.is_neg()", True, f"a tensor without a pending negation "
+                           f"(a lazy negative view): pass {name}.resolve_neg()")
+
+
 def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: dict[int, str],
               dtypes: tuple[torch.dtype, ...], contiguous: bool = False) -> None:
     """The one tensor validator, for every entry point (the public ops and the registry's
@@ -149,6 +159,7 @@ def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: d
                                + (f" ({HOW_TO_EMULATE})" if device.type == "cuda" else ""))
         if contiguous and not t.is_contiguous():
             raise ProblemError(f"{name}.strides", t.stride(), "a contiguous tensor (row-major)")
+        check_resolved(name, t)
     if not (q.dim() == k.dim() == v.dim()):
         raise ProblemError("ranks", (q.dim(), k.dim(), v.dim()), "q, k and v of one rank")
     if not (q.dtype == k.dtype == v.dtype):
@@ -168,6 +179,7 @@ def check_index_tensor(name: str, t: object, device: torch.device) -> torch.Tens
     if t.dtype != torch.int32 or t.device.type != device.type:
         raise ProblemError(f"{name}.dtype", f"{t.dtype} on {t.device}",
                            f"torch.int32 on the {device.type} device")
+    check_resolved(name, t)
     return t.contiguous()
 
 
@@ -255,6 +267,7 @@ def _check_descale(name: str, d: object, n: int, device: torch.device) -> None:
                            f"() or [1] (per tensor) or [{n}] (per head)")
     if d.device != device:
         raise ProblemError(f"{name}.device", str(d.device), f"{device}, as q")
+    check_resolved(name, d)
 
 
 DESCALE_NAMES = ("descale_q", "descale_k", "descale_v")
@@ -303,6 +316,7 @@ def check_grad_inputs(q: torch.Tensor, v: torch.Tensor, dout: object,
             str(d).removeprefix("torch.") for d in dtypes))
     if dout.device != q.device:
         raise ProblemError("dout.device", str(dout.device), f"{q.device}, as q")
+    check_resolved("dout", dout)
     if descale_do is not None and dout.dtype != FP8:
         raise ProblemError("descale_do", "a tensor", "None unless dout is float8_e4m3fn")
     _check_descale("descale_do", descale_do, heads, q.device)
@@ -324,6 +338,7 @@ def check_sinks(sinks: object, heads: int, device: torch.device) -> None:
         raise ProblemError("sinks.dtype", str(sinks.dtype), "float32, bfloat16 or float16")
     if sinks.device != device:
         raise ProblemError("sinks.device", str(sinks.device), f"{device}, as q")
+    check_resolved("sinks", sinks)
 
 
 def check_tensors(q: object, k: object, v: object, device: torch.device) -> Problem:
