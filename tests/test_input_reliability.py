@@ -377,3 +377,74 @@ def test_lazy_negative_views_are_refused_by_every_entry_point_even_after_a_kept_
     k = _rand(1, 2, 8, 16, seed=1)
     assert not torch.allclose(fusedattn.attention(x, k, x), attention_ref(x, -k, x).float(),
                               atol=1e-2)
+
+
+def test_a_call_on_another_device_than_the_current_runs_again_under_its_device(monkeypatch):
+    """Triton launches on the current device, so a call whose tensors are elsewhere (a
+    model spread over GPUs by `device_map`) makes itself again under `torch.cuda.device`
+    of q's device, with every argument as given. In emulation there is one device: the
+    check (`elsewhere`) and `torch.cuda.device` are stood in for; the same calls on two
+    GPUs are `test_tensors_on_another_gpu_than_the_current_one`'s."""
+    from fusedattn import api, kvcache, varlen
+
+    x, packed, cu = _rand(1, 2, 8, 16), _rand(10, 2, 16), _i32([0, 4, 10])
+    cache, lens, one, sinks = _rand(2, 2, 8, 16), _i32([3, 5]), _rand(2, 2, 1, 16), _rand(2)
+    options = dict(is_causal=True, window=(3, 0), softcap=5.0, scale=0.3, return_lse=True,
+                   sinks=sinks)
+    calls = [lambda: fusedattn.attention(x, x, x, **options),
+             lambda: fusedattn.attention_varlen(packed, packed, packed, cu, cu, 6, 6,
+                                                **options),
+             lambda: fusedattn.attention_with_kvcache(one, cache, cache, cache_seqlens=lens,
+                                                      **options)]
+    wanted = [call() for call in calls]
+    current, entered = ["cuda:0"], []
+
+    class Device:  # torch.cuda.device, as far as the entry points use it
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+            current.append(self.device)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    def elsewhere(t):
+        return current[-1] != t.device
+
+    for module in (api, varlen, kvcache):
+        monkeypatch.setattr(module, "elsewhere", elsewhere)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    for call, want in zip(calls, wanted, strict=True):
+        got = call()
+        assert entered == [x.device] and current == ["cuda:0"]
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+        entered.clear()
+
+
+@pytest.mark.gpu_only("two GPUs")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="one GPU: no other device")
+def test_tensors_on_another_gpu_than_the_current_one():
+    """Each entry point, and a backward, on cuda:1's tensors while cuda:0 is current give
+    the bits the same calls give on cuda:0 (without the device guard: cuda:1's tensors
+    launched on cuda:0)."""
+    torch.cuda.set_device(0)
+
+    def run(device):
+        x = _rand(2, 4, 300, 128, dtype=torch.bfloat16).to(device).requires_grad_()
+        packed, cu = _rand(300, 4, 64, dtype=torch.bfloat16).to(device), _i32([0, 100, 300])
+        cache, one = _rand(2, 2, 512, 128, dtype=torch.bfloat16).to(device), x[:, :, :1]
+        out = fusedattn.attention(x, x, x, is_causal=True)
+        out.sum().backward()
+        return (out, x.grad,
+                fusedattn.attention_varlen(packed, packed, packed, cu.to(device),
+                                           cu.to(device), 200, 200, is_causal=True),
+                fusedattn.attention_with_kvcache(one.detach(), cache, cache.clone(),
+                                                 cache_seqlens=_i32([5, 500]).to(device)))
+
+    here, there = run("cuda:0"), run("cuda:1")
+    assert torch.cuda.current_device() == 0
+    for a, b in zip(here, there, strict=True):
+        assert b.device == torch.device("cuda:1") and torch.equal(a, b.to("cuda:0"))

@@ -485,6 +485,19 @@ def call_key(tensors, options, window, *extra):
 
 _TENSOR = torch.Tensor
 
+
+def elsewhere(t) -> bool:
+    """Whether `t` is a CUDA tensor on another device than the current one. An entry point
+    then makes its call again under `torch.cuda.device(t.device)`, as torch's own ops run
+    on their inputs' device: Triton compiles, loads and launches on the current device,
+    so a model spread over GPUs (`device_map="auto"` moves a layer's tensors, not the
+    current device) would launch cuda:1's tensors on cuda:0."""
+    index = t.get_device() if t.__class__ is _TENSOR else -1  # (-1: a CPU tensor)
+    return index >= 0 and index != _current_device()
+
+
+_current_device = getattr(torch._C, "_cuda_getDevice", None)  # (None in a CPU build)
+
 _CALLS = Plans()
 
 
@@ -522,6 +535,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
               descale_k: torch.Tensor | None = None, descale_v: torch.Tensor | None = None):
     """Attention forward with the flash kernel; see the module docstring. A call whose
     metadata (`call_key`) was seen skips the checks and decisions it already passed."""
+    if elsewhere(q):
+        with torch.cuda.device(q.device):
+            return attention(**locals())  # (only the parameters are local here)
     q, k, v = autocast_inputs(q, k, v, precision)
     compiling = torch.compiler.is_compiling()
     descales = (descale_q, descale_k, descale_v)

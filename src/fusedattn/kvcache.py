@@ -73,7 +73,15 @@ import torch
 import triton
 
 from fusedattn import dispatch
-from fusedattn.api import DTYPES, as_sinks, call_key, check_options, fp8_descale, new_outputs
+from fusedattn.api import (
+    DTYPES,
+    as_sinks,
+    call_key,
+    check_options,
+    elsewhere,
+    fp8_descale,
+    new_outputs,
+)
 from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
@@ -265,6 +273,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            descale_k: torch.Tensor | None = None,
                            descale_v: torch.Tensor | None = None):
     """Attention of new queries over a KV cache; see the module docstring."""
+    if elsewhere(q):  # (`api.elsewhere`)
+        with torch.cuda.device(q.device):
+            return attention_with_kvcache(**locals())  # (only the parameters are local)
     descales = (descale_q, descale_k, descale_v)
     key = _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
                       descales, (is_causal, window, softcap, scale, return_lse, precision,

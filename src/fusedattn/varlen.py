@@ -49,6 +49,7 @@ from fusedattn.api import (
     check_options,
     eager_autograd,
     eager_backward,
+    elsewhere,
     fp8_descale,
     kernel_options,
     new_outputs,
@@ -339,6 +340,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      descale_k: torch.Tensor | None = None,
                      descale_v: torch.Tensor | None = None):
     """Attention over a packed batch of sequences; see the module docstring."""
+    if elsewhere(q):  # (`api.elsewhere`)
+        with torch.cuda.device(q.device):
+            return attention_varlen(**locals())  # (only the parameters are local here)
     q, k, v = autocast_inputs(q, k, v, precision)
     check_flag("check_lengths", check_lengths)
     descales = (descale_q, descale_k, descale_v)
