@@ -129,8 +129,10 @@ def check_resolved(name: str, t: torch.Tensor) -> None:
     """`t` without a pending negation: a lazy negative view (`x.conj().imag` of a complex
     `x`, `torch._neg_view`) holds -t's values as t's bytes with a bit that says so, and a
     kernel reads the bytes (it read -k for k: silently wrong). Refused, not copied: a
-    cache is written in place, and a copy made each call would hide the cost."""
-    if t.is_neg():
+    cache is written in place, and a copy made each call would hide the cost. Not while
+    torch.compile traces: dynamo cannot trace `is_neg`, and inductor itself reads such an
+    input's bytes (torch 2.13: `torch.compile(lambda k: k + 0)` of one returns k)."""
+    if not torch.compiler.is_compiling() and t.is_neg():
         raise ProblemError(f"{name}.is_neg()", True, f"a tensor without a pending negation "
                            f"(a lazy negative view): pass {name}.resolve_neg()")
 
