@@ -474,6 +474,21 @@ def test_an_unhashable_option_gets_the_full_paths_error_not_the_caches(entry, ba
             attention_varlen(packed, packed, packed, cu, cu, bad["max_seqlen_q"], 8)
 
 
+def test_plans_held_by_hash_never_serve_another_key_of_the_same_hash():
+    """`Plans` holds each plan by its key's hash beside the key (one hash a lookup): two
+    keys of one hash (CPython hashes -1 as -2) each get their own plan or none."""
+    plans, one, other = launch.Plans(size=4), (-1, "k"), (-2, "k")
+    assert hash(one) == hash(other)
+    plans.put(one, "one's")
+    assert plans.get(one) == "one's" and plans.get(other) is None
+    plans.put(other, "other's")  # the same slot: the last one put holds it
+    assert plans.get(other) == "other's" and plans.get(one) is None
+    for n in range(5):  # least recently used first out
+        plans.put((n,), n)
+    assert plans.get(other) is None and plans.get((0,)) is None and plans.get((4,)) == 4
+    assert len(plans) == 4
+
+
 def test_a_seen_untracked_call_replays_its_kept_plan_without_the_dispatch(monkeypatch):
     """`dispatch.kept_forward`: the entry points' untracked calls of a seen key replay the
     plan their key keeps and never reach `dispatch.forward`; a new key, or a changed

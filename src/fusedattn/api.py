@@ -466,7 +466,8 @@ def call_key(tensors, options, window, *extra):
         window = (*window, *map(type, window))
     parts, grad, ids = [*options, *map(type, options), window, *extra], False, []
     try:
-        for t in tensors:
+        hash((options, window, extra))  # (a tensor's parts always hash: the lookup hashes
+        for t in tensors:               # the whole key, once)
             if t is None:
                 parts.append(None)
                 continue
@@ -477,7 +478,6 @@ def call_key(tensors, options, window, *extra):
             grad = grad or wants
             ids.append(id(t))
         key = (*parts, grad and torch.is_grad_enabled(), alias_positions(ids))
-        hash(key)  # (the cache's lookup hashes it again: the tensors' parts always hash)
     except (TypeError, RuntimeError):  # RuntimeError: a nested tensor has no strides, a
         return None                    # sparse one no pointer
     return key

@@ -560,18 +560,23 @@ class Plans:
         self._size, self._items, self._lock = size, OrderedDict(), threading.Lock()
 
     def get(self, key):
-        plan = self._items.get(key)  # (each a single step under the GIL: no lock, which a
-        if plan is not None:         # call's lookup would pay; a `put` evicting the key
-            try:                     # meanwhile leaves nothing to move)
-                self._items.move_to_end(key)
-            except KeyError:
-                pass
-        return plan
+        # held by the key's hash, beside the key: a key of 50 parts is hashed once a
+        # lookup, not again to move it (a tuple keeps no hash); a hash two keys share
+        # holds the last one put, and the other's lookup misses
+        found = self._items.get(at := hash(key))  # (each a single step under the GIL: no
+        if found is None or found[0] != key:      # lock, which a call's lookup would pay;
+            return None                           # a `put` evicting the key meanwhile
+        try:                                      # leaves nothing to move)
+            self._items.move_to_end(at)
+        except KeyError:
+            pass
+        return found[1]
 
     def put(self, key, plan) -> None:
+        at = hash(key)
         with self._lock:
-            self._items[key] = plan
-            self._items.move_to_end(key)
+            self._items[at] = (key, plan)
+            self._items.move_to_end(at)
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
 
