@@ -131,7 +131,8 @@ def check_resolved(name: str, t: torch.Tensor) -> None:
     kernel reads the bytes (it read -k for k: silently wrong). Refused, not copied: a
     cache is written in place, and a copy made each call would hide the cost. Not while
     torch.compile traces: dynamo cannot trace `is_neg`, and inductor itself reads such an
-    input's bytes (torch 2.13: `torch.compile(lambda k: k + 0)` of one returns k)."""
+    input's bytes (torch 2.13: `torch.compile(lambda k: k + 0)` of one returns k;
+    pytorch/pytorch#145093)."""
     if not torch.compiler.is_compiling() and t.is_neg():
         raise ProblemError(f"{name}.is_neg()", True, f"a tensor without a pending negation "
                            f"(a lazy negative view): pass {name}.resolve_neg()")
