@@ -12,6 +12,7 @@ import torch
 import fusedattn
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref
+from inputs import forget_plans
 from inputs import i32 as _i32
 from inputs import passes as _passes
 from inputs import rand as _rand
@@ -448,3 +449,71 @@ def test_tensors_on_another_gpu_than_the_current_one():
     assert torch.cuda.current_device() == 0
     for a, b in zip(here, there, strict=True):
         assert b.device == torch.device("cuda:1") and torch.equal(a, b.to("cuda:0"))
+
+
+def test_more_program_rows_than_a_grid_takes_are_made_in_batches(monkeypatch):
+    """The portable kernels put a program row per (batch entry, head) on a grid's y axis,
+    which CUDA caps at 65535 (`api.GRID_ROWS`); a call with more is made in batches. Here
+    the cap is 5, so each entry point splits its batch (counted), and the outputs, LSEs,
+    gradients and appended caches are the whole call's."""
+    from fusedattn import api, kvcache, varlen
+
+    g = torch.Generator().manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g)
+
+    q, k, v = rand(3, 4, 20, 16), rand(3, 2, 24, 16), rand(3, 2, 24, 16)
+    q5 = rand(2, 3, 2, 9, 16)  # [..., H, S, D]: 6 entries of 2 heads
+    packed_q, packed_kv = rand(40, 2, 16), rand(45, 2, 16)
+    cu_q, cu_k = _i32([0, 7, 7, 20, 33, 40]), _i32([0, 9, 12, 12, 30, 45])
+    cache, lens, new = rand(4, 2, 16, 16), _i32([3, 0, 9, 12]), rand(4, 2, 2, 16)
+    pages, table = rand(9, 2, 8, 16), _i32([[4, 0], [8, 1], [2, 7], [5, 6]])
+    one = rand(4, 4, 2, 16)
+
+    def grads(call, *tensors):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        out, lse = call(*leaves)
+        (out.square().sum() + lse.sum()).backward()
+        return out, lse, *(t.grad for t in leaves)
+
+    def calls():
+        c1, c2, p1, p2 = cache.clone(), cache.clone(), pages.clone(), pages.clone()
+        return {
+            "attention": grads(lambda *t: fusedattn.attention(
+                *t, is_causal=True, enable_gqa=True, return_lse=True), q, k, v),
+            "attention [..., H, S, D]": fusedattn.attention(q5, q5, q5, return_lse=True),
+            "varlen": grads(lambda *t: fusedattn.attention_varlen(
+                *t, cu_q, cu_k, 13, 18, is_causal=True, return_lse=True,
+                check_lengths=False), packed_q, packed_kv, packed_kv),
+            "decode": (*fusedattn.attention_with_kvcache(
+                one, c1, c2, cache_seqlens=lens, k_new=new, v_new=new, return_lse=True),
+                c1, c2),
+            "paged": (*fusedattn.attention_with_kvcache(
+                one, p1, p2, cache_seqlens=lens, k_new=new, v_new=new, block_table=table,
+                return_lse=True), p1, p2),
+        }
+
+    whole = calls()
+    made = []
+    def counted(entry, name):
+        def call(*args, **kwargs):
+            made.append(name)
+            return entry(*args, **kwargs)
+        return call
+
+    for module, name in ((api, "attention"), (varlen, "attention_varlen"),
+                         (kvcache, "attention_with_kvcache")):
+        monkeypatch.setattr(module, name, counted(getattr(module, name), name))
+    monkeypatch.setattr(api, "GRID_ROWS", 5)
+    forget_plans()  # (the calls above kept their keys: under the real cap, rightly)
+    assert api.batches(3, 4) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert api.batches(2, 2) is None
+    parts = calls()
+    # 3 x 4 heads: 3 parts; 6 x 2: 3; 5 sequences x 2: 3; 4 x 2 K/V heads: 2, twice
+    assert made == ["attention"] * 6 + ["attention_varlen"] * 3 + \
+        ["attention_with_kvcache"] * 4
+    for name, got in parts.items():
+        for a, b in zip(got, whole[name], strict=True):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+    _passes(parts["attention"][0], attention_ref(q, k, v, causal=True))

@@ -498,6 +498,24 @@ def elsewhere(t) -> bool:
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)  # (None in a CPU build)
 
+GRID_ROWS = 65535
+"""The most programs a CUDA grid takes along its y (and z) axis. The portable kernels, the
+backward's preprocess and the decode kernels put a program row per (batch entry, head)
+there, so an entry point makes a call with more rows in batches (`batches`): one launch
+on more failed with CUDA's "invalid argument" (window attention's batch of windows x
+heads passes 65535 easily)."""
+
+
+def batches(count: int, heads: int) -> list[slice] | None:
+    """Slices of `count` batch entries (sequences), each of at most GRID_ROWS // `heads`
+    (the program rows an entry takes), or None where one call holds them all."""
+    if count * heads <= GRID_ROWS:
+        return None
+    if heads > GRID_ROWS:
+        raise ProblemError("heads", heads, f"at most {GRID_ROWS} (a GPU grid's rows)")
+    step = GRID_ROWS // heads
+    return [slice(i, min(i + step, count)) for i in range(0, count, step)]
+
 _CALLS = Plans()
 
 
@@ -550,6 +568,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
         check_flag("return_lse", return_lse)
         call = _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
                         sinks, deterministic, descales)
+        if not compiling and (parts := batches(*_as_4d(q)[0].shape[:2])):
+            return _in_batches(parts, q, k, v, return_lse, dict(
+                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, precision=precision,
+                window=window, softcap=softcap, sinks=sinks, deterministic=deterministic,
+                descale_q=descale_q, descale_k=descale_k, descale_v=descale_v))
         if call.grad and not compiling:
             from fusedattn.tiles.flash_bwd import precompile_backward
 
@@ -576,6 +599,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     if not return_lse:
         return out
     return out, lse.reshape(q.shape[:-1]) if dims != 4 else lse
+
+
+def _in_batches(parts, q, k, v, return_lse: bool, options: dict):
+    """`attention` over `parts` (`batches`) of the `[B, H, S, D]` view's batch, joined (a
+    call never kept: each part's is)."""
+    q4, k4, v4 = _as_4d(q, k, v)
+    got = [attention(q4[part], k4[part], v4[part], return_lse=return_lse, **options)
+           for part in parts]
+    if not return_lse:
+        return torch.cat(got).reshape(*q.shape[:-1], v.shape[-1])
+    return (torch.cat([out for out, _ in got]).reshape(*q.shape[:-1], v.shape[-1]),
+            torch.cat([lse for _, lse in got]).reshape(q.shape[:-1]))
 
 
 def as_sinks(sinks: torch.Tensor | None) -> torch.Tensor | None:

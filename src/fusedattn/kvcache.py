@@ -76,6 +76,7 @@ from fusedattn import dispatch
 from fusedattn.api import (
     DTYPES,
     as_sinks,
+    batches,
     call_key,
     check_options,
     elsewhere,
@@ -260,6 +261,26 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, s
     return None if key is None else (key, k_cache.data_ptr(), v_cache.data_ptr())
 
 
+def _in_batches(parts, q, k_cache, v_cache, seqlens, k_new, v_new, table, return_lse: bool,
+                options: dict):
+    """`attention_with_kvcache` over `parts` (`api.batches`) of the batch, joined, after
+    the whole call's checks (a block appended to in one part and read in another is
+    refused): each part its sequences' rows of q, the lengths, the new keys and values,
+    and of the cache (contiguous) or the block table (paged)."""
+    got = []
+    for part in parts:
+        caches = (k_cache[part], v_cache[part]) if table is None else (k_cache, v_cache)
+        got.append(attention_with_kvcache(
+            q[part], *caches, cache_seqlens=seqlens[part],
+            k_new=k_new[part] if k_new is not None else None,
+            v_new=v_new[part] if v_new is not None else None,
+            block_table=table[part] if table is not None else None, return_lse=return_lse,
+            **options))
+    if not return_lse:
+        return torch.cat(got)
+    return torch.cat([out for out, _ in got]), torch.cat([lse for _, lse in got])
+
+
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                            cache_seqlens: torch.Tensor, k_new: torch.Tensor | None = None,
                            v_new: torch.Tensor | None = None,
@@ -295,6 +316,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if splits is not None and (not is_int(splits) or not 1 <= splits <= 64):
             raise ProblemError("splits", splits, "None (chosen) or an int in 1..64")
         tuned_table()  # a malformed tuned table is refused here, before the cache is written
+        if parts := batches(q.shape[0], k_cache.shape[1]):  # (the kernels pack the GQA group)
+            return _in_batches(parts, q, k_cache, v_cache, cache_seqlens, k_new, v_new,
+                               block_table, return_lse, dict(
+                                   is_causal=is_causal, window=window, softcap=softcap,
+                                   scale=scale, precision=precision, splits=splits,
+                                   check_lengths=check_lengths, sinks=sinks,
+                                   descale_q=descale_q, descale_k=descale_k,
+                                   descale_v=descale_v))
         if splits is None:
             splits = chosen_splits(*q.shape[:3], k_cache.shape[1], capacity)
         # the last two: the plans of this key's calls (the attention's, below; the append's)

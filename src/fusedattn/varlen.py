@@ -43,6 +43,7 @@ from fusedattn.api import (
     _mask,
     as_sinks,
     autocast_inputs,
+    batches,
     call_key,
     call_op,
     check_grad_dim,
@@ -329,6 +330,23 @@ def _checked(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, softcap, scal
 _DECIDED = Plans()
 
 
+def _in_batches(parts, q, k, v, cu_q, cu_k, max_q, max_k, return_lse: bool, options: dict):
+    """`attention_varlen` over `parts` (`api.batches`) of the sequences, joined: each part
+    its sequences' tokens and its offsets less its first (the offsets read to the host
+    for it, even with `check_lengths=False`: a sync in this case alone)."""
+    at_q, at_k = cu_q.tolist(), cu_k.tolist()
+    got = []
+    for part in parts:
+        first, last = part.start, part.stop  # (the part's sequences: first..last - 1)
+        got.append(attention_varlen(
+            q[at_q[first]:at_q[last]], k[at_k[first]:at_k[last]], v[at_k[first]:at_k[last]],
+            cu_q[first:last + 1] - at_q[first], cu_k[first:last + 1] - at_k[first], max_q,
+            max_k, return_lse=return_lse, **options))
+    if not return_lse:
+        return torch.cat(got)
+    return torch.cat([out for out, _ in got]), torch.cat([lse for _, lse in got], dim=1)
+
+
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                      max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
@@ -357,6 +375,14 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k, scale, window, softcap = _checked(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
             window, softcap, scale, precision, check_lengths, sinks, descales)
+        if not compiling and (parts := batches(cu_seqlens_q.numel() - 1, q.shape[1])):
+            return _in_batches(parts, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, return_lse, dict(
+                                   is_causal=is_causal, window=window, softcap=softcap,
+                                   scale=scale, precision=precision,
+                                   check_lengths=check_lengths, sinks=sinks,
+                                   descale_q=descale_q, descale_k=descale_k,
+                                   descale_v=descale_v))
         # the op's arguments after the sinks, the forward's plan (`_kept_varlen`), the
         # backward's where autograd records the call (`_VarlenCall`), and whether it does
         # (the key holds it: whether any of its tensors requires grad, and grad mode)
