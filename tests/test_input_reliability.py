@@ -517,3 +517,27 @@ def test_more_program_rows_than_a_grid_takes_are_made_in_batches(monkeypatch):
         for a, b in zip(got, whole[name], strict=True):
             assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
     _passes(parts["attention"][0], attention_ref(q, k, v, causal=True))
+
+
+@pytest.mark.gpu_only("CUDA's grid limit")
+def test_a_grid_of_more_rows_than_cuda_takes():
+    """Calls of more than 65535 (batch entries x heads), on the portable kernels (fp32
+    forward and backward) and the decode kernel, against SDPA in float64 on the same
+    inputs: each made in batches (`api.batches`)."""
+    import torch.nn.functional as F
+
+    q = _rand(4100, 16, 8, 16, seed=4, grad=True)  # 65600 rows
+    out = fusedattn.attention(q, q, q, is_causal=True)
+    out.sum().backward()
+    ref = q.detach().double().requires_grad_()
+    want = F.scaled_dot_product_attention(ref, ref, ref, is_causal=True)
+    want.sum().backward()
+    assert (out.double() - want).abs().max() < 1e-4
+    assert (q.grad.double() - ref.grad).abs().max() < 1e-3
+    one = _rand(8200, 16, 1, 64, seed=5, dtype=torch.bfloat16)  # 8200 x 8 K/V heads
+    cache = _rand(8200, 8, 32, 64, seed=6, dtype=torch.bfloat16)
+    lens = torch.full((8200,), 20, dtype=torch.int32, device=cache.device)
+    got = fusedattn.attention_with_kvcache(one, cache, cache, cache_seqlens=lens)
+    kv = cache[:, :, :20].double().repeat_interleave(2, dim=1)
+    want = F.scaled_dot_product_attention(one.double(), kv, kv)
+    assert (got.double() - want).abs().max() < 2e-2

@@ -501,9 +501,9 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)  # (None in a CPU b
 GRID_ROWS = 65535
 """The most programs a CUDA grid takes along its y (and z) axis. The portable kernels, the
 backward's preprocess and the decode kernels put a program row per (batch entry, head)
-there, so an entry point makes a call with more rows in batches (`batches`): one launch
-on more failed with CUDA's "invalid argument" (window attention's batch of windows x
-heads passes 65535 easily)."""
+there, so an entry point makes a call with more rows in batches (`batches`): a launch
+on more is refused by CUDA (window attention's batch of windows x heads passes 65535
+easily). `test_a_grid_of_more_rows_than_cuda_takes` runs such calls on the GPU."""
 
 
 def batches(count: int, heads: int) -> list[slice] | None:
