@@ -491,9 +491,12 @@ def elsewhere(t) -> bool:
     then makes its call again under `torch.cuda.device(t.device)`, as torch's own ops run
     on their inputs' device: Triton compiles, loads and launches on the current device,
     so a model spread over GPUs (`device_map="auto"` moves a layer's tensors, not the
-    current device) would launch cuda:1's tensors on cuda:0."""
+    current device) would launch cuda:1's tensors on cuda:0. Never while torch.compile
+    traces (dynamo would put the device query in the graph; a compiled graph runs under
+    its inputs' device)."""
     index = t.get_device() if t.__class__ is _TENSOR else -1  # (-1: a CPU tensor)
-    return index >= 0 and index != _current_device()
+    return (index >= 0 and not torch.compiler.is_compiling()
+            and index != _current_device())
 
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)  # (None in a CPU build)
@@ -515,6 +518,7 @@ def batches(count: int, heads: int) -> list[slice] | None:
         raise ProblemError("heads", heads, f"at most {GRID_ROWS} (a GPU grid's rows)")
     step = GRID_ROWS // heads
     return [slice(i, min(i + step, count)) for i in range(0, count, step)]
+
 
 _CALLS = Plans()
 
