@@ -52,6 +52,20 @@ def _ring_body(rank: int, world: int, device, results: str) -> list[str]:
         result = check(got.detach(), want)
         lines.append(f"sinks {name} {result.ok} {result.max_abs:.3e} "
                      f"{'; '.join(result.reasons)}")
+    # past a grid's rows (`api.GRID_ROWS`, 2 here): the ring made in batches of the batch
+    from fusedattn import api
+    from fusedattn.distributed import ring
+
+    x3 = [torch.randn(3, n, s, d, generator=g) for n in (h, hk, hk)]
+    q3, k3, v3 = (zigzag_shard(t, rank, world).contiguous().to(device) for t in x3)
+    whole = ring_attention(q3, k3, v3, is_causal=True)
+    split, real = [], ring.batches
+    api.GRID_ROWS, ring.batches = 2, lambda *a: split.append(real(*a)) or split[-1]
+    try:
+        parts = ring_attention(q3, k3, v3, is_causal=True)
+    finally:
+        api.GRID_ROWS, ring.batches = 65535, real
+    lines.append(f"batches {torch.allclose(whole, parts, atol=1e-6)} {len(split[-1])}")
     # bad input: shards of unequal length across ranks, refused on every rank
     q, k, v = (t[..., : 4 + 2 * rank, :].contiguous().to(device) for t in full[:3])
     lines.append(refusal("unequal", lambda: ring_attention(q, k, v)))
@@ -157,8 +171,9 @@ def test_ring_matches_the_reference_forward_and_gradients(world, tmp_path):
     need_gpus(world)
     for rank, lines in enumerate(spawn(_ring_body, world, tmp_path)):
         checks = [line.split() for line in lines
-                  if not line.startswith(("unequal", "odd", "dv"))]
+                  if not line.startswith(("unequal", "odd", "dv", "batches"))]
         assert len(checks) == 8 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert "batches True 3" in lines, lines  # (3 entries x 2 heads, 2 rows a part)
         starts = [" ".join(line.split()[:3]) for line in lines]
         assert "unequal refused shards" in starts and "odd refused seq" in starts, lines
         assert ("dv refused v.shape" if rank == 0 else "dv refused shards") in starts, lines

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from fusedattn.api import as_sinks, kernel_options
+from fusedattn.api import as_sinks, batches, kernel_options
 from fusedattn.precision import resolve
 from fusedattn.problem import ProblemError
 
@@ -314,8 +314,14 @@ def checked_ring(q, k, v, group, is_causal: bool, scale: float | None,
                          enable_gqa=k.shape[-3] != q.shape[-3], sinks=sinks)
     _check_shards(q, k, group, is_causal, scale, precision, world, error)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _Ring.apply(q, k, v, as_sinks(sinks), group, scale,
-                       resolve(q.dtype, precision).op, _Dense(q.shape[-2], is_causal))
+    args = (as_sinks(sinks), group, scale, resolve(q.dtype, precision).op,
+            _Dense(q.shape[-2], is_causal))
+    # past a grid's rows, in batches (`api.batches`), each its own ring: every rank has
+    # the same shapes (checked above), so all split alike
+    parts = batches(q.shape[0], q.shape[1])
+    if parts is None:
+        return _Ring.apply(q, k, v, *args)
+    return torch.cat([_Ring.apply(q[part], k[part], v[part], *args) for part in parts])
 
 
 # --- packed documents (varlen) through the ring -------------------------------------------
