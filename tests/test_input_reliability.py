@@ -84,6 +84,18 @@ def test_softcaps_outside_fp32s_range_are_refused_and_tiny_ones_stay_finite():
     _passes(out, attention_ref(q, q, q, softcap=1e-30))
 
 
+def test_flashattentions_none_values_are_refused_with_ours():
+    """FlashAttention says "none" with window (-1, -1) and softcap 0.0; here that is None,
+    and the refusals say so (a tensor softcap is refused as any other non-number)."""
+    q = _rand(1, 1, 8, 16)
+    for options, field in ((dict(window=(-1, -1)), "window"), (dict(softcap=0.0), "softcap"),
+                           (dict(window=(-1, 0)), "window")):
+        with pytest.raises(ProblemError, match=rf"^{field}=.*FlashAttention's .* is None"):
+            fusedattn.attention(q, q, q, **options)
+    with pytest.raises(ProblemError, match=r"^softcap=.*a number in [^(]*$"):
+        fusedattn.attention(q, q, q, softcap=torch.zeros(2))
+
+
 def test_scales_whose_scores_overflow_fp32_are_refused_and_large_ones_stay_right():
     q = _rand(1, 1, 8, 16)
     for scale in (1e31, 3e38, 1e300):  # 3e38 was NaN in every row, silently

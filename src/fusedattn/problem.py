@@ -199,7 +199,8 @@ def check_window(window: object) -> tuple[int | None, int | None] | None:
     if not isinstance(window, tuple | list) or len(window) != 2 or any(
             w is not None and (not is_int(w) or w < 0) for w in window):
         raise ProblemError("window", window, "None or (left, right), each None (unbounded) "
-                           "or an integer >= 0")
+                           "or an integer >= 0 (FlashAttention's -1, unbounded, is None "
+                           "here)")
     return tuple(None if w is None else int(w) for w in window)
 
 
@@ -244,7 +245,10 @@ def check_softcap(softcap: object) -> float | None:
     low, high = SOFTCAP_RANGE
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (
             math.isfinite(softcap) and low <= softcap <= high):
-        raise ProblemError("softcap", softcap, f"None or a number in {low:g}..{high:g}")
+        raise ProblemError("softcap", softcap, f"None or a number in {low:g}..{high:g}"
+                           + (" (FlashAttention's 0.0, no softcap, is None here)"
+                              if isinstance(softcap, numbers.Real) and softcap == 0
+                              else ""))
     return float(softcap)
 
 
