@@ -521,9 +521,10 @@ def test_more_program_rows_than_a_grid_takes_are_made_in_batches(monkeypatch):
     forget_plans()  # (the calls above kept their keys: under the real cap, rightly)
     assert api.batches(3, 4) == [slice(0, 1), slice(1, 2), slice(2, 3)]
     assert api.batches(2, 2) is None
+    assert api.batches(2, 2, 1) == [slice(0, 1), slice(1, 2)]  # (2 + 1 spare) x 2 > 5
     parts = calls()
-    # 3 x 4 heads: 3 parts; 6 x 2: 3; 5 sequences x 2: 3; 4 x 2 K/V heads: 2, twice
-    assert made == ["attention"] * 6 + ["attention_varlen"] * 3 + \
+    # 3 x 4 heads: 3 parts; 6 x 2: 3; 5 sequences (+1) x 2: 5; 4 x 2 K/V heads: 2, twice
+    assert made == ["attention"] * 6 + ["attention_varlen"] * 5 + \
         ["attention_with_kvcache"] * 4
     for name, got in parts.items():
         for a, b in zip(got, whole[name], strict=True):

@@ -509,14 +509,17 @@ on more is refused by CUDA (window attention's batch of windows x heads passes 6
 easily). `test_a_grid_of_more_rows_than_cuda_takes` runs such calls on the GPU."""
 
 
-def batches(count: int, heads: int) -> list[slice] | None:
-    """Slices of `count` batch entries (sequences), each of at most GRID_ROWS // `heads`
-    (the program rows an entry takes), or None where one call holds them all."""
-    if count * heads <= GRID_ROWS:
+def batches(count: int, heads: int, spare: int = 0) -> list[slice] | None:
+    """Slices of `count` batch entries (sequences) such that (a slice's entries + `spare`)
+    x `heads` (the program rows an entry takes) fits GRID_ROWS, or None where one call
+    holds them all. `spare`: entries a launch adds (varlen's FP8 V transpose takes one
+    row of programs more than its sequences)."""
+    if (count + spare) * heads <= GRID_ROWS:
         return None
-    if heads > GRID_ROWS:
-        raise ProblemError("heads", heads, f"at most {GRID_ROWS} (a GPU grid's rows)")
-    step = GRID_ROWS // heads
+    step = GRID_ROWS // heads - spare
+    if step < 1:
+        raise ProblemError("heads", heads, f"at most {GRID_ROWS // (1 + spare)} (a GPU "
+                           "grid's rows)")
     return [slice(i, min(i + step, count)) for i in range(0, count, step)]
 
 

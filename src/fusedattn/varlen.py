@@ -375,7 +375,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k, scale, window, softcap = _checked(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
             window, softcap, scale, precision, check_lengths, sinks, descales)
-        if not compiling and (parts := batches(cu_seqlens_q.numel() - 1, q.shape[1])):
+        if not compiling and (parts := batches(cu_seqlens_q.numel() - 1, q.shape[1], 1)):
             return _in_batches(parts, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, return_lse, dict(
                                    is_causal=is_causal, window=window, softcap=softcap,
