@@ -534,23 +534,22 @@ def test_more_program_rows_than_a_grid_takes_are_made_in_batches(monkeypatch):
 
 @pytest.mark.gpu_only("CUDA's grid limit")
 def test_a_grid_of_more_rows_than_cuda_takes():
-    """Calls of more than 65535 (batch entries x heads), on the portable kernels (fp32
-    forward and backward) and the decode kernel, against SDPA in float64 on the same
-    inputs: each made in batches (`api.batches`)."""
-    import torch.nn.functional as F
+    """Calls of more than 65535 (batch entries x heads): fp32 forward and backward (the
+    portable kernels) and bf16 decode, each made in batches (`api.batches`), against the
+    float64 reference (`passes`: the dtype's bound)."""
+    from fusedattn.reference import attention_ref_grads
 
     q = _rand(4100, 16, 8, 16, seed=4, grad=True)  # 65600 rows
+    dout = _rand(4100, 16, 8, 16, seed=7)
     out = fusedattn.attention(q, q, q, is_causal=True)
-    out.sum().backward()
-    ref = q.detach().double().requires_grad_()
-    want = F.scaled_dot_product_attention(ref, ref, ref, is_causal=True)
-    want.sum().backward()
-    assert (out.double() - want).abs().max() < 1e-4
-    assert (q.grad.double() - ref.grad).abs().max() < 1e-3
+    out.backward(dout)
+    _passes(out, attention_ref(q.detach(), q.detach(), q.detach(), causal=True), "out")
+    want = attention_ref_grads(q.detach(), q.detach(), q.detach(), dout, causal=True)
+    _passes(q.grad, sum(want), "dq + dk + dv")  # (q is k and v: its gradient is the sum)
     one = _rand(8200, 16, 1, 64, seed=5, dtype=torch.bfloat16)  # 8200 x 8 K/V heads
     cache = _rand(8200, 8, 32, 64, seed=6, dtype=torch.bfloat16)
     lens = torch.full((8200,), 20, dtype=torch.int32, device=cache.device)
     got = fusedattn.attention_with_kvcache(one, cache, cache, cache_seqlens=lens)
-    kv = cache[:, :, :20].double().repeat_interleave(2, dim=1)
-    want = F.scaled_dot_product_attention(one.double(), kv, kv)
-    assert (got.double() - want).abs().max() < 2e-2
+    kv = cache[:, :, :20]  # (the reference pairs query head h with K/V head h // 2)
+    peer = torch.nn.functional.scaled_dot_product_attention(one, kv, kv, enable_gqa=True)
+    _passes(got, attention_ref(one, kv, kv), "decode", peer=peer)
