@@ -347,8 +347,6 @@ def test_sequence_parallel_holds_for_its_own_thread_only():
     _passes(out.transpose(1, 2), attention_ref(q, q, q, causal=True))
 
 
-
-
 def test_lazy_negative_views_are_refused_by_every_entry_point_even_after_a_kept_call():
     """A lazy negative view (`x.conj().imag`, `_neg_view`) holds -t as t's bytes and a bit:
     the kernels read the bytes, so attention(q, k._neg_view(), v) returned attention(q, k,
