@@ -612,12 +612,21 @@ def _in_batches(parts, q, k, v, return_lse: bool, options: dict):
     """`attention` over `parts` (`batches`) of the `[B, H, S, D]` view's batch, joined (a
     call never kept: each part's is)."""
     q4, k4, v4 = _as_4d(q, k, v)
-    got = [attention(q4[part], k4[part], v4[part], return_lse=return_lse, **options)
-           for part in parts]
+    got = joined([attention(q4[part], k4[part], v4[part], return_lse=return_lse, **options)
+                  for part in parts], return_lse)
     if not return_lse:
-        return torch.cat(got).reshape(*q.shape[:-1], v.shape[-1])
-    return (torch.cat([out for out, _ in got]).reshape(*q.shape[:-1], v.shape[-1]),
-            torch.cat([lse for _, lse in got]).reshape(q.shape[:-1]))
+        return got.reshape(*q.shape[:-1], v.shape[-1])
+    return got[0].reshape(*q.shape[:-1], v.shape[-1]), got[1].reshape(q.shape[:-1])
+
+
+def joined(parts: list, return_lse: bool, lse_dim: int = 0):
+    """What a call made in batches (`batches`) returns, from its parts' returns: O joined
+    on its first dimension, and with `return_lse` the LSE on `lse_dim` (varlen's
+    `[H, total]`: 1)."""
+    if not return_lse:
+        return torch.cat(parts)
+    return (torch.cat([out for out, _ in parts]),
+            torch.cat([lse for _, lse in parts], dim=lse_dim))
 
 
 def as_sinks(sinks: torch.Tensor | None) -> torch.Tensor | None:

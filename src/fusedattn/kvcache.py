@@ -81,6 +81,7 @@ from fusedattn.api import (
     check_options,
     elsewhere,
     fp8_descale,
+    joined,
     new_outputs,
 )
 from fusedattn.launch import KeptPlan, Plans
@@ -264,9 +265,9 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, s
 def _in_batches(parts, q, k_cache, v_cache, seqlens, k_new, v_new, table, return_lse: bool,
                 options: dict):
     """`attention_with_kvcache` over `parts` (`api.batches`) of the batch, joined, after
-    the whole call's checks (a block appended to in one part and read in another is
-    refused): each part its sequences' rows of q, the lengths, the new keys and values,
-    and of the cache (contiguous) or the block table (paged)."""
+    the whole call's checks (with `check_lengths`, a block appended to in one part and
+    read in another is refused): each part its sequences' rows of q, the lengths, the new
+    keys and values, and of the cache (contiguous) or the block table (paged)."""
     got = []
     for part in parts:
         caches = (k_cache[part], v_cache[part]) if table is None else (k_cache, v_cache)
@@ -276,9 +277,7 @@ def _in_batches(parts, q, k_cache, v_cache, seqlens, k_new, v_new, table, return
             v_new=v_new[part] if v_new is not None else None,
             block_table=table[part] if table is not None else None, return_lse=return_lse,
             **options))
-    if not return_lse:
-        return torch.cat(got)
-    return torch.cat([out for out, _ in got]), torch.cat([lse for _, lse in got])
+    return joined(got, return_lse)
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,

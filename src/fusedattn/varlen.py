@@ -52,6 +52,7 @@ from fusedattn.api import (
     eager_backward,
     elsewhere,
     fp8_descale,
+    joined,
     kernel_options,
     new_outputs,
     refuse_double_backward,
@@ -342,9 +343,7 @@ def _in_batches(parts, q, k, v, cu_q, cu_k, max_q, max_k, return_lse: bool, opti
             q[at_q[first]:at_q[last]], k[at_k[first]:at_k[last]], v[at_k[first]:at_k[last]],
             cu_q[first:last + 1] - at_q[first], cu_k[first:last + 1] - at_k[first], max_q,
             max_k, return_lse=return_lse, **options))
-    if not return_lse:
-        return torch.cat(got)
-    return torch.cat([out for out, _ in got]), torch.cat([lse for _, lse in got], dim=1)
+    return joined(got, return_lse, lse_dim=1)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
