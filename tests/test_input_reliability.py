@@ -350,7 +350,7 @@ def test_sequence_parallel_holds_for_its_own_thread_only():
 def test_lazy_negative_views_are_refused_by_every_entry_point_even_after_a_kept_call():
     """A lazy negative view (`x.conj().imag`, `_neg_view`) holds -t as t's bytes and a bit:
     the kernels read the bytes, so attention(q, k._neg_view(), v) returned attention(q, k,
-    v) (a max error of 1.9 against the resolved call). Each is refused, naming the field,
+    v) (the end of this test shows it). Each is refused, naming the field,
     after a call of the same metadata but the bit was kept (its plan must not serve it)."""
     x, packed, cu = _rand(1, 2, 8, 16), _rand(10, 2, 16), _i32([0, 4, 10])
     cache, lens, table = _rand(2, 2, 8, 16), _i32([3, 5]), _i32([[0], [1]])

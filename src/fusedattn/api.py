@@ -504,9 +504,10 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)  # (None in a CPU b
 GRID_ROWS = 65535
 """The most programs a CUDA grid takes along its y (and z) axis. The portable kernels, the
 backward's preprocess and the decode kernels put a program row per (batch entry, head)
-there, so an entry point makes a call with more rows in batches (`batches`): a launch
-on more is refused by CUDA (window attention's batch of windows x heads passes 65535
-easily). `test_a_grid_of_more_rows_than_cuda_takes` runs such calls on the GPU."""
+there, so an entry point makes a call with more rows in batches (`batches`): CUDA
+refuses a launch of more (window attention's batch of 128 images x 64 windows at 16
+heads is 131072 rows). `test_a_grid_of_more_rows_than_cuda_takes` runs such calls on
+the GPU tier (not yet run: no device could be started in the session that added it)."""
 
 
 def batches(count: int, heads: int, spare: int = 0) -> list[slice] | None:
