@@ -47,6 +47,9 @@ from fusedattn.tiles.flash_kernels import _add_sinks
 
 MAX_ROWS = 32  # query rows of a K/V head (Sq x group) this kernel takes: S^T's N
 HEAD_DIMS = (64, 128, 256)
+# e4m3 products a wgmma sums in its own accumulator before they join the fp32 scores:
+# one instruction's K (32), as precise as `_flash_fwd`'s mma
+IMPRECISE_ACC = tl.constexpr(32)
 # the interpreter has no inline PTX: there the bytes are taken apart in Triton's ops (the
 # same values: e4m3 -> fp16 is exact both ways), which checks the words' addressing and the
 # order of their elements in CI; the GPU tier checks the PTX
@@ -177,7 +180,11 @@ def _fp8_decode(
             v_rows = first * sv_s + offs_n * sv_s
         b_k = tl.load(p_k_base + k_rows[:, None] + offs_d[None, :] * sk_d,
                       mask=mask_n[:, None], other=0.0)
-        s = _scores(tl.dot(b_k, b_qt), col_scale, cap, SOFTCAP)  # [BLOCK_N, BLOCK_R]
+        # keys as the dot's M (64 or more) make it a wgmma, whose e4m3 products Triton
+        # sums by default in the tensor cores' narrower accumulator over the whole head
+        # dim (sm_90's default); IMPRECISE_ACC adds each instruction's sum in fp32
+        qk = tl.dot(b_k, b_qt, max_num_imprecise_acc=IMPRECISE_ACC)
+        s = _scores(qk, col_scale, cap, SOFTCAP)  # [BLOCK_N, BLOCK_R]
         if (start_n < ulo) | (start_n >= uhi):  # a tile on a mask's edge, or the last
             s = tl.where(_visible(pos[None, :], keys[:, None], seq_k, left, right, HAS_LEFT,
                                   HAS_RIGHT), s, float("-inf"))
