@@ -507,7 +507,7 @@ backward's preprocess and the decode kernels put a program row per (batch entry,
 there, so an entry point makes a call with more rows in batches (`batches`): CUDA
 refuses a launch of more (window attention's batch of 128 images x 64 windows at 16
 heads is 131072 rows). `test_a_grid_of_more_rows_than_cuda_takes` runs such calls on
-the GPU tier (not yet run: no device could be started in the session that added it)."""
+the GPU tier (passed on the H200: evidence/nvidia-h200/20261205T141848Z-gpu-tier)."""
 
 
 def batches(count: int, heads: int, spare: int = 0) -> list[slice] | None:
