@@ -274,10 +274,26 @@ def test_fp8_kvcache_appends_the_bytes_and_attends(case, kernel, monkeypatch):
         seen = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse[i]).cpu(), seen)
         if seen.any():
-            off = (lse[i].double().cpu() - ref_lse)[seen].abs().max().item()
-            assert off < 1e-3, f"{case} sequence {i}: the LSE is off by {off:.2e}"
+            off = (lse[i].double().cpu() - ref_lse)[seen]
+            bound = _lse_bound(dequantize(q8[i], dq), dequantize(want[0], dk))[seen]
+            assert (off.abs() <= bound).all(), \
+                f"{case} sequence {i}: the LSE is off by {off.abs().max():.2e}"
         else:
             assert torch.all(out[i] == 0)
+
+
+def _lse_bound(q, k):
+    """How far an e4m3 kernel's LSE may be from the float64 one, row by row, `q [H, Sq, D]`
+    and `k [H_kv, Sk, D]` dequantised: the LSE moves by no more than the largest score's
+    error, and a wgmma sums e4m3 products in the tensor cores' own accumulator (about 14
+    bits kept, DeepSeek-V3's report; `fp8_decode` adds each instruction's sum in fp32, an
+    mma's in `_flash_fwd`), so a score errs by up to about 2^-14 of its products'
+    magnitudes; 1e-3 beside it for the rest of the sum (what `_flash_fwd` met alone). The
+    tier found 1.1-1.5e-3 (fp8_decode, D64 with sinks, D256), so a wrong sink, scale or
+    mask, which moves the LSE by far more, still fails it."""
+    k = k.repeat_interleave(q.shape[0] // k.shape[0], 0)
+    mass = (q.abs().double() @ k.abs().double().transpose(-1, -2)).amax(-1)
+    return 1e-3 + 2.0 ** -14 * mass.cpu() / q.shape[-1] ** 0.5
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
