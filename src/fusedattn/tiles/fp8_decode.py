@@ -48,7 +48,9 @@ from fusedattn.tiles.flash_kernels import _add_sinks
 MAX_ROWS = 32  # query rows of a K/V head (Sq x group) this kernel takes: S^T's N
 HEAD_DIMS = (64, 128, 256)
 # e4m3 products a wgmma sums in its own accumulator before they join the fp32 scores:
-# one instruction's K (32), as precise as `_flash_fwd`'s mma
+# one instruction's K (32). Triton's sm_90 default (the whole head dim) put the LSE
+# 1.1-1.5e-3 off the float64 one on an H100, this 1.2e-3 at most (evidence/nvidia-h100/
+# 20261205T144331Z-gpu-tier); what is left is the tensor cores' own sum of 32 products
 IMPRECISE_ACC = tl.constexpr(32)
 # the interpreter has no inline PTX: there the bytes are taken apart in Triton's ops (the
 # same values: e4m3 -> fp16 is exact both ways), which checks the words' addressing and the
