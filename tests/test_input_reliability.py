@@ -507,6 +507,7 @@ def test_more_program_rows_than_a_grid_takes_are_made_in_batches(monkeypatch):
 
     whole = calls()
     made = []
+
     def counted(entry, name):
         def call(*args, **kwargs):
             made.append(name)
