@@ -31,6 +31,7 @@ HEADS_SHAPE = (1, SHAPE[0] * SHAPE[1], *SHAPE[2:])
 
 
 @pytest.mark.gpu_only("17 GB of bf16 tensors: more than emulation can run")
+@pytest.mark.big_memory("~42 GB with the gradients: two at once do not fit an 80 GB card")
 @pytest.mark.parametrize("shape, backend", [(SHAPE, "auto"), (HEADS_SHAPE, "hopper")],
                          ids=["batch-auto", "heads-hopper"])
 def test_more_than_2_31_elements_forward_and_backward(shape, backend):
