@@ -32,7 +32,11 @@ TILES = {
     (128, 128): (128, 0, 128, 0, 64, 128, 3),
     (192, 192): (128, 64, 128, 64, 64, 64, 3),
     (256, 256): (256, 0, 256, 0, 64, 64, 2),
-    (192, 128): (128, 64, 128, 0, 64, 64, 3),
+    # 192/128: 128-key steps, two stages (FA4's tile there; 213,456 bytes, no spills:
+    # evidence/sm90-compile/20261204T2215Z-fa4-vs-ours-forward-loops). H100 A/B at
+    # c2c2874 (evidence/nvidia-h100/20261205T1548Z-mla-128-keys): 593 -> 718 TFLOP/s
+    # non-causal, 541 -> 614 causal; without turns 704 and 614, so the turns stay.
+    (192, 128): (128, 64, 128, 0, 64, 128, 2),
     (128, 64): (128, 0, 64, 0, 64, 128, 3),
 }
 # FP8 (float8 e4m3 q, k, v): one head-dim piece each, V's tiles V^T's [Dv, BLOCK_N] boxes
