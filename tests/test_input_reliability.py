@@ -95,6 +95,9 @@ def test_flashattentions_none_values_are_refused_with_ours():
             fusedattn.attention(q, q, q, **options)
     with pytest.raises(ProblemError, match=r"^softcap=.*a number in [^(]*$"):
         fusedattn.attention(q, q, q, softcap=torch.zeros(2))
+    for flag in (False, True):  # (bools are numbers to Python; False == 0.0)
+        with pytest.raises(ProblemError, match=r"^softcap=.*a flag is not a softcap"):
+            fusedattn.attention(q, q, q, softcap=flag)
 
 
 def test_scales_whose_scores_overflow_fp32_are_refused_and_large_ones_stay_right():

@@ -245,10 +245,11 @@ def check_softcap(softcap: object) -> float | None:
     low, high = SOFTCAP_RANGE
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (
             math.isfinite(softcap) and low <= softcap <= high):
-        raise ProblemError("softcap", softcap, f"None or a number in {low:g}..{high:g}"
-                           + (" (FlashAttention's 0.0, no softcap, is None here)"
-                              if isinstance(softcap, numbers.Real) and softcap == 0
-                              else ""))
+        hint = (" (a flag is not a softcap: None for none, or the cap itself)"
+                if isinstance(softcap, bool) else
+                " (FlashAttention's 0.0, no softcap, is None here)"
+                if isinstance(softcap, numbers.Real) and softcap == 0 else "")
+        raise ProblemError("softcap", softcap, f"None or a number in {low:g}..{high:g}{hint}")
     return float(softcap)
 
 
