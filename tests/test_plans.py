@@ -975,6 +975,73 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
     assert len(built) == 1
 
 
+def test_a_launcher_taking_other_arguments_is_reported_by_its_module_and_key(monkeypatch,
+                                                                              tmp_path):
+    # Triton's "function takes exactly 139 arguments (136 given)" at a first launch (a GPU
+    # tier on a warm cache, 155218Z): `launch.launch` raises `LauncherMismatch` naming the
+    # kernel, its descriptors, the module's file and whether its folder is the key of the
+    # launcher source Triton makes from the kernel's metadata; other TypeErrors stand
+    import base64
+    from types import SimpleNamespace
+
+    key = "ab" * 32
+    folder = base64.b32encode(bytes.fromhex(key)).decode().rstrip("=")
+
+    class Module:  # a launcher module: its `launch` builtin's __self__
+        __file__ = str(tmp_path / folder / "__triton_launcher.so")
+
+        def launch(self, *args):
+            raise TypeError(f"function takes exactly {len(args) + 3} arguments "
+                            f"({len(args)} given)")
+
+    def wrapped(launcher):  # Triton's `wrap_handle_tensordesc` closure
+        def inner(*args):
+            return launcher(*args)
+        return inner
+
+    compiled = SimpleNamespace(name="_flash_fwd_sm90", src=SimpleNamespace(),
+                               metadata=SimpleNamespace(tensordesc_meta=[{"swizzle": 128},
+                                                                         None]),
+                               run=SimpleNamespace(launch=wrapped(Module().launch)))
+
+    class Kernel:  # `kernel[grid](...)` as `JITFunction.run` makes it, the compiled kernel
+        def __getitem__(self, grid):  # a local of the frame that launches it
+            def run(*args):
+                kernel = compiled
+                kernel.run.launch(*grid, *args)
+            return run
+
+    monkeypatch.setattr(launch, "_launcher_key", lambda src, meta: key)
+    with pytest.raises(launch.LauncherMismatch) as same:
+        launch.launch(Kernel(), (2, 1, 1), 7)
+    assert isinstance(same.value.__cause__, TypeError)
+    message = str(same.value)
+    assert message.startswith("function takes exactly 7 arguments (4 given): ")
+    for part in ("_flash_fwd_sm90", "descriptors: TMA, pointer", Module.__file__,
+                 "built from another source", "TRITON_CACHE_DIR"):
+        assert part in message, part
+    monkeypatch.setattr(launch, "_launcher_key", lambda src, meta: "cd" * 32)
+    with pytest.raises(launch.LauncherMismatch, match="another kernel's launcher"):
+        launch.launch(Kernel(), (2, 1, 1), 7)
+
+    def broken(src, meta):
+        raise ImportError("no make_launcher in this Triton")
+
+    monkeypatch.setattr(launch, "_launcher_key", broken)
+    with pytest.raises(launch.LauncherMismatch, match="its report failed: ImportError"):
+        launch.launch(Kernel(), (2, 1, 1), 7)
+
+    class Plain:  # a TypeError with no compiled kernel under it: as it was
+        def __getitem__(self, grid):
+            def run(*args):
+                raise TypeError("run() takes 2 positional arguments but 3 were given")
+            return run
+
+    with pytest.raises(TypeError, match="positional arguments") as plain:
+        launch.launch(Plain(), (1,), 1, 2)
+    assert not isinstance(plain.value, launch.LauncherMismatch)
+
+
 def test_a_call_key_lays_out_each_tensors_plan_key_parts():
     # `api.call_key` inlines `launch.tensor_key`'s parts (one flat tuple a call): a part
     # added to one and not the other would let a call key serve a call whose plan key

@@ -20,6 +20,7 @@ arguments; the key is theirs to make complete (`dispatch.forward`, `flash_bwd`).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import inspect
 import json
@@ -298,11 +299,77 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
     if not EMULATION:
         build_launchers_ahead()
     with kernel_launches():
-        compiled = kernel[grid](*args, **kwargs)
+        try:
+            compiled = kernel[grid](*args, **kwargs)
+        except TypeError as e:
+            why = launcher_mismatch(e) if "arguments" in str(e) else None
+            if why is None:
+                raise
+            raise LauncherMismatch(why) from e
     try:
         return compiled, _capture(kernel, compiled, grid, args, kwargs, inputs)
     except (AttributeError, TypeError, KeyError, IndexError):
         return compiled, None  # a Triton whose internals differ: Triton's launches only
+
+
+def _launcher_key(src, meta) -> str:
+    """The key Triton 3.6's `CudaLauncher` files a kernel's launcher module under: the hash
+    of the source it makes from the kernel's signature, constants and descriptors'
+    metadata (`compile_module_from_src`)."""
+    from triton.backends.nvidia.driver import make_launcher
+    from triton.runtime.build import platform_key
+
+    names = src.fn.arg_names
+    constants = {(names.index(k),) if isinstance(k, str) else k: value
+                 for k, value in getattr(src, "constants", {}).items()}
+    source = make_launcher(constants, dict(src.signature), meta)
+    return hashlib.sha256((source + platform_key()).encode("utf-8")).hexdigest()
+
+
+class LauncherMismatch(RuntimeError):
+    """Triton's launcher module for a kernel took another argument list than the kernel's
+    metadata made (`launcher_mismatch` says which module and which source)."""
+
+
+def launcher_mismatch(error: TypeError) -> str | None:
+    """What a `TypeError` out of Triton 3.6's launch ("function takes exactly N arguments (M
+    given)") says about the launcher module that raised it, or None where the error did
+    not come from a compiled kernel's launcher. Seen once, in a GPU tier on a warm cache
+    (evidence/nvidia-h100/20261205T155218Z-gpu-tier), not since: the message names the
+    kernel, the descriptors' metadata, the module's file and whether its folder is the
+    key of the source Triton makes from that metadata (Triton keys a launcher module by
+    its source: another key means another kernel's module was loaded; the same key, that
+    the file under it was built from another source)."""
+    compiled = None
+    tb = error.__traceback__
+    while tb is not None:  # the innermost frame holding a compiled kernel (`JITFunction.run`'s)
+        found = tb.tb_frame.f_locals.get("kernel")
+        if hasattr(found, "metadata") and hasattr(found, "src"):
+            compiled = found
+        tb = tb.tb_next
+    if compiled is None:
+        return None
+    meta = getattr(compiled.metadata, "tensordesc_meta", None)
+    try:
+        key = _launcher_key(compiled.src, meta)
+        launch = compiled.run.launch
+        cells = dict(zip(getattr(getattr(launch, "__code__", None), "co_freevars", ()),
+                         (c.cell_contents for c in getattr(launch, "__closure__", None) or ()),
+                         strict=True))
+        module = getattr(cells.get("launcher", launch), "__self__", None)
+        path = getattr(module, "__file__", "?")
+    except Exception as e:  # noqa: BLE001 (the report is best-effort; the error stands)
+        return f"{error} (and its report failed: {type(e).__name__}: {e})"
+    folder = base64.b32encode(bytes.fromhex(key)).decode().rstrip("=")  # (Triton's naming)
+    same = Path(path).parent.name == folder
+    descs = "none" if meta is None else ", ".join("TMA" if m else "pointer" for m in meta)
+    return (f"{error}: Triton's launcher for {compiled.name} takes another argument list "
+            f"than its metadata makes (descriptors: {descs}). The module loaded is {path}; "
+            "its folder is " + ("the key of the metadata's launcher source, so the file there "
+                                "was built from another source" if same else
+                                f"not {folder}, that source's: another kernel's launcher")
+            + ". Emptying Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache) builds "
+            "it again; please report this message to fusedattn.")
 
 
 _AHEAD = False  # True once `build_launchers_ahead` has run in this process
