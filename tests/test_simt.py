@@ -176,3 +176,45 @@ def test_online_tiled_any_plan_matches_the_reference(seq, dim, block, rows_log2,
     online_tiled.online_tiled_attention(q, k, v, bufs, block=block, rows=rows, causal=causal)
     result = check(bufs["out"], attention_ref(q, k, v, causal=causal))
     assert result.ok, (rows, result.reasons)
+
+
+@pytest.mark.emulation_only("numba's CUDA simulator")
+def test_the_simulators_threads_share_one_shared_array_per_line():
+    # numba's simulator makes a shared array on the first thread at its line, and had no
+    # lock between looking it up and storing it: threads that looked it up together kept
+    # arrays of their own (the online version's one CI failure). Here every store waits
+    # for the others (at most 0.2 s), so without the lab's lock all four find none and
+    # keep four arrays.
+    import threading
+
+    from numba import float32
+    from numba.cuda.simulator import kernelapi
+
+    from fusedattn_lab.simt import _launch
+
+    assert kernelapi.FakeCUDAShared.array is _launch._shared_array
+    meeting = threading.Barrier(4, timeout=0.2)
+
+    class Stores(dict):
+        def __setitem__(self, key, value):
+            try:
+                meeting.wait()
+            except threading.BrokenBarrierError:
+                pass
+            super().__setitem__(key, value)
+
+    shared = kernelapi.FakeCUDAShared(0)
+    shared._allocations = Stores()
+    got = []
+
+    def thread():
+        got.append(shared.array(4, float32))
+
+    threads = [threading.Thread(target=thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(a is got[0] for a in got)
+    assert got[0].shape == (4,) and got[0].dtype == "float32"
+    assert shared.array(0, float32).size == 0  # dynamic: numba's own buffer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -30,6 +31,42 @@ def stream():
     if EMULATION:
         return 0
     return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+
+
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_array(self, shape, dtype, alignment=None):
+    """numba's simulator's `cuda.shared.array` (numba-cuda's `FakeCUDAShared.array`), with
+    its lookup and its store made one step. The simulator names a launch's shared array by
+    the line that asks for it: the first thread there makes it and stores it, the others
+    find it. Its threads are OS threads, and it had no lock between the lookup and the
+    store. `simulated_threads` switches them every 50 µs, so two threads could both find no
+    array and each keep one of its own: one thread then read partial sums or a softmax state
+    that no other thread wrote. The lab's `online` version failed CI once that way (boundary
+    3x5, error 0.29; alone it passed). Dynamic shared memory (`shape` 0) is one buffer with
+    no lookup, so it goes to numba's own method."""
+    if shape == 0 or alignment is not None:
+        return _NUMBA_SHARED_ARRAY(self, shape, dtype, alignment)
+    from numba.core import types
+    from numba.np import numpy_support
+
+    caller = sys._getframe(1)  # (the kernel's frame: its line names the array)
+    where = (caller.f_code.co_filename, caller.f_lineno)
+    with _SHARED_LOCK:
+        found = self._allocations.get(where)
+        if found is None:
+            kind = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+            found = self._allocations[where] = np.empty(shape, kind)
+    return found
+
+
+_NUMBA_SHARED_ARRAY = None
+if EMULATION:
+    from numba.cuda.simulator import kernelapi
+
+    _NUMBA_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
+    kernelapi.FakeCUDAShared.array = _shared_array
 
 
 @contextmanager
