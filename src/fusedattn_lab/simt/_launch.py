@@ -45,8 +45,8 @@ def _shared_array(self, shape, dtype, alignment=None):
     array and each keep one of its own: one thread then read partial sums or a softmax state
     that no other thread wrote. The lab's `online` version failed CI once (boundary 3x5, error
     0.29; alone, and under load, it passed), most likely so: numba's own method keeps four
-    arrays where four threads store together (`test_simt`). Dynamic shared memory (`shape` 0) is one buffer with
-    no lookup, so it goes to numba's own method."""
+    arrays where four threads store together (`test_simt`). Dynamic shared memory (`shape`
+    0) is one buffer with no lookup, so it goes to numba's own method."""
     if shape == 0 or alignment is not None:
         return _NUMBA_SHARED_ARRAY(self, shape, dtype, alignment)
     from numba.core import types
