@@ -182,9 +182,9 @@ def test_online_tiled_any_plan_matches_the_reference(seq, dim, block, rows_log2,
 def test_the_simulators_threads_share_one_shared_array_per_line():
     # numba's simulator makes a shared array on the first thread at its line, and had no
     # lock between looking it up and storing it: threads that looked it up together kept
-    # arrays of their own (most likely the online version's one CI failure). Here every store waits
-    # for the others (at most 0.2 s), so without the lab's lock all four find none and
-    # keep four arrays.
+    # arrays of their own (most likely the online version's one CI failure). Here every
+    # store waits for the others (at most 0.2 s), so without the lab's lock all four find
+    # none and keep four arrays.
     import threading
 
     from numba import float32
