@@ -9,9 +9,9 @@ compiling each kernel specialisation, seconds each on one core: the H200 machine
 with 8 workers, 1082 tests took 416 s after a prebuild on a fresh machine, 191549Z) and
 `--timeout=90` (per test) where pytest-timeout is, and writes
 `<out>/<gpu>/<stamp>-gpu-tier/`: `summary.json` (counts, wall time, the slowest tests, the
-environment with its commit), `junit.xml.gz` and `pytest.txt.gz` (gzip: a tenth of the
-size, and a device call carries the whole tracked tree, 64 MiB at most). Exits with
-pytest's status.
+environment with its commit, how many entries Triton's cache held at the start),
+`junit.xml.gz` and `pytest.txt.gz` (gzip: a tenth of the size, and a device call carries
+the whole tracked tree, 64 MiB at most). Exits with pytest's status.
 The target: green within 300 s on the H200.
 """
 
@@ -47,6 +47,7 @@ def main() -> int:
     cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider",
            "--durations=30",
            f"--junitxml={junit}", *(a for p in plugins for a in p), *pytest_args]
+    cache = _triton_cache()  # (a warm cache is a different run from a cold one: 155218Z)
     t0 = time.perf_counter()
     lines = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -68,6 +69,7 @@ def main() -> int:
         "pytest_command": " ".join(cmd[1:]),
         "pytest_exit_status": proc.returncode, "wall_seconds": round(wall, 1),
         "target_seconds": TARGET_S, "within_target": wall <= TARGET_S, **counts,
+        "triton_cache_at_start": cache,
         "skipped_tests": [{"test": n, "reason": (c.find("skipped").get("message"))}
                           for c in suite.iter("testcase") if c.find("skipped") is not None
                           for n in [f"{c.get('classname')}::{c.get('name')}"]],
@@ -79,6 +81,16 @@ def main() -> int:
         _compress(out / name)
     print(f"GPU tier: {counts}, {wall:.0f} s (target {TARGET_S} s), written: {out}")
     return proc.returncode
+
+
+def _triton_cache() -> dict:
+    """Triton's cache folder and how many entries (kernels, launchers) it held before the
+    run: 0 on a fresh machine, hundreds after an earlier call on a warm one."""
+    from triton import knobs
+
+    folder = Path(knobs.cache.dir)
+    entries = sum(1 for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else 0
+    return {"dir": str(folder), "entries": entries}
 
 
 def _compress(path: Path) -> None:
