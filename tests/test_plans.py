@@ -977,8 +977,8 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
 
 def test_a_launcher_taking_other_arguments_is_reported_by_its_module_and_key(monkeypatch,
                                                                               tmp_path):
-    # Triton's "function takes exactly 139 arguments (136 given)" at a first launch (a GPU
-    # tier on a warm cache, 155218Z): `launch.launch` raises `LauncherMismatch` naming the
+    # Triton's "function takes exactly 139 arguments (136 given)" at a D72 forward's launch
+    # (a GPU tier on a warm cache, 155218Z): `launch.launch` raises `LauncherMismatch` naming the
     # kernel, its descriptors, the module's file and whether its folder is the key of the
     # launcher source Triton makes from the kernel's metadata; other TypeErrors stand
     import base64
