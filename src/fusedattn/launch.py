@@ -20,7 +20,6 @@ arguments; the key is theirs to make complete (`dispatch.forward`, `flash_bwd`).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import inspect
 import json
@@ -313,16 +312,22 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
 
 
 def _launcher_key(src, meta) -> str:
-    """The key Triton 3.6's `CudaLauncher` files a kernel's launcher module under: the hash
-    of the source it makes from the kernel's signature, constants and descriptors'
-    metadata (`compile_module_from_src`)."""
+    """The key Triton 3.6's `CudaLauncher` files a kernel's launcher module under
+    (`module_key` of the source it makes from the kernel's signature, constants and
+    descriptors' metadata)."""
     from triton.backends.nvidia.driver import make_launcher
-    from triton.runtime.build import platform_key
 
     names = src.fn.arg_names
     constants = {(names.index(k),) if isinstance(k, str) else k: value
                  for k, value in getattr(src, "constants", {}).items()}
-    source = make_launcher(constants, dict(src.signature), meta)
+    return module_key(make_launcher(constants, dict(src.signature), meta))
+
+
+def module_key(source: str) -> str:
+    """The key Triton 3.6 files a C module of this source under (`compile_module_from_src`:
+    the source's hash with the platform's)."""
+    from triton.runtime.build import platform_key
+
     return hashlib.sha256((source + platform_key()).encode("utf-8")).hexdigest()
 
 
@@ -351,7 +356,9 @@ def launcher_mismatch(error: TypeError) -> str | None:
         return None
     meta = getattr(compiled.metadata, "tensordesc_meta", None)
     try:
-        key = _launcher_key(compiled.src, meta)
+        from triton.runtime.cache import _base32  # (Triton's folder name for a key)
+
+        folder = _base32(_launcher_key(compiled.src, meta))
         launch = compiled.run.launch
         cells = dict(zip(getattr(getattr(launch, "__code__", None), "co_freevars", ()),
                          (c.cell_contents for c in getattr(launch, "__closure__", None) or ()),
@@ -360,7 +367,6 @@ def launcher_mismatch(error: TypeError) -> str | None:
         path = getattr(module, "__file__", "?")
     except Exception as e:  # noqa: BLE001 (the report is best-effort; the error stands)
         return f"{error} (and its report failed: {type(e).__name__}: {e})"
-    folder = base64.b32encode(bytes.fromhex(key)).decode().rstrip("=")  # (Triton's naming)
     same = Path(path).parent.name == folder
     descs = "none" if meta is None else ", ".join("TMA" if m else "pointer" for m in meta)
     return (f"{error}: Triton's launcher for {compiled.name} takes another argument list "
@@ -457,17 +463,16 @@ def build_launcher(signature: dict) -> None:
     is there; on sm90 each host descriptor has it (a TMA map), so one stands for all."""
     if not _triton_36():
         return
-    import hashlib
     import sysconfig
 
     from triton.backends.nvidia import driver as nvidia
-    from triton.runtime.build import compile_module_from_src, get_cache_manager, platform_key
+    from triton.runtime.build import compile_module_from_src, get_cache_manager
 
     if nvidia.PyCUtensorMap is None:  # a launcher's module reads it once, as it loads:
         return  # loaded before Triton's driver sets it, every later load would keep None
     source, name = launcher_source(signature), "__triton_launcher"
     # (in the cache already, as after `warmup`: not loaded here, the launch loads it)
-    key = hashlib.sha256((source + platform_key()).encode("utf-8")).hexdigest()
+    key = module_key(source)
     if get_cache_manager(key).get_file(name + sysconfig.get_config_var("EXT_SUFFIX")):
         return
     compile_module_from_src(src=source, name=name, library_dirs=nvidia.library_dirs(),

@@ -43,28 +43,27 @@ def _shared_array(self, shape, dtype, alignment=None):
     find it. Its threads are OS threads, and it had no lock between the lookup and the
     store. `simulated_threads` switches them every 50 µs, so two threads could both find no
     array and each keep one of its own: one thread then read partial sums or a softmax state
-    that no other thread wrote. The lab's `online` version failed CI once (boundary 3x5, error
-    0.29; alone, and under load, it passed), most likely so: numba's own method keeps four
-    arrays where four threads store together (`test_simt`). Dynamic shared memory (`shape`
-    0) is one buffer with no lookup, so it goes to numba's own method."""
+    that no other thread wrote (most likely the lab's `online` version's one CI failure;
+    numba's own method keeps four arrays where four threads store together: `test_simt`).
+    Dynamic shared memory (`shape` 0) is one buffer with no lookup, so it goes to numba's
+    own method."""
     if shape == 0 or alignment is not None:
         return _NUMBA_SHARED_ARRAY(self, shape, dtype, alignment)
-    from numba.core import types
-    from numba.np import numpy_support
-
     caller = sys._getframe(1)  # (the kernel's frame: its line names the array)
     where = (caller.f_code.co_filename, caller.f_lineno)
     with _SHARED_LOCK:
         found = self._allocations.get(where)
         if found is None:
-            kind = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+            kind = _as_dtype(dtype) if isinstance(dtype, _NumbaType) else dtype
             found = self._allocations[where] = np.empty(shape, kind)
     return found
 
 
 _NUMBA_SHARED_ARRAY = None
 if EMULATION:
+    from numba.core.types import Type as _NumbaType
     from numba.cuda.simulator import kernelapi
+    from numba.np.numpy_support import as_dtype as _as_dtype
 
     _NUMBA_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
     kernelapi.FakeCUDAShared.array = _shared_array
