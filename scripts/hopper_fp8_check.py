@@ -36,7 +36,7 @@ from fusedattn.reference import dequantize
 
 ROWS = [(4, 32, 32, 4096, d, c) for d in (64, 128, 256) for c in (False, True)]
 # (BLOCK_N, STAGES) per head dim, beside FP8_TILES' own
-CANDIDATES = {64: [(256, 3), (64, 6)], 128: [(128, 3), (64, 6)], 256: [(64, 4), (128, 2)]}
+CANDIDATES = {64: [(256, 3), (64, 6)], 128: [(128, 3), (64, 6)], 256: [(64, 4), (64, 3)]}
 SWEEP = [(16384 // s, 16, 16, s, d, c) for d in (64, 128) for c in (False, True)
          for s in (128, 256, 512, 1024, 2048)]
 _TILES_NOW = [None]  # the tiles the recorded plans were made with
