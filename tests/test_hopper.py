@@ -103,6 +103,36 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, 
     assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
 
 
+@pytest.mark.parametrize("causal, window, path", [
+    (True, (510, 0), "portable"), (True, (511, 0), "hopper"),      # 511 and 512 keys a row
+    (True, (510, 100), "portable"),      # causal: the right side adds nothing
+    (False, (255, 255), "portable"), (False, (255, 256), "hopper"),
+    (False, (None, 100), "hopper"), (False, (100, None), "hopper"),  # a side unbounded
+    (True, (5000, 0), "hopper")])        # wider than the rows: the rows' rule
+def test_short_windows_go_portable_under_auto_and_stay_forceable(monkeypatch, causal, window,
+                                                                 path):
+    from fusedattn import dispatch
+
+    monkeypatch.setattr(dispatch, "hopper_refusal", lambda *a, **kw: None)  # as on an H200
+    least = dispatch.HOPPER_MIN_WINDOW
+    q = _rand(1, 2, 2 * least + 1000, 64)
+    mask = Mask(causal=causal, window=window)
+    got, why = forward_path(q, q, q, mask=mask)
+    assert got == path, why
+    if path == "portable":
+        assert f"HOPPER_MIN_WINDOW = {least}" in why
+        with use_backend("hopper"):
+            assert forward_path(q, q, q, mask=mask)[0] == "hopper"
+
+
+def test_three_consumer_warpgroups_never_under_a_window():
+    from fusedattn.hopper.forward import consumer_warpgroups
+
+    assert consumer_warpgroups((64, 64), False, False, 8192, True) == 3   # causal alone
+    assert consumer_warpgroups((64, 64), False, False, 8192, True, True) == 2
+    assert consumer_warpgroups((64, 64), False, False, 8192, False, True) == 2
+
+
 CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (2, 4, 4, 1, 1, 128, False, None, None), (1, 3, 3, 127, 127, 64, True, None, None),
     (1, 2, 2, 129, 300, 128, True, None, None), (1, 2, 2, 300, 129, 128, True, None, None),
@@ -111,7 +141,8 @@ CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (1, 2, 2, 700, 700, 256, False, None, None), (1, 2, 2, 2000, 2000, 128, True, (100, 0), None),
     (1, 2, 2, 777, 777, 64, False, (0, 0), None), (1, 2, 2, 777, 777, 64, False, (50, 3000), None),
     (1, 2, 2, 4097, 4097, 64, False, None, None), (3, 5, 1, 333, 555, 128, False, None, None),
-    # D64 from 2048 query rows runs three consumer warpgroups (`forward.WARPGROUPS`)
+    # D64 from 2048 query rows runs three consumer warpgroups (`forward.WARPGROUPS`), two
+    # under a window
     (1, 3, 1, 2500, 3001, 64, True, None, None), (1, 2, 2, 2100, 2100, 64, False, (300, 0), None),
     # two head-dim pieces against Sq != Sk, GQA and windows
     (1, 6, 2, 301, 1025, 96, True, None, None), (2, 4, 1, 1025, 301, 192, False, (64, 64), None),

@@ -194,12 +194,16 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 
 
 def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: int,
-                        bounded: bool) -> int:
+                        bounded: bool, window: bool = False) -> int:
     """The kernel's consumer warpgroups for head dims `pair` (`kernel_pair`'s): `WARPGROUPS`
     from WARPGROUPS_MIN_ROWS query rows (varlen: the longest sequence's), else two; two
-    with softcap (its tanh spilled 2.8 KB at 160 registers). Under fp8, `FP8_WARPGROUPS`,
-    and two where a mask bounds the keys (`bounded`: causal or a window)."""
-    if softcap or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded):
+    with softcap (its tanh spilled 2.8 KB at 160 registers) and under a window's left side
+    (`window`): a 192-row item spans 64 more keys a row than a 128-row one, all of them
+    masked work, and three lost at every window measured (H100, D64 H64/8 S8192 causal:
+    1025 keys a row 0.502 ms against 0.428 with two, 513 keys 0.350 against 0.296;
+    evidence/nvidia-h100/20261205T1813Z-window-paths). Under fp8, `FP8_WARPGROUPS`, and two
+    where a mask bounds the keys (`bounded`: causal or a window)."""
+    if softcap or window or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded):
         return 2
     return (FP8_WARPGROUPS if fp8 else WARPGROUPS).get(pair, 2)
 
@@ -234,7 +238,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
-    consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0)
+    consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0,
+                                    left >= 0)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
