@@ -1,8 +1,9 @@
-"""A/B of the sinks + short-window row (the sinks suite's gpt-oss sliding layer: B1 H64/8
-S8192 D64 causal, window 128, sinks) across the forward's paths and consumer warpgroups,
-in one process, each verified against the portable kernel's output first. Writes JSON
-lines to --out. Timing: triton.testing.do_bench's median (ms), a quick A/B, not the bench
-protocol."""
+"""A/B of short sliding windows across the forward's paths, in one process
+(`PYTHONPATH=src python3 scripts/window_sinks_ab.py --out F`): B1 S8192 causal with sinks
+(the sinks suite's gpt-oss sliding layer is D64 H64/8, window 128), windows --windows, head
+dims and heads --shapes; the portable kernel, the Hopper kernel at two (and at D64 three)
+consumer warpgroups, and `auto`, each checked against the portable output. JSON lines to
+--out. Timing: triton.testing.do_bench's median (ms): a quick A/B, not the bench protocol."""
 import argparse
 import json
 
@@ -38,13 +39,13 @@ def run_shape(dim, heads, heads_kv, windows):
     sinks = torch.randn(heads, device="cuda", dtype=torch.float32, generator=g)
     rows = []
     for w in map(int, windows.split(",")):
-        def call():
+        def call(w=w):
             return fusedattn.attention(q, k, v, is_causal=True, window=(w, 0), sinks=sinks,
                                        enable_gqa=True)
         with dispatch.use_backend("portable"):
             ref = call()
         variants = [("portable", "portable", None)]
-        variants += [("hopper-%dwg" % n, "hopper", n) for n in ((2, 3) if dim == 64 else (2,))]
+        variants += [(f"hopper-{n}wg", "hopper", n) for n in ((2, 3) if dim == 64 else (2,))]
         variants += [("auto", "auto", None)]
         for name, backend, wg in variants:
             saved = dict(hf.WARPGROUPS)
