@@ -125,12 +125,18 @@ def test_short_windows_go_portable_under_auto_and_stay_forceable(monkeypatch, ca
             assert forward_path(q, q, q, mask=mask)[0] == "hopper"
 
 
-def test_three_consumer_warpgroups_never_under_a_window():
-    from fusedattn.hopper.forward import consumer_warpgroups
+def test_two_consumer_warpgroups_under_a_short_window():
+    from fusedattn.hopper.forward import WARPGROUPS_MIN_SPAN, consumer_warpgroups
 
+    least = WARPGROUPS_MIN_SPAN
     assert consumer_warpgroups((64, 64), False, False, 8192, True) == 3   # causal alone
-    assert consumer_warpgroups((64, 64), False, False, 8192, True, True) == 2
-    assert consumer_warpgroups((64, 64), False, False, 8192, False, True) == 2
+    assert consumer_warpgroups((64, 64), False, False, 8192, True, least - 1) == 2
+    assert consumer_warpgroups((64, 64), False, False, 8192, True, least) == 3
+    assert consumer_warpgroups((64, 64), False, False, 8192, False, 129) == 2
+    # the span the launch passes: Mask.span
+    assert Mask(causal=True, window=(128, 5)).span() == 129
+    assert Mask(window=(128, 5)).span() == 134
+    assert Mask(window=(128, None)).span() is None and Mask(causal=True).span() is None
 
 
 CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
@@ -142,8 +148,9 @@ CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (1, 2, 2, 777, 777, 64, False, (0, 0), None), (1, 2, 2, 777, 777, 64, False, (50, 3000), None),
     (1, 2, 2, 4097, 4097, 64, False, None, None), (3, 5, 1, 333, 555, 128, False, None, None),
     # D64 from 2048 query rows runs three consumer warpgroups (`forward.WARPGROUPS`), two
-    # under a window
+    # under a window of fewer than 2048 keys a row
     (1, 3, 1, 2500, 3001, 64, True, None, None), (1, 2, 2, 2100, 2100, 64, False, (300, 0), None),
+    (1, 2, 2, 2600, 2600, 64, True, (2100, 0), None),  # three under a long window
     # two head-dim pieces against Sq != Sk, GQA and windows
     (1, 6, 2, 301, 1025, 96, True, None, None), (2, 4, 1, 1025, 301, 192, False, (64, 64), None),
     # D80 (64 + 16) and head dims run padded (D72 as 80, D112 as 128, D200 as 256): Sq != Sk,

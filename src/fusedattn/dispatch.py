@@ -58,7 +58,8 @@ HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window, head dim over 64
 # S8192 causal (evidence/nvidia-h100/20261205T1813Z-window-paths): 129 keys a row, D64
 # H64/8 0.168 ms portable against 0.221 (Hopper, two warpgroups) and 0.311 (three, the
 # rule's before), D128 H32/8 0.115 against 0.136; 257 keys 0.208 / 0.229 and 0.147 / 0.156;
-# 513 keys 0.286 / 0.296 at D64 but 0.209 / 0.199 at D128; 1025 keys the Hopper kernel's
+# 513 keys 0.286 / 0.296 at D64 but 0.209 / 0.199 at D128; 1025 keys a tie at D64 (0.431)
+# and the Hopper kernel's at D128 (0.297 against 0.350)
 HOPPER_MIN_WINDOW = 512
 _BACKEND = contextvars.ContextVar("fusedattn_backend", default="auto")
 
@@ -161,26 +162,19 @@ def _choose(refusal, short, *, strict: bool, what: str,
     return "portable", why
 
 
-def window_span(mask) -> int | None:
-    """The most keys a row of `mask` (`tiles.common.Mask`) sees when a window bounds both
-    of its sides (left given; right given, or 0 under causal), else None."""
-    _, _, left, right = mask.kernel_args(1.0)  # (-1: a side unbounded)
-    return left + right + 1 if left >= 0 and right >= 0 else None
-
-
 def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     """("hopper" | "portable", why) for this call under the current `use_backend`. Under
     "auto", a call the Hopper kernel can serve still goes portable where its rows have
     fewer than `HOPPER_MIN_KEYS` keys (`HOPPER_MIN_KEYS_WIDE` non-causal without a window at
     head dims over 64; varlen: the longest sequence's), or where a window bounds a row to
-    fewer than `HOPPER_MIN_WINDOW` keys (`window_span`)."""
+    fewer than `HOPPER_MIN_WINDOW` keys (`Mask.span`)."""
     def short():
         keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
         mask = kw["mask"]
         wide = q.shape[-1] > 64 and not mask.causal and mask.window is None
         least, name = ((HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE") if wide
                        else (HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"))
-        span = window_span(mask)
+        span = mask.span()
         if span is not None and span < keys:
             keys, least, name = span, HOPPER_MIN_WINDOW, "HOPPER_MIN_WINDOW"
         if keys < least:

@@ -47,7 +47,8 @@ FP8_TILES = {
     (128, 128): (128, 0, 128, 0, 64, 128, 4),
     # D256: 128-key steps, two stages (FA3's step there). H100 fp8check at 6160a49
     # (evidence/nvidia-h100/20261205T1554Z-fp8check): 959 -> 1206 TFLOP/s non-causal,
-    # 834 -> 961 causal, where 64-key steps at three or four stages gave 959-980
+    # 834 -> 961 causal, where 64-key steps at three or four stages gave 959-980; at
+    # 642ec2b (20261205T1805Z-fp8check) 937 -> 1129 and 846 -> 957
     (256, 256): (256, 0, 256, 0, 64, 128, 2),
 }
 # the head dims the kernel's pieces make; one over 64 between them runs padded to the next.
@@ -95,6 +96,13 @@ WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 # bytes at three, why it lost is not profiled), so masked FP8 runs two (A/B)
 FP8_WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 WARPGROUPS_MIN_ROWS = 2048
+# Under a window of fewer keys a row than this, two consumer warpgroups: three lost at every
+# window measured, where a row's window holds up to 1025 keys (H100, D64 H64/8 S8192 causal:
+# 1025 keys 0.502 ms against 0.431 with two, 513 keys 0.350 against 0.296, 129 keys 0.311
+# against 0.221; evidence/nvidia-h100/20261205T1813Z-window-paths), while under a plain
+# causal mask (4096 keys a row on average at S8192) three won. Between them (1025 keys to
+# the row) is unmeasured; the bound sits at WARPGROUPS_MIN_ROWS's count
+WARPGROUPS_MIN_SPAN = 2048
 LOADER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
@@ -166,8 +174,8 @@ def switches() -> tuple:
     them with its copies (`launch.KeptPlan`), a plan key takes their items
     (`launch.hashable`), so a table changed in place counts as changed."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
-            WARPGROUPS_MIN_ROWS, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM,
-            MASK_FORM_EDGE, KERNEL_DIMS, TILES, FP8_TILES)
+            WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_SPAN, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT,
+            FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES, FP8_TILES)
 
 
 @functools.cache
@@ -194,16 +202,15 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 
 
 def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: int,
-                        bounded: bool, window: bool = False) -> int:
+                        bounded: bool, span: int | None = None) -> int:
     """The kernel's consumer warpgroups for head dims `pair` (`kernel_pair`'s): `WARPGROUPS`
     from WARPGROUPS_MIN_ROWS query rows (varlen: the longest sequence's), else two; two
-    with softcap (its tanh spilled 2.8 KB at 160 registers) and under a window's left side
-    (`window`): a 192-row item spans 64 more keys a row than a 128-row one, all of them
-    masked work, and three lost at every window measured (H100, D64 H64/8 S8192 causal:
-    1025 keys a row 0.502 ms against 0.428 with two, 513 keys 0.350 against 0.296;
-    evidence/nvidia-h100/20261205T1813Z-window-paths). Under fp8, `FP8_WARPGROUPS`, and two
-    where a mask bounds the keys (`bounded`: causal or a window)."""
-    if softcap or window or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded):
+    with softcap (its tanh spilled 2.8 KB at 160 registers) and where a window bounds a row
+    to fewer than `WARPGROUPS_MIN_SPAN` keys (`span`: `Mask.span`). Under fp8,
+    `FP8_WARPGROUPS`, and two where a mask bounds the keys (`bounded`: causal or a
+    window)."""
+    if softcap or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded) \
+            or (span is not None and span < WARPGROUPS_MIN_SPAN):
         return 2
     return (FP8_WARPGROUPS if fp8 else WARPGROUPS).get(pair, 2)
 
@@ -239,7 +246,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
     consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0,
-                                    left >= 0)
+                                    mask.span())
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]

@@ -161,6 +161,12 @@ class Mask:
             qk_scale, cap = scale * LOG2E, 0.0
         return (qk_scale, cap, -1 if left is None else left, -1 if right is None else right)
 
+    def span(self) -> int | None:
+        """The most keys a row sees where a window bounds both of its sides (left given;
+        right given, or 0 under causal), else None."""
+        _, _, left, right = self.kernel_args(1.0)
+        return left + right + 1 if left >= 0 and right >= 0 else None
+
 
 # FP8 (e4m3) inputs: P = exp(s - m) in [0, 1] enters the P.V product as e4m3 times this (a
 # power of two: exact to apply and to divide out), so that P's small values land in e4m3's
