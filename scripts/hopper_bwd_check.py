@@ -88,7 +88,14 @@ ROWS = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
         (2, 32, 8, 8192, 192, True, dict(dim_v=128)),
         # D192 at S1024 (16k tokens a call), beside row 37's S4096: do the deterministic
         # adds cost more of a shorter program (issue 33's chain-latency question)?
-        (16, 32, 32, 1024, 192, False)]
+        (16, 32, 32, 1024, 192, False),
+        # short sliding windows (gpt-oss's 128-key layers, GQA), where the forward's Hopper
+        # kernel lost to the portable one under 512 keys a row
+        # (evidence/nvidia-h100/20261205T1813Z-window-paths): does the backward's too?
+        (1, 64, 8, 8192, 64, True, dict(window=(128, 0))),
+        (1, 32, 8, 8192, 128, True, dict(window=(128, 0))),
+        (1, 32, 8, 8192, 128, True, dict(window=(256, 0))),
+        (1, 32, 8, 8192, 128, True, dict(window=(512, 0)))]
 
 
 def sources() -> dict:
