@@ -55,11 +55,11 @@ HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window, head dim over 64
 # keys than this goes portable too: each Hopper item (a 128- or 192-row query tile, heads
 # apart) then spans two or three key steps, mostly masked, and pays its pipeline's fill and
 # its epilogue for them, while the portable kernel packs the GQA group. On an H100, B1
-# S8192 causal (evidence/nvidia-h100/20261205T1813Z-window-paths): 129 keys a row, D64
-# H64/8 0.168 ms portable against 0.221 (Hopper, two warpgroups) and 0.311 (three, the
-# rule's before), D128 H32/8 0.115 against 0.136; 257 keys 0.208 / 0.229 and 0.147 / 0.156;
-# 513 keys 0.286 / 0.296 at D64 but 0.209 / 0.199 at D128; 1025 keys a tie at D64 (0.431)
-# and the Hopper kernel's at D128 (0.297 against 0.350)
+# S8192 causal (evidence/nvidia-h100/20261205T1813Z-window-paths, ab2.jsonl): 129 keys a
+# row, D64 H64/8 0.168 ms portable against 0.220 (Hopper, two warpgroups) and 0.306 (three,
+# the rule's before), D128 H32/8 0.115 against 0.136; 257 keys 0.205 / 0.229 and 0.147 /
+# 0.156; 513 keys 0.281 / 0.293 at D64 but 0.209 / 0.199 at D128; 1025 keys about a tie at
+# D64 (0.426 / 0.430) and the Hopper kernel's at D128 (0.297 against 0.350)
 HOPPER_MIN_WINDOW = 512
 _BACKEND = contextvars.ContextVar("fusedattn_backend", default="auto")
 

@@ -98,8 +98,8 @@ FP8_WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 WARPGROUPS_MIN_ROWS = 2048
 # Under a window of fewer keys a row than this, two consumer warpgroups: three lost at every
 # window measured, where a row's window holds up to 1025 keys (H100, D64 H64/8 S8192 causal:
-# 1025 keys 0.502 ms against 0.431 with two, 513 keys 0.350 against 0.296, 129 keys 0.311
-# against 0.221; evidence/nvidia-h100/20261205T1813Z-window-paths), while under a plain
+# 1025 keys 0.503 ms against 0.430 with two, 513 keys 0.345 against 0.293, 129 keys 0.306
+# against 0.220; evidence/nvidia-h100/20261205T1813Z-window-paths, ab2.jsonl), while under a plain
 # causal mask (4096 keys a row on average at S8192) three won. Between them (1025 keys to
 # the row) is unmeasured; the bound sits at WARPGROUPS_MIN_ROWS's count
 WARPGROUPS_MIN_SPAN = 2048
