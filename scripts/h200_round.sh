@@ -30,6 +30,8 @@
 #               rows $ABROWS (default all: dense, window, varlen), verified, bits compared;
 #               ABENTRIES=1: each value is entries laid over the table (switch_ab --entries);
 #               ABSET=NAME=LITERAL: another switch held at that value (switch_ab --set)
+#   windowab W S  scripts/window_sinks_ab.py: windows W (keys, comma-separated) at shapes S
+#               ("dim,heads,heads_kv" joined by ';'), into $ev/window-paths/
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
@@ -178,6 +180,10 @@ while [ $# -gt 0 ]; do
     switchab) name=$1 values=$2; shift 2
               python3 scripts/switch_ab.py --switch "$name" --values "$values" --out $ev \
                 ${ABROWS:+--rows "$ABROWS"} ${ABENTRIES:+--entries} ${ABSET:+--set "$ABSET"} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
+    windowab) w=$1 shapes=$2; shift 2  # scripts/window_sinks_ab.py: windows W at shapes S
+        mkdir -p $ev/window-paths; PYTHONPATH=src python3 scripts/window_sinks_ab.py \
+          --windows "$w" --shapes "$shapes" --out $ev/window-paths/ab-$(date -u +%H%M%S).jsonl \
+          2>&1 | grep -v UserWarning | tail -40 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
     rows) d=$ev/rows-$(date -u +%H%M%S); mkdir -p $d
