@@ -143,6 +143,27 @@ def test_the_shipped_manifest_holds_its_files():
                        for n in e["files"]}
 
 
+@pytest.mark.skipif(not prebuilt.MANIFEST.exists(), reason="no prebuilt kernels shipped")
+def test_the_shipped_entries_were_made_from_these_kernel_sources():
+    # the CPU's check of what the GPU tier's first-call test finds late: a kernel module
+    # edited since `scripts/prebuild.py` made the entries (any line: Triton's key holds the
+    # kernel's first line number) leaves every entry behind it unused
+    made = json.loads(prebuilt.MANIFEST.read_text()).get("sources")
+    assert made, "the manifest records no kernel sources: run scripts/prebuild.py on the GPU"
+    now = prebuilt.kernel_sources()
+    changed = sorted(p for p in made.keys() | now.keys() if made.get(p) != now.get(p))
+    assert not changed, (f"{changed} changed since the prebuilt entries were made: run "
+                         "`bash scripts/h200_round.sh prebuild` on the GPU and commit them")
+
+
+def test_kernel_sources_finds_every_kind_of_kernel_module():
+    found = prebuilt.kernel_sources()
+    for module in ("tiles/common.py", "tiles/flash_kernels.py", "tiles/flash_bwd_kernels.py",
+                   "hopper/forward_kernel.py", "hopper/backward_kernel.py"):
+        assert len(found[module]) == 64, module
+    assert "api.py" not in found and "prebuilt.py" not in found
+
+
 KEYS = """
 import importlib, sys
 from fusedattn import prime

@@ -32,6 +32,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 import zlib
@@ -62,6 +63,25 @@ def build() -> dict:
             "platform": platform_key()}
 
 
+_JIT = re.compile(rb"^@\S*jit\b", re.M)  # a kernel's decorator: triton's, gluon's, shape_jit
+
+
+def kernel_sources() -> dict[str, str]:
+    """SHA-256 of each package module that defines a kernel (a line that starts with a
+    `...jit` decorator), by its path in the package. Triton's key for a kernel hashes its
+    source and its first line's number, so any edit to such a module, even one above a
+    kernel and outside it, can move every entry's key (b0c161c's six lines in
+    `tiles/common.py` did: 20261205T190716Z's tier). `pack` records them; the CPU test
+    `test_the_shipped_entries_were_made_from_these_kernel_sources` compares them."""
+    package = ROOT.parent
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        data = path.read_bytes()
+        if _JIT.search(data):
+            found[path.relative_to(package).as_posix()] = hashlib.sha256(data).hexdigest()
+    return found
+
+
 def key_of(folder: str) -> str:
     """The hex key behind a cache folder's name (Triton names it by the key's base32)."""
     return base64.b32decode(folder + "=" * (-len(folder) % 8)).hex()
@@ -70,7 +90,8 @@ def key_of(folder: str) -> str:
 def pack(cache: Path, out: Path, made_by: dict) -> dict:
     """The entries of Triton cache folder `cache` (filled by `fusedattn.warmup` from empty)
     as `out`/entries/FOLDER/FILE.z (zlib) and `out`/manifest.json (each file's SHA-256, of
-    the file itself); returns the manifest. A kernel's
+    the file itself) and the kernel modules' hashes (`kernel_sources`); returns the
+    manifest. A kernel's
     entry keeps its cubin and metadata, a module's its `.so`; `made_by` (the commit, the GPU,
     the specs) goes into the manifest as it is."""
     entries = []
@@ -96,7 +117,8 @@ def pack(cache: Path, out: Path, made_by: dict) -> dict:
         if entry["group"] and entry["group"] not in entry["files"]:
             raise ValueError(f"{folder}: group {entry['group']} without its metadata")
         entries.append(entry)
-    manifest = {"build": build(), "made_by": made_by, "entries": entries}
+    manifest = {"build": build(), "made_by": made_by, "sources": kernel_sources(),
+                "entries": entries}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
