@@ -102,7 +102,6 @@ BWD_CONFIGS = [
     # D192 in two head-dim pieces, 128 + 64 (`hopper.backward.PIECES`)
     dict(name="bwd D192", D=192),
     dict(name="bwd D192 causal", D=192, HAS_RIGHT=True),
-    dict(name="bwd D192, the turn after dQ is ready", D=192, TURN_FIRST=False),
     dict(name="bwd D192 causal window softcap varlen GQA", D=192, HAS_LEFT=True,
          HAS_RIGHT=True, SOFTCAP=True, VARLEN=True, GQA=True, COMPACT=True),
     # V's head dim its own (`hopper.backward.kernel_dims`; V: v's kernel head dim)
@@ -180,7 +179,6 @@ def backward_constexprs(config: dict) -> dict:
     c.setdefault("DQ_SPLIT", 1)
     c.setdefault("EARLY_FREE", not c["SWAP_SDP"] and (c["STAGES"] == 1 or c["DQ_SPLIT"] > 1))
     c.setdefault("FREE_ON_READ", True)
-    c.setdefault("TURN_FIRST", True)
     return c
 
 

@@ -228,9 +228,6 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # dQ's buffer back to the compute warps only once the deterministic adds'
              # writes are done, as before `hopper.backward.FREE_ON_READ`
              "hopper-free-after-adds": _ours("hopper", FREE_ON_READ=False),
-             # the writer awaits a step's turn once its dQ is ready, as before
-             # `hopper.backward.TURN_FIRST`
-             "hopper-turn-after": _ours("hopper", TURN_FIRST=False),
              # D192 (and D129-D191) padded to D256's kernel, as before `PIECES`
              "hopper-pad256": _ours("hopper", PIECES={},
                                     TILES={d: t for d, t in knobs.TILES.items() if d != 192}),

@@ -570,24 +570,6 @@ def test_the_dq_buffer_given_back_on_read_gives_the_same_bits(dim, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
 
 
-@on_hopper
-@pytest.mark.parametrize("dim", [64, 128, 192])
-def test_the_turn_awaited_first_gives_the_same_bits(dim, monkeypatch):
-    # `hopper.backward.TURN_FIRST` moves where the writer awaits its turn, never an add or
-    # its order: the same bits with it on and off, causal, GQA 6/2, Sq != Sk
-    from fusedattn.hopper import backward as knobs
-
-    q, k, v, dout = _gqa_operands(dim)
-    seen = _launch_spy(("TURN_FIRST", "DETERMINISTIC"), monkeypatch)
-    grads = []
-    for on in (True, False):
-        monkeypatch.setattr(knobs, "TURN_FIRST", on)
-        seen.clear()
-        grads.append(_grads(q, k, v, dout, "hopper", is_causal=True))
-        assert seen and all(s == (on, True) for s in seen), (dim, on, seen)
-    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
-
-
 MIB = 1 << 20
 
 

@@ -172,12 +172,6 @@ EARLY_FREE = True
 # 20261204T1943Z-bwd-d192-adds). On: D192 +8%, causal +11%, D128 and D256 within spread,
 # the same bits (1954Z) (A/B)
 FREE_ON_READ = True
-# under deterministic adds (where the slot is not released early: D64, D128, D192), the
-# writer awaits a step's turn before the compute warps hand it that step's dQ, not after:
-# the turn's wait overlaps the step's last products instead of holding dQ's buffer (D192
-# has one: its deterministic adds cost 12% against racing ones at S4096 and S1024 alike,
-# evidence/nvidia-h200/20261204T2125Z-bwd-d192-adds-by-length) (A/B)
-TURN_FIRST = True
 
 
 def switches() -> tuple:
@@ -187,7 +181,7 @@ def switches() -> tuple:
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
             MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT,
-            FREE_ON_READ, TURN_FIRST)
+            FREE_ON_READ)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -414,5 +408,5 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   MASK_CONSTANTS=MASK_CONSTANTS,
                   EARLY_FREE=not swap and ((EARLY_FREE and stages == 1) or split > 1),
                   DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
-                  FREE_ON_READ=FREE_ON_READ, TURN_FIRST=TURN_FIRST, num_warps=8)
+                  FREE_ON_READ=FREE_ON_READ, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

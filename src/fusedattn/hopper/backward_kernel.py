@@ -384,8 +384,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
                DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, EARLY_FREE: gl.constexpr,
-               DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, FREE_ON_READ: gl.constexpr,
-               TURN_FIRST: gl.constexpr):
+               DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, FREE_ON_READ: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -400,12 +399,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     counted after the last. FREE_ON_READ (DETERMINISTIC with DQ_TMA): dQ's buffer goes back
     to the compute warps once the reduction has read it, and the writer then waits for the
     reduction's writes before it counts (the count orders the adds, the buffer does not);
-    else the buffer waits for the writes too. TURN_FIRST (DETERMINISTIC, not EARLY_FREE): the
-    writer awaits a step's turn before its dQ is ready, while the compute warps still make
-    it, not after; then dQ's buffer is held only for the reduction's read where the turn
-    came first (the loads of step t + STAGES wait for the turn too)."""
+    else the buffer waits for the writes too."""
     EARLY_DQ_FREE: gl.constexpr = FREE_ON_READ and DETERMINISTIC and DQ_TMA
-    TURN_EARLY: gl.constexpr = TURN_FIRST and DETERMINISTIC and not EARLY_FREE
     SPLIT_RINGS: gl.constexpr = DO_STAGES != STAGES
     DH: gl.constexpr = D // DQ_SPLIT  # (a part of dQ's columns)
     if DQ_SPLIT > 1:
@@ -458,13 +453,6 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
         # the accumulator's rows (rows_q a head: Sq, or the packed total)
         row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
-        if TURN_EARLY:  # this step's turn, while the compute warps still make its dQ
-            counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
-                                      n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
-                                      BLOCK_N, HAS_LEFT, HAS_RIGHT, GQA)
-            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-            while seen != need:
-                seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
         if not EARLY_FREE:
             mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
         if SPLIT_RINGS:  # dO's slot first: the compute warps release it before Q's
@@ -493,7 +481,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                                     p_lse, p_delta, seq_q, vec, BLOCK_M, GQA, True)
         if EARLY_FREE and DQ_SPLIT == 1:
             mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
-        if DETERMINISTIC and not TURN_EARLY:
+        if DETERMINISTIC:
             counter, need = _dq_order(p_sem, t, n, b, h_kv, group, n_heads, n_tiles_m, m_lo,
                                       n_steps, rot, order, diag, left, right, seq_k, BLOCK_M,
                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, GQA)
@@ -985,7 +973,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
                     MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
                     DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                    FREE_ON_READ: gl.constexpr, TURN_FIRST: gl.constexpr):
+                    FREE_ON_READ: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -1106,7 +1094,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT,
                       BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
                       COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT,
-                      FREE_ON_READ, TURN_FIRST)),
+                      FREE_ON_READ)),
     ], [WRITER_WARPS], [WRITER_REGS])
 
 
