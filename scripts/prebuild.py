@@ -5,7 +5,8 @@ side by side), then its entries packed into
 `src/fusedattn/prebuilt/` (the old entries replaced) and a tarball of them under --out.
 Run it on the H200 after a kernel changes (`bash scripts/h200_round.sh prebuild`), and
 commit what it wrote; the GPU tier's `tests/test_prebuilt.py` fails on a kernel the entries
-no longer match.
+no longer match, and in CI its `test_the_shipped_entries_were_made_from_these_kernel_sources`
+fails once a module the shipped kernels compile from is edited (`prebuilt.kernel_sources`).
 
     python3 scripts/prebuild.py [--out DIR] [--jobs N]
 """

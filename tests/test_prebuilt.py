@@ -148,20 +148,28 @@ def test_the_shipped_entries_were_made_from_these_kernel_sources():
     # the CPU's check of what the GPU tier's first-call test finds late: a kernel module
     # edited since `scripts/prebuild.py` made the entries (any line: Triton's key holds the
     # kernel's first line number) leaves every entry behind it unused
-    made = json.loads(prebuilt.MANIFEST.read_text()).get("sources")
+    manifest = json.loads(prebuilt.MANIFEST.read_text())
+    made = manifest.get("sources")
     assert made, "the manifest records no kernel sources: run scripts/prebuild.py on the GPU"
-    now = prebuilt.kernel_sources()
+    now = prebuilt.kernel_sources(prebuilt.shipped_kernels(manifest))
     changed = sorted(p for p in made.keys() | now.keys() if made.get(p) != now.get(p))
     assert not changed, (f"{changed} changed since the prebuilt entries were made: run "
                          "`bash scripts/h200_round.sh prebuild` on the GPU and commit them")
 
 
-def test_kernel_sources_finds_every_kind_of_kernel_module():
-    found = prebuilt.kernel_sources()
-    for module in ("tiles/common.py", "tiles/flash_kernels.py", "tiles/flash_bwd_kernels.py",
-                   "hopper/forward_kernel.py", "hopper/backward_kernel.py"):
-        assert len(found[module]) == 64, module
-    assert "api.py" not in found and "prebuilt.py" not in found
+def test_kernel_sources_follows_a_kernels_imports_and_no_further():
+    found = prebuilt.kernel_sources(["_flash_fwd", "_flash_bwd_sm90"])
+    # _flash_fwd's module and common.py (its helpers); the Hopper backward's module and
+    # the Hopper forward's (the backward imports its helpers)
+    assert set(found) == {"tiles/flash_kernels.py", "tiles/common.py",
+                          "hopper/backward_kernel.py", "hopper/forward_kernel.py"}
+    assert all(len(h) == 64 for h in found.values())
+    assert prebuilt.kernel_sources(["_flash_fwd_sm90"]) == {
+        "hopper/forward_kernel.py": found["hopper/forward_kernel.py"]}
+    assert prebuilt.kernel_sources(["no_such_kernel"]) == {}
+    # decode's kernels are not shipped: an edit to them needs no prebuild
+    shipped = prebuilt.shipped_kernels(json.loads(prebuilt.MANIFEST.read_text()))
+    assert "_flash_fwd" in shipped and "tiles/splitkv.py" not in prebuilt.kernel_sources(shipped)
 
 
 KEYS = """

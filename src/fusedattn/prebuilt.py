@@ -28,6 +28,7 @@ stand in for another kernel. `FUSEDATTN_PREBUILT=0` turns it off.
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import json
@@ -66,20 +67,42 @@ def build() -> dict:
 _JIT = re.compile(rb"^@\S*jit\b", re.M)  # a kernel's decorator: triton's, gluon's, shape_jit
 
 
-def kernel_sources() -> dict[str, str]:
-    """SHA-256 of each package module that defines a kernel (a line that starts with a
-    `...jit` decorator), by its path in the package. Triton's key for a kernel hashes its
+def kernel_sources(kernels) -> dict[str, str]:
+    """SHA-256 of each package module that kernels named `kernels` compile from, by its
+    path in the package: the modules that define them (under a `...jit` decorator) and the
+    kernel modules those import from, and so on. Triton's key for a kernel hashes its
     source and its first line's number, so any edit to such a module, even one above a
-    kernel and outside it, can move every entry's key (b0c161c's six lines in
-    `tiles/common.py` did: 20261205T190716Z's tier). `pack` records them; the CPU test
-    `test_the_shipped_entries_were_made_from_these_kernel_sources` compares them."""
+    kernel and outside it, can move an entry's key (b0c161c's six lines in
+    `tiles/common.py` did: 20261205T190716Z's tier). `pack` records them for the shipped
+    kernels; the CPU test `test_the_shipped_entries_were_made_from_these_kernel_sources`
+    compares. A kernel module no shipped kernel uses (decode's) is not among them."""
     package = ROOT.parent
-    found = {}
+    modules = {}  # the package's kernel modules: dotted name -> (path, tree)
     for path in sorted(package.rglob("*.py")):
         data = path.read_bytes()
         if _JIT.search(data):
-            found[path.relative_to(package).as_posix()] = hashlib.sha256(data).hexdigest()
-    return found
+            name = ".".join((package.name, *path.relative_to(package).with_suffix("").parts))
+            modules[name] = (path, ast.parse(data))
+    wanted = set(kernels)
+    todo = [name for name, (_, tree) in modules.items()
+            if any(isinstance(node, ast.FunctionDef) and node.name in wanted
+                   for node in tree.body)]
+    found = {}
+    while todo:
+        name = todo.pop()
+        path, tree = modules[name]
+        rel = path.relative_to(package).as_posix()
+        if rel in found:
+            continue
+        found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        todo += [node.module for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module in modules]
+    return dict(sorted(found.items()))
+
+
+def shipped_kernels(manifest: dict) -> list[str]:
+    """The kernel names of `manifest`'s entries (a C module's entry names none)."""
+    return sorted({e["group"].removesuffix(".json") for e in manifest["entries"] if e["group"]})
 
 
 def key_of(folder: str) -> str:
@@ -117,8 +140,8 @@ def pack(cache: Path, out: Path, made_by: dict) -> dict:
         if entry["group"] and entry["group"] not in entry["files"]:
             raise ValueError(f"{folder}: group {entry['group']} without its metadata")
         entries.append(entry)
-    manifest = {"build": build(), "made_by": made_by, "sources": kernel_sources(),
-                "entries": entries}
+    manifest = {"build": build(), "made_by": made_by, "entries": entries}
+    manifest["sources"] = kernel_sources(shipped_kernels(manifest))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
