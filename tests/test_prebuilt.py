@@ -157,6 +157,7 @@ def test_the_shipped_entries_were_made_from_these_kernel_sources():
                          "`bash scripts/h200_round.sh prebuild` on the GPU and commit them")
 
 
+@pytest.mark.skipif(not prebuilt.MANIFEST.exists(), reason="no prebuilt kernels shipped")
 def test_kernel_sources_follows_a_kernels_imports_and_no_further():
     found = prebuilt.kernel_sources(["_flash_fwd", "_flash_bwd_sm90"])
     # _flash_fwd's module and common.py (its helpers); the Hopper backward's module and
