@@ -316,6 +316,67 @@ def test_a_decode_loop_replays_its_append(page, monkeypatch):
     assert launched.count(append._append_rows) == 1
 
 
+@pytest.mark.parametrize("page", [None, 8])
+def test_a_checked_decode_call_keeps_its_decisions_and_checks_the_values_each_call(
+        page, monkeypatch):
+    """The default decode call (`check_lengths=True`) keeps its metadata's checks and its
+    plan per call key, as `check_lengths=False` does, and checks the lengths' and block
+    table's values every call: a kept call whose values went bad (written in place) is
+    refused before its append writes anything."""
+    from fusedattn import attention_with_kvcache, kvcache
+
+    forget_plans()
+    full, values = [], []
+    real_validate, real_lengths = kvcache._validate, kvcache._check_lengths
+    monkeypatch.setattr(kvcache, "_validate",
+                        lambda *a, **kw: full.append(1) or real_validate(*a, **kw))
+    monkeypatch.setattr(kvcache, "_check_lengths",
+                        lambda *a, **kw: values.append(1) or real_lengths(*a, **kw))
+    b, h, hk, d, cap = 2, 4, 2, 16, 24
+    kc, vc = (rand(b, hk, cap, d, seed=30 + i) for i in range(2))
+    table = None
+    if page:  # the blocks of sequence 1 first, then of 0, backwards
+        table = i32([[5, 4, 3], [2, 1, 0]])
+        kc, vc = (rand(b * cap // page, hk, page, d, seed=30 + i) for i in range(2))
+
+    def dense(i, n):  # sequence i's first n rows of K and V
+        return [torch.stack([c[table[i, r // page], :, r % page] if page else c[i, :, r]
+                             for r in range(n)], 1) for c in (kc, vc)]
+
+    for step, lengths in enumerate(([3, 9], [10, 1], [23, 17])):
+        q = rand(b, h, 1, d, seed=step)
+        new = [rand(b, hk, 1, d, seed=40 + 2 * step + i) for i in range(2)]
+        out = attention_with_kvcache(q, kc, vc, cache_seqlens=i32(lengths), k_new=new[0],
+                                     v_new=new[1], block_table=table)
+        for i, n in enumerate(lengths):
+            keys, vals = dense(i, n + 1)
+            passes(out[i], attention_ref(q[i], keys, vals, causal=True,
+                                         align="bottom-right"), f"step {step} seq {i}")
+    assert len(full) == 1 and len(values) == 3  # the metadata checked once, values always
+    plans = len(dispatch._PLANS)
+    lens = i32([3, 9])
+    attention_with_kvcache(q, kc, vc, cache_seqlens=lens, k_new=new[0], v_new=new[1],
+                           block_table=table)
+    before = (kc.clone(), vc.clone())
+    lens[1] = cap  # in place: no room for the appended row; refused, nothing written
+    with pytest.raises(ProblemError, match="cache_seqlens"):
+        attention_with_kvcache(q, kc, vc, cache_seqlens=lens, k_new=new[0], v_new=new[1],
+                               block_table=table)
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+    if page:
+        lens[1] = 9
+        table[0, 0] = 99  # a block out of range, in place
+        with pytest.raises(ProblemError, match="block_table"):
+            attention_with_kvcache(q, kc, vc, cache_seqlens=lens, k_new=new[0],
+                                   v_new=new[1], block_table=table)
+        table[0, 0] = 2  # sequence 1's block: 0 appends into a block 1 reads
+        with pytest.raises(ProblemError, match="block_table"):
+            attention_with_kvcache(q, kc, vc, cache_seqlens=i32([0, 9]), k_new=new[0],
+                                   v_new=new[1], block_table=table)
+        assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+    assert len(full) == 1 and len(dispatch._PLANS) == plans  # every call above was kept
+
+
 def test_decode_checks_kept_per_key_still_refuse_what_they_refused():
     """`check_lengths=False` calls keep their checks per key; the key holds the caches'
     addresses, so one cache passed as both K and V is checked (and refused) again."""

@@ -35,8 +35,10 @@ device-to-host copy of each (`check_lengths=True`, the default):
   use: not by another sequence, not twice by the same one. Reading a shared block is
   fine (prefix caching: several sequences map one prompt's blocks), appending into one
   is refused, since the other sequences would then read the new rows.
-Index tensors of any strides are taken (copied contiguous first, so what is checked is
-what the kernels read). The caches must not overlap each other or themselves (an
+Only those copies are repeated each call: the checks and decisions that read shapes,
+dtypes, strides and options are kept per call key, as `check_lengths=False`'s are, and the
+launches replayed. Index tensors of any strides are taken (copied contiguous first, so what
+is checked is what the kernels read). The caches must not overlap each other or themselves (an
 expanded, stride-0 cache is refused); caches made under `torch.inference_mode()` are
 written like any other.
 
@@ -199,16 +201,24 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table,
         if _share_memory(k_cache, v_cache):
             raise ProblemError("k_cache/v_cache", "tensors sharing memory",
                                "separate memory for K and V (the append writes both)")
-    if not check_lengths:
-        return capacity, s_new, cache_seqlens, block_table
+    if check_lengths:
+        _check_lengths(cache_seqlens, block_table, s_new, capacity, k_cache)
+    return capacity, s_new, cache_seqlens, block_table
+
+
+def _check_lengths(cache_seqlens, block_table, s_new: int, capacity: int, k_cache) -> None:
+    """`check_lengths`' checks of the values (the lengths, the block table's entries): a
+    device-to-host copy that waits for the GPU. Every call with `check_lengths` runs them,
+    a call whose metadata's checks are kept (`_DECIDED`) too; `cache_seqlens` and
+    `block_table` contiguous and checked for shape and dtype."""
     lengths = cache_seqlens.tolist()
     if min(lengths) < 0 or max(lengths) + s_new > capacity:
-        raise ProblemError("cache_seqlens", lengths if batch <= 16 else f"max {max(lengths)}",
+        raise ProblemError("cache_seqlens",
+                           lengths if len(lengths) <= 16 else f"max {max(lengths)}",
                            f"0..{capacity - s_new} (the cache holds {capacity} rows per "
                            f"sequence{f', and {s_new} new ones are appended' if s_new else ''})")
     if block_table is not None:
         _check_blocks(block_table, cache_seqlens, s_new, k_cache.shape[0], k_cache.shape[2])
-    return capacity, s_new, cache_seqlens, block_table
 
 
 def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: int) -> None:
@@ -250,10 +260,12 @@ def chosen_splits(batch: int, heads: int, seq_q: int, heads_kv: int, capacity: i
 
 def _decode_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
                 descales, options):
-    """The metadata every check and decision of a `check_lengths=False` call reads
-    (`api.call_key`; the caches' addresses too: the overlap checks read them), or None:
-    `check_lengths=True` reads the lengths' values each call."""
-    if options[-1] is not False or not (type(k_cache) is type(v_cache) is torch.Tensor):
+    """The metadata every check and decision of a call reads but `check_lengths`' checks of
+    the values, which a call with it runs each time (`_check_lengths`): `api.call_key`'s,
+    the caches' addresses too (the overlap checks read them); None for a call that takes
+    the full path (a `check_lengths` that is not a bool among them: `_validate` says what
+    is wrong)."""
+    if type(options[-1]) is not bool or not (type(k_cache) is type(v_cache) is torch.Tensor):
         return None
     tensors = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sinks,
                *descales)
@@ -329,10 +341,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         decided = (capacity, s_new, window, softcap, splits, KeptPlan(), KeptPlan())
         if key is not None:
             _DECIDED.put(key, decided)
-    else:  # checked before, on the same metadata (and no values to check)
+    else:  # checked before, on the same metadata: the values alone are left to check
         capacity, s_new, window, softcap, splits, *_ = decided
         cache_seqlens = cache_seqlens.contiguous()
         block_table = block_table.contiguous() if block_table is not None else None
+        if check_lengths:
+            _check_lengths(cache_seqlens, block_table, s_new, capacity, k_cache)
     kept_attention, kept_append = decided[-2:] if key is not None else (None, None)
     if s_new:
         append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, capacity,
@@ -354,7 +368,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             cache=KVCache(cache_seqlens, block_table, added=s_new), splits=splits,
             pack_gqa=True, sinks=sinks, descale=descale, keep=keep)
 
-    if key is None:  # check_lengths=True: no plan kept
+    if key is None:  # (a call the full path takes each time: no plan kept)
         launch()
     else:  # the key settled the dispatch's plan key but for the context: the tensors made
         # here are fresh (O, the LSE, FP8's factors), the rest are the key's

@@ -125,12 +125,15 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
             calls[name] = (None, varlen(True))
             calls[f"{name} check_lengths=False"] = (None, varlen(False))
         else:
-            def step(lib=lib):
-                return lib.attention_with_kvcache(
-                    q, k, v, cache_seqlens=lens, check_lengths=False,
-                    **({} if appended is None else dict(k_new=appended[0],
-                                                        v_new=appended[1])))
-            calls[f"{name} check_lengths=False"] = (None, step)
+            def step(check, lib=lib):
+                def call():  # (the default, check_lengths=True: the lengths read each call)
+                    return lib.attention_with_kvcache(
+                        q, k, v, cache_seqlens=lens, check_lengths=check,
+                        **({} if appended is None else dict(k_new=appended[0],
+                                                            v_new=appended[1])))
+                return call
+            calls[name] = (None, step(True))
+            calls[f"{name} check_lengths=False"] = (None, step(False))
     calls.update(peers)
     return calls, (q, k, v, causal)
 
