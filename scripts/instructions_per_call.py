@@ -58,6 +58,8 @@ def calls() -> dict:
                                            check_lengths=False),
         "kvcache": lambda: attention_with_kvcache(q1, *caches, cache_seqlens=lengths,
                                                   check_lengths=False),
+        # the default: the lengths' values read and checked each call
+        "kvcache-checked": lambda: attention_with_kvcache(q1, *caches, cache_seqlens=lengths),
         "train": lambda: attention(tq, tk, tv, is_causal=True).sum().backward(),
         "train-varlen": lambda: attention_varlen(*tx, cu, cu, 32, 32,
                                                  is_causal=True).sum().backward(),

@@ -339,8 +339,10 @@ class LauncherMismatch(RuntimeError):
 def launcher_mismatch(error: TypeError) -> str | None:
     """What a `TypeError` out of Triton 3.6's launch ("function takes exactly N arguments (M
     given)") says about the launcher module that raised it, or None where the error did
-    not come from a compiled kernel's launcher. Seen once, in a GPU tier on a warm cache
-    (evidence/nvidia-h100/20261205T155218Z-gpu-tier), not since: the message names the
+    not come from a compiled kernel's launcher. Seen twice, each in one GPU tier and gone
+    in the next (evidence/nvidia-h200/20261202T050921Z-gpu-tier, the portable fp32
+    backward; evidence/nvidia-h100/20261205T155218Z-gpu-tier, a D72 forward on a warm
+    cache): the message names the
     kernel, the descriptors' metadata, the module's file and whether its folder is the
     key of the source Triton makes from that metadata (Triton keys a launcher module by
     its source: another key means another kernel's module was loaded; the same key, that

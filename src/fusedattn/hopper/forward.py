@@ -100,8 +100,9 @@ WARPGROUPS_MIN_ROWS = 2048
 # window measured, where a row's window holds up to 1025 keys (H100, D64 H64/8 S8192 causal:
 # 1025 keys 0.503 ms against 0.430 with two, 513 keys 0.345 against 0.293, 129 keys 0.306
 # against 0.220; evidence/nvidia-h100/20261205T1813Z-window-paths, ab2.jsonl), while under a plain
-# causal mask (4096 keys a row on average at S8192) three won. Between them (1025 keys to
-# the row) is unmeasured; the bound sits at WARPGROUPS_MIN_ROWS's count
+# causal mask (4096 keys a row on average at S8192) three won. Between them, on an H200
+# (evidence/nvidia-h200/20261205T1913Z-window-paths): two and three within 1.3% from 1025 to
+# 2049 keys a row, three 2.3% ahead at 4097
 WARPGROUPS_MIN_SPAN = 2048
 LOADER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
