@@ -65,6 +65,36 @@ def test_layouts_2d_3d_and_strided():
     assert check(attention(qs, qs, qs), _ref(qs, qs, qs)[0]).ok
 
 
+@pytest.mark.parametrize("layout", ["bshd", "contiguous", "sliced", "d-not-innermost"])
+def test_o_comes_back_in_a_dense_qs_memory_layout(layout):
+    """`attention`'s O takes q's memory layout where q is dense with its head dim innermost
+    (`api.new_out`), as SDPA's cuDNN and flash backends do: Hugging Face's `[B, S, H, D]`
+    q seen as `[B, H, S, D]` gets O whose `transpose(1, 2)` is contiguous, so the
+    integration's `.contiguous()` copies nothing. The bits are those of the same call on
+    contiguous inputs; other layouts get a contiguous O."""
+    b, h, s, d = 2, 3, 37, 32
+    q, k, v = (_rand(b, s, h, d, seed=i) for i in range(3))
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    elif layout == "contiguous":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    elif layout == "sliced":  # q/k/v of one fused projection: not dense
+        qkv = torch.cat([t.transpose(1, 2) for t in (q, k, v)], dim=-1)
+        q, k, v = qkv.split(d, dim=-1)
+    else:  # the head dim is not innermost (stride 1 along the sequence)
+        q, k, v = (t.permute(0, 2, 3, 1).contiguous().transpose(-1, -2) for t in (q, k, v))
+    out, lse = attention(q, k, v, is_causal=True, return_lse=True)
+    dense = layout in ("bshd", "contiguous")
+    assert out.stride() == (q.stride() if dense else out.contiguous().stride())
+    assert out.transpose(1, 2).is_contiguous() == (layout == "bshd")
+    assert lse.is_contiguous()
+    plain = [t.contiguous() for t in (q, k, v)]
+    want, want_lse = attention(*plain, is_causal=True, return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    result = check(out, _ref(q, k, v, causal=True)[0])
+    assert result.ok, result.reasons
+
+
 def test_scale_argument():
     q, k, v = (_rand(1, 1, 8, 16, seed=s) for s in range(3))
     assert check(attention(q, k, v, scale=0.3), _ref(q, k, v, scale=0.3)[0]).ok
@@ -147,6 +177,23 @@ def test_runs_inside_torch_compile_without_graph_breaks():
     out = compiled(q, k, v)
     assert torch.allclose(out, f(q, k, v))
     assert check((out - 1.0) / 2.0, _ref(q, k, v, causal=True)[0]).ok
+
+
+def test_the_ops_fake_o_has_the_real_os_strides():
+    """torch.compile plans the code after the op by its fake implementation's O: it must
+    have the strides the eager O has (q's memory layout for a transposed `[B, S, H, D]` q,
+    `api.new_out`), or the code reading it would read the wrong elements."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v = (_rand(2, 21, 3, 16, seed=s).transpose(1, 2) for s in range(3))
+    args = (None, True, 0.25, "tf32x3", -1, -1, 0.0)  # (sinks, is_causal, ..., softcap)
+    real, real_lse = torch.ops.fusedattn.flash_fwd(q, k, v, *args)
+    assert real.stride() == q.stride()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake, fake_lse = torch.ops.fusedattn.flash_fwd(
+            *(mode.from_tensor(t) for t in (q, k, v)), *args)
+    assert (fake.shape, fake.stride()) == (real.shape, real.stride())
+    assert (fake_lse.shape, fake_lse.stride()) == (real_lse.shape, real_lse.stride())
 
 
 def test_flash_is_in_the_registry_for_the_chapters_problem(qkv):

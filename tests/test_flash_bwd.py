@@ -183,6 +183,7 @@ def test_scale_and_strided_layouts():
     dout = _rand(2, 9, 2, 16, seed=3).transpose(1, 2)
     assert not q.is_contiguous() and not dout.is_contiguous()
     out = attention(q, k, v, scale=0.3, is_causal=True)
+    assert out.stride() == q.stride()  # O in q's memory (`api.new_out`): read by its strides
     got = torch.autograd.grad(out, base, dout)
     ref = attention_ref_grads(q, k, v, dout, scale=0.3, causal=True)
     assert_grads_pass([g.transpose(1, 2) for g in got], ref)

@@ -338,6 +338,7 @@ def test_hopper_forward_takes_a_bshd_view_and_writes_every_row(dim):
     # FlashAttention's [B, S, H, D] as a transposed view: strides the descriptors carry
     q, k, v = (_rand(2, 333, 4, dim, seed=i).transpose(1, 2) for i in range(3))
     out = attention(q, k, v, is_causal=True)
+    assert out.stride() == q.stride()  # O in q's memory: a descriptor of its strides too
     ref = attention_ref(q, k, v, causal=True, device=DEVICE)
     assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
     # the same call twice gives the same bits (no atomics, no race)

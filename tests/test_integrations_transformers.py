@@ -98,3 +98,26 @@ def test_generate_with_a_cache_matches_sdpa():
     ids = torch.arange(1, 8, device=DEVICE)[None]  # no pad token (0): no padding mask
     kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(ours.generate(ids, **kwargs), peer.generate(ids, **kwargs))
+
+
+def test_a_layers_output_is_the_kernels_o_not_a_copy(monkeypatch):
+    """A layer's q, k and v come as `[B, S, H, D]` projections seen as `[B, H, S, D]`;
+    `attention` writes O in that memory (`api.new_out`), so the integration's
+    `out.transpose(1, 2).contiguous()` hands back the kernel's O itself, as SDPA's flash
+    and cuDNN backends let transformers' SDPA path do, with no copy kernel a layer."""
+    hf = fusedattn.integrations.transformers
+    written = []
+    monkeypatch.setattr(hf, "attention", lambda *a, **kw: written.append(
+        fusedattn.attention(*a, **kw)) or written[-1])
+    b, s, heads, heads_kv, d = SIZES["batch"], SIZES["seq"], 4, 2, 32
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, s, n, d, generator=g).to(DEVICE, DTYPE).transpose(1, 2)
+               for n in (heads, heads_kv, heads_kv))
+    layer = type("Layer", (), {"training": False, "is_causal": True})()
+    out, _ = hf.fusedattn_attention_forward(layer, q, k, v, None)
+    (o,) = written
+    assert out.shape == (b, s, heads, d) and out.is_contiguous()
+    assert out.data_ptr() == o.data_ptr()  # the kernel's O itself
+    plain = [t.contiguous() for t in (q, k, v)]  # the same call on contiguous inputs
+    want = fusedattn.attention(*plain, is_causal=True, enable_gqa=True).transpose(1, 2)
+    assert torch.equal(out, want)

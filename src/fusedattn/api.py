@@ -6,9 +6,12 @@ SDPA-like API, as a PyTorch custom op.
               descale_q=None, descale_k=None, descale_v=None)
 
 `q: [..., H, Sq, D]`, `k, v: [..., H_kv, Sk, D]` (up to 8 dims, any strides; `[S, D]` and
-`[H, S, D]` work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O` shaped
-like q, and with `return_lse=True` also the natural-log log-sum-exp of each row's scaled
-scores, `[..., H, Sq] float32`. `precision`, for fp32 inputs only: None (the default,
+`[H, S, D]` work too), fp16, bf16 or fp32, on the GPU (CPU tensors in emulation). Returns `O`
+shaped like q (with v's head dim), in q's memory layout where q is dense with its head dim
+innermost (`new_out`: a transposed `[B, S, H, D]` q, Hugging Face's, gives O in `[B, S, H,
+D]` memory, as SDPA's cuDNN and flash backends do), else contiguous; and with
+`return_lse=True` also the natural-log log-sum-exp of each row's scaled scores, `[..., H,
+Sq] float32`. `precision`, for fp32 inputs only: None (the default,
 "tf32x3"), "tf32x3" (tensor cores, each product as three TF32 products of the high and low
 parts, big*big + big*small + small*big: within fp32's error bound, not bitwise IEEE; the
 technique of SDPA's fp32 "efficient" kernel), "ieee" (exact fp32 products, FMA on CUDA
@@ -123,19 +126,21 @@ def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
     what eager calls directly (no dispatcher on the way: issue 31's host cost).
     `deterministic` is the backward's (it rides with the forward's options to it);
     `descale` float8 inputs' factors (`fp8_descale`), O then bfloat16."""
-    out, lse = new_outputs(q, v, q.shape[:3])
+    out, lse = new_outputs(q, v, q.shape[:3], like_q=True)
     _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
             softcap, descale)
     return out, lse
 
 
-def new_outputs(q, v, lse_shape) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """O (`new_out`) and the LSE, float32 `lse_shape` (`[B, H, Sq]`; varlen's `[H,
-    total_q]`), made fresh (dense, aligned); None for the LSE where `lse_shape` is None: the
-    kernels then write none (`WRITE_LSE`), and the call saves an allocation (issue 31's
-    host cost)."""
-    return new_out(q, v), (None if lse_shape is None else
-                           torch.empty(lse_shape, dtype=torch.float32, device=q.device))
+def new_outputs(q, v, lse_shape, like_q: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """O (`new_out`, `like_q` its) and the LSE, float32 `lse_shape` (`[B, H, Sq]`; varlen's
+    `[H, total_q]`), made fresh (dense, aligned); None for the LSE where `lse_shape` is
+    None: the kernels then write none (`WRITE_LSE`), and the call saves an allocation
+    (issue 31's host cost)."""
+    return new_out(q, v, like_q), (None if lse_shape is None else
+                                   torch.empty(lse_shape, dtype=torch.float32,
+                                               device=q.device))
 
 
 def _launch(q, k, v, out, lse, sinks, is_causal, scale, precision, window_left, window_right,
@@ -153,7 +158,7 @@ def _kept_forward(call, q, k, v, sinks, descale, lse=True):
     settles the dispatch's plan key but for `dispatch.plan_context`. A call autograd
     records runs it inside `_FlashCall`. `lse`: whether the LSE is made and written (a
     call that neither returns it nor keeps it for a backward makes none: `new_outputs`)."""
-    out, lse = new_outputs(q, v, q.shape[:3] if lse else None)
+    out, lse = new_outputs(q, v, q.shape[:3] if lse else None, like_q=True)
     dispatch.kept_forward(call.plan, dispatch.forward_inputs(q, k, v, out, lse, sinks=sinks,
                                                              descale=descale),
                           lambda keep: _launch(q, k, v, out, lse, sinks, *call.options[:6],
@@ -161,11 +166,21 @@ def _kept_forward(call, q, k, v, sinks, descale, lse=True):
     return out, lse
 
 
-def new_out(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def new_out(q: torch.Tensor, v: torch.Tensor, like_q: bool = False) -> torch.Tensor:
     """O's tensor: q's shape with V's head dim, q's dtype (bfloat16 for float8 inputs),
-    contiguous. `torch.empty_like` where that is q's shape and dtype: it reads fewer
+    contiguous; with `like_q` (`attention`'s O), in q's memory layout where that is q's
+    shape and dtype and q is dense with its head dim innermost: `torch.empty_like`'s
+    preserve_format, which keeps a dense tensor's strides (PyTorch's cuDNN attention
+    allocates its O the same way). Hugging Face's q is a `[B, S, H, D]` projection seen
+    as `[B, H, S, D]`; O in `[B, S, H, D]` memory makes the integration's
+    `out.transpose(1, 2).contiguous()` a view, not a copy kernel a layer. Both forward
+    kernels write O by its strides (the Hopper one through a descriptor of them, as it
+    reads such a q) and the backward reads it by them; decode and varlen keep O
+    contiguous (split-KV's merge writes rows contiguous). `torch.empty_like` reads fewer
     arguments than `new_empty` (issue 31's host cost)."""
     if q.shape[-1] == v.shape[-1] and q.dtype != FP8:
+        if like_q and q.stride(-1) == 1:
+            return torch.empty_like(q)  # (a q not dense gets contiguous strides)
         return torch.empty_like(q, memory_format=torch.contiguous_format)
     return q.new_empty((*q.shape[:-1], v.shape[-1]),
                        dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
@@ -224,7 +239,7 @@ _flash_bwd_op = torch.library.custom_op("fusedattn::flash_bwd", _flash_bwd, muta
 @_flash_fwd_op.register_fake
 def _(q, k, v, sinks, is_causal, scale, precision, window_left, window_right, softcap,
       deterministic=True, descale=None):
-    return new_outputs(q, v, q.shape[:3])
+    return new_outputs(q, v, q.shape[:3], like_q=True)
 
 
 @_flash_bwd_op.register_fake
