@@ -394,6 +394,30 @@ def test_lazy_negative_views_are_refused_by_every_entry_point_even_after_a_kept_
                               attention_ref(x, -k, x).float(), atol=1e-2)
 
 
+def test_torch_func_transforms_are_refused_by_every_entry_point_even_after_a_kept_call():
+    """`torch.func.vmap` and `torch.func.grad` around a call gave raw errors ("Cannot
+    access data pointer of Tensor that doesn't have storage", one about autograd's
+    `setup_context`): a `ProblemError` names them now, and says what does the same, after a
+    plain call of the same shapes was kept (its plan must not serve wrapped tensors)."""
+    x, packed, cu = _rand(2, 2, 8, 16), _rand(10, 2, 16), _i32([0, 4, 10])
+    cache, lens, one = _rand(2, 2, 8, 16), _i32([3, 5]), _rand(2, 2, 1, 16)
+    calls = {  # each: a plain input, and the call as a function of it
+        "attention": (x, lambda t: fusedattn.attention(t, t, t, is_causal=True)),
+        "attention_varlen": (packed, lambda t: fusedattn.attention_varlen(
+            t, t, t, cu, cu, 6, 6)),
+        "attention_with_kvcache": (one, lambda t: fusedattn.attention_with_kvcache(
+            t, cache, cache, cache_seqlens=lens, check_lengths=False)),
+    }
+    refused = r"^torch\.func=.*torch\.autograd"
+    for name, (plain, call) in calls.items():
+        want = call(plain)  # kept
+        with pytest.raises(ProblemError, match=refused):
+            torch.func.vmap(call)(plain[None])
+        with pytest.raises(ProblemError, match=refused):
+            torch.func.grad(lambda t, call=call: call(t).sum())(plain)
+        assert torch.equal(call(plain), want), name  # and the plain call still runs
+
+
 def test_a_call_on_another_device_than_the_current_runs_again_under_its_device(monkeypatch):
     """Triton launches on the current device, so a call whose tensors are elsewhere (a
     model spread over GPUs by `device_map`) makes itself again under `torch.cuda.device`

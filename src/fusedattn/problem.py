@@ -138,6 +138,20 @@ def check_resolved(name: str, t: torch.Tensor) -> None:
                            f"(a lazy negative view): pass {name}.resolve_neg()")
 
 
+def check_no_transform() -> None:
+    """No functorch transform (`torch.func.vmap`, `grad`, `jvp`, `jacrev`, ...) around the
+    call: the kernels read their tensors' storage, which a transform's wrapped tensors do
+    not have (vmap gave "Cannot access data pointer of Tensor that doesn't have storage",
+    torch.func.grad an error about `setup_context`). Not while torch.compile traces:
+    dynamo does not put the query in its graph (its own functorch support traces
+    through it)."""
+    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        raise ProblemError("torch.func", "a transform (vmap, grad, jvp, ...) around the "
+                           "call", "a call outside torch.func's transforms: torch.autograd "
+                           "(loss.backward(), torch.autograd.grad) gives fusedattn's "
+                           "gradients, and a batch dimension does what vmap would")
+
+
 def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: dict[int, str],
               dtypes: tuple[torch.dtype, ...], contiguous: bool = False) -> None:
     """The one tensor validator, for every entry point (the public ops and the registry's
@@ -146,6 +160,7 @@ def check_qkv(q: object, k: object, v: object, *, device: torch.device, ranks: d
     one dtype and one device for the three. Each failure names the field."""
     layouts = ", ".join(ranks.values())
     kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+    check_no_transform()
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ProblemError(name, type(t).__name__, "a torch.Tensor")
