@@ -14,7 +14,7 @@ from fusedattn import attention, attention_varlen, dispatch, launch
 from fusedattn.api import _CALLS
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
-from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref
+from fusedattn.reference import attention_ref, attention_ref_grads, varlen_ref, varlen_ref_grads
 from fusedattn.tiles import flash_bwd
 from fusedattn_lab.verify import check
 from inputs import background_done, forget_plans, i32, passes, rand, script
@@ -598,6 +598,43 @@ def _dispatch_counter(monkeypatch):
         monkeypatch.setattr(dispatch, name, lambda *a, _real=real, _seen=reached[name], **kw:
                             _seen.append(1) or _real(*a, **kw))
     return lambda: (len(reached["forward"]), len(reached["backward_path"]))
+
+
+@pytest.mark.parametrize("internals", [True, False])
+def test_recorded_calls_take_the_c_apply_and_give_the_functions_gradients(monkeypatch,
+                                                                          internals):
+    """`api.recorded_apply`: a call autograd records (`attention`, `attention_varlen`)
+    enters its Function through the C `apply` under torch's Python `Function.apply` (made
+    to raise here: it is not reached), with the same gradients; where torch lacks the
+    internals it reads (`internals=False`), through `Function.apply` as before."""
+    from fusedattn import api, varlen
+
+    entered = []
+    if internals:
+        def refuse(*args):
+            raise AssertionError("Function.apply's Python layer was reached")
+    else:
+        monkeypatch.setattr(api, "_UNWRAP", None)
+
+        def refuse(*args, apply=torch.autograd.Function.apply.__func__):
+            entered.append(1)
+            return apply(*args)
+    for function in (api._FlashCall, varlen._VarlenCall):
+        monkeypatch.setattr(function, "apply", classmethod(refuse))
+    q, k, v = (rand(1, 2, 19, 16, seed=i, grad=True) for i in range(3))
+    dout = rand(1, 2, 19, 16, seed=3)
+    out = attention(q, k, v, is_causal=True)
+    for g, w in zip(torch.autograd.grad(out, (q, k, v), dout),
+                    attention_ref_grads(q, k, v, dout, causal=True), strict=True):
+        passes(g, w)
+    x = [rand(19, 2, 16, seed=4 + i, grad=True) for i in range(3)]
+    cu = i32([0, 8, 19])
+    out = attention_varlen(*x, cu, cu, 11, 11, is_causal=True)
+    dout = dout[0].transpose(0, 1)
+    for g, w in zip(torch.autograd.grad(out, x, dout),
+                    varlen_ref_grads(*x, dout, cu, cu, causal=True), strict=True):
+        passes(g, w)
+    assert len(entered) == (0 if internals else 2)
 
 
 def test_a_recorded_call_keeps_its_forward_and_backward_plans(monkeypatch):

@@ -55,6 +55,7 @@ from fusedattn.api import (
     joined,
     kernel_options,
     new_outputs,
+    recorded_apply,
     refuse_double_backward,
     sink_grads,
     typed,
@@ -403,8 +404,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
                            cu_seqlens_k, as_sinks(sinks), *options, descale, grad=True)
     elif grad:
-        out, lse = _VarlenCall.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, as_sinks(sinks),
-                                     decided, descale)
+        out, lse = recorded_apply(_VarlenCall, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                  as_sinks(sinks), decided, descale)
     else:
         out, lse = _kept_varlen(kept, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                 as_sinks(sinks), *options, descale=descale, lse=return_lse)
