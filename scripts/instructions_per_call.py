@@ -18,7 +18,11 @@ objects frozen after warm-up, so that no full collection lands in one count alon
 thread). The library is the one Python imports: `PYTHONPATH=OTHER/src` counts another
 tree's (`git archive REV src | tar -x -C OTHER`). Put two trees at paths of one length:
 at paths of different lengths, forward paths neither tree changed read 3% apart
-(evidence/cpu/20261205T0236Z-instructions-backward-path/noise.txt)."""
+(evidence/cpu/20261205T0236Z-instructions-backward-path/noise.txt). Lay them out alike
+too (both from `git archive`): a stray `fusedattn.egg-info` folder in one tree's src moved
+every count of that tree 5-11%, an unchanged path's too (the imports' allocations move the
+addresses that the calls' hashed lookups see; evidence/cpu/20261205T2215Z-recorded-apply).
+Swap the trees' places and run again before reading a change of a few per cent."""
 
 import argparse
 import gc
