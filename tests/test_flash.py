@@ -4,6 +4,7 @@
 import pytest
 import torch
 
+import fusedattn
 from fusedattn.api import attention
 from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
@@ -177,6 +178,30 @@ def test_runs_inside_torch_compile_without_graph_breaks():
     out = compiled(q, k, v)
     assert torch.allclose(out, f(q, k, v))
     assert check((out - 1.0) / 2.0, _ref(q, k, v, causal=True)[0]).ok
+
+
+@pytest.mark.emulation_only("the host suite's calls on CPU tensors; the GPU times them")
+def test_the_host_suites_layer_rows_give_a_layers_output(monkeypatch):
+    """`bench --suite host`'s "layer" rows time a Hugging Face layer's forward,
+    `.transpose(1, 2).contiguous()` included: every provider's call gives `[B, S, H, D]`,
+    contiguous and right (`host._check`), and fusedattn's is its kernel's O, not a copy."""
+    from fusedattn_lab import host
+
+    problem = host.HostProblem("layer", 2, 4, 24, 16, True, heads_kv=2)
+    gen = torch.Generator().manual_seed(0)
+    calls, inputs = host._calls(problem, gen, {"fusedattn": fusedattn}, device="cpu")
+    assert inputs[-1] and inputs[0].transpose(1, 2).is_contiguous()
+    for name in ("fusedattn", "sdpa"):
+        out = calls[name][1]()
+        assert out.shape == (2, 24, 4, 16) and out.is_contiguous(), name
+        result = host._check(out, inputs)
+        assert result.ok, (name, result.reasons)
+    written, real = [], fusedattn.attention
+    monkeypatch.setattr(fusedattn, "attention", lambda *a, **kw: written.append(
+        real(*a, **kw)) or written[-1])
+    out = calls["fusedattn"][1]()  # the kernel's O itself: it is [B, S, H, D] memory
+    assert out.data_ptr() == written[0].data_ptr()
+    assert [p.kind for p in host.problems()].count("layer") == 2
 
 
 def test_the_ops_fake_o_has_the_real_os_strides():

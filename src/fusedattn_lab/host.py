@@ -19,7 +19,11 @@ with its own choice of backend, cuDNN and flash, each backend chosen around its 
   and after the timing (`verify.check`, the one tolerance table).
 
 The target: fusedattn's host µs at most 1.2x SDPA's (default backend) on the same problem.
-The varlen problem has equal lengths, so SDPA's dense call is the same attention.
+The varlen problem has equal lengths, so SDPA's dense call is the same attention. The
+"layer" problems are a Hugging Face layer's forward for every provider: q, k and v are
+`[B, S, H, D]` projections seen as `[B, H, S, D]`, and the timed call ends in
+`out.transpose(1, 2).contiguous()`, a copy kernel unless O is in q's layout (fusedattn's
+since 2c40f95, SDPA's cuDNN and flash backends'); its graph GPU µs count the copy too.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ TARGET = 1.2
 
 @dataclass(frozen=True)
 class HostProblem:
-    kind: str  # "fwd", "fwd+bwd", "varlen", "decode", "decode+append"
+    kind: str  # "fwd", "fwd+bwd", "layer", "varlen", "decode", "decode+append"
     batch: int
     heads: int
     seq: int
@@ -57,6 +61,11 @@ def problems() -> list[HostProblem]:
     return [HostProblem("fwd", 64, 16, 256, 64), HostProblem("fwd", 1, 8, 128, 64),
             HostProblem("fwd", 4, 32, 4096, 128, True),
             HostProblem("fwd+bwd", 4, 8, 256, 64, True), HostProblem("fwd+bwd", 1, 8, 128, 64),
+            # a Hugging Face layer's forward: q, k, v its [B, S, H, D] projections seen as
+            # [B, H, S, D], O given back as [B, S, H, D] (`.transpose(1, 2).contiguous()`,
+            # timed: a copy kernel unless O is in q's layout)
+            HostProblem("layer", 64, 16, 256, 64, True),
+            HostProblem("layer", 4, 32, 4096, 128, True, heads_kv=8),
             HostProblem("varlen", 4, 16, 256, 64, True),
             HostProblem("decode", 32, 32, 8192, 128, True, heads_kv=8),
             # a server's step: the new key and value appended to the cache, then the
@@ -64,22 +73,28 @@ def problems() -> list[HostProblem]:
             HostProblem("decode+append", 32, 32, 8192, 128, True, heads_kv=8)]
 
 
-def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
+def _calls(p: HostProblem, gen: torch.Generator, libraries: dict,
+           device: str = "cuda") -> dict:
     """({provider: (SDPA backend or None, call returning O as [B, H, Sq, D], varlen's
-    packed as `[B * S, H, D]`)}, the inputs and mask for the check). `libraries`: {name: a
-    module with fusedattn's entry points}, each a provider (`scripts/host_ab.py` passes an
-    older commit's beside this one)."""
+    packed as `[B * S, H, D]`, a layer's as `[B, S, H, D]`)}, the inputs, mask and whether
+    O comes as a layer's, for the check). `libraries`: {name: a module with fusedattn's
+    entry points}, each a provider (`scripts/host_ab.py` passes an older commit's beside
+    this one). `device`: "cpu" in emulation (a test of the calls, no timing)."""
     from torch.nn.attention import SDPBackend
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     def rand(*shape):
-        return torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16)
+        return torch.randn(shape, generator=gen, device=device).to(
+            torch.bfloat16 if device == "cuda" else torch.float32)
 
     hkv = p.heads_kv or p.heads
     decode = p.kind.startswith("decode")
     q_len = 1 if decode else p.seq
     q, k, v = rand(p.batch, p.heads, q_len, p.dim), *(rand(p.batch, hkv, p.seq, p.dim)
                                                        for _ in range(2))
+    layer = p.kind == "layer"
+    if layer:  # the projections' memory, [B, S, H, D], seen as [B, H, S, D]
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     gqa = hkv != p.heads
     causal = p.causal and not decode  # one new query sees the whole cache
     appended = None
@@ -94,6 +109,8 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
             out = fn(q, k, v)
             if p.kind == "fwd+bwd":
                 out.backward(dout)
+            if layer:
+                return out.transpose(1, 2).contiguous()
             return out
         return call
 
@@ -107,13 +124,13 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
              for name, backend in (("sdpa", None), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                                    ("sdpa-flash", SDPBackend.FLASH_ATTENTION))}
     calls = {}
-    cu = torch.arange(0, (p.batch + 1) * p.seq, p.seq, dtype=torch.int32, device="cuda")
+    cu = torch.arange(0, (p.batch + 1) * p.seq, p.seq, dtype=torch.int32, device=device)
     lens = torch.full((p.batch,), p.seq - (appended is not None), dtype=torch.int32,
-                      device="cuda")
+                      device=device)
     packed = [t.transpose(1, 2).reshape(-1, t.shape[1], p.dim).contiguous()
               for t in (q, k, v)] if p.kind == "varlen" else None
     for name, lib in libraries.items():
-        if p.kind in ("fwd", "fwd+bwd"):
+        if p.kind in ("fwd", "fwd+bwd", "layer"):
             calls[name] = (None, plain(lambda q, k, v, lib=lib: lib.attention(
                 q, k, v, is_causal=causal, enable_gqa=gqa)))
         elif p.kind == "varlen":
@@ -135,7 +152,7 @@ def _calls(p: HostProblem, gen: torch.Generator, libraries: dict) -> dict:
             calls[name] = (None, step(True))
             calls[f"{name} check_lengths=False"] = (None, step(False))
     calls.update(peers)
-    return calls, (q, k, v, causal)
+    return calls, (q, k, v, causal, layer)
 
 
 def _host_us(call) -> float:
@@ -180,11 +197,13 @@ def _check(out, inputs):
     from fusedattn.reference import attention_ref
     from fusedattn_lab.verify import check
 
-    q, k, v, causal = inputs
+    q, k, v, causal, layer = inputs
     if out.dim() == 3:  # varlen's packed O, viewed outside the timed call
         out = out.reshape(q.shape[0], q.shape[2], q.shape[1], -1).transpose(1, 2)
+    if layer:  # a layer's [B, S, H, D]
+        out = out.transpose(1, 2)
     qs, ks, vs = (t[0, :1].detach() for t in (q, k, v))  # query head 0 reads K/V head 0
-    ref = attention_ref(qs, ks, vs, causal=causal, device="cuda")
+    ref = attention_ref(qs, ks, vs, causal=causal, device=q.device)
     with sdpa_kernel(SDPBackend.MATH):  # the peer in the inputs' precision (any backend)
         peer = torch.nn.functional.scaled_dot_product_attention(
             *(t[None] for t in (qs, ks, vs)), is_causal=causal)[0]
