@@ -14,7 +14,6 @@ fails once a module the shipped kernels compile from is edited (`prebuilt.kernel
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -26,16 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SPLIT = ("dtypes", "head_dims", "causal")  # a spec's keys split into one process each
-
-
-def singles(spec: dict) -> list[dict]:
-    """`spec` as one spec per dtype, head dim and mask."""
-    values = [spec[k] for k in SPLIT]
-    return [dict(spec, **{k: (v,) for k, v in zip(SPLIT, combo, strict=True)})
-            for combo in itertools.product(*values)]
-
-
 def warm(spec: dict) -> dict:
     """`fusedattn.warmup(**spec)` in a process of its own (this one's environment)."""
     from fusedattn_lab.coldstart import warmup_process
@@ -62,7 +51,7 @@ def main():
     from fusedattn_lab.evidence import environment
 
     start = time.perf_counter()
-    specs = [single for spec in prebuilt.SPECS for single in singles(spec)]
+    specs = [single for spec in prebuilt.SPECS for single in prebuilt.singles(spec)]
     with ThreadPoolExecutor(args.jobs) as pool:
         runs = list(pool.map(warm, specs))
     for run in runs:

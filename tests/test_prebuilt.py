@@ -144,6 +144,22 @@ def test_the_shipped_manifest_holds_its_files():
 
 
 @pytest.mark.skipif(not prebuilt.MANIFEST.exists(), reason="no prebuilt kernels shipped")
+def test_the_shipped_entries_were_made_for_these_specs():
+    # `prebuilt.SPECS` changed (a kind added) without `scripts/prebuild.py` run again: the
+    # entries would lack the new kind, whose first call then compiles
+    manifest = json.loads(prebuilt.MANIFEST.read_text())
+
+    def canonical(spec):
+        return json.dumps({k: list(v) if isinstance(v, tuple | list) else v
+                           for k, v in spec.items()}, sort_keys=True)
+
+    made = sorted(canonical(run["spec"]) for run in manifest["made_by"]["warmups"])
+    wanted = sorted(canonical(single) for spec in prebuilt.SPECS
+                    for single in prebuilt.singles(spec))
+    assert made == wanted
+
+
+@pytest.mark.skipif(not prebuilt.MANIFEST.exists(), reason="no prebuilt kernels shipped")
 def test_the_shipped_entries_were_made_from_these_kernel_sources():
     # the CPU's check of what the GPU tier's first-call test finds late: a kernel module
     # edited since `scripts/prebuild.py` made the entries (any line: Triton's key holds the
@@ -229,6 +245,13 @@ with torch.no_grad():  # an inference call: its kernels write no LSE, kernels of
     again = fusedattn.attention(q, k, v, is_causal=True)
 err = (out.double() - attention_ref(q, k, v, causal=True, device="cuda")).abs().max().item()
 err = max(err, (again.double() - out.double()).abs().max().item())
+# GQA (8 query heads to 2 K/V heads): its training step, the backward's GQA kernel
+kg, vg = (torch.randn(1, 2, 1000, 128, device="cuda", dtype=torch.bfloat16,
+                      requires_grad=True) for _ in range(2))
+gqa = fusedattn.attention(q, kg, vg, is_causal=True, enable_gqa=True)
+gqa.backward(torch.ones_like(gqa))
+ref = attention_ref(q, kg, vg, causal=True, device="cuda")
+err = max(err, (gqa.double() - ref).abs().max().item())
 print(json.dumps(dict(compiles=compiles, err=err, prebuilt=fusedattn.prebuilt.ensure(90))))
 """
 

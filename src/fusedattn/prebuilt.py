@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import base64
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -47,7 +48,21 @@ SPECS = [  # `fusedattn.warmup`'s arguments for the calls the shipped kernels se
          training=True, max_len=4096),
     dict(head_dims=(64, 128), heads=(8,), dtypes=("bf16", "fp16"), causal=(True, False),
          training=False, max_len=4096),
+    # GQA (most models: Llama, Mistral, Qwen): the Hopper backward compiles per `GQA`, so a
+    # GQA model's first training step compiled its backward (training warms the no-grad
+    # forward too)
+    dict(head_dims=(64, 128), heads=(8,), heads_kv=(2,), dtypes=("bf16", "fp16"),
+         causal=(True, False), training=True, max_len=4096),
 ]
+SPLIT = ("dtypes", "head_dims", "causal")  # a spec's keys split into one warmup each
+
+
+def singles(spec: dict) -> list[dict]:
+    """`spec` as one spec per dtype, head dim and mask (`scripts/prebuild.py` warms each in
+    a process of its own; the manifest records them)."""
+    values = [spec[k] for k in SPLIT]
+    return [dict(spec, **{k: (v,) for k, v in zip(SPLIT, combo, strict=True)})
+            for combo in itertools.product(*values)]
 KEEP = (".cubin", ".json", ".so")  # a cache entry's files a hit reads (not its IRs)
 
 _DONE: dict = {}  # `ensure`'s answers by architecture (None: the C modules), once a process
