@@ -179,7 +179,9 @@ def new_out(q: torch.Tensor, v: torch.Tensor, like_q: bool = False) -> torch.Ten
     contiguous (split-KV's merge writes rows contiguous). `torch.empty_like` reads fewer
     arguments than `new_empty` (issue 31's host cost)."""
     if q.shape[-1] == v.shape[-1] and q.dtype != FP8:
-        if like_q and q.stride(-1) == 1:
+        # (a contiguous q first: preserve_format's layout search cost the plain forward
+        # 0.5-0.9 us a call on the H100's host, evidence/nvidia-h100/20261205T2227Z-host-ab)
+        if like_q and not q.is_contiguous() and q.stride(-1) == 1:
             return torch.empty_like(q)  # (a q not dense gets contiguous strides)
         return torch.empty_like(q, memory_format=torch.contiguous_format)
     return q.new_empty((*q.shape[:-1], v.shape[-1]),
