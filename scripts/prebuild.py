@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
 def warm(spec: dict) -> dict:
     """`fusedattn.warmup(**spec)` in a process of its own (this one's environment)."""
     from fusedattn_lab.coldstart import warmup_process

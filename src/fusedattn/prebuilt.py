@@ -63,6 +63,8 @@ def singles(spec: dict) -> list[dict]:
     values = [spec[k] for k in SPLIT]
     return [dict(spec, **{k: (v,) for k, v in zip(SPLIT, combo, strict=True)})
             for combo in itertools.product(*values)]
+
+
 KEEP = (".cubin", ".json", ".so")  # a cache entry's files a hit reads (not its IRs)
 
 _DONE: dict = {}  # `ensure`'s answers by architecture (None: the C modules), once a process
