@@ -94,6 +94,7 @@ from fusedattn.problem import (
     check_softcap,
     check_window,
     clamp_window,
+    transforms_active,
 )
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -377,7 +378,7 @@ def recorded_apply(function: type, *args):
     step on the development CPU, 1.1-1.5% (evidence/cpu/20261205T2215Z-recorded-apply). Under
     a transform (which `problem.check_no_transform` refuses first), or a torch without
     these internals, `function.apply` itself (issue 31: a training step's host cost)."""
-    if _UNWRAP is None or _TRANSFORMS_ACTIVE():
+    if _UNWRAP is None or transforms_active():
         return function.apply(*args)
     apply = _C_APPLY.get(function)
     if apply is None:
@@ -385,7 +386,6 @@ def recorded_apply(function: type, *args):
     return apply(*[_UNWRAP(a) if isinstance(a, _TENSOR) else a for a in args])
 
 
-_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 _UNWRAP = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 _C_APPLY: dict = {}
 

@@ -138,6 +138,9 @@ def check_resolved(name: str, t: torch.Tensor) -> None:
                            f"(a lazy negative view): pass {name}.resolve_neg()")
 
 
+transforms_active = torch._C._are_functorch_transforms_active  # (vmap, grad, ... around us)
+
+
 def check_no_transform() -> None:
     """No functorch transform (`torch.func.vmap`, `grad`, `jvp`, `jacrev`, ...) around the
     call: the kernels read their tensors' storage, which a transform's wrapped tensors do
@@ -145,7 +148,7 @@ def check_no_transform() -> None:
     torch.func.grad an error about `setup_context`). Not while torch.compile traces:
     dynamo does not put the query in its graph (its own functorch support traces
     through it)."""
-    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+    if not torch.compiler.is_compiling() and transforms_active():
         raise ProblemError("torch.func", "a transform (vmap, grad, jvp, ...) around the "
                            "call", "a call outside torch.func's transforms: torch.autograd "
                            "(loss.backward(), torch.autograd.grad) gives fusedattn's "
