@@ -78,7 +78,7 @@ from typing import NamedTuple
 import torch
 
 from fusedattn import dispatch
-from fusedattn.launch import KeptPlan, Plans, alias_positions
+from fusedattn.launch import KeptPlan, Plans
 from fusedattn.mode import DEVICE
 from fusedattn.precision import resolve
 from fusedattn.problem import (
@@ -494,9 +494,12 @@ def call_key(tensors, options, window, *extra):
     parts, laid flat: one tuple a call, not one a tensor) and whether it requires grad
     (each one's, not only whether any does: the checks refuse a float8 input that does,
     and not a descale factor), whether autograd records the call, which tensors are one
-    object (`launch.aliases`: a plan recorded on `attention(x, x, x)` must not serve three
-    tensors), the options with their types (1, 1.0 and True hash alike), the window's
-    sides with theirs, and `extra` as it is.
+    object (a plan recorded on `attention(x, x, x)` must not serve three tensors: a tensor
+    passed again stands in the key as the position of its first place, its metadata not
+    read twice; varlen's offsets are often one tensor for q and k), the options with
+    their types (1, 1.0 and True hash alike), the window's sides with theirs, and `extra`
+    as it is. Each tensor's place starts with None, a position (an int) or its shape, so
+    the layout of the parts can be read back one way only.
     None for a call that takes the full path each time: tensor subclasses, lazy negative
     views, a window that is not a pair, unhashable options, nested or sparse tensors (the
     full path says what is wrong with them)."""
@@ -511,13 +514,16 @@ def call_key(tensors, options, window, *extra):
             if t is None:
                 parts.append(None)
                 continue
+            if (at := id(t)) in ids:  # one object again: where it first stood
+                parts.append(ids.index(at))
+                continue
             if t.__class__ is not _TENSOR or t.is_neg():
                 return None
             wants = t.requires_grad
             parts += (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15, wants)
             grad = grad or wants
-            ids.append(id(t))
-        key = (*parts, grad and torch.is_grad_enabled(), alias_positions(ids))
+            ids.append(at)
+        key = (*parts, grad and torch.is_grad_enabled())
     except (TypeError, RuntimeError):  # RuntimeError: a nested tensor has no strides, a
         return None                    # sparse one no pointer
     return key

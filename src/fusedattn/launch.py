@@ -615,11 +615,7 @@ def aliases(tensors) -> int | tuple:
     A replay finds its tensors by position, recorded by identity: a plan recorded on
     `attention(x, x, x)` maps q, k and v to one position, and must not serve a call with
     three tensors."""
-    return alias_positions([id(t) for t in tensors if t is not None])
-
-
-def alias_positions(ids: list) -> int | tuple:
-    """`aliases` from the tensors' ids (None left out), for a caller that has them."""
+    ids = [id(t) for t in tensors if t is not None]
     if len({*ids}) == len(ids):  # the common case, all apart: their count (never a tuple)
         return len(ids)
     first: dict[int, int] = {}  # id -> its first position (`setdefault` keeps the first)

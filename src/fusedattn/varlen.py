@@ -214,11 +214,12 @@ _Varlen = eager_autograd("_Varlen", _varlen_fwd, _setup_context, _backward)
 class _VarlenCall(torch.autograd.Function):
     """`attention_varlen`'s eager forward on a call autograd records, as `api._FlashCall`:
     the forward replays the plan its call key keeps, the backward keeps its own beside it
-    (`decided`: the call's options, forward plan, backward plan and grad)."""
+    (`decided`: the call's options, forward plan, backward plan, grad and whether the
+    offsets came contiguous)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, sinks, decided, descale):
-        options, kept, backward, _ = decided
+        options, kept, backward, *_ = decided
         output = _kept_varlen(kept, q, k, v, cu_q, cu_k, sinks, *options, descale=descale)
         _setup_context(ctx, (q, k, v, cu_q, cu_k, sinks, *options), output)
         ctx.kept = backward
@@ -362,7 +363,6 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         with torch.cuda.device(q.device):
             return attention_varlen(**locals())  # (only the parameters are local here)
     q, k, v = autocast_inputs(q, k, v, precision)
-    check_flag("check_lengths", check_lengths)
     descales = (descale_q, descale_k, descale_v)
     compiling = torch.compiler.is_compiling()
     key = None if compiling else call_key(
@@ -370,7 +370,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         (is_causal, softcap, scale, precision, check_lengths, return_lse), window,
         typed(max_seqlen_q), typed(max_seqlen_k))
     decided = _DECIDED.get(key) if key is not None else None
-    if decided is None:
+    if decided is None:  # (the key holds each option with its type: a kept key's passed)
+        check_flag("check_lengths", check_lengths)
         check_flag("return_lse", return_lse)
         max_q, max_k, scale, window, softcap = _checked(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
@@ -386,19 +387,25 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # the op's arguments after the sinks, the forward's plan (`_kept_varlen`), the
         # backward's where autograd records the call (`_VarlenCall`), and whether it does
         # (the key holds it: whether any of its tensors requires grad, and grad mode)
+        # and whether the offsets are contiguous as they come (the key holds their strides)
         decided = ((max_q, max_k, is_causal, scale, resolve(q.dtype, precision).op,
                     *kernel_options(window, softcap)), KeptPlan(), KeptPlan(),
-                   wants_grads((q, k, v, sinks)))
+                   wants_grads((q, k, v, sinks)),
+                   cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous())
         if key is not None:
             _DECIDED.put(key, decided)
     elif check_lengths:  # the metadata's checks passed on this key; the offsets' values
-        # are checked per tensor and version (`check_cu_seqlens`: read where they are new)
+        # are checked per tensor and version (`check_cu_seqlens`: read where they are new;
+        # one offsets tensor for q and k, with one total and max_seqlen, read once)
         if not _seen(cu_seqlens_q, q.shape[0], max_seqlen_q):
             check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q)
-        if not _seen(cu_seqlens_k, k.shape[0], max_seqlen_k):
+        if not (cu_seqlens_k is cu_seqlens_q and k.shape[0] == q.shape[0]
+                and typed(max_seqlen_k) == typed(max_seqlen_q)) \
+                and not _seen(cu_seqlens_k, k.shape[0], max_seqlen_k):
             check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], None, max_seqlen_k)
-    options, kept, _, grad = decided
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    options, kept, _, grad, dense = decided
+    if not dense:
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     descale = None if q.dtype != FP8 else fp8_descale(q, descales, q.shape[1], k.shape[1])
     if compiling or (grad and not api.KEEP_RECORDED):
         out, lse = call_op(_varlen_fwd_op, _Varlen, _varlen_fwd, q, k, v, cu_seqlens_q,
