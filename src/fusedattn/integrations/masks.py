@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fusedattn.varlen import attention_varlen
+
 
 @dataclass(frozen=True)
 class MaskPlan:
@@ -46,8 +48,6 @@ class MaskPlan:
         """`q: [B, H, Sq, D]`, `k, v: [B, H_kv, Sk, D]` -> `[B, Sq, H, D]` (transformers'
         layout), zeros at the query rows that see no key (padding); `sinks` as
         `attention_varlen` takes them. Differentiable."""
-        from fusedattn.varlen import attention_varlen
-
         def packed(t, index):  # [B, H, S, D] -> [total, H, D], the plan's rows
             return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]).index_select(0, index)
 
@@ -97,7 +97,8 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
         # is padding; its query row (transformers lets a right pad see the keys before it)
         # is dropped too, and gets zeros
         q_valid = q_valid & k_used
-    if seq_q == seq_k and torch.equal(q_valid, k_used):
+    shared = seq_q == seq_k and torch.equal(q_valid, k_used)
+    if shared:
         # and packed documents: a new one wherever a token cannot see the valid token
         # before it (with a window of one key every token would be one; the check below
         # accepts that only where the mask says so)
@@ -134,8 +135,13 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
         implied &= rank_k[:, None, :] >= pos_q[:, :, None] - left
     if not torch.equal(implied, mask & q_valid[:, :, None]):  # dropped rows: padding
         return None
-    return MaskPlan(batch, seq_q, seq_k, flat_q.nonzero()[:, 0], flat_k.nonzero()[:, 0],
-                    _offsets(len_q), _offsets(len_k), int(len_q.max()), int(len_k.max()), left)
+    index_q, cu_q = flat_q.nonzero()[:, 0], _offsets(len_q)
+    if shared:  # the same tokens: one index and one offsets tensor for queries and keys
+        # (each layer's call keys it once and `check_lengths` reads it once, not twice)
+        return MaskPlan(batch, seq_q, seq_k, index_q, index_q, cu_q, cu_q, int(len_q.max()),
+                        int(len_q.max()), left)
+    return MaskPlan(batch, seq_q, seq_k, index_q, flat_k.nonzero()[:, 0], cu_q,
+                    _offsets(len_k), int(len_q.max()), int(len_k.max()), left)
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
