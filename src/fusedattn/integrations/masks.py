@@ -135,13 +135,12 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
         implied &= rank_k[:, None, :] >= pos_q[:, :, None] - left
     if not torch.equal(implied, mask & q_valid[:, :, None]):  # dropped rows: padding
         return None
-    index_q, cu_q = flat_q.nonzero()[:, 0], _offsets(len_q)
+    index_q, cu_q, max_q = flat_q.nonzero()[:, 0], _offsets(len_q), int(len_q.max())
     if shared:  # the same tokens: one index and one offsets tensor for queries and keys
         # (each layer's call keys it once and `check_lengths` reads it once, not twice)
-        return MaskPlan(batch, seq_q, seq_k, index_q, index_q, cu_q, cu_q, int(len_q.max()),
-                        int(len_q.max()), left)
+        return MaskPlan(batch, seq_q, seq_k, index_q, index_q, cu_q, cu_q, max_q, max_q, left)
     return MaskPlan(batch, seq_q, seq_k, index_q, flat_k.nonzero()[:, 0], cu_q,
-                    _offsets(len_k), int(len_q.max()), int(len_k.max()), left)
+                    _offsets(len_k), max_q, int(len_k.max()), left)
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
