@@ -17,7 +17,8 @@ runs once per model call (not per layer): it builds transformers' own SDPA mask,
   `position_ids` that restart at 0). Its gathers' indices and `cu_seqlens` are computed
   once, and each layer runs `attention_varlen` on the packed rows (`MaskPlan.attend`;
   the layers pass the same offsets tensors, so their values are checked by the first
-  layer alone: `varlen.check_cu_seqlens` keeps the verdict per tensor version);
+  layer alone: `varlen.check_cu_seqlens` keeps the verdict per tensor version; where
+  queries and keys are the same tokens, one tensor serves both, read once);
   padded query rows get zeros. A mask that reaches a layer without its plan (a model that
   sliced it) is planned there. Where transformers made no mask because the call keeps a
   cache, packed `position_ids` reach the layer, which plans from them, once per call
