@@ -136,11 +136,11 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
     if not torch.equal(implied, mask & q_valid[:, :, None]):  # dropped rows: padding
         return None
     index_q, cu_q, max_q = flat_q.nonzero()[:, 0], _offsets(len_q), int(len_q.max())
-    if shared:  # the same tokens: one index and one offsets tensor for queries and keys
-        # (each layer's call keys it once and `check_lengths` reads it once, not twice)
-        return MaskPlan(batch, seq_q, seq_k, index_q, index_q, cu_q, cu_q, max_q, max_q, left)
-    return MaskPlan(batch, seq_q, seq_k, index_q, flat_k.nonzero()[:, 0], cu_q,
-                    _offsets(len_k), max_q, int(len_k.max()), left)
+    # the same tokens: one index and one offsets tensor for queries and keys (each layer's
+    # call keys it once and `check_lengths` reads it once, not twice)
+    index_k, cu_k, max_k = (index_q, cu_q, max_q) if shared else (
+        flat_k.nonzero()[:, 0], _offsets(len_k), int(len_k.max()))
+    return MaskPlan(batch, seq_q, seq_k, index_q, index_k, cu_q, cu_k, max_q, max_k, left)
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
