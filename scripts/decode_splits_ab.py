@@ -78,15 +78,14 @@ def _row(row, rounds: int) -> dict:
     calls = {n: call(n) for n in counts}
     got = {n: {"gpu_us": [], "host_us": []} for n in counts}
     for n, fn in calls.items():  # checked before timing
-        c = check(fn()[0, heads], ref, peer_error=peer_error)
-        got[n]["check_before"] = c.passed
+        got[n]["check_before"] = check(fn()[0, heads], ref, peer_error=peer_error).ok
     for _ in range(rounds):
         for n, fn in calls.items():
             got[n]["gpu_us"].append(time_gpu(fn, warmup=3, repeat=30, mode="graph")
                                     .median_ms * 1e3)
             got[n]["host_us"].append(_host_us(fn))
     for n, fn in calls.items():  # and after
-        got[n]["check_after"] = check(fn()[0, heads], ref, peer_error=peer_error).passed
+        got[n]["check_after"] = check(fn()[0, heads], ref, peer_error=peer_error).ok
         got[n]["gpu_median_us"] = statistics.median(got[n]["gpu_us"])
         got[n]["host_median_us"] = statistics.median(got[n]["host_us"])
     name = f"B{b} H{h}/{hkv} Sq{sq} Sk{sk} D{d}"
