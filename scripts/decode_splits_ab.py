@@ -10,7 +10,9 @@ and host µs a call in a loop of 300 calls without synchronising (as `bench --su
 Every output is checked against the float64 reference on batch 0's first and last head
 (`fusedattn_lab.verify.check`, SDPA cuDNN's error as the peer's).
 
-    python3 scripts/decode_splits_ab.py [--rounds 3] [--out DIR]   (DIR/decode_splits.json)
+    python3 scripts/decode_splits_ab.py [--rounds 3] [--out DIR] [--rows R] [--counts C]
+    (DIR/decode_splits.json; R: rows 'batch,heads,heads_kv,seq_q,seq_k,dim' joined by ';';
+    C: more split counts, comma-separated)
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _host_us(call) -> float:
     return took
 
 
-def _row(row, rounds: int) -> dict:
+def _row(row, rounds: int, extra_counts=()) -> dict:
     b, h, hkv, sq, sk, d = row
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     q = torch.randn(b, h, sq, d, device=DEVICE, dtype=torch.bfloat16, generator=gen)
@@ -55,7 +57,7 @@ def _row(row, rounds: int) -> dict:
             for _ in range(2))
     lens = torch.full((b,), sk, dtype=torch.int32, device=DEVICE)
     rule = chosen_splits(b, h, sq, hkv, sk)
-    counts = list(dict.fromkeys([rule, 1, 2, min(64, 2 * rule)]))
+    counts = list(dict.fromkeys([rule, 1, 2, min(64, 2 * rule), *extra_counts]))
     causal = sq > 1
     heads = [0, h - 1]
     kv = [x // (h // hkv) for x in heads]
@@ -104,8 +106,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", default=None,
+                    help="'batch,heads,heads_kv,seq_q,seq_k,dim' joined by ';' (default: ROWS)")
+    ap.add_argument("--counts", default="",
+                    help="split counts to time beside the rule's, 1, 2 and twice the rule's")
     args = ap.parse_args()
-    results = [_row(row, args.rounds) for row in ROWS]
+    rows = ROWS if args.rows is None else [tuple(map(int, r.split(",")))
+                                           for r in args.rows.split(";")]
+    extra = [int(c) for c in args.counts.split(",") if c]
+    results = [_row(row, args.rounds, extra) for row in rows]
     if args.out:
         write_json(f"{args.out}/decode_splits.json",
                    {"environment": environment(), "rows": results})

@@ -64,7 +64,8 @@
 #               and _flash_fwd) and bf16, head dims D
 #               (comma-separated), into $ev/decode-tiles-TIME/
 #   splitsab    scripts/decode_splits_ab.py: decode's split counts (the rule's, 1, 2, twice
-#               the rule's) by GPU µs (graph) and host µs a call, into $ev/decode-splits-TIME/
+#               the rule's, $SPLITCOUNTS) by GPU µs (graph) and host µs a call, rows $SPLITROWS
+#               (decode_splits_ab.py --rows), into $ev/decode-splits-TIME/
 #   fp8check    scripts/hopper_fp8_check.py: the FP8 rows with tile candidates, the A/B
 #               switches, V's transpose alone, portable, cuDNN bf16 (providers $ONLY, default
 #               all); --sweep of short lengths; under $ev/fp8check-TIME/
@@ -253,7 +254,8 @@ while [ $# -gt 0 ]; do
     decodetiles) dims=$1; shift; d=$ev/decode-tiles-$(date -u +%H%M%S); mkdir -p $d
          python3 scripts/decode_tiles.py --dims "$dims" --out $d 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     splitsab) d=$ev/decode-splits-$(date -u +%H%M%S); mkdir -p $d
-              python3 scripts/decode_splits_ab.py --out $d 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
+              python3 scripts/decode_splits_ab.py --out $d ${SPLITROWS:+--rows "$SPLITROWS"} \
+                ${SPLITCOUNTS:+--counts "$SPLITCOUNTS"} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     fp8check) d=$ev/fp8check-$(date -u +%H%M%S); mkdir -p $d
               python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
