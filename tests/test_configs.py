@@ -297,3 +297,19 @@ def test_backward_one_loop_rule(monkeypatch):
     assert backward_single_loop(seq=8192, **plain | {"precision": "ieee"})
     override(monkeypatch, one_loop=True)
     assert backward_single_loop(seq=8192, **plain)
+
+
+def test_decode_splits_fill_one_wave_by_a_power_of_two():
+    sms = configs.SMS
+    for programs in (1, 2, 3, 7, 8, 16, 31, 32, 64, 65, 96, sms - 1, sms, 4 * sms):
+        for seq_k in (1, 255, 256, 257, 600, 4096, 131072):
+            splits = configs.decode_splits(programs=programs, seq_k=seq_k)
+            assert splits & (splits - 1) == 0 and 1 <= splits <= 64
+            assert splits == 1 or (programs * splits <= sms and 256 * splits <= seq_k + 255)
+            # the largest such: twice as many would leave the wave, the keys or 64 behind
+            double = 2 * splits
+            assert (programs * double > sms or 256 * (double - 1) >= seq_k or double > 64)
+    # a grid of a program an SM or more: one launch, no merge (B32 H32/8 one query)
+    assert configs.decode_splits(programs=256, seq_k=8192) == 1
+    assert configs.decode_splits(programs=8, seq_k=131072) == 16
+    assert configs.decode_splits(programs=1, seq_k=10**6) == 64

@@ -53,7 +53,8 @@ def test_warmup_takes_fp8_and_its_backward(monkeypatch):
 def test_warmup_takes_decode_at_every_split_count(monkeypatch):
     from fusedattn import configs, kvcache
 
-    monkeypatch.setattr(configs, "SMS", 4)  # splits: min(16 / programs, keys / 256)
+    # splits: the largest power of two <= min(16 / programs, keys / 256)
+    monkeypatch.setattr(configs, "SMS", 16)
     # (prefill at one length: its calls are the tests' above; the interpreter is slow, so
     # only batch 1's decode calls run, and the others are recorded)
     monkeypatch.setattr(ahead_of_time, "_lengths", lambda max_len: [1])
@@ -65,10 +66,10 @@ def test_warmup_takes_decode_at_every_split_count(monkeypatch):
     monkeypatch.setattr(kvcache, "attention_with_kvcache", recorded)
     done = fusedattn.warmup(head_dims=(16,), heads=(4,), heads_kv=(2,), dtypes=("fp32",),
                             causal=(True,), decode=True, max_len=1024)
-    # prefill's one call, then decode: one capacity (1024 <= ONE_LOOP_MAX_KEYS: each call
-    # appends at 1023), batches 1, 2, 4, 8 (splits 4, 4, 2, 1: 16 programs fill the 4
-    # SMs' four each), contiguous and paged
-    assert done["calls"] == 1 + 4 * 2
+    # prefill's two calls (one length: batch 1 and the batch that fills the 16 SMs), then
+    # decode: one capacity (1024 <= ONE_LOOP_MAX_KEYS: each call appends at 1023), batches
+    # 1, 2, 4, 8 (splits 4, 4, 2, 1: 16 programs fill the 16 SMs), contiguous and paged
+    assert done["calls"] == 2 + 4 * 2
     assert made == [(b, paged, 1023) for b in (1, 2, 4, 8) for paged in (False, True)]
     from fusedattn.ahead_of_time import _decode_batches
 

@@ -282,10 +282,18 @@ def fp8_decode_config(*, dim: int, rows: int) -> Config:
 
 
 def decode_splits(*, programs: int, seq_k: int) -> int:
-    """How many splits of the keys give the SMs about four programs each, with at least 256
-    keys per split (a split's partials cost a write and a read of [rows, D] fp32)."""
-    want = triton.cdiv(4 * SMS, max(1, programs))
-    return max(1, min(want, triton.cdiv(seq_k, 256), 64))
+    """How many splits of the keys a decode call takes: the largest power of two that keeps
+    the grid within one wave (programs x splits <= SMS), with at least 256 keys a split
+    (a split's partials cost a write and a read of [rows, D] fp32) and at most 64. A grid
+    of a program an SM or more takes one split: one launch a call, no merge.
+    Measured on an H100 (evidence/nvidia-h100/20261206T0222Z-decode-splits): a program
+    streams its keys at about 55 GB/s, so 64 programs or more keep the memory busy; at
+    64-256 programs one or two splits ran 2-10% faster than the four programs an SM this
+    rule had asked for (B32 H32/8 8192 keys: 354 against 362 us), at 8-32 programs the
+    power of two under one wave was within 1% of the best count timed, and a count that
+    divided the key tiles unevenly (3) ran up to 4% slower than its neighbours."""
+    most = max(1, min(SMS // max(1, programs), triton.cdiv(seq_k, 256), 64))
+    return 1 << (most.bit_length() - 1)
 
 
 # the backward per padded head dim (fp32 counts twice): decisions.md#backward-tiles

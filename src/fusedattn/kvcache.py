@@ -21,7 +21,8 @@ chunked prefill), with the new keys appended in place.
   keys up to itself. `window=(left, right)`, `softcap` and `sinks` as in `attention` (with
   split-KV, the merge adds the sinks).
 - Split-KV (flash-decoding): the keys of each sequence are split across `splits` programs
-  (default: enough to give the SMs four programs each, `configs.decode_splits`), each
+  (default: a power of two that fills one wave of the SMs, and 1, one launch and no
+  merge, where the batch's programs fill it alone: `configs.decode_splits`), each
   writes a normalised partial O and its LSE, and a merge kernel combines them by LSE. One
   K/V tile serves every query head of its GQA group (the group's heads are rows of one
   program).
