@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
@@ -28,6 +27,7 @@ from fusedattn.kvcache import attention_with_kvcache, chosen_splits
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref
 from fusedattn_lab.evidence import environment, write_json
+from fusedattn_lab.host import _host_us  # (the host suite's loop: 300 calls, no sync)
 from fusedattn_lab.timing import time_gpu
 from fusedattn_lab.verify import check
 
@@ -36,17 +36,6 @@ from fusedattn_lab.verify import check
 ROWS = [(32, 32, 8, 1, 8192, 128), (32, 32, 8, 4, 8192, 128), (32, 32, 8, 16, 8192, 128),
         (32, 32, 8, 1, 8192, 64), (16, 32, 8, 1, 8192, 128), (64, 32, 8, 1, 4096, 128),
         (128, 32, 8, 1, 2048, 128), (8, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 131072, 128)]
-HOST_CALLS = 300
-
-
-def _host_us(call) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(HOST_CALLS):
-        call()
-    took = (time.perf_counter() - start) / HOST_CALLS * 1e6
-    torch.cuda.synchronize()
-    return took
 
 
 def _row(row, rounds: int, extra_counts=()) -> dict:
