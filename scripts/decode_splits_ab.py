@@ -6,7 +6,8 @@ call), 2 and twice the rule's. Issue 31 measured decode at 2x SDPA's host time a
 split forward and its merge being two launches; this says what one launch would cost the
 GPU where the rule splits. Each row's counts take turns (A B C ... A B C, `--rounds` times):
 GPU µs a call replayed in a CUDA graph (`fusedattn_lab.timing.time_gpu`, the median of 30),
-and host µs a call in a loop of 300 calls without synchronising (as `bench --suite host`).
+and host µs a call in a loop without synchronising (`bench --suite host`'s: its `CALLS`
+calls; 300 in this script's first runs, 0222Z).
 Every output is checked against the float64 reference on batch 0's first and last head
 (`fusedattn_lab.verify.check`, SDPA cuDNN's error as the peer's).
 
@@ -27,7 +28,7 @@ from fusedattn.kvcache import attention_with_kvcache, chosen_splits
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref
 from fusedattn_lab.evidence import environment, write_json
-from fusedattn_lab.host import _host_us  # (the host suite's loop: 300 calls, no sync)
+from fusedattn_lab.host import _host_us  # (the host suite's loop of CALLS calls, no sync)
 from fusedattn_lab.timing import time_gpu
 from fusedattn_lab.verify import check
 
