@@ -288,7 +288,7 @@ def decode_splits(*, programs: int, seq_k: int) -> int:
     of a program an SM or more takes one split: one launch a call, no merge.
     Measured on an H100 (evidence/nvidia-h100/20261206T0222Z-decode-splits): a program
     streams its keys at about 55 GB/s, so 64 programs or more keep the memory busy; at
-    64-256 programs one or two splits ran 2-10% faster than the four programs an SM this
+    64-512 programs one or two splits ran 1-10% faster than the four programs an SM this
     rule had asked for (B32 H32/8 8192 keys: 354 against 362 us), at 8-32 programs the
     power of two under one wave was within 1% of the best count timed, and a count that
     divided the key tiles unevenly (3) ran up to 4% slower than its neighbours."""
