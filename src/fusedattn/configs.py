@@ -290,8 +290,8 @@ def decode_splits(*, programs: int, seq_k: int) -> int:
     streams its keys at about 55 GB/s, so 64 programs or more keep the memory busy; at
     64-512 programs one or two splits ran 1-10% faster than the four programs an SM this
     rule had asked for (B32 H32/8 8192 keys: 354 against 362 us), at 8-32 programs the
-    power of two under one wave was within 1% of the best count timed, and a count that
-    divided the key tiles unevenly (3) ran up to 4% slower than its neighbours."""
+    power of two under one wave was the best count timed, and 3 splits (which cut these
+    power-of-two lengths unevenly; not profiled) ran up to 5% slower than 2 or 4."""
     most = max(1, min(SMS // max(1, programs), triton.cdiv(seq_k, 256), 64))
     return 1 << (most.bit_length() - 1)
 
