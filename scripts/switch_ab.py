@@ -65,6 +65,17 @@ ROWS = {
     "varlen128c": ("varlen", 128, True),
     "varlen64c": ("varlen", 64, True),
     "varlen128": ("varlen", 128, False),
+    # short rows, 16k tokens a call (hopper_check's sweep): an item's fixed costs weigh most
+    "s256d64": ("dense", 64, 16, 16, 256, 64, False),
+    "s256d64c": ("dense", 64, 16, 16, 256, 64, True),
+    "s512d64c": ("dense", 32, 16, 16, 512, 64, True),
+    "s1024d64": ("dense", 16, 16, 16, 1024, 64, False),
+    "s1024d64c": ("dense", 16, 16, 16, 1024, 64, True),
+    "s512d96": ("dense", 32, 16, 16, 512, 96, False),
+    "s256d128": ("dense", 64, 16, 16, 256, 128, False),
+    "s256d128c": ("dense", 64, 16, 16, 256, 128, True),
+    "s1024d128": ("dense", 16, 16, 16, 1024, 128, False),
+    "s1024d128c": ("dense", 16, 16, 16, 1024, 128, True),
 }
 SLICE_HEADS = 4  # dense and window rows: the reference of batch 0's first heads
 

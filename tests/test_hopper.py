@@ -282,7 +282,41 @@ def test_every_mask_form_gives_the_defaults_bits(case, form, monkeypatch):
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
-@pytest.mark.parametrize("name, value", [("PINGPONG", False), ("THREAD_ARRIVES", True)])
+@pytest.mark.parametrize("dim, dim_v, fp8", [(64, 64, False), (96, 96, False),
+                                             (128, 64, False), (128, 128, False),
+                                             (128, 128, True), (64, 64, True)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, monkeypatch):
+    # `hopper.forward.Q_SLOTS`: with two Q slots a program's items take them in turn and
+    # the loader runs an item ahead; it moves when loads happen, never what is computed.
+    # 8 x 12 heads of 300 rows (two warpgroups: 128-row items, three a head) are 288
+    # items, more than the SMs, so programs walk two items or more through both slots (on
+    # the persistent grid: causal too, by CAUSAL_PERSISTENT_ROWS)
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    q, k = (_rand(8, 12, 300, dim, seed=i) for i in range(2))
+    v = _rand(8, 12, 300, dim_v, seed=2)
+    if fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    pair = knobs.kernel_pair(dim, dim_v, fp8)
+    tile = (knobs.FP8_TILES if fp8 else knobs.TILES)[pair]
+    assert knobs.q_slots(tile, 2, fp8) == 2  # (these pairs hold two)
+    monkeypatch.setattr(knobs, "CAUSAL_PERSISTENT_ROWS", 1 << 20)
+    with use_backend("hopper"):
+        two = attention(q, k, v, is_causal=causal, return_lse=True)
+        monkeypatch.setattr(knobs, "Q_SLOTS", 1)
+        one = attention(q, k, v, is_causal=causal, return_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(two, one, strict=True))
+    ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
+    err = (two[0].double() - ref).abs().max().item()
+    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("name, value", [("PINGPONG", False), ("THREAD_ARRIVES", True),
+                                         ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20)])
 @pytest.mark.parametrize("dim", [64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_issue_order_switches_give_the_defaults_bits(name, value, dim, causal,
@@ -328,6 +362,16 @@ def test_every_tile_entry_fits_shared_memory_in_power_of_two_pieces(fp8):
         kv = stages * block_n * (pair[0] + pair[1]) * size
         o = consumers * block_m * pair[1] * 2 if fp8 else 0  # O's bfloat16 staging
         assert q + kv + o + 1024 <= SMEM, (pair, q + kv + o)
+        # Q's slots (`q_slots`): two where they fit beside the ring, else one
+        for c in (2, 3):
+            q_c = c * block_m * pair[0] * size
+            o_c = c * block_m * pair[1] * 2 if fp8 else 0
+            slots = knobs.q_slots(table[pair], c, fp8)
+            assert slots * q_c + kv + o_c + 1024 <= SMEM or slots == 1, (pair, c)
+            assert slots == 2 or 2 * q_c + kv + o_c + 1024 > SMEM - 256, (pair, c)
+    if not fp8:  # D64's ring leaves room for a second Q slot; D128's three stages do not
+        assert knobs.q_slots(table[(64, 64)], 3, False) == 2
+        assert knobs.q_slots(table[(128, 128)], 2, False) == 1
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")

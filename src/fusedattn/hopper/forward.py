@@ -163,6 +163,19 @@ FP8_PACK = True
 # bound cuts tiles, and MASK_FORM_EDGE those where only the keys' end can (A/B)
 MASK_FORM = 2
 MASK_FORM_EDGE = 0
+# Q slots an item's consumers take in turn (`forward_kernel._loader`), up to this many where
+# the shared memory holds them (`q_slots`): with two, the next item's Q (and its first keys)
+# loads while the consumers run this one; with one the loader waits at every item's end for
+# the consumers to store O through Q's tiles, and an item's first products wait for its
+# loads, a cost per item that short rows pay most (A/B: 1 is the kernel as before)
+Q_SLOTS = 2
+SHARED_BYTES = 232448  # what an sm90 block may take (227 KB), the kernel's whole allocation
+# beside the buffers: Triton's own scratch (layout conversions, reductions). The sm90 compile
+# report put D128's three stages at 229,840 bytes, 328 over its buffers and barriers
+SCRATCH_BYTES = 1024
+# Causal calls of fewer query rows than this take the persistent grid (Q slots carry over
+# from one item to the next there), not one program per item (A/B: 0 is the rule before)
+CAUSAL_PERSISTENT_ROWS = 0
 
 
 def switches() -> tuple:
@@ -176,7 +189,22 @@ def switches() -> tuple:
     (`launch.hashable`), so a table changed in place counts as changed."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
             WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_SPAN, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT,
-            FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES, FP8_TILES)
+            FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES, FP8_TILES, Q_SLOTS,
+            CAUSAL_PERSISTENT_ROWS)
+
+
+def q_slots(tile: tuple[int, ...], consumers: int, fp8: bool) -> int:
+    """Q slots for a `TILES` (`FP8_TILES`) entry at `consumers` warpgroups: `Q_SLOTS` where
+    the kernel's buffers (Q's slots, the K and V ring, FP8's O tiles, the barriers) fit
+    `SHARED_BYTES`, else fewer. D128's three stages (224 KB with one slot) keep one."""
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = tile
+    size = 1 if fp8 else 2
+    ring = stages * block_n * (d_a + d_b + dv_a + dv_b) * size
+    o_tiles = consumers * block_m * dv_a * 2 if fp8 else 0
+    barriers = 8 * (4 * stages + 2 * Q_SLOTS + 3) + SCRATCH_BYTES
+    q_tile = consumers * block_m * (d_a + d_b) * size
+    fits = (SHARED_BYTES - ring - o_tiles - barriers) // q_tile
+    return max(1, min(Q_SLOTS, fits))
 
 
 @functools.cache
@@ -270,7 +298,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # persistent grid's fixed share per program (items p, p + programs, ...) gave some
     # programs a fifth more work (S4096: 0.85x FA4, against 0.92x); varlen too where
     # VARLEN_DYNAMIC says
-    dynamic = right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
+    dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
+               and seq_q >= CAUSAL_PERSISTENT_ROWS)
     programs = items if dynamic else min(items, _sm_count(q.device))
     recording.launch(
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale, cu_t,
@@ -284,5 +313,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
-        MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE, num_warps=4)
+        MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE,
+        Q_SLOTS=q_slots((FP8_TILES if fp8 else TILES)[pair], consumers, fp8), num_warps=4)
     return out

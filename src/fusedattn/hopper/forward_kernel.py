@@ -4,11 +4,11 @@ A persistent grid: one program (CTA) per SM walks the work items t = pid, pid + 
 ... where an item is CONSUMERS x BLOCK_M query rows of one (batch, head); a loader and two
 or three consumers, partitions of warps, share its shared memory and walk the same items:
 
-    loader (1 warp, few registers)      each item's Q tiles (once every consumer is done
-                                        with the last item's), then its K_j and V_j by TMA
-                                        into a ring of STAGES slots that runs on across
-                                        items; K and V each have a ready and a free mbarrier
-                                        per slot
+    loader (1 warp, few registers)      each item's Q tiles into Q slot items % Q_SLOTS
+                                        (once every consumer is done with the slot's last
+                                        item), then its K_j and V_j by TMA into a ring of
+                                        STAGES slots that runs on across items; Q, K and V
+                                        each have a ready and a free mbarrier per slot
     consumer 0, 1 (and 2) (a warpgroup each, BLOCK_M rows each)
         S = Q K_j^T        async wgmma, Q and K from shared memory
         softmax            in registers: the online update of m, l (exp2, scale folded in)
@@ -17,7 +17,9 @@ or three consumers, partitions of warps, share its shared memory and walk the sa
         store              O (normalised) through the warpgroup's Q tile and a TMA store
                            (varlen: a masked store), the LSE; then Q is released
 
-So the next item's K and V load under this item's last products and stores, and an item
+With one Q slot the loader waits at each item's end, until the consumers have stored O
+through Q's tiles, before it loads the next item's Q and then its keys; with two, the next
+item's Q and first K and V load under this item's last products and stores. An item
 outside its sequence (varlen) costs a skip, not a launch. Items are ordered by head, query
 tiles of one head together (its K/V stay in L2; with heads first the H200 ran 11-15%
 slower at D128, S4096); causal reverses the tiles of each head (the longest first).
@@ -190,9 +192,11 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr,
             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
             BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr, SHARED_KV: gl.constexpr,
-            FP8: gl.constexpr, CONSUMERS: gl.constexpr):
-    """The producer: per item, the consumers' Q tiles on one barrier once all released the
-    last item's, then each key tile's K and V into ring slot n % STAGES (n counts this
+            FP8: gl.constexpr, CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr):
+    """The producer: per item, the consumers' Q tiles into Q slot items % Q_SLOTS on that
+    slot's barrier, once all released the slot's last item (with two slots the next item's Q
+    loads while the consumers run this one's, and the loader is not held at an item's end
+    before it loads the next item's keys), then each key tile's K and V into ring slot n % STAGES (n counts this
     program's key tiles over all its items), each once every consumer released the slot's
     last use (K after its S = Q K^T, V after its P V: K runs ahead of V). FP8 with VARLEN:
     V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`). `descs` are Q's,
@@ -218,11 +222,13 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
         if live:
             # a fresh barrier counts as having completed the phase before its first: the
             # first waits on the free barriers pass at once
-            mbarrier.wait(q_free, (items & 1) ^ 1)
-            mbarrier.expect(q_bar, CONSUMERS * q_bytes)
+            qs = items % Q_SLOTS
+            mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
+            mbarrier.expect(q_bar.index(qs), CONSUMERS * q_bytes)
             for c in gl.static_range(CONSUMERS):
-                _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M, q_bar,
-                           q_smem.index(c), q2_smem.index(c), D_A, D_B)
+                _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M,
+                           q_bar.index(qs), q_smem.index(qs * CONSUMERS + c),
+                           q2_smem.index(qs * CONSUMERS + c), D_A, D_B)
             v_start = k_start
             if FP8 and VARLEN:  # V^T's sequence b starts on a 16-byte column of its own
                 v_start = gl.load(p_cu_t + b)
@@ -531,7 +537,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
               LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
-              MASK_FORM: gl.constexpr):
+              MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -570,22 +576,6 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
         row_o2: gl.constexpr = gl.SliceLayout(1, o2_layout)
     dtype: gl.constexpr = q_smem.dtype
     PIECES: gl.constexpr = 2 if DV_B > 0 else 1  # wgmmas of P V
-    q_tile = q_smem.index(c)
-    q2_tile = q2_smem.index(c)
-    # O's pieces go out through Q's tiles (their first bytes, where V's head dim is less);
-    # FP8's O (bfloat16, twice Q's bytes) through a tile of its own
-    o_tile = q_tile
-    if FP8:
-        o_tile = o_smem.index(c)
-    elif DV_A != D_A:
-        o_tile = q_tile._reinterpret(dtype, [BLOCK_M, DV_A],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_A],
-                                                                          dtype))
-    o2_tile = q2_tile
-    if DV_B > 0 and DV_B != D_B:
-        o2_tile = q2_tile._reinterpret(dtype, [BLOCK_M, DV_B],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_B],
-                                                                            dtype))
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
     n = 0       # key tiles consumed so far (the loader's ring counter)
@@ -596,6 +586,24 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
             CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 4)
         if live:
+            # this item's Q slot (`_loader`); O's pieces go out through its Q tiles (their
+            # first bytes, where V's head dim is less), FP8's O (bfloat16, twice Q's bytes)
+            # through a tile of its own
+            qs = items % Q_SLOTS
+            q_tile = q_smem.index(qs * CONSUMERS + c)
+            q2_tile = q2_smem.index(qs * CONSUMERS + c)
+            o_tile = q_tile
+            if FP8:
+                o_tile = o_smem.index(c)
+            elif DV_A != D_A:
+                o_tile = q_tile._reinterpret(
+                    dtype, [BLOCK_M, DV_A],
+                    gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_A], dtype))
+            o2_tile = q2_tile
+            if DV_B > 0 and DV_B != D_B:
+                o2_tile = q2_tile._reinterpret(
+                    dtype, [BLOCK_M, DV_B],
+                    gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV_B], dtype))
             item_scale = qk_scale
             if FP8:  # the factors of this head's q and of its kv head's k
                 item_scale = (qk_scale * gl.load(p_descale + h)
@@ -614,7 +622,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             if DV_B > 0:
                 acc2 = gl.zeros([BLOCK_M, DV_B], gl.float32, layout=o2_layout)
             n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-            mbarrier.wait(q_bar, items & 1)
+            mbarrier.wait(q_bar.index(qs), (items // Q_SLOTS) & 1)
             if n_tiles > 0:
                 # tile 0: S_0 and its softmax; its P waits for the loop's first P V
                 slot = n % STAGES
@@ -736,9 +744,9 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             if not VARLEN:
                 tma.store_wait(0)
             # O went out through Q's tiles: once every thread of the warpgroup is past its
-            # reads of them (one thread arrives), the next item's Q may load
+            # reads of them (one thread arrives), the slot's next item's Q may load
             gl.thread_barrier()
-            mbarrier.arrive(q_free, count=1)
+            mbarrier.arrive(q_free.index(qs), count=1)
             if WRITE_LSE:
                 lse_base = (b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
                             + q_start.to(gl.int64) * sl_s)
@@ -770,7 +778,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
-                    FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr):
+                    FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -785,10 +793,11 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     head-dim piece; with VARLEN, `p_cu_t` the sequences' first columns of V^T. `dim_v` is O's head
     dim: less than DV_A + DV_B where the kernel runs a head dim padded (`forward.kernel_pair`; the
     descriptors' boxes read zeros past the last column, and their stores stop there). VARLEN:
-    n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`)"""
+    n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`).
+    Q_SLOTS: the consumers' Q tiles of one item or of two in turn (`_loader`)"""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
-        dtype, [CONSUMERS, BLOCK_M, D_A],
+        dtype, [Q_SLOTS * CONSUMERS, BLOCK_M, D_A],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_A], dtype))
     k_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_N, D_A], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_A],
@@ -812,7 +821,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     v2_smem = v_smem
     if D_B > 0:
         q2_smem = gl.allocate_shared_memory(
-            dtype, [CONSUMERS, BLOCK_M, D_B],
+            dtype, [Q_SLOTS * CONSUMERS, BLOCK_M, D_B],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_B], dtype))
         k2_smem = gl.allocate_shared_memory(
             dtype, [STAGES, BLOCK_N, D_B],
@@ -821,8 +830,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
         v2_smem = gl.allocate_shared_memory(
             dtype, [STAGES, BLOCK_N, DV_B],
             gl.NVMMASharedLayout.get_default_for([BLOCK_N, DV_B], dtype))
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -834,8 +843,9 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn2 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    mbarrier.init(q_free, count=CONSUMERS)  # every consumer releases Q
+    for s in gl.static_range(Q_SLOTS):
+        mbarrier.init(q_bar.index(s), count=1)
+        mbarrier.init(q_free.index(s), count=CONSUMERS)  # every consumer releases Q
     # a consumer warpgroup's arrivals (`_release`): one, or one a thread
     ARRIVALS: gl.constexpr = 128 if THREAD_ARRIVES else 1
     mbarrier.init(turn0, count=ARRIVALS)
@@ -865,32 +875,32 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
-                       CONSUMERS)),
+                       CONSUMERS, Q_SLOTS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
-                       CONSUMERS)),
+                       CONSUMERS, Q_SLOTS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
