@@ -19,6 +19,10 @@ needs this one to complete. What must hold:
 - no deadlock, in any order;
 - no phase completed by arrivals alone (its waiter would wait for the next one);
 - no phase left open when the program ends (every barrier at zero).
+
+And the forward kernel's Q slots (`hopper.forward.Q_SLOTS`), on mbarriers' parity waits
+(`explore_q_slots`): no deadlock, no consumer reading another item's Q, no load over a slot
+in use.
 """
 
 import functools
@@ -147,3 +151,98 @@ def test_the_model_catches_what_the_protocols_guard_against():
     # freeing both buffers ahead where one step uses one
     with pytest.raises(AssertionError, match="left open"):
         explore(backward_handoff(1, 2, first_free_all=True), threads)
+
+
+def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bool = True,
+                    release_before_store: bool = False) -> None:
+    """The forward kernel's Q slots (`forward_kernel._loader` and `_consumer`, Q_SLOTS), on
+    mbarriers' parity waits, over every interleaving: the loader waits on slot s's free
+    barrier at parity ((i // slots) & 1) ^ 1, then loads item i into s (its ready barrier
+    completes a phase when the load lands); each consumer waits on s's ready barrier at
+    parity (i // slots) & 1, reads Q and stores O through the slot, then arrives on its free
+    barrier (CONSUMERS arrivals a phase). A wait at parity p passes while the barrier's
+    current phase has the other parity (a fresh barrier's "phase before the first" counts
+    as done). Raises AssertionError on a deadlock, a consumer reading a slot that holds
+    another item's Q, or a load overwriting a slot a consumer still uses.
+    `release_before_store`: the consumers arrive before their store (a bug)."""
+    # state: the loader's item, each consumer's (item, stage), each slot's item and its
+    # barriers' completed phases and pending arrivals
+    def parity_passes(completed: int, parity: int) -> bool:
+        return (completed & 1) != parity
+
+    @functools.cache
+    def step(loader: int, cons: tuple, held: tuple, ready: tuple, free: tuple,
+             free_pending: tuple, landing: tuple) -> None:
+        moves = 0
+        # the loader: wait free, then issue the load of item `loader` into its slot
+        if loader < items:
+            s = loader % slots
+            parity = ((loader // slots) & 1) ^ (1 if free_parity_flip else 0)
+            if parity_passes(free[s], parity) and landing[s] is None:
+                for c, (item, stage) in enumerate(cons):
+                    using = item < items and item % slots == s and stage in ("read", "store")
+                    assert not using, (f"item {loader}'s load overwrites slot {s} while "
+                                       f"consumer {c} uses item {item}")
+                moves += 1
+                step(loader + 1, cons, held, ready, free, free_pending,
+                     landing[:s] + (loader,) + landing[s + 1:])
+        # a load in flight lands: the slot holds the item, its ready barrier completes
+        for s in range(slots):
+            if landing[s] is not None:
+                moves += 1
+                step(loader, cons, held[:s] + (landing[s],) + held[s + 1:],
+                     ready[:s] + (ready[s] + 1,) + ready[s + 1:], free, free_pending,
+                     landing[:s] + (None,) + landing[s + 1:])
+        for c, (item, stage) in enumerate(cons):
+            if item >= items:
+                continue
+            s = item % slots
+            after = None
+            f, fp = free, free_pending
+            if stage == "wait" and parity_passes(ready[s], (item // slots) & 1):
+                assert held[s] == item, (f"consumer {c} reads slot {s} for item {item}, "
+                                         f"which holds item {held[s]}")
+                after = (item, "read")
+            elif stage == "read":
+                after = (item, "store")
+                if release_before_store:
+                    after = (item, "release-early")
+            elif stage in ("store", "release-early"):
+                n = free_pending[s] + 1
+                if n == consumers:  # the free barrier's phase completes
+                    f = free[:s] + (free[s] + 1,) + free[s + 1:]
+                    n = 0
+                fp = free_pending[:s] + (n,) + free_pending[s + 1:]
+                after = (item + 1, "wait") if stage == "store" else (item, "late-store")
+            elif stage == "late-store":
+                after = (item + 1, "wait")
+                if held[s] != item or landing[s] is not None:
+                    raise AssertionError(f"consumer {c} stores O of item {item} through "
+                                         f"slot {s} after its release: a load may be there")
+            if after is not None:
+                moves += 1
+                step(loader, cons[:c] + (after,) + cons[c + 1:], held, ready, f, fp, landing)
+        if not moves:
+            finished = loader == items and all(i >= items for i, _ in cons)
+            assert finished, f"deadlock: loader at {loader}, consumers {cons}"
+
+    none = (None,) * slots
+    zeros = (0,) * slots
+    step(0, ((0, "wait"),) * consumers, none, zeros, zeros, zeros, none)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("items", [0, 1, 2, 5])
+def test_q_slots_never_hang_and_never_mix_items(items, slots, consumers):
+    explore_q_slots(items, slots, consumers)
+
+
+def test_the_q_slot_model_catches_what_the_protocol_guards_against():
+    # the loader's first wait on a fresh free barrier at parity 0 waits for a phase that
+    # only the consumers of an item not yet loaded could complete
+    with pytest.raises(AssertionError, match="deadlock"):
+        explore_q_slots(2, 2, 2, free_parity_flip=False)
+    # a consumer releasing its slot before it stores O through it
+    with pytest.raises(AssertionError, match="after its release|overwrites"):
+        explore_q_slots(3, 2, 2, release_before_store=True)

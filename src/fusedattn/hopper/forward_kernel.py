@@ -196,9 +196,10 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     """The producer: per item, the consumers' Q tiles into Q slot items % Q_SLOTS on that
     slot's barrier, once all released the slot's last item (with two slots the next item's Q
     loads while the consumers run this one's, and the loader is not held at an item's end
-    before it loads the next item's keys), then each key tile's K and V into ring slot n % STAGES (n counts this
-    program's key tiles over all its items), each once every consumer released the slot's
-    last use (K after its S = Q K^T, V after its P V: K runs ahead of V). FP8 with VARLEN:
+    before it loads the next item's keys), then each key tile's K and V into ring slot
+    n % STAGES (n counts this program's key tiles over all its items), each once every
+    consumer released the slot's last use (K after its S = Q K^T, V after its P V: K runs
+    ahead of V). FP8 with VARLEN:
     V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`). `descs` are Q's,
     K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and `args` the consumers'."""
     q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc = descs
