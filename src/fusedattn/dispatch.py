@@ -48,9 +48,14 @@ BACKENDS = ("auto", "hopper", "portable")
 # tokens a call: D64 non-causal up to S768, tied at S1024; causal, on the persistent grid
 # that causal calls no longer use, up to S1024 at D128 and at every length swept, to S2048,
 # at D64); non-causal at D > 64 the Hopper kernel won from S128 on
-# (evidence/nvidia-h200/20261201T1400Z-hopper-sweep, docs/decisions.md#hopper-forward)
+# (evidence/nvidia-h200/20261201T1400Z-hopper-sweep, docs/decisions.md#hopper-forward).
+# Since the Hopper kernel's two Q slots (`hopper.forward.Q_SLOTS`) it wins non-causal at D64
+# too, from S256 (H100, 16k tokens a call, TFLOP/s: S256 275 against the portable kernel's
+# 254, S1024 396 / 359, S2048 487 / 391; S128 162 / 165; evidence/nvidia-h100/
+# 20261206T0453Z-q-slots), where causal rows stay portable under 1024 keys (D64 S1024 226
+# against 257 portable; D128 S512 235 / 252, S1024 354 / 337)
 HOPPER_MIN_KEYS = 1024
-HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window, head dim over 64
+HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window
 # A window bounding both sides of a row (left given, and right given or causal) to fewer
 # keys than this goes portable too: each Hopper item (a 128- or 192-row query tile, heads
 # apart) then spans two or three key steps, mostly masked, and pays its pipeline's fill and
@@ -165,13 +170,13 @@ def _choose(refusal, short, *, strict: bool, what: str,
 def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     """("hopper" | "portable", why) for this call under the current `use_backend`. Under
     "auto", a call the Hopper kernel can serve still goes portable where its rows have
-    fewer than `HOPPER_MIN_KEYS` keys (`HOPPER_MIN_KEYS_WIDE` non-causal without a window at
-    head dims over 64; varlen: the longest sequence's), or where a window bounds a row to
+    fewer than `HOPPER_MIN_KEYS` keys (`HOPPER_MIN_KEYS_WIDE` non-causal without a window;
+    varlen: the longest sequence's), or where a window bounds a row to
     fewer than `HOPPER_MIN_WINDOW` keys (`Mask.span`)."""
     def short():
         keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
         mask = kw["mask"]
-        wide = q.shape[-1] > 64 and not mask.causal and mask.window is None
+        wide = not mask.causal and mask.window is None
         least, name = ((HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE") if wide
                        else (HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"))
         span = mask.span()

@@ -167,14 +167,22 @@ MASK_FORM_EDGE = 0
 # the shared memory holds them (`q_slots`): with two, the next item's Q (and its first keys)
 # loads while the consumers run this one; with one the loader waits at every item's end for
 # the consumers to store O through Q's tiles, and an item's first products wait for its
-# loads, a cost per item that short rows pay most (A/B: 1 is the kernel as before)
+# loads, a cost per item that short rows pay most (A/B: 1 is the kernel as before). On an
+# H100, the same bits (evidence/nvidia-h100/20261206T0453Z-q-slots, TFLOP/s, one slot / two):
+# D64 S256 208 / 274, S1024 361 / 403, D96 S512 367 / 428; at S4096 D64 516 / 514, D96
+# 541 / 547, D80 515 / 502. D128's three stages leave no room (224 KB with one slot)
 Q_SLOTS = 2
 SHARED_BYTES = 232448  # what an sm90 block may take (227 KB), the kernel's whole allocation
 # beside the buffers: Triton's own scratch (layout conversions, reductions). The sm90 compile
 # report put D128's three stages at 229,840 bytes, 328 over its buffers and barriers
 SCRATCH_BYTES = 1024
 # Causal calls of fewer query rows than this take the persistent grid (Q slots carry over
-# from one item to the next there), not one program per item (A/B: 0 is the rule before)
+# from one item to the next there), not one program per item (A/B; 0: never). On an H100
+# (evidence/nvidia-h100/20261206T0453Z-q-slots, TFLOP/s, one program an item against
+# persistent): D64 S256 89 / 98 and S1024 228 / 238 (two Q slots), but S8192 453 / 424, and
+# D128 (one slot) S256 141 / 134, S1024 354 / 317. Where it gained, the portable kernel,
+# which serves those rows under "auto" (`dispatch.HOPPER_MIN_KEYS`), ran faster still
+# (S256 150, S1024 257), so it stays off
 CAUSAL_PERSISTENT_ROWS = 0
 
 
