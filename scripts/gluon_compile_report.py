@@ -34,34 +34,36 @@ DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RI
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
                 THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, Q_SLOTS=1)
-CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's)
+CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's); Q_SLOTS
+    # as `hopper.forward.q_slots` gives (two where the shared memory holds them)
     dict(name="D128", D_A=128, D_B=0, BLOCK_N=128),
     dict(name="D128 causal", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True),
     dict(name="D128 causal sinks", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True, SINKS=True),
     dict(name="D128 causal shared-kv", D_A=128, D_B=0, BLOCK_N=128, HAS_RIGHT=True,
          SHARED_KV=True),
-    dict(name="D64 2wg", D_A=64, D_B=0, BLOCK_N=128, STAGES=4),
+    dict(name="D64 2wg", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128, STAGES=4),
     # three consumer warpgroups (`hopper.forward.WARPGROUPS`)
-    dict(name="D64", D_A=64, D_B=0, BLOCK_N=128, STAGES=4, CONSUMERS=3, CONSUMER_REGS=160),
-    dict(name="D64 causal", D_A=64, D_B=0, BLOCK_N=128, STAGES=4, CONSUMERS=3,
+    dict(name="D64", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128, STAGES=4, CONSUMERS=3,
+         CONSUMER_REGS=160),
+    dict(name="D64 causal", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128, STAGES=4, CONSUMERS=3,
          CONSUMER_REGS=160, HAS_RIGHT=True),
-    dict(name="D64 varlen causal sinks softcap", D_A=64, D_B=0, BLOCK_N=128, STAGES=4,
-         CONSUMERS=3, CONSUMER_REGS=160, HAS_RIGHT=True, VARLEN=True, SINKS=True,
+    dict(name="D64 varlen causal sinks softcap", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128,
+         STAGES=4, CONSUMERS=3, CONSUMER_REGS=160, HAS_RIGHT=True, VARLEN=True, SINKS=True,
          SOFTCAP=True),
     dict(name="D192", D_A=128, D_B=64, BLOCK_N=64),
     dict(name="D192/128 causal", D_A=128, D_B=64, DV_A=128, DV_B=0, BLOCK_N=64,
          HAS_RIGHT=True),
-    dict(name="D128/64 varlen", D_A=128, D_B=0, DV_A=64, DV_B=0, BLOCK_N=128, VARLEN=True,
-         HAS_RIGHT=True, BOTTOM_RIGHT=True),
+    dict(name="D128/64 varlen", Q_SLOTS=2, D_A=128, D_B=0, DV_A=64, DV_B=0, BLOCK_N=128,
+         VARLEN=True, HAS_RIGHT=True, BOTTOM_RIGHT=True),
     # FP8 (`hopper.forward.FP8_TILES`): float8 q, k and V^T, O bfloat16
-    dict(name="FP8 D128", D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True),
-    dict(name="FP8 D128 causal", D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
+    dict(name="FP8 D128", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True),
+    dict(name="FP8 D128 causal", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
          HAS_RIGHT=True),
-    dict(name="FP8 D64 causal", D_A=64, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
+    dict(name="FP8 D64 causal", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
          HAS_RIGHT=True),
     dict(name="FP8 D256", D_A=256, D_B=0, BLOCK_N=64, STAGES=3, FP8=True),
-    dict(name="FP8 D128 varlen causal", D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
-         VARLEN=True, HAS_RIGHT=True),
+    dict(name="FP8 D128 varlen causal", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4,
+         FP8=True, VARLEN=True, HAS_RIGHT=True),
 ]
 
 

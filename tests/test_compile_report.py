@@ -129,3 +129,21 @@ def test_the_transpose_report_tells_store_widths_apart():
     # and it takes the kernel alone from a transpose.py (no torch import needed there)
     fn = transpose._kernel(transpose.ROOT / "src/fusedattn/hopper/transpose.py")
     assert fn.arg_names[:2] == ["p_v", "p_vt"]
+
+
+def test_the_reports_configurations_take_the_launchers_q_slots():
+    # the report names Q_SLOTS per configuration (it compiles without the launcher); where a
+    # configuration is a table entry's build, its slots must be the ones `q_slots` gives
+    from fusedattn.hopper import forward as knobs
+
+    checked = 0
+    for c in report.CONFIGS:
+        c = report.DEFAULTS | c
+        fp8 = c["FP8"]
+        pair = (c["D_A"] + c["D_B"], c.get("DV_A", c["D_A"]) + c.get("DV_B", c["D_B"]))
+        tile = (knobs.FP8_TILES if fp8 else knobs.TILES).get(pair)
+        if tile is None or tile[5:] != (c["BLOCK_N"], c["STAGES"]):
+            continue  # not a table entry's tile (an A/B's candidate)
+        assert c["Q_SLOTS"] == knobs.q_slots(tile, c["CONSUMERS"], fp8), c["name"]
+        checked += 1
+    assert checked >= 8
