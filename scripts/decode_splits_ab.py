@@ -24,7 +24,7 @@ import statistics
 import torch
 
 from fusedattn.configs import SMS
-from fusedattn.kvcache import attention_with_kvcache, chosen_splits
+from fusedattn.kvcache import attention_with_kvcache, chosen_splits, decode_programs
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref
 from fusedattn_lab.evidence import environment, write_json
@@ -81,7 +81,7 @@ def _row(row, rounds: int, extra_counts=()) -> dict:
         got[n]["gpu_median_us"] = statistics.median(got[n]["gpu_us"])
         got[n]["host_median_us"] = statistics.median(got[n]["host_us"])
     name = f"B{b} H{h}/{hkv} Sq{sq} Sk{sk} D{d}"
-    programs = b * hkv * -(-sq * (h // hkv) // 64)
+    programs = decode_programs(b, h, sq, hkv)
     print(f"{name} (programs {programs}, SMs {SMS}, rule {rule}):")
     for n in counts:
         g = got[n]

@@ -249,13 +249,17 @@ def _check_blocks(block_table, cache_seqlens, s_new: int, n_blocks: int, page: i
 _DECIDED = Plans()  # `_decode_key` -> what the checks and decisions of a call gave
 
 
+def decode_programs(batch: int, heads: int, seq_q: int, heads_kv: int) -> int:
+    """A decode call's programs before its keys are split: a program's rows are a query tile
+    (64 rows) of one GQA group's heads, packed."""
+    return batch * heads_kv * triton.cdiv(seq_q * (heads // heads_kv), 64)
+
+
 def chosen_splits(batch: int, heads: int, seq_q: int, heads_kv: int, capacity: int) -> int:
-    """The split count a call with `splits=None` takes (`configs.decode_splits`): a
-    program's rows are a query tile of one GQA group's heads, packed."""
+    """The split count a call with `splits=None` takes (`configs.decode_splits`)."""
     from fusedattn.configs import decode_splits
 
-    group = heads // heads_kv
-    return decode_splits(programs=batch * heads_kv * triton.cdiv(seq_q * group, 64),
+    return decode_splits(programs=decode_programs(batch, heads, seq_q, heads_kv),
                          seq_k=capacity)
 
 

@@ -269,7 +269,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     fp8 = descale is not None
     cu_t = None
     pair = kernel_pair(dim, v.shape[3], fp8)
-    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = (FP8_TILES if fp8 else TILES)[pair]
+    entry = (FP8_TILES if fp8 else TILES)[pair]
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
     recording = recording or Recording((q, k, v, out, lse, sinks, descale))
     if fp8:
         from fusedattn.hopper.transpose import v_transposed
@@ -322,5 +323,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
         MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE,
-        Q_SLOTS=q_slots((FP8_TILES if fp8 else TILES)[pair], consumers, fp8), num_warps=4)
+        Q_SLOTS=q_slots(entry, consumers, fp8), num_warps=4)
     return out
