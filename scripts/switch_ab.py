@@ -76,6 +76,12 @@ ROWS = {
     "s256d128c": ("dense", 64, 16, 16, 256, 128, True),
     "s1024d128": ("dense", 16, 16, 16, 1024, 128, False),
     "s1024d128c": ("dense", 16, 16, 16, 1024, 128, True),
+    "s2048d128": ("dense", 8, 16, 16, 2048, 128, False),
+    "s2048d64c": ("dense", 8, 16, 16, 2048, 64, True),
+    "s4096d64c": ("dense", 4, 16, 16, 4096, 64, True),
+    "s256d192": ("dense", 64, 16, 16, 256, 192, False),
+    "s1024d192": ("dense", 16, 16, 16, 1024, 192, False),
+    "s2048d192": ("dense", 8, 16, 16, 2048, 192, False),
 }
 SLICE_HEADS = 4  # dense and window rows: the reference of batch 0's first heads
 
