@@ -129,7 +129,7 @@ def bench(rows, only=None):
 
 
 SWEEP = [(16384 // s, 16, 16, s, d, c) for d in (64, 128) for c in (False, True)
-         for s in (128, 256, 384, 512, 768, 1024, 2048)]
+         for s in (128, 256, 384, 512, 768, 1024, 2048, 4096)]
 
 
 def main():
