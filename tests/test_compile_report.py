@@ -141,9 +141,11 @@ def test_the_reports_configurations_take_the_launchers_q_slots():
         c = report.DEFAULTS | c
         fp8 = c["FP8"]
         pair = (c["D_A"] + c["D_B"], c.get("DV_A", c["D_A"]) + c.get("DV_B", c["D_B"]))
-        tile = (knobs.FP8_TILES if fp8 else knobs.TILES).get(pair)
-        if tile is None or tile[5:] != (c["BLOCK_N"], c["STAGES"]):
+        tables = [knobs.FP8_TILES] if fp8 else [knobs.TILES, knobs.PERSISTENT_TILES]
+        tiles = [t[pair] for t in tables
+                 if pair in t and t[pair][5:] == (c["BLOCK_N"], c["STAGES"])]
+        if not tiles:
             continue  # not a table entry's tile (an A/B's candidate)
-        assert c["Q_SLOTS"] == knobs.q_slots(tile, c["CONSUMERS"], fp8), c["name"]
+        assert c["Q_SLOTS"] == knobs.q_slots(tiles[0], c["CONSUMERS"], fp8), c["name"]
         checked += 1
     assert checked >= 8

@@ -283,8 +283,8 @@ def test_every_mask_form_gives_the_defaults_bits(case, form, monkeypatch):
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("dim, dim_v, fp8", [(64, 64, False), (96, 96, False),
-                                             (128, 64, False), (128, 128, True),
-                                             (64, 64, True)])
+                                             (128, 64, False), (128, 128, False),
+                                             (128, 128, True), (64, 64, True)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, monkeypatch):
     # `hopper.forward.Q_SLOTS`: with two Q slots a program's items take them in turn and
@@ -301,8 +301,8 @@ def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, 
     if fp8:
         q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
     pair = knobs.kernel_pair(dim, dim_v, fp8)
-    tile = (knobs.FP8_TILES if fp8 else knobs.TILES)[pair]
-    assert knobs.q_slots(tile, 2, fp8) == 2  # (these pairs hold two)
+    tile = knobs.tile_entry(pair, fp8, persistent=True)
+    assert knobs.q_slots(tile, 2, fp8) == 2  # (these pairs hold two: D128 by PERSISTENT_TILES)
     monkeypatch.setattr(knobs, "CAUSAL_PERSISTENT_ROWS", 1 << 20)
     with use_backend("hopper"):
         two = attention(q, k, v, is_causal=causal, return_lse=True)
@@ -316,7 +316,9 @@ def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("name, value", [("PINGPONG", False), ("THREAD_ARRIVES", True),
-                                         ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20)])
+                                         ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20),
+                                         ("PERSISTENT_TILES", {}),
+                                         ("WARPGROUPS_MIN_ROWS_BOUNDED", 2048)])
 @pytest.mark.parametrize("dim", [64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_issue_order_switches_give_the_defaults_bits(name, value, dim, causal,
@@ -324,7 +326,9 @@ def test_the_issue_order_switches_give_the_defaults_bits(name, value, dim, causa
     # `hopper.forward.PINGPONG` (the warpgroups' turns to issue) and THREAD_ARRIVES (how a
     # warpgroup arrives on a barrier) move when a warpgroup issues, never what it computes:
     # every head dim's output and LSE are the defaults' bits either way (2500 rows: D64's
-    # three warpgroups too), so a per-head-dim rule for them needs no test of its own
+    # three warpgroups too), so a per-head-dim rule for them needs no test of its own.
+    # PERSISTENT_TILES (D128's stages) and WARPGROUPS_MIN_ROWS_BOUNDED (two or three
+    # warpgroups under a causal mask) move the pipeline and the items, not the arithmetic
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     from fusedattn.hopper import forward as knobs
@@ -350,8 +354,11 @@ def test_every_tile_entry_fits_shared_memory_in_power_of_two_pieces(fp8):
     def pow2(n):
         return n > 0 and n & (n - 1) == 0
 
-    table = knobs.FP8_TILES if fp8 else knobs.TILES
-    for pair, (d_a, d_b, dv_a, dv_b, block_m, block_n, stages) in table.items():
+    tables = [knobs.FP8_TILES] if fp8 else [knobs.TILES, knobs.PERSISTENT_TILES]
+    entries = [(pair, tile) for table in tables for pair, tile in table.items()]
+    assert all(pair in knobs.TILES for pair in knobs.PERSISTENT_TILES)  # (a pair it serves)
+    for pair, tile in entries:
+        d_a, d_b, dv_a, dv_b, block_m, block_n, stages = tile
         assert d_a + d_b == pair[0] and dv_a + dv_b == pair[1], pair
         assert all(pow2(x) for x in (d_a, dv_a, block_m, block_n)), pair
         assert all(x == 0 or pow2(x) for x in (d_b, dv_b)), pair
@@ -368,14 +375,20 @@ def test_every_tile_entry_fits_shared_memory_in_power_of_two_pieces(fp8):
             q_c = c * block_m * pair[0] * size
             o_c = c * block_m * pair[1] * 2 if fp8 else 0
             two = 2 * q_c + kv + o_c + 1024
-            slots = knobs.q_slots(table[pair], c, fp8)
+            slots = knobs.q_slots(tile, c, fp8)
             if two + 256 <= SMEM:
                 assert slots == 2, (pair, c)
             elif two > SMEM:
                 assert slots == 1, (pair, c)
-    if not fp8:  # D64's ring leaves room for a second Q slot; D128's three stages do not
-        assert knobs.q_slots(table[(64, 64)], 3, False) == 2
-        assert knobs.q_slots(table[(128, 128)], 2, False) == 1
+    if not fp8:  # D64's ring leaves room for a second Q slot; D128's three stages do not,
+        # its two on the persistent grid do
+        assert knobs.q_slots(knobs.TILES[(64, 64)], 3, False) == 2
+        assert knobs.q_slots(knobs.TILES[(128, 128)], 2, False) == 1
+        assert knobs.q_slots(knobs.tile_entry((128, 128), False, persistent=True), 2,
+                             False) == 2
+        assert knobs.tile_entry((128, 128), False, persistent=False) == knobs.TILES[128, 128]
+        assert knobs.tile_entry((128, 128), True, persistent=True) == \
+            knobs.FP8_TILES[128, 128]
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")

@@ -420,7 +420,9 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
                                          ("VARLEN_DYNAMIC", False), ("MAX_SPLIT", 1),
                                          ("FP8_PACK", False), ("MASK_FORM", 0),
                                          ("MASK_FORM_EDGE", 2), ("KERNEL_DIMS", (64, 96)),
-                                         ("TILES", {}), ("FP8_TILES", {})])
+                                         ("TILES", {}), ("FP8_TILES", {}),
+                                         ("WARPGROUPS_MIN_ROWS_BOUNDED", 1),
+                                         ("PERSISTENT_TILES", {})])
 def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch):
     """An A/B switch of `hopper.forward` changed after a call makes the next call record a
     plan of its own: a plan replays the kernel it recorded, so a switch outside the key

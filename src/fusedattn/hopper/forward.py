@@ -39,6 +39,19 @@ TILES = {
     (192, 128): (128, 64, 128, 0, 64, 128, 2),
     (128, 64): (128, 0, 64, 0, 64, 128, 3),
 }
+# Entries that replace `TILES`' on the persistent grid (every launch but a plain causal
+# mask's, `hopper_forward`), where an item's consumers take two Q slots in turn: D128 at two
+# stages has room for two (`q_slots`), so the next item's Q and first keys load while this
+# one runs, which three stages' 224 KB kept it from. On an H100, the same bits, TFLOP/s
+# three stages / two (evidence/nvidia-h100/20261206T0549Z-short-row-tiles): B64 H16 S256
+# 301 / 349, S1024 551 / 615, S2048 640 / 674, B4 H32 S4096 641 / 651 (an earlier round
+# 648 / 637), varlen 536 / 565. D192 at two 64-key stages: S256 336 / 341, S1024 572 / 594,
+# S2048 616 / 622, S4096 613 / 612 (within the rounds' spread: not taken). A plain causal
+# mask's launches (one program an item, Q slots unused) keep three stages: S4096 584 / 558
+# and 550 in one process
+PERSISTENT_TILES = {
+    (128, 128): (128, 0, 128, 0, 64, 128, 2),
+}
 # FP8 (float8 e4m3 q, k, v): one head-dim piece each, V's tiles V^T's [Dv, BLOCK_N] boxes
 # (`transpose.py`). Shared memory: Q's 2 * BLOCK_M * D bytes, STAGES * BLOCK_N * 2 * D of K
 # and V^T, and O's bfloat16 staging, 2 * BLOCK_M * D * 2 (it cannot go through Q's tiles)
@@ -96,6 +109,12 @@ WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 # bytes at three, why it lost is not profiled), so masked FP8 runs two (A/B)
 FP8_WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 WARPGROUPS_MIN_ROWS = 2048
+# Where a causal mask or a window bounds the keys, three only from this many query rows: a
+# causal item's diagonal steps and its one-program-an-item grid weigh more in 192-row items.
+# On an H100, D64 H16 causal, the same bits, TFLOP/s three / two consumer warpgroups
+# (evidence/nvidia-h100/20261206T0549Z-short-row-tiles): B8 S2048 268 / 301, B4 S4096
+# 347 / 358, B2 H32 S8192 450 / 414
+WARPGROUPS_MIN_ROWS_BOUNDED = 8192
 # Under a window of fewer keys a row than this, two consumer warpgroups: three lost at every
 # window measured, where a row's window holds up to 1025 keys (H100, D64 H64/8 S8192 causal:
 # 1025 keys 0.503 ms against 0.430 with two, 513 keys 0.345 against 0.293, 129 keys 0.306
@@ -170,7 +189,8 @@ MASK_FORM_EDGE = 0
 # loads, a cost per item that short rows pay most (A/B: 1 is the kernel as before). On an
 # H100, the same bits (evidence/nvidia-h100/20261206T0453Z-q-slots, TFLOP/s, one slot / two):
 # D64 S256 208 / 274, S1024 361 / 403, D96 S512 367 / 428; at S4096 D64 516 / 514, D96
-# 541 / 547, D80 515 / 502. D128's three stages leave no room (224 KB with one slot)
+# 541 / 547, D80 515 / 502. D128's three stages leave no room (224 KB with one slot):
+# on the persistent grid it runs two (`PERSISTENT_TILES`)
 Q_SLOTS = 2
 SHARED_BYTES = 232448  # what an sm90 block may take (227 KB), the kernel's whole allocation
 # beside the buffers: Triton's own scratch (layout conversions, reductions). The sm90 compile
@@ -196,15 +216,24 @@ def switches() -> tuple:
     them with its copies (`launch.KeptPlan`), a plan key takes their items
     (`launch.hashable`), so a table changed in place counts as changed."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
-            WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_SPAN, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT,
+            WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT,
             FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES, FP8_TILES, Q_SLOTS,
-            CAUSAL_PERSISTENT_ROWS)
+            CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES)
+
+
+def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
+    """The tile of head dims `pair` (`kernel_pair`'s): `FP8_TILES`' under fp8, else
+    `PERSISTENT_TILES`' on the persistent grid where it has one, else `TILES`'."""
+    if fp8:
+        return FP8_TILES[pair]
+    return (persistent and PERSISTENT_TILES.get(pair)) or TILES[pair]
 
 
 def q_slots(tile: tuple[int, ...], consumers: int, fp8: bool) -> int:
     """Q slots for a `TILES` (`FP8_TILES`) entry at `consumers` warpgroups: `Q_SLOTS` where
     the kernel's buffers (Q's slots, the K and V ring, FP8's O tiles, the barriers) fit
-    `SHARED_BYTES`, else fewer. D128's three stages (224 KB with one slot) keep one."""
+    `SHARED_BYTES`, else fewer. D128's three stages (224 KB with one slot) keep one, its two
+    (`PERSISTENT_TILES`) take two."""
     d_a, d_b, dv_a, dv_b, block_m, block_n, stages = tile
     size = 1 if fp8 else 2
     ring = stages * block_n * (d_a + d_b + dv_a + dv_b) * size
@@ -241,12 +270,14 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: int,
                         bounded: bool, span: int | None = None) -> int:
     """The kernel's consumer warpgroups for head dims `pair` (`kernel_pair`'s): `WARPGROUPS`
-    from WARPGROUPS_MIN_ROWS query rows (varlen: the longest sequence's), else two; two
-    with softcap (its tanh spilled 2.8 KB at 160 registers) and where a window bounds a row
+    from WARPGROUPS_MIN_ROWS query rows (varlen: the longest sequence's), from
+    WARPGROUPS_MIN_ROWS_BOUNDED where a mask bounds the keys (`bounded`: causal or a
+    window), else two; two with softcap (its tanh spilled 2.8 KB at 160 registers) and where a window bounds a row
     to fewer than `WARPGROUPS_MIN_SPAN` keys (`span`: `Mask.span`). Under fp8,
     `FP8_WARPGROUPS`, and two where a mask bounds the keys (`bounded`: causal or a
     window)."""
     if softcap or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded) \
+            or (bounded and seq_q < WARPGROUPS_MIN_ROWS_BOUNDED) \
             or (span is not None and span < WARPGROUPS_MIN_SPAN):
         return 2
     return (FP8_WARPGROUPS if fp8 else WARPGROUPS).get(pair, 2)
@@ -269,8 +300,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     fp8 = descale is not None
     cu_t = None
     pair = kernel_pair(dim, v.shape[3], fp8)
-    entry = (FP8_TILES if fp8 else TILES)[pair]
-    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
     recording = recording or Recording((q, k, v, out, lse, sinks, descale))
     if fp8:
         from fusedattn.hopper.transpose import v_transposed
@@ -283,6 +312,14 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
+    # causal: one program per item, which the hardware hands out as SMs free up; a
+    # persistent grid's fixed share per program (items p, p + programs, ...) gave some
+    # programs a fifth more work (S4096: 0.85x FA4, against 0.92x); varlen too where
+    # VARLEN_DYNAMIC says
+    dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
+               and seq_q >= CAUSAL_PERSISTENT_ROWS)
+    entry = tile_entry(pair, fp8, persistent=not dynamic)
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
     consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0,
                                     mask.span())
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
@@ -303,12 +340,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         # the kernel takes the documents' count where the dense grid takes tiles_m
         tiles_m = batch
         items = (q.shape[2] + batch * (tile - 1)) // tile * heads
-    # causal: one program per item, which the hardware hands out as SMs free up; a
-    # persistent grid's fixed share per program (items p, p + programs, ...) gave some
-    # programs a fifth more work (S4096: 0.85x FA4, against 0.92x); varlen too where
-    # VARLEN_DYNAMIC says
-    dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
-               and seq_q >= CAUSAL_PERSISTENT_ROWS)
     programs = items if dynamic else min(items, _sm_count(q.device))
     recording.launch(
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale, cu_t,
