@@ -132,6 +132,7 @@ def test_fp8_runs_three_consumer_warpgroups_at_d64_from_2048_rows_unmasked():
     assert consumer_warpgroups((128, 128), True, False, 4096, False) == 2  # would serialise
     assert consumer_warpgroups((64, 64), False, False, 8192, True) == 3  # bf16 causal won
     assert consumer_warpgroups((64, 64), False, False, 4096, True) == 2  # (from 8192 rows)
+    assert consumer_warpgroups((64, 64), False, False, 4096, True, varlen=True) == 3
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")

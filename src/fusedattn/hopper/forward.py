@@ -109,11 +109,13 @@ WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 # bytes at three, why it lost is not profiled), so masked FP8 runs two (A/B)
 FP8_WARPGROUPS: dict[tuple[int, int], int] = {(64, 64): 3}
 WARPGROUPS_MIN_ROWS = 2048
-# Where a causal mask or a window bounds the keys, three only from this many query rows: a
-# causal item's diagonal steps and its one-program-an-item grid weigh more in 192-row items.
-# On an H100, D64 H16 causal, the same bits, TFLOP/s three / two consumer warpgroups
-# (evidence/nvidia-h100/20261206T0549Z-short-row-tiles): B8 S2048 268 / 301, B4 S4096
-# 347 / 358, B2 H32 S8192 450 / 414
+# Where a causal mask or a window bounds a dense call's keys, three only from this many
+# query rows: a causal item's diagonal steps and its one-program-an-item grid weigh more in
+# 192-row items. On an H100, D64 H16 causal, the same bits, TFLOP/s three / two consumer
+# warpgroups (evidence/nvidia-h100/20261206T0549Z-short-row-tiles): B8 S2048 268 / 301 (and
+# 268 / 299 in another call), B4 S4096 347 / 358 (357 / 355), B2 H32 S8192 450 / 414
+# (450 / 453). Varlen keeps WARPGROUPS_MIN_ROWS: the varlen suite's 24 causal documents
+# (the longest 3848 rows) ran 286 with three against 276 with two
 WARPGROUPS_MIN_ROWS_BOUNDED = 8192
 # Under a window of fewer keys a row than this, two consumer warpgroups: three lost at every
 # window measured, where a row's window holds up to 1025 keys (H100, D64 H64/8 S8192 causal:
@@ -216,9 +218,9 @@ def switches() -> tuple:
     them with its copies (`launch.KeptPlan`), a plan key takes their items
     (`launch.hashable`), so a table changed in place counts as changed."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
-            WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM, VARLEN_DYNAMIC, MAX_SPLIT,
-            FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES, FP8_TILES, Q_SLOTS,
-            CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES)
+            WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM,
+            VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
+            FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES)
 
 
 def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
@@ -268,16 +270,18 @@ def _descriptor(t: torch.Tensor, rows: int, dim: int):
 
 
 def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: int,
-                        bounded: bool, span: int | None = None) -> int:
+                        bounded: bool, span: int | None = None, varlen: bool = False
+                        ) -> int:
     """The kernel's consumer warpgroups for head dims `pair` (`kernel_pair`'s): `WARPGROUPS`
     from WARPGROUPS_MIN_ROWS query rows (varlen: the longest sequence's), from
-    WARPGROUPS_MIN_ROWS_BOUNDED where a mask bounds the keys (`bounded`: causal or a
-    window), else two; two with softcap (its tanh spilled 2.8 KB at 160 registers) and where a window bounds a row
-    to fewer than `WARPGROUPS_MIN_SPAN` keys (`span`: `Mask.span`). Under fp8,
+    WARPGROUPS_MIN_ROWS_BOUNDED where a mask bounds a dense call's keys (`bounded`: causal
+    or a window; not `varlen`), else two; two with softcap (its tanh spilled 2.8 KB at 160
+    registers) and where a window bounds a row to fewer than `WARPGROUPS_MIN_SPAN` keys
+    (`span`: `Mask.span`). Under fp8,
     `FP8_WARPGROUPS`, and two where a mask bounds the keys (`bounded`: causal or a
     window)."""
     if softcap or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded) \
-            or (bounded and seq_q < WARPGROUPS_MIN_ROWS_BOUNDED) \
+            or (bounded and not varlen and seq_q < WARPGROUPS_MIN_ROWS_BOUNDED) \
             or (span is not None and span < WARPGROUPS_MIN_SPAN):
         return 2
     return (FP8_WARPGROUPS if fp8 else WARPGROUPS).get(pair, 2)
@@ -321,7 +325,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     entry = tile_entry(pair, fp8, persistent=not dynamic)
     d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
     consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0,
-                                    mask.span())
+                                    mask.span(), varlen is not None)
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
