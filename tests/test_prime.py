@@ -89,6 +89,67 @@ def test_a_fork_waits_for_the_thread(fresh, monkeypatch):
     assert os.waitstatus_to_exitcode(status) == 0  # the child saw it done too
 
 
+def test_settle_waits_for_the_thread_from_any_other_thread(fresh, monkeypatch):
+    done = threading.Event()
+    inside = []
+
+    def slow():
+        prime.settle()  # on the thread itself: no wait (it would never end)
+        inside.append(done.is_set())
+        time.sleep(0.5)
+        done.set()
+
+    prime.settle()  # no thread: nothing to wait for
+    monkeypatch.setattr(prime, "wanted", lambda: True)
+    monkeypatch.setattr(prime, "prime", slow)
+    assert prime.start()
+    prime.settle()
+    assert done.is_set() and inside == [False]
+    prime.settle()  # ended: a look
+
+
+class _Settled(Exception):
+    pass
+
+
+def test_a_first_path_choice_and_a_first_launch_wait_for_the_thread(monkeypatch):
+    # the main thread's first imports of Gluon (the path choice) and of what a compile
+    # imports (the first launch) come after the thread's, never beside them: two threads
+    # entering one package by different modules at once broke a fresh process's first call
+    # (KeyError: 'triton.experimental.gluon.language.nvidia', tests/test_coldstart.py)
+    from fusedattn import dispatch, launch
+
+    def stop():
+        raise _Settled
+
+    monkeypatch.setattr(prime, "settle", stop)
+    with pytest.raises(_Settled):
+        dispatch._gluon_hopper()
+    monkeypatch.setattr(launch, "_AHEAD", False)
+    with pytest.raises(_Settled):  # before anything else it does
+        launch.build_launchers_ahead()
+
+
+@pytest.mark.gpu_only("the thread starts where kernels run on a GPU")
+@pytest.mark.parametrize("run", range(3))
+def test_a_first_call_right_after_import_beside_the_thread(run):
+    # a fresh process whose first call comes at once, while the thread imports: the path
+    # choice (a short causal row: portable, after asking Gluon's Hopper API) and the
+    # compile must not import beside it (a race: a few fresh processes, not a proof)
+    code = """
+import torch, fusedattn
+q = torch.randn(1, 2, 100 + %d, 64, device="cuda", dtype=torch.bfloat16)
+out = fusedattn.attention(q, q, q, is_causal=True)
+ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+print((out.float() - ref.float()).abs().max().item() < 2e-2)
+""" % run
+    env = {k: v for k, v in os.environ.items() if k != "FUSEDATTN_PRIME"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "True", proc.stdout
+
+
 @pytest.mark.gpu_only("the thread starts where kernels run on a GPU")
 def test_importing_fusedattn_on_a_gpu_primes_and_a_first_call_finds_it_done():
     code = """

@@ -83,7 +83,11 @@ def use_backend(name: str):
 
 @functools.cache
 def _gluon_hopper() -> str | None:
-    """None where Triton's Gluon has the Hopper pieces the kernel uses, else why not."""
+    """None where Triton's Gluon has the Hopper pieces the kernel uses, else why not. (After
+    `prime`'s thread: it imports Gluon by another module, `prime.settle`.)"""
+    from fusedattn import prime
+
+    prime.settle()
     try:
         from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: F401
             tma,

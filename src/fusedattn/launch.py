@@ -400,6 +400,9 @@ def build_launchers_ahead() -> None:
     global _AHEAD
     if _AHEAD:  # (done: a later call costs a read)
         return
+    from fusedattn import prime
+
+    prime.settle()  # (its imports and Triton's key first: a compile imports Triton's too)
     import torch
     from triton import knobs
 

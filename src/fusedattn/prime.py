@@ -10,8 +10,14 @@ a thread of its own. It puts the package's prebuilt C modules into Triton's cach
 imports the modules a forward and a backward import at their first calls (`MODULES`),
 hashes the Hopper kernels' sources as Triton's first launch would (`KERNELS`,
 `JITFunction.cache_key`), and computes Triton's key. A process that calls fusedattn later
-than that finds the work done. One that calls it sooner waits on Python's import locks,
-or on the kernel's hash lock, for what the thread has begun, so nothing is done twice.
+than that finds the work done. One that calls it sooner waits for the thread (`settle`) at
+its first path choice and its first launch, so nothing is done twice. It once waited on
+Python's import locks alone, and those do not keep two threads apart that enter one package
+by different modules at once: the path choice's import of Gluon's Hopper API
+(`dispatch._gluon_hopper`) beside the thread's import of the forward kernel (Gluon by its
+top) failed in a fresh process with `KeyError: 'triton.experimental.gluon.language.nvidia'`
+(evidence/nvidia-h100/20261206T060400Z-gpu-tier, tests/test_coldstart.py). For the same
+reason the thread enters Triton by its top, `import triton`, as the package's modules do.
 
 The process pays the same CPU time as before, on another thread, usually while it loads its
 model. It starts only where kernels could run on a GPU: not in emulation, nor under a torch
@@ -69,6 +75,10 @@ def prime() -> list[str]:
     name (never raises)."""
     failed = []
     try:
+        import triton  # noqa: F401 (Triton by its top first, as the main thread enters it)
+    except Exception:  # noqa: BLE001
+        failed.append("triton")
+    try:
         from fusedattn import prebuilt
 
         prebuilt.ensure()  # (never raises; a build it must not install compiles as before)
@@ -104,6 +114,17 @@ def start() -> bool:
         _THREAD = threading.Thread(target=prime, name="fusedattn-prime")
         _THREAD.start()
     return True
+
+
+def settle() -> None:
+    """Wait for the thread's work, from any other thread, where it has not ended: before
+    a first call imports Triton's Gluon or compiles (`dispatch._gluon_hopper`,
+    `launch.build_launchers_ahead`), so that two threads never import into one package at
+    once. Where it has ended, or never ran, a look at the thread."""
+    thread = _THREAD
+    if thread is not None and thread is not threading.current_thread() \
+            and thread.is_alive():
+        thread.join()
 
 
 def join(timeout: float = FORK_WAIT) -> None:
