@@ -138,11 +138,11 @@ def test_a_first_call_right_after_import_beside_the_thread(run):
     # compile must not import beside it (a race: a few fresh processes, not a proof)
     code = """
 import torch, fusedattn
-q = torch.randn(1, 2, 100 + %d, 64, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(1, 2, 100 + RUN, 64, device="cuda", dtype=torch.bfloat16)
 out = fusedattn.attention(q, q, q, is_causal=True)
 ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 print((out.float() - ref.float()).abs().max().item() < 2e-2)
-""" % run
+""".replace("RUN", str(run))
     env = {k: v for k, v in os.environ.items() if k != "FUSEDATTN_PRIME"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=600)
