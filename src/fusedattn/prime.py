@@ -119,8 +119,8 @@ def start() -> bool:
 def settle() -> None:
     """Wait for the thread's work, from any other thread, where it has not ended: before
     a first call imports Triton's Gluon or compiles (`dispatch._gluon_hopper`,
-    `launch.build_launchers_ahead`), so that two threads never import into one package at
-    once. Where it has ended, or never ran, a look at the thread."""
+    `launch.build_launchers_ahead`), so that those imports come after the thread's, not
+    beside them. Where it has ended, or never ran, a look at the thread."""
     thread = _THREAD
     if thread is not None and thread is not threading.current_thread() \
             and thread.is_alive():
