@@ -113,9 +113,9 @@ WARPGROUPS_MIN_ROWS = 2048
 # query rows: a causal item's diagonal steps and its one-program-an-item grid weigh more in
 # 192-row items. On an H100, D64 H16 causal, the same bits, TFLOP/s three / two consumer
 # warpgroups (evidence/nvidia-h100/20261206T0549Z-short-row-tiles): B8 S2048 268 / 301 (and
-# 268 / 299 in another call), B4 S4096 347 / 358 (357 / 355), B2 H32 S8192 450 / 414
-# (450 / 453). Varlen keeps WARPGROUPS_MIN_ROWS: the varlen suite's 24 causal documents
-# (the longest 3848 rows) ran 286 with three against 276 with two
+# 268 / 299 in another call), B4 S4096 347 / 358 (357 / 355), B2 H32 S8192 450 / 414 (three
+# again in another call: 450, 453). Varlen keeps WARPGROUPS_MIN_ROWS: the varlen suite's 24
+# causal documents (the longest 3848 rows) ran 286 with three against 276 with two
 WARPGROUPS_MIN_ROWS_BOUNDED = 8192
 # Under a window of fewer keys a row than this, two consumer warpgroups: three lost at every
 # window measured, where a row's window holds up to 1025 keys (H100, D64 H64/8 S8192 causal:
@@ -277,9 +277,8 @@ def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: 
     WARPGROUPS_MIN_ROWS_BOUNDED where a mask bounds a dense call's keys (`bounded`: causal
     or a window; not `varlen`), else two; two with softcap (its tanh spilled 2.8 KB at 160
     registers) and where a window bounds a row to fewer than `WARPGROUPS_MIN_SPAN` keys
-    (`span`: `Mask.span`). Under fp8,
-    `FP8_WARPGROUPS`, and two where a mask bounds the keys (`bounded`: causal or a
-    window)."""
+    (`span`: `Mask.span`). Under fp8, `FP8_WARPGROUPS`, and two where a mask bounds the
+    keys."""
     if softcap or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded) \
             or (bounded and not varlen and seq_q < WARPGROUPS_MIN_ROWS_BOUNDED) \
             or (span is not None and span < WARPGROUPS_MIN_SPAN):
