@@ -206,6 +206,12 @@ SCRATCH_BYTES = 1024
 # which serves those rows under "auto" (`dispatch.HOPPER_MIN_KEYS`), ran faster still
 # (S256 150, S1024 257), so it stays off
 CAUSAL_PERSISTENT_ROWS = 0
+# causal items the longest first across a section of heads (`lpt_section`), where False
+# takes a head's tiles together, the longest first (A/B: False is the kernel's order before).
+# A section holds as many kv heads' K and V as the L2 (at most LPT_L2_BYTES) takes, a power
+# of two of them, and their query heads (FA4's Hopper order, `SingleTileLPTScheduler`)
+LPT_SECTIONS = True
+LPT_L2_BYTES = 50 * 1024 * 1024
 
 
 def switches() -> tuple:
@@ -220,7 +226,8 @@ def switches() -> tuple:
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
             WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
-            FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES)
+            FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
+            LPT_L2_BYTES)
 
 
 def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
@@ -259,6 +266,22 @@ def _layout(block: tuple[int, ...], dtype: torch.dtype):
 def _sm_count(device: torch.device) -> int:
     """The persistent grid's size: one program per SM (one fits, by its shared memory)."""
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _l2_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
+def lpt_section(seq_k: int, dims: int, element: int, group: int, l2: int) -> int:
+    """(batch, head) pairs a causal launch takes its tiles across, the longest first: the
+    largest power of two of kv heads whose K and V (`seq_k` keys of `dims` (D + Dv)
+    elements of `element` bytes) fit `l2` bytes (at least one), times the `group` query
+    heads of each; 1 (a head's tiles together) without LPT_SECTIONS."""
+    if not LPT_SECTIONS:
+        return 1
+    fit = max(1, l2 // max(1, seq_k * dims * element))
+    return (1 << (fit.bit_length() - 1)) * group
 
 
 def _descriptor(t: torch.Tensor, rows: int, dim: int):
@@ -344,11 +367,16 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         tiles_m = batch
         items = (q.shape[2] + batch * (tile - 1)) // tile * heads
     programs = items if dynamic else min(items, _sm_count(q.device))
+    section = 1
+    if right >= 0 and left < 0 and varlen is None:  # (the kernel's causal order)
+        section = min(batch * heads, lpt_section(seq_k, dim + out.shape[3], k.element_size(),
+                                                 group, min(LPT_L2_BYTES, _l2_bytes(q.device))))
     recording.launch(
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale, cu_t,
         *out.stride(),
         *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right, out.shape[3],
+        section,
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,

@@ -22,7 +22,9 @@ through Q's tiles, before it loads the next item's Q and then its keys; with two
 item's Q and first K and V load under this item's last products and stores. An item
 outside its sequence (varlen) costs a skip, not a launch. Items are ordered by head, query
 tiles of one head together (its K/V stay in L2; with heads first the H200 ran 11-15%
-slower at D128, S4096); causal reverses the tiles of each head (the longest first).
+slower at D128, S4096). Causal takes the longest tiles first across a section of heads
+whose K and V fit the L2 (`forward.lpt_section`; FA4's order on Hopper): a wave's programs
+end together, and the grid's last are its shortest.
 
 The consumer warpgroups run the same loop on their own rows; the tensor cores are
 shared, so while one warpgroup runs its softmax the others' products run (FA3's inter-
@@ -136,13 +138,14 @@ def _document(t, n_docs, n_heads, p_cu_q, TILE_M: gl.constexpr, WARPS: gl.conste
 
 
 @gluon.jit
-def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-          TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+def _item(t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+          section, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
           HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
           WARPS: gl.constexpr):
     """Work item t: (live, batch row, head, kv head, first q row, first k row, the tile's
     first row in its sequence, Sq, Sk, diagonal offset, key span lo..hi, batch or document
-    index). Dense: t = (b * n_heads + h) * n_tiles_m + tile. VARLEN: `n_tiles_m` is the
+    index). Dense: t = (b * n_heads + h) * n_tiles_m + tile, or under a causal mask the
+    tiles heaviest first across sections of `section` heads. VARLEN: `n_tiles_m` is the
     documents' count and items go document by document (`_document`), each document's
     heads one after another; `live` is False for the grid's last, empty items."""
     if VARLEN:  # one batch row, sequences along the rows
@@ -159,11 +162,20 @@ def _item(t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, righ
         if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles of a head first
             tile_m = tiles - 1 - tile_m
         b_row = 0
+    elif HAS_RIGHT and not HAS_LEFT:
+        # causal: the longest tiles first across a section of `section` (batch, head)
+        # pairs, t = (first pair of the section) * n_tiles_m + rank * pairs + pair, rank 0
+        # the last tile; the last section may hold fewer pairs. 1: a head's tiles together
+        first_bh = t // (section * n_tiles_m) * section
+        pairs = gl.minimum(section, n_items // n_tiles_m - first_bh)
+        within = t - first_bh * n_tiles_m
+        rank = within // pairs
+        bh = first_bh + within - rank * pairs
+        tile_m = n_tiles_m - 1 - rank
     else:
         bh = t // n_tiles_m
         tile_m = t % n_tiles_m
-        if HAS_RIGHT and not HAS_LEFT:  # causal: the longest tiles of a head first
-            tile_m = n_tiles_m - 1 - tile_m
+    if not VARLEN:
         b = bh // n_heads
         h = bh % n_heads
         q_start = 0
@@ -207,7 +219,7 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
      v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
-     dim_v) = args
+     dim_v, section) = args
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
     k_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
@@ -218,8 +230,8 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     items = 0   # live items so far
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
-            t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 1)
+            t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+            section, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 1)
         if live:
             # a fresh barrier counts as having completed the phase before its first: the
             # first waits on the free barriers pass at once
@@ -553,7 +565,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
      v_free, o_smem, o_desc, o2_desc) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
-     dim_v) = args
+     dim_v, section) = args
     # a wgmma's K: 32 bytes (16 halves, 32 float8s); a register operand packs 4 bytes
     INSTR_K: gl.constexpr = 32 if FP8 else 16
     # FP8_PACK: P's scale in the exponent (2^8 = P_SCALE), divided out of l after the loop
@@ -584,8 +596,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     turns = 0   # ping-pong hand-overs so far
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
-            t, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 4)
+            t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
+            section, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 4)
         if live:
             # this item's Q slot (`_loader`); O's pieces go out through its Q tiles (their
             # first bytes, where V's head dim is less), FP8's O (bfloat16, twice Q's bytes)
@@ -761,7 +773,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
 # division per item; the LSE's strides, one float per row (issue 31: a new length, batch or
 # head count compiles nothing)
 UNSPECIALISED = ("sl_b", "sl_h", "n_items", "n_tiles_m", "n_heads", "group", "seq_q", "seq_k",
-                 "left", "right")
+                 "left", "right", "section")
 
 
 @gluon.jit(do_not_specialize=UNSPECIALISED)
@@ -769,7 +781,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, p_cu_t, so_b, so_h, so_s, so_d, sl_b,
                     sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
-                    dim_v,
+                    dim_v, section,
                     D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
                     DV_B: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
@@ -795,7 +807,9 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     dim: less than DV_A + DV_B where the kernel runs a head dim padded (`forward.kernel_pair`; the
     descriptors' boxes read zeros past the last column, and their stores stop there). VARLEN:
     n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`).
-    Q_SLOTS: the consumers' Q tiles of one item or of two in turn (`_loader`)"""
+    Q_SLOTS: the consumers' Q tiles of one item or of two in turn (`_loader`). `section`: the
+    (batch, head) pairs a causal launch takes its tiles across, the longest first (`_item`;
+    1 for any other launch)"""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [Q_SLOTS * CONSUMERS, BLOCK_M, D_A],
@@ -869,7 +883,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             k_free, v_free, o_smem, o_desc, o2_desc)
     args = (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
             n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
-            dim_v)
+            dim_v, section)
     descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc)
     if CONSUMERS == 3:
         gl.warp_specialize([
