@@ -33,7 +33,8 @@ COUNTED = (r"\b(HGMMA|QGMMA|UTMALDG|SYNCS\.PHASECHK|SYNCS\.ARRIVE|BAR\.SYNC|LDL|
 DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RIGHT=False,
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
-                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, Q_SLOTS=1)
+                THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, Q_SLOTS=1,
+                CLAIM=False)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's); Q_SLOTS
     # as `hopper.forward.q_slots` gives (two where the shared memory holds them)
     dict(name="D128", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2),  # PERSISTENT_TILES
@@ -208,7 +209,9 @@ def compile_config(fn, config: dict, backward: bool = False):
             types[f"{t}{suffix}_desc"] = _desc(*shape, fp8)
     types |= {"p_o": "*bf16", "p_lse": "*fp32", "p_cu_q": "*i32", "p_cu_k": "*i32",
               "p_sinks": "*fp32", "p_descale": "*fp32", "p_cu_t": "*i32", "qk_scale": "fp32",
-              "cap": "fp32"}
+              "cap": "fp32", "p_claim": "*i32"}
+    if not c.get("CLAIM"):  # (the launcher's None: no counter)
+        c["p_claim"] = None
     return _compile(fn, c, types, 4)
 
 

@@ -318,7 +318,8 @@ def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, 
 @pytest.mark.parametrize("name, value", [("PINGPONG", False), ("THREAD_ARRIVES", True),
                                          ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20),
                                          ("PERSISTENT_TILES", {}),
-                                         ("WARPGROUPS_MIN_ROWS_BOUNDED", 2048)])
+                                         ("WARPGROUPS_MIN_ROWS_BOUNDED", 2048),
+                                         ("LPT_SECTIONS", False), ("CAUSAL_CLAIMS", False)])
 @pytest.mark.parametrize("dim", [64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_issue_order_switches_give_the_defaults_bits(name, value, dim, causal,
@@ -339,6 +340,89 @@ def test_the_issue_order_switches_give_the_defaults_bits(name, value, dim, causa
         monkeypatch.setattr(knobs, name, value)
         got = attention(q, k, v, is_causal=causal, return_lse=True)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("dim, dim_v, fp8, three", [(64, 64, False, False),
+                                                    (64, 64, False, True),
+                                                    (128, 128, False, False),
+                                                    (192, 128, False, False),
+                                                    (128, 128, True, False)])
+@pytest.mark.parametrize("seq_k", [1000, 1300])
+def test_claimed_items_give_one_program_an_items_bits_call_after_call(dim, dim_v, fp8, three,
+                                                                      seq_k, monkeypatch):
+    # `hopper.forward.CAUSAL_CLAIMS`: a causal launch's programs claim items from the plan's
+    # counter, which the kernel's last program puts back to zero. 6 x 13 heads of 1000
+    # query rows are 624 items (two warpgroups: 128-row items; `three`: D64's three) over
+    # 132 SMs, so programs claim several; a counter left anywhere but zero would skip or
+    # repeat items in the next call of the plan, so the plan runs three times, each on the
+    # memory of the last one's outputs poisoned (NaN: torch's allocator hands the freed
+    # blocks back), and each call must give one program an item's bits (the same items and
+    # arithmetic, in another order), and LPT_SECTIONS' order the old order's
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    q = _rand(6, 13, 1000, dim, seed=1)
+    k = _rand(6, 13, seq_k, dim, seed=2)
+    v = _rand(6, 13, seq_k, dim_v, seed=3)
+    if fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    assert knobs.CAUSAL_CLAIMS and knobs.LPT_SECTIONS
+    if three:
+        monkeypatch.setattr(knobs, "WARPGROUPS_MIN_ROWS", 1)
+        monkeypatch.setattr(knobs, "WARPGROUPS_MIN_ROWS_BOUNDED", 1)
+    with use_backend("hopper"):
+        def call():
+            return attention(q, k, v, is_causal=True, return_lse=True)
+        runs = []
+        for _ in range(3):
+            got = call()
+            runs.append(tuple(t.clone() for t in got))
+            for t in got:
+                t.fill_(float("nan"))
+            del got
+        monkeypatch.setattr(knobs, "CAUSAL_CLAIMS", False)
+        monkeypatch.setattr(knobs, "LPT_SECTIONS", False)
+        want = call()
+    for got in runs:
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    ref = attention_ref(q, k, v, causal=True, device=DEVICE)
+    err = (want[0].double() - ref).abs().max().item()
+    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+
+
+def test_claimed_items_on_two_streams_at_once_and_in_a_cuda_graph():
+    # a plan is one stream's (`dispatch.plan_context`): the same causal call queued on two
+    # streams at once runs two plans with a counter each, and each gives the default
+    # stream's bits; a call captured in a CUDA graph takes one program an item (no counter
+    # a replay on another stream could share) and its replays give the same bits
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    q, k, v = (_rand(8, 16, 1536, 128, seed=30 + i) for i in range(3))
+    with use_backend("hopper"):
+        want = attention(q, k, v, is_causal=True)
+        streams = [torch.cuda.Stream() for _ in range(2)]
+        outs = [[], []]
+        torch.cuda.synchronize()
+        for _ in range(4):
+            for i, stream in enumerate(streams):
+                with torch.cuda.stream(stream):
+                    outs[i].append(attention(q, k, v, is_causal=True))
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, want) for out in outs for o in out)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            attention(q, k, v, is_causal=True)  # (warm the captured shape's plan)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = attention(q, k, v, is_causal=True)
+        for _ in range(2):
+            captured.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured, want)
 
 
 SMEM = 232448  # the bytes of shared memory one program may take on an H100/H200

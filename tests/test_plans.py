@@ -422,7 +422,8 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
                                          ("MASK_FORM_EDGE", 2), ("KERNEL_DIMS", (64, 96)),
                                          ("TILES", {}), ("FP8_TILES", {}),
                                          ("WARPGROUPS_MIN_ROWS_BOUNDED", 1),
-                                         ("PERSISTENT_TILES", {})])
+                                         ("PERSISTENT_TILES", {}), ("LPT_SECTIONS", False),
+                                         ("LPT_L2_BYTES", 1), ("CAUSAL_CLAIMS", False)])
 def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch):
     """An A/B switch of `hopper.forward` changed after a call makes the next call record a
     plan of its own: a plan replays the kernel it recorded, so a switch outside the key
@@ -439,6 +440,37 @@ def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch)
     monkeypatch.setattr(knobs, name, value)
     attention(q, k, v)
     assert len(dispatch._PLANS) == plans + 1, f"{name} is not in the plan key"
+
+
+def test_a_forward_plan_is_one_streams_and_a_capture_records_its_own(monkeypatch):
+    """A causal Hopper launch claims its items from a counter its plan holds
+    (`hopper.forward.CAUSAL_CLAIMS`), so two launches of one plan must never overlap: the
+    plan key holds the current stream (a call on another stream records a plan of its
+    own, with its own counter) and whether the stream is capturing a CUDA graph (a capture
+    records a launch without a counter). Without the claims neither is in the key."""
+    from fusedattn import launch
+    from fusedattn.hopper import forward as knobs
+
+    stream, capturing = [7], [False]
+    monkeypatch.setattr(dispatch, "EMULATION", False)  # (the GPU's context, with a fake
+    monkeypatch.setattr(dispatch, "current_stream", lambda: stream[0])  # stream)
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0])
+    q, k, v = (rand(1, 2, 33, 16, dtype=torch.float32, seed=60 + i) for i in range(3))
+    dispatch._PLANS.clear()
+    _CALLS.clear()
+    want = attention(q, k, v, is_causal=True)
+    plans = len(dispatch._PLANS)
+    assert torch.equal(attention(q, k, v, is_causal=True), want)
+    assert len(dispatch._PLANS) == plans  # the same stream replays
+    stream[0] = 9
+    assert torch.equal(attention(q, k, v, is_causal=True), want)
+    assert len(dispatch._PLANS) == plans + 1, "a plan replayed on another stream"
+    capturing[0] = True
+    assert torch.equal(attention(q, k, v, is_causal=True), want)
+    assert len(dispatch._PLANS) == plans + 2, "a capture replayed a plan of no capture"
+    monkeypatch.setattr(knobs, "CAUSAL_CLAIMS", False)
+    assert dispatch._stream_context() is None
+    assert launch.hashable(dispatch.plan_context())[-1] is None
 
 
 @pytest.mark.parametrize("module, table, entry", [("forward", "TILES", (64, 64)),

@@ -211,7 +211,17 @@ CAUSAL_PERSISTENT_ROWS = 0
 # A section holds as many kv heads' K and V as the L2 (at most LPT_L2_BYTES) takes, a power
 # of two of them, and their query heads (FA4's Hopper order, `SingleTileLPTScheduler`)
 LPT_SECTIONS = True
-LPT_L2_BYTES = 50 * 1024 * 1024
+LPT_L2_BYTES = 8 * 1024 * 1024
+# causal launches on the persistent grid, each program claiming its next item from a counter
+# of the launch's plan when it starts an item (FA3's dynamic scheduler), where False gives
+# one program an item (the hardware hands them out as SMs free up; A/B). Claims keep the
+# longest-first order and balance the SMs as that grid does, and a program's next Q and
+# first keys load under its current item (two Q slots), which one program an item cannot.
+# The counter is the plan's own (`claim_counter`), and a plan is one stream's
+# (`dispatch.plan_context`): launches that share a counter run one after another. Under a
+# CUDA graph's capture the launch takes one program an item (a replay of the graph on
+# another stream could overlap another's)
+CAUSAL_CLAIMS = True
 
 
 def switches() -> tuple:
@@ -227,7 +237,7 @@ def switches() -> tuple:
             WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
             FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
-            LPT_L2_BYTES)
+            LPT_L2_BYTES, CAUSAL_CLAIMS)
 
 
 def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
@@ -282,6 +292,13 @@ def lpt_section(seq_k: int, dims: int, element: int, group: int, l2: int) -> int
         return 1
     fit = max(1, l2 // max(1, seq_k * dims * element))
     return (1 << (fit.bit_length() - 1)) * group
+
+
+def claim_counter(device: torch.device) -> torch.Tensor:
+    """A CLAIM launch's counters (the next item, the programs done), zero: the kernel puts
+    them back to zero as its last program ends (`forward_kernel._claims_done`). One a
+    recorded launch, kept by its plan: the plan's launches, one stream's, never overlap."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def _descriptor(t: torch.Tensor, rows: int, dim: int):
@@ -344,6 +361,10 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # VARLEN_DYNAMIC says
     dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
                and seq_q >= CAUSAL_PERSISTENT_ROWS)
+    # a dense causal launch on the persistent grid, its programs claiming items in turn
+    claim = (dynamic and varlen is None and CAUSAL_CLAIMS
+             and not torch.cuda.is_current_stream_capturing())
+    dynamic = dynamic and not claim
     entry = tile_entry(pair, fp8, persistent=not dynamic)
     d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
     consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0,
@@ -367,6 +388,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         tiles_m = batch
         items = (q.shape[2] + batch * (tile - 1)) // tile * heads
     programs = items if dynamic else min(items, _sm_count(q.device))
+    counter = claim_counter(q.device) if claim else None
     section = 1
     if right >= 0 and left < 0 and varlen is None:  # (the kernel's causal order)
         section = min(batch * heads, lpt_section(seq_k, dim + out.shape[3], k.element_size(),
@@ -376,7 +398,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         *out.stride(),
         *lse_strides,
         items, tiles_m, heads, group, seq_q, seq_k, qk_scale, cap, left, right, out.shape[3],
-        section,
+        section, counter,
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
@@ -385,5 +407,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
         MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE,
-        Q_SLOTS=q_slots(entry, consumers, fp8), num_warps=4)
+        Q_SLOTS=q_slots(entry, consumers, fp8), CLAIM=claim, num_warps=4)
     return out

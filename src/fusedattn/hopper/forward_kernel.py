@@ -138,6 +138,50 @@ def _document(t, n_docs, n_heads, p_cu_q, TILE_M: gl.constexpr, WARPS: gl.conste
 
 
 @gluon.jit
+def _claim(p_claim):
+    """The next item of a CLAIM launch: a relaxed add on the launch's counter p_claim[0] (by
+    one lane; the warp's reduction hands every lane its value)."""
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, layout=lane_layout)
+    got = gl.atomic_add(p_claim + lane * 0, gl.full([32], 1, gl.int32, lane_layout),
+                        mask=lane == 0, sem="relaxed")
+    return gl.max(gl.where(lane == 0, got, 0), 0)
+
+
+@gluon.jit
+def _claims_done(p_claim, programs):
+    """A CLAIM program's last claim is made: count it out on p_claim[1]; the last of the
+    `programs` out (every claim made by then: acquire-release) puts both counters back to
+    zero, so the next launch on the stream starts from zero."""
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, layout=lane_layout)
+    first = lane == 0
+    out = gl.atomic_add(p_claim + 1 + lane * 0, gl.full([32], 1, gl.int32, lane_layout),
+                        mask=first, sem="acq_rel")
+    if gl.max(gl.where(first, out, 0), 0) == programs - 1:
+        zero = gl.full([32], 0, gl.int32, lane_layout)
+        gl.atomic_xchg(p_claim + lane * 0, zero, mask=first, sem="relaxed")
+        gl.atomic_xchg(p_claim + 1 + lane * 0, zero, mask=first, sem="release")
+
+
+@gluon.jit
+def _publish(slot, t):
+    """The loader's lane 0 writes item t into a Q slot's `claimed` row, before the arrival
+    (by that lane) that completes the slot's phase: its release orders the write."""
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    slot.store(gl.full([32], t, gl.int32, lane_layout))
+
+
+@gluon.jit
+def _claimed(slot):
+    """The item in a Q slot's `claimed` row (its lane-0 entry), read by a consumer
+    warpgroup once the slot's phase completed."""
+    row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    lane = gl.arange(0, 32, layout=row_layout)
+    return gl.max(gl.where(lane == 0, slot.load(row_layout), 0), 0)
+
+
+@gluon.jit
 def _item(t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
           section, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
           HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
@@ -204,7 +248,8 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr, DV_B: gl.constexpr,
             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
             BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr, SHARED_KV: gl.constexpr,
-            FP8: gl.constexpr, CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr):
+            FP8: gl.constexpr, CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr,
+            CLAIM: gl.constexpr):
     """The producer: per item, the consumers' Q tiles into Q slot items % Q_SLOTS on that
     slot's barrier, once all released the slot's last item (with two slots the next item's Q
     loads while the consumers run this one's, and the loader is not held at an item's end
@@ -216,10 +261,10 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and `args` the consumers'."""
     q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc = descs
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
-     v_free, o_smem, o_desc, o2_desc) = bufs
+     v_free, o_smem, o_desc, o2_desc, claimed) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
-     dim_v, section) = args
+     dim_v, section, p_claim) = args
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + (q2_desc.block_type.nbytes if D_B > 0
                                                         else 0)
     k_bytes: gl.constexpr = k_desc.block_type.nbytes + (k2_desc.block_type.nbytes if D_B > 0
@@ -228,20 +273,26 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
                                                         else 0)
     n = 0       # key tiles loaded so far
     items = 0   # live items so far
-    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    t = gl.program_id(0)
+    while t < n_items:
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
             t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
             section, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 1)
+        t_next = t + gl.num_programs(0)
         if live:
             # a fresh barrier counts as having completed the phase before its first: the
             # first waits on the free barriers pass at once
             qs = items % Q_SLOTS
             mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
+            if CLAIM:  # the item goes to the consumers with its Q (the expect's arrival)
+                _publish(claimed.index(qs), t)
             mbarrier.expect(q_bar.index(qs), CONSUMERS * q_bytes)
             for c in gl.static_range(CONSUMERS):
                 _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M,
                            q_bar.index(qs), q_smem.index(qs * CONSUMERS + c),
                            q2_smem.index(qs * CONSUMERS + c), D_A, D_B)
+            if CLAIM:  # the next item, claimed now: its latency is behind this item's keys
+                t_next = gl.num_programs(0) + _claim(p_claim)
             v_start = k_start
             if FP8 and VARLEN:  # V^T's sequence b starts on a 16-byte column of its own
                 v_start = gl.load(p_cu_t + b)
@@ -267,6 +318,15 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
                             v_smem.index(slot), v2_smem.index(slot), DV_A, DV_B, FP8)
                 n += 1
             items += 1
+        t = t_next
+    if CLAIM:
+        # no item left: the consumers get n_items for the next slot's item, and the last
+        # program out puts the counters back to zero for the next launch
+        qs = items % Q_SLOTS
+        mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
+        _publish(claimed.index(qs), n_items)
+        mbarrier.arrive(q_bar.index(qs), count=1)
+        _claims_done(p_claim, gl.num_programs(0))
 
 
 @gluon.jit
@@ -550,7 +610,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
               LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
-              MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr):
+              MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr, CLAIM: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
     loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
@@ -562,10 +622,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     runtime arguments (`_flash_fwd_sm90`); the ping-pong waits on `my_turn` and hands
     `next_turn` over."""
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
-     v_free, o_smem, o_desc, o2_desc) = bufs
+     v_free, o_smem, o_desc, o2_desc, claimed) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
      n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
-     dim_v, section) = args
+     dim_v, section, p_claim) = args
     # a wgmma's K: 32 bytes (16 halves, 32 float8s); a register operand packs 4 bytes
     INSTR_K: gl.constexpr = 32 if FP8 else 16
     # FP8_PACK: P's scale in the exponent (2^8 = P_SCALE), divided out of l after the loop
@@ -594,7 +654,11 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     n = 0       # key tiles consumed so far (the loader's ring counter)
     items = 0   # live items so far (Q's phase)
     turns = 0   # ping-pong hand-overs so far
-    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    t = gl.program_id(0)
+    if CLAIM:  # the item that comes with the first Q slot
+        mbarrier.wait(q_bar.index(0), 0)
+        t = _claimed(claimed.index(0))
+    while t < n_items:
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
             t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
             section, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 4)
@@ -635,7 +699,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             if DV_B > 0:
                 acc2 = gl.zeros([BLOCK_M, DV_B], gl.float32, layout=o2_layout)
             n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-            mbarrier.wait(q_bar.index(qs), (items // Q_SLOTS) & 1)
+            if not CLAIM:  # (else waited for with the item)
+                mbarrier.wait(q_bar.index(qs), (items // Q_SLOTS) & 1)
             if n_tiles > 0:
                 # tile 0: S_0 and its softmax; its P waits for the loop's first P V
                 slot = n % STAGES
@@ -765,6 +830,11 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                             + q_start.to(gl.int64) * sl_s)
                 lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
                 gl.store(p_lse + lse_base + rows.to(gl.int64) * sl_s, lse, mask=rows < sq)
+        if CLAIM:  # the next slot's item (n_items: none left)
+            mbarrier.wait(q_bar.index(items % Q_SLOTS), (items // Q_SLOTS) & 1)
+            t = _claimed(claimed.index(items % Q_SLOTS))
+        else:
+            t += gl.num_programs(0)
 
 
 # Sizes that change from call to call, left unspecialised (Triton would compile again for
@@ -781,7 +851,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     p_lse, p_cu_q, p_cu_k, p_sinks, p_descale, p_cu_t, so_b, so_h, so_s, so_d, sl_b,
                     sl_h, sl_s,
                     n_items, n_tiles_m, n_heads, group, seq_q, seq_k, qk_scale, cap, left, right,
-                    dim_v, section,
+                    dim_v, section, p_claim,
                     D_A: gl.constexpr, D_B: gl.constexpr, DV_A: gl.constexpr,
                     DV_B: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
@@ -791,7 +861,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     LOADER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
-                    FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr):
+                    FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr,
+                    CLAIM: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -856,6 +927,11 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     # (one allocation each: Triton's barrier analysis then sees the wait on one and the
     # arrival on the other as no hazard, and puts no `bar.sync` between them)
     turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    # CLAIM: each Q slot's item, as the loader claimed it (`_publish`, `_claimed`)
+    claimed = q_bar  # (a stand-in the partitions never read)
+    if CLAIM:
+        claimed = gl.allocate_shared_memory(gl.int32, [Q_SLOTS, 32],
+                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn2 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for s in gl.static_range(Q_SLOTS):
@@ -880,42 +956,42 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     # held in a variable reach the partition as tensors (Triton 3.6); the rest travel as two
     # tuples. Consumer c waits on its turn and hands the next one over (c + 1, cyclically)
     bufs = (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar,
-            k_free, v_free, o_smem, o_desc, o2_desc)
+            k_free, v_free, o_smem, o_desc, o2_desc, claimed)
     args = (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
             n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, qk_scale, cap, left, right,
-            dim_v, section)
+            dim_v, section, p_claim)
     descs = (q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc)
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
-                       CONSUMERS, Q_SLOTS)),
+                       CONSUMERS, Q_SLOTS, CLAIM)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
-                       CONSUMERS, Q_SLOTS)),
+                       CONSUMERS, Q_SLOTS, CLAIM)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
