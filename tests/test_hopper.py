@@ -82,13 +82,19 @@ def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
     assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("dim, causal, least", [
-    (64, True, "HOPPER_MIN_KEYS"), (128, True, "HOPPER_MIN_KEYS"),
-    (64, False, "HOPPER_MIN_KEYS_WIDE"), (128, False, "HOPPER_MIN_KEYS_WIDE")])
-def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, causal, least):
+@pytest.mark.parametrize("dim, causal, claims, least", [
+    (64, True, True, "HOPPER_MIN_KEYS_CLAIMED"), (128, True, True, "HOPPER_MIN_KEYS_CLAIMED"),
+    (64, True, False, "HOPPER_MIN_KEYS"), (128, True, False, "HOPPER_MIN_KEYS"),
+    (64, False, True, "HOPPER_MIN_KEYS_WIDE"), (128, False, True, "HOPPER_MIN_KEYS_WIDE")])
+def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, causal, claims,
+                                                              least):
+    # dense causal rows take HOPPER_MIN_KEYS_CLAIMED under the forward's claims, else
+    # HOPPER_MIN_KEYS, which varlen's causal calls keep either way (one program an item)
     from fusedattn import dispatch
+    from fusedattn.hopper import forward as knobs
 
     monkeypatch.setattr(dispatch, "hopper_refusal", lambda *a, **kw: None)  # as on an H200
+    monkeypatch.setattr(knobs, "CAUSAL_CLAIMS", claims)
     keys = getattr(dispatch, least)
     mask = Mask(causal=causal)
     short, long = _rand(1, 2, keys - 1, dim), _rand(1, 2, keys, dim)
@@ -101,6 +107,11 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, 
     class Packed:  # varlen: the longest sequence decides, not the packed total
         max_seqlen_k = keys - 1
     assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
+    if causal:
+        Packed.max_seqlen_k = dispatch.HOPPER_MIN_KEYS - 1
+        assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
+        Packed.max_seqlen_k = dispatch.HOPPER_MIN_KEYS
+        assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "hopper"
 
 
 @pytest.mark.parametrize("causal, window, path", [
