@@ -1282,3 +1282,37 @@ def test_a_plans_scratch_is_one_allocation_laid_out_apart(emulated, monkeypatch)
     else:
         assert all(isinstance(m, launch.Address) for m in made)
         assert made[0].owner is made[-1].owner  # one allocation, alive while they are
+
+
+def test_a_plan_passes_the_buffers_it_owns_to_every_replay_and_refuses_others():
+    """`launch.Recording.own`: a buffer the call makes for its plan to keep (the Hopper
+    forward's claim counter) is passed, the same buffer, to every replay, while a buffer
+    the call made without declaring it leaves the call without a plan (a replay would pass
+    the recorded call's, freed or reused)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def bump(x, counter, out):
+        n = tl.load(counter)
+        tl.store(out, tl.load(x) + n)
+        tl.store(counter, n + 1)
+
+    def record(owned: bool):
+        x, out = torch.full((1,), 10, dtype=torch.int32, device=DEVICE), \
+            torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        counter = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        recording = launch.Recording((x, out))
+        if owned:
+            recording.own(counter)
+        recording.launch(bump, (1,), x, counter, out)
+        return recording.plan(), x, out, counter
+
+    plan, x, out, counter = record(owned=True)
+    assert plan is not None and out.item() == 10
+    other = torch.full((1,), 20, dtype=torch.int32, device=DEVICE)
+    got = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for n in (1, 2):
+        plan((other, got))
+        assert got.item() == 20 + n and counter.item() == n + 1
+    assert record(owned=False)[0] is None

@@ -167,8 +167,9 @@ class DirectLaunch:
         at = {position: (index, desc) for position, index, desc in replay.slots}
         template, tensors, maps, metas = [], [], [], iter(metas)
         for position, value in enumerate(replay.args):
-            if position not in at:
-                template.append(value)
+            if position not in at:  # (a buffer the plan owns: its address; the replay's
+                template.append(value.data_ptr() if isinstance(value, torch.Tensor)  # args
+                                else value)                          # keep it alive)
                 continue
             index, desc = at[position]
             if desc is None:
@@ -259,7 +260,7 @@ def _jit_and_kwargs(kernel, args, kwargs):
     return (None, None) if isinstance(kernel, Autotuner) else (kernel, kwargs)
 
 
-def _capture(kernel, compiled, grid, args, kwargs, inputs) -> Replay | None:
+def _capture(kernel, compiled, grid, args, kwargs, inputs, owned=()) -> Replay | None:
     jit, full = _jit_and_kwargs(kernel, args, kwargs)
     if jit is None or not hasattr(jit, "arg_names"):
         return None
@@ -275,11 +276,14 @@ def _capture(kernel, compiled, grid, args, kwargs, inputs) -> Replay | None:
     if not EMULATION and (compiled is None or not hasattr(compiled, "run")):
         return None
     ids = {id(t): i for i, t in enumerate(inputs) if t is not None}
+    kept = {id(t) for t in owned}
     slots = []
     for position, value in enumerate(values):
         desc = value if _is_descriptor(value) else None
         tensor = value.base if desc is not None else value
         if isinstance(tensor, torch.Tensor):
+            if desc is None and id(tensor) in kept:
+                continue  # the plan's own buffer: the replay passes it, and keeps it alive
             if id(tensor) not in ids:
                 return None  # a buffer made inside the call: not replayable
             # a descriptor's shape, strides and padding only: the replay keeps no tensor
@@ -291,10 +295,11 @@ def _capture(kernel, compiled, grid, args, kwargs, inputs) -> Replay | None:
                   tuple(slots))
 
 
-def launch(kernel, grid, *args, inputs=(), **kwargs):
+def launch(kernel, grid, *args, inputs=(), owned=(), **kwargs):
     """`kernel[grid](*args, **kwargs)` (grid a tuple): (what it returned, the compiled
     kernel on the GPU; its `Replay` over `inputs`, the call's tensors, which its tensor
-    args must be among, or None)."""
+    args must be among, or None). `owned`: tensors the replay passes as they are, every
+    time (buffers of the plan's own, as `Recording.own` declares them)."""
     if not EMULATION:
         build_launchers_ahead()
     with kernel_launches():
@@ -306,7 +311,7 @@ def launch(kernel, grid, *args, inputs=(), **kwargs):
                 raise
             raise LauncherMismatch(why) from e
     try:
-        return compiled, _capture(kernel, compiled, grid, args, kwargs, inputs)
+        return compiled, _capture(kernel, compiled, grid, args, kwargs, inputs, owned)
     except (AttributeError, TypeError, KeyError, IndexError):
         return compiled, None  # a Triton whose internals differ: Triton's launches only
 
@@ -571,6 +576,14 @@ class Recording:
 
     def __init__(self, inputs=()):
         self.inputs, self.replays, self._scratch = tuple(inputs), [], []
+        self._owned = []
+
+    def own(self, *tensors: torch.Tensor) -> None:
+        """Declare buffers the plan keeps for good, passed to every replay as they are (the
+        Hopper forward's claim counter, `hopper.forward.claim_counter`): a replay's launch
+        uses them where the recorded one did, so two replays of the plan must not overlap
+        (`dispatch.plan_context` keys a plan by stream)."""
+        self._owned += tensors
 
     def scratch(self, *tensors: torch.Tensor) -> None:
         for t in tensors:
@@ -585,7 +598,8 @@ class Recording:
 
     def launch(self, kernel, grid, *args, **kwargs):
         """`launch` over this call's inputs and scratch; returns what Triton returned."""
-        compiled, replay = launch(kernel, grid, *args, inputs=self.inputs, **kwargs)
+        compiled, replay = launch(kernel, grid, *args, inputs=self.inputs, owned=self._owned,
+                                  **kwargs)
         self.replays.append(replay)
         return compiled
 

@@ -388,7 +388,10 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         tiles_m = batch
         items = (q.shape[2] + batch * (tile - 1)) // tile * heads
     programs = items if dynamic else min(items, _sm_count(q.device))
-    counter = claim_counter(q.device) if claim else None
+    counter = None
+    if claim:
+        counter = claim_counter(q.device)
+        recording.own(counter)
     section = 1
     if right >= 0 and left < 0 and varlen is None:  # (the kernel's causal order)
         section = min(batch * heads, lpt_section(seq_k, dim + out.shape[3], k.element_size(),
