@@ -198,8 +198,9 @@ SHARED_BYTES = 232448  # what an sm90 block may take (227 KB), the kernel's whol
 # beside the buffers: Triton's own scratch (layout conversions, reductions). The sm90 compile
 # report put D128's three stages at 229,840 bytes, 328 over its buffers and barriers
 SCRATCH_BYTES = 1024
-# Causal calls of fewer query rows than this take the persistent grid (Q slots carry over
-# from one item to the next there), not one program per item (A/B; 0: never). On an H100
+# Causal calls of fewer query rows than this take the persistent grid with fixed shares
+# (items p, p + programs, ...: no claims), not CAUSAL_CLAIMS' grid or one program per item
+# (A/B; 0: never). Before the claims, on an H100
 # (evidence/nvidia-h100/20261206T0453Z-q-slots, TFLOP/s, one program an item against
 # persistent): D64 S256 89 / 98 and S1024 228 / 238 (two Q slots), but S8192 453 / 424, and
 # D128 (one slot) S256 141 / 134, S1024 354 / 317. Where it gained, the portable kernel,
@@ -209,7 +210,10 @@ CAUSAL_PERSISTENT_ROWS = 0
 # causal items the longest first across a section of heads (`lpt_section`), where False
 # takes a head's tiles together, the longest first (A/B: False is the kernel's order before).
 # A section holds as many kv heads' K and V as the L2 (at most LPT_L2_BYTES) takes, a power
-# of two of them, and their query heads (FA4's Hopper order, `SingleTileLPTScheduler`)
+# of two of them, and their query heads (FA4's Hopper order, `SingleTileLPTScheduler`).
+# With one program an item, on an H100 (evidence/nvidia-h100/20261206T0652Z-lpt-order, the
+# same bits): +2-6% on long causal rows (GQA B1 H32/8 S8192 645 / 607 TFLOP/s), at FA4's
+# 50 MB -3-5% on short D128 rows (B16 S1024 337 / 349), which 8 MB brings within 1% (350)
 LPT_SECTIONS = True
 LPT_L2_BYTES = 8 * 1024 * 1024
 # causal launches on the persistent grid, each program claiming its next item from a counter
@@ -220,7 +224,10 @@ LPT_L2_BYTES = 8 * 1024 * 1024
 # The counter is the plan's own (`claim_counter`), and a plan is one stream's
 # (`dispatch.plan_context`): launches that share a counter run one after another. Under a
 # CUDA graph's capture the launch takes one program an item (a replay of the graph on
-# another stream could overlap another's)
+# another stream could overlap another's). On an H100, the same bits, TFLOP/s claims / one
+# program an item (evidence/nvidia-h100/20261206T0703Z-causal-claims): B4 H32 S4096 D128
+# 613 / 596, B1 H32 S16384 674 / 622, GQA 670 / 651, B2 H32 S8192 D64 503 / 484, D80 469 /
+# 432, B16 S1024 D128 409 / 351, B64 S256 D128 168 / 132
 CAUSAL_CLAIMS = True
 
 
@@ -355,10 +362,10 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = None
     qk_scale, cap, left, right = mask.kernel_args(scale)
-    # causal: one program per item, which the hardware hands out as SMs free up; a
-    # persistent grid's fixed share per program (items p, p + programs, ...) gave some
-    # programs a fifth more work (S4096: 0.85x FA4, against 0.92x); varlen too where
-    # VARLEN_DYNAMIC says
+    # causal: items claimed on the persistent grid (CAUSAL_CLAIMS), or one program per item,
+    # which the hardware hands out as SMs free up (varlen where VARLEN_DYNAMIC says, and a
+    # launch a CUDA graph captures); a persistent grid's fixed share per program (items p,
+    # p + programs, ...) gave some programs a fifth more work (S4096: 0.85x FA4, against 0.92x)
     dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
                and seq_q >= CAUSAL_PERSISTENT_ROWS)
     # a dense causal launch on the persistent grid, its programs claiming items in turn
