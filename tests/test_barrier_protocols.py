@@ -22,7 +22,9 @@ needs this one to complete. What must hold:
 
 And the forward kernel's Q slots (`hopper.forward.Q_SLOTS`), on mbarriers' parity waits
 (`explore_q_slots`): no deadlock, no consumer reading another item's Q, no load over a slot
-in use.
+in use; with the causal claims (`hopper.forward.CAUSAL_CLAIMS`) each item's index goes
+with its Q slot and the loader ends the consumers' loop through the next slot: no consumer
+reads another item's index, none is left waiting.
 """
 
 import functools
@@ -154,7 +156,8 @@ def test_the_model_catches_what_the_protocols_guard_against():
 
 
 def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bool = True,
-                    release_before_store: bool = False) -> None:
+                    release_before_store: bool = False, claims: bool = False,
+                    end_without_wait: bool = False) -> None:
     """The forward kernel's Q slots (`forward_kernel._loader` and `_consumer`, Q_SLOTS), on
     mbarriers' parity waits, over every interleaving: the loader waits on slot s's free
     barrier at parity ((i // slots) & 1) ^ 1, then loads item i into s (its ready barrier
@@ -164,15 +167,25 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
     current phase has the other parity (a fresh barrier's "phase before the first" counts
     as done). Raises AssertionError on a deadlock, a consumer reading a slot that holds
     another item's Q, or a load overwriting a slot a consumer still uses.
-    `release_before_store`: the consumers arrive before their store (a bug)."""
+    `release_before_store`: the consumers arrive before their store (a bug).
+
+    `claims` (CAUSAL_CLAIMS): the loader writes each item's index into its slot's row before
+    the load (`forward_kernel._publish`), and after the last item writes the end (`items`)
+    into the next slot once it is free and arrives on its ready barrier with no load; a
+    consumer reads the index of each slot it waits for, and leaves on the end. Raises too
+    where a consumer reads an index not its item's, or waits for good at the end.
+    `end_without_wait`: the loader writes the end without waiting for the slot's free
+    barrier (a bug: it may overwrite an index a consumer has not read yet)."""
     # state: the loader's item, each consumer's (item, stage), each slot's item and its
     # barriers' completed phases and pending arrivals
     def parity_passes(completed: int, parity: int) -> bool:
         return (completed & 1) != parity
 
+    last = items + 1 if claims else items  # (claims: the end goes through a slot too)
+
     @functools.cache
     def step(loader: int, cons: tuple, held: tuple, ready: tuple, free: tuple,
-             free_pending: tuple, landing: tuple) -> None:
+             free_pending: tuple, landing: tuple, index: tuple) -> None:
         moves = 0
         # the loader: wait free, then issue the load of item `loader` into its slot
         if loader < items:
@@ -185,21 +198,37 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
                                        f"consumer {c} uses item {item}")
                 moves += 1
                 step(loader + 1, cons, held, ready, free, free_pending,
-                     landing[:s] + (loader,) + landing[s + 1:])
+                     landing[:s] + (loader,) + landing[s + 1:],
+                     index[:s] + (loader,) + index[s + 1:] if claims else index)
+        elif claims and loader == items:  # the end, through the next slot, with no load
+            s = items % slots
+            parity = ((items // slots) & 1) ^ (1 if free_parity_flip else 0)
+            if (end_without_wait or parity_passes(free[s], parity)) and landing[s] is None:
+                moves += 1
+                step(loader + 1, cons, held, ready[:s] + (ready[s] + 1,) + ready[s + 1:],
+                     free, free_pending, landing, index[:s] + (items,) + index[s + 1:])
         # a load in flight lands: the slot holds the item, its ready barrier completes
         for s in range(slots):
             if landing[s] is not None:
                 moves += 1
                 step(loader, cons, held[:s] + (landing[s],) + held[s + 1:],
                      ready[:s] + (ready[s] + 1,) + ready[s + 1:], free, free_pending,
-                     landing[:s] + (None,) + landing[s + 1:])
+                     landing[:s] + (None,) + landing[s + 1:], index)
         for c, (item, stage) in enumerate(cons):
-            if item >= items:
+            if item >= last:
                 continue
             s = item % slots
             after = None
             f, fp = free, free_pending
             if stage == "wait" and parity_passes(ready[s], (item // slots) & 1):
+                if claims:
+                    assert index[s] == item, (f"consumer {c} waited for item {item} in slot "
+                                              f"{s} and read index {index[s]}")
+                if item == items:  # (claims: the end)
+                    moves += 1
+                    step(loader, cons[:c] + ((last, "done"),) + cons[c + 1:], held, ready,
+                         free, free_pending, landing, index)
+                    continue
                 assert held[s] == item, (f"consumer {c} reads slot {s} for item {item}, "
                                          f"which holds item {held[s]}")
                 after = (item, "read")
@@ -221,14 +250,15 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
                                          f"slot {s} after its release: a load may be there")
             if after is not None:
                 moves += 1
-                step(loader, cons[:c] + (after,) + cons[c + 1:], held, ready, f, fp, landing)
+                step(loader, cons[:c] + (after,) + cons[c + 1:], held, ready, f, fp, landing,
+                     index)
         if not moves:
-            finished = loader == items and all(i >= items for i, _ in cons)
+            finished = loader == last and all(i >= last for i, _ in cons)
             assert finished, f"deadlock: loader at {loader}, consumers {cons}"
 
     none = (None,) * slots
     zeros = (0,) * slots
-    step(0, ((0, "wait"),) * consumers, none, zeros, zeros, zeros, none)
+    step(0, ((0, "wait"),) * consumers, none, zeros, zeros, zeros, none, none)
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -236,6 +266,15 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
 @pytest.mark.parametrize("items", [0, 1, 2, 5])
 def test_q_slots_never_hang_and_never_mix_items(items, slots, consumers):
     explore_q_slots(items, slots, consumers)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("items", [1, 2, 5])
+def test_claimed_items_reach_every_consumer_with_their_q_and_the_end_after_them(items, slots,
+                                                                               consumers):
+    # (a program claims at least its first item: none with zero)
+    explore_q_slots(items, slots, consumers, claims=True)
 
 
 def test_the_q_slot_model_catches_what_the_protocol_guards_against():
@@ -246,3 +285,7 @@ def test_the_q_slot_model_catches_what_the_protocol_guards_against():
     # a consumer releasing its slot before it stores O through it
     with pytest.raises(AssertionError, match="after its release|overwrites"):
         explore_q_slots(3, 2, 2, release_before_store=True)
+    # the end written into its slot before the consumers freed it: an index unread is
+    # overwritten, or the ready barrier's extra phase leaves a consumer waiting for good
+    with pytest.raises(AssertionError, match="read index|deadlock"):
+        explore_q_slots(2, 1, 2, claims=True, end_without_wait=True)
