@@ -1,7 +1,8 @@
 """A model of how a causal launch's items land on the SMs: the makespan of each way the
 Hopper forward can hand them out, against the ideal (the work spread evenly). It is the
 reasoning behind `hopper.forward.LPT_SECTIONS` and `CAUSAL_CLAIMS` (docs/decisions.md,
-"Causal items claimed on the persistent grid"), not a time: an item costs its key tiles,
+"Causal items claimed on the persistent grid"), not a time (and `causal_item`, the kernel's
+item map transcribed, checked by `check_causal_items`): an item costs its key tiles,
 and a program pays `--overhead` key tiles more for each item whose start nothing hides.
 
     python3 scripts/schedule_model.py [--overhead 1.0] [--hidden 0.15] [--section 16]
@@ -52,6 +53,33 @@ def order(heads: int, work: list[float], section: int) -> list[float]:
         for rank in range(len(work)):
             items += [work[-1 - rank]] * pairs
     return items
+
+
+def causal_item(t: int, n_items: int, n_tiles_m: int, section: int) -> tuple[int, int]:
+    """The Hopper forward kernel's dense causal item map (`forward_kernel._item`),
+    transcribed: item t -> ((batch, head) pair, query tile), the longest tiles first across
+    sections of `section` pairs, the last section holding what is left."""
+    first_bh = t // (section * n_tiles_m) * section
+    pairs = min(section, n_items // n_tiles_m - first_bh)
+    within = t - first_bh * n_tiles_m
+    rank = within // pairs
+    return first_bh + within - rank * pairs, n_tiles_m - 1 - rank
+
+
+def check_causal_items(pairs: int, n_tiles_m: int, section: int) -> str:
+    """"ok" where `causal_item` gives every (pair, tile) once, each section's pairs together
+    and within a section no tile before a longer one; else what went wrong."""
+    n_items = pairs * n_tiles_m
+    seen = [causal_item(t, n_items, n_tiles_m, section) for t in range(n_items)]
+    if sorted(seen) != [(bh, m) for bh in range(pairs) for m in range(n_tiles_m)]:
+        return "not every (pair, tile) once"
+    for t in range(1, n_items):
+        (bh0, m0), (bh1, m1) = seen[t - 1], seen[t]
+        if bh1 // section == bh0 // section and m1 > m0:
+            return f"item {t}: tile {m1} after the shorter tile {m0} in its section"
+        if bh1 // section < bh0 // section:
+            return f"item {t}: back to an earlier section"
+    return "ok"
 
 
 def greedy(items: list[float], programs: int, overhead: float) -> float:
