@@ -46,14 +46,16 @@ BACKENDS = ("auto", "hopper", "portable")
 # Under this many keys a row the Hopper kernel's programs end before its pipeline fills,
 # and the portable kernel ran faster on the H200 (scripts/hopper_check.py --sweep, 16k
 # tokens a call: D64 non-causal up to S768, tied at S1024; causal, on the persistent grid
-# that causal calls no longer use, up to S1024 at D128 and at every length swept, to S2048,
-# at D64); non-causal at D > 64 the Hopper kernel won from S128 on
+# with fixed shares (before the claims, below), up to S1024 at D128 and at every length
+# swept, to S2048, at D64); non-causal at D > 64 the Hopper kernel won from S128 on
 # (evidence/nvidia-h200/20261201T1400Z-hopper-sweep, docs/decisions.md#hopper-forward).
 # Since the Hopper kernel's two Q slots (`hopper.forward.Q_SLOTS`) it wins non-causal at D64
 # too, from S256 (H100, 16k tokens a call, TFLOP/s: S256 275 against the portable kernel's
 # 254, S1024 396 / 359, S2048 487 / 391; S128 162 / 165; evidence/nvidia-h100/
-# 20261206T0453Z-q-slots), where causal rows stay portable under 1024 keys (D64 S1024 226
-# against 257 portable; D128 S512 235 / 252, S1024 354 / 337)
+# 20261206T0453Z-q-slots), where causal rows, one program an item then, stayed portable
+# under 1024 keys (D64 S1024 226 against 257 portable; D128 S512 235 / 252, S1024 354 /
+# 337). HOPPER_MIN_KEYS now serves varlen's causal calls, windows of more keys than
+# HOPPER_MIN_WINDOW, and dense causal calls with the claims off
 HOPPER_MIN_KEYS = 1024
 HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window
 # dense causal calls (no window, not varlen), whose launches claim their items on the
