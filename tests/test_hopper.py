@@ -89,7 +89,8 @@ def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
 def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, causal, claims,
                                                               least):
     # dense causal rows take HOPPER_MIN_KEYS_CLAIMED under the forward's claims, else
-    # HOPPER_MIN_KEYS, which varlen's causal calls keep either way (one program an item)
+    # HOPPER_MIN_KEYS, which varlen's causal calls keep either way (their threshold, on the
+    # longest document, is not swept)
     from fusedattn import dispatch
     from fusedattn.hopper import forward as knobs
 
@@ -112,6 +113,43 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, 
         assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
         Packed.max_seqlen_k = dispatch.HOPPER_MIN_KEYS
         assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "hopper"
+
+
+@pytest.mark.parametrize("mask, claimed", [
+    (Mask(causal=True), True), (Mask(window=(None, 0)), True),   # a causal right edge
+    (Mask(causal=True, window=(None, 7)), True),   # causal: the right side adds nothing
+    (Mask(causal=True, softcap=30.0), True), (Mask(causal=True, bottom_right=True), True),
+    (Mask(causal=True, window=(100, 0)), False), (Mask(window=(None, 1)), False),
+    (Mask(), False)])
+def test_one_claim_rule_serves_the_launch_and_the_threshold(monkeypatch, mask, claimed):
+    # `hopper.forward.claims`: the launch's choice and the dispatch's threshold read it
+    from fusedattn import dispatch
+    from fusedattn.hopper import forward as knobs
+
+    class Packed:
+        max_seqlen_k = dispatch.HOPPER_MIN_KEYS_CLAIMED
+
+    assert knobs.claims(mask, None) is claimed
+    assert knobs.claims(mask, Packed()) is claimed  # varlen: VARLEN_CLAIMS, on by default
+    monkeypatch.setattr(dispatch, "hopper_refusal", lambda *a, **kw: None)  # as on an H200
+    q = _rand(1, 2, dispatch.HOPPER_MIN_KEYS_CLAIMED, 64)
+    path, why = forward_path(q, q, q, mask=mask)
+    if claimed:
+        assert path == "hopper"
+        # varlen keeps HOPPER_MIN_KEYS on the longest document, claims or not
+        assert forward_path(q, q, q, mask=mask, varlen=Packed())[0] == "portable"
+    else:  # non-causal: the wide rule; the others under HOPPER_MIN_KEYS or the window's
+        assert path == ("hopper" if mask == Mask() else "portable"), why
+    for name, value in (("VARLEN_CLAIMS", False), ("VARLEN_DYNAMIC", False)):
+        with monkeypatch.context() as m:
+            m.setattr(knobs, name, value)
+            assert knobs.claims(mask, Packed()) is False
+            assert knobs.claims(mask, None) is claimed
+    monkeypatch.setattr(knobs, "CAUSAL_CLAIMS", False)
+    assert knobs.claims(mask, None) is False and knobs.claims(mask, Packed()) is False
+    if claimed:  # the claims off: HOPPER_MIN_KEYS for every causal call
+        path, why = forward_path(q, q, q, mask=mask)
+        assert path == "portable" and "HOPPER_MIN_KEYS = " in why
 
 
 @pytest.mark.parametrize("causal, window, path", [
@@ -400,6 +438,40 @@ def test_claimed_items_give_one_program_an_items_bits_call_after_call(dim, dim_v
     ref = attention_ref(q, k, v, causal=True, device=DEVICE)
     err = (want[0].double() - ref).abs().max().item()
     assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_claimed_varlen_items_give_one_program_an_items_bits(dim, monkeypatch):
+    # `hopper.forward.VARLEN_CLAIMS`: varlen's causal launches claim the documents' items
+    # on the persistent grid, claiming past the empty ones (a document of 0 or 1 rows, and
+    # the grid's last items, `_document`); 60 documents of 0-900 rows over H12 are more
+    # items than SMs. Three calls on poisoned memory, each with one program an item's bits
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    gen = torch.Generator().manual_seed(5)
+    lens = torch.randint(0, 900, (60,), generator=gen).tolist()
+    lens[3], lens[17] = 0, 1
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                      device=DEVICE)
+    total, longest = cu[-1].item(), max(lens)
+    q, k, v = (_rand(total, 12, dim, seed=40 + i) for i in range(3))
+    with use_backend("hopper"):
+        def call():
+            return attention_varlen(q, k, v, cu, cu, longest, longest, is_causal=True)
+        runs = []
+        for _ in range(3):
+            got = call()
+            runs.append(got.clone())
+            got.fill_(float("nan"))
+            del got
+        monkeypatch.setattr(knobs, "VARLEN_CLAIMS", False)
+        want = call()
+    assert all(torch.equal(got, want) for got in runs)
+    ref = varlen_ref(q, k, v, cu, cu, causal=True, device=DEVICE)
+    err = (want.double() - ref).abs().max().item()
+    assert err <= 2 ** -6 * ref.abs().max().item(), err
 
 
 def test_claimed_items_on_two_streams_at_once_and_in_a_cuda_graph():

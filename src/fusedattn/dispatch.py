@@ -58,12 +58,14 @@ BACKENDS = ("auto", "hopper", "portable")
 # HOPPER_MIN_WINDOW, and dense causal calls with the claims off
 HOPPER_MIN_KEYS = 1024
 HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window
-# dense causal calls (no window, not varlen), whose launches claim their items on the
-# persistent grid (`hopper.forward.CAUSAL_CLAIMS`; without the claims HOPPER_MIN_KEYS holds):
+# dense causal calls whose launches claim their items on the persistent grid (the rule is
+# `hopper.forward.claims`: causal or a window (None, 0), with CAUSAL_CLAIMS on; without the
+# claims HOPPER_MIN_KEYS holds):
 # the sweep at b0ba999 on an H100 (16k tokens a call, TFLOP/s, Hopper / portable / cuDNN):
 # D64 S384 167 / 172 / 209, S512 204 / 200 / 240, S768 247 / 236, S1024 286 / 261; D128 S256
 # 167 / 163, S384 229 / 216, S512 281 / 254, S1024 409 / 336 / 417 (evidence/nvidia-h100/
-# 20261206T0703Z-causal-claims). Varlen's causal launches take one program an item still
+# 20261206T0703Z-causal-claims). Varlen's causal launches claim too (`VARLEN_CLAIMS`), but
+# their threshold, on the longest document's keys, stays HOPPER_MIN_KEYS (not swept)
 HOPPER_MIN_KEYS_CLAIMED = 512
 # A window bounding both sides of a row (left given, and right given or causal) to fewer
 # keys than this goes portable too: each Hopper item (a 128- or 192-row query tile, heads
@@ -184,15 +186,14 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     """("hopper" | "portable", why) for this call under the current `use_backend`. Under
     "auto", a call the Hopper kernel can serve still goes portable where its rows have
     fewer than `HOPPER_MIN_KEYS` keys (`HOPPER_MIN_KEYS_WIDE` non-causal without a window,
-    `HOPPER_MIN_KEYS_CLAIMED` dense causal without one, under the forward's claims; varlen:
+    `HOPPER_MIN_KEYS_CLAIMED` dense calls whose launches claim, `hopper.forward.claims`; varlen:
     the longest sequence's), or where a window bounds a row to fewer than
     `HOPPER_MIN_WINDOW` keys (`Mask.span`)."""
     def short():
         keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
         mask = kw["mask"]
         wide = not mask.causal and mask.window is None
-        claimed = (mask.causal and mask.window is None and varlen is None
-                   and hopper_knobs.CAUSAL_CLAIMS)
+        claimed = varlen is None and hopper_knobs.claims(mask, varlen)
         least, name = ((HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE") if wide
                        else (HOPPER_MIN_KEYS_CLAIMED, "HOPPER_MIN_KEYS_CLAIMED") if claimed
                        else (HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"))

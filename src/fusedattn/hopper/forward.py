@@ -229,6 +229,21 @@ LPT_L2_BYTES = 8 * 1024 * 1024
 # 613 / 596, B1 H32 S16384 674 / 622, GQA 670 / 651, B2 H32 S8192 D64 503 / 484, D80 469 /
 # 432, B16 S1024 D128 409 / 351, B64 S256 D128 168 / 132
 CAUSAL_CLAIMS = True
+# varlen's causal launches claim their items too (the documents' items in their order, an
+# empty item claimed past), where False gives them one program an item (A/B)
+VARLEN_CLAIMS = True
+
+
+def claims(mask, varlen) -> bool:
+    """Whether a causal launch for `mask` (`tiles.common.Mask`; `varlen` None for a dense
+    call) claims its items on the persistent grid (`CAUSAL_CLAIMS`, `VARLEN_CLAIMS`): a
+    causal right edge (causal, or a window (None, 0)) with no left one. The one rule: the
+    launch (`hopper_forward`, which also gives a launch under a CUDA graph's capture one
+    program an item) and the dispatch's threshold (`dispatch.HOPPER_MIN_KEYS_CLAIMED`)
+    read it."""
+    _, _, left, right = mask.kernel_args(1.0)
+    return (right == 0 and left < 0 and CAUSAL_CLAIMS
+            and (varlen is None or (VARLEN_DYNAMIC and VARLEN_CLAIMS)))
 
 
 def switches() -> tuple:
@@ -244,7 +259,7 @@ def switches() -> tuple:
             WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
             FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
-            LPT_L2_BYTES, CAUSAL_CLAIMS)
+            LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS)
 
 
 def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
@@ -368,8 +383,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # p + programs, ...) gave some programs a fifth more work (S4096: 0.85x FA4, against 0.92x)
     dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
                and seq_q >= CAUSAL_PERSISTENT_ROWS)
-    # a dense causal launch on the persistent grid, its programs claiming items in turn
-    claim = (dynamic and varlen is None and CAUSAL_CLAIMS
+    # a causal launch on the persistent grid, its programs claiming items in turn
+    claim = (dynamic and claims(mask, varlen)
              and not torch.cuda.is_current_stream_capturing())
     dynamic = dynamic and not claim
     entry = tile_entry(pair, fp8, persistent=not dynamic)

@@ -1,8 +1,12 @@
 """The Hopper forward kernel (`forward.py` launches it).
 
-A persistent grid: one program (CTA) per SM walks the work items t = pid, pid + programs,
-... where an item is CONSUMERS x BLOCK_M query rows of one (batch, head); a loader and two
-or three consumers, partitions of warps, share its shared memory and walk the same items:
+A persistent grid: one program (CTA) per SM walks work items, where an item is CONSUMERS x
+BLOCK_M query rows of one (batch, head): items t = pid, pid + programs, ... (a fixed share),
+or, under causal masks (CLAIM, `forward.claims`), pid first and then each next item claimed
+from the launch's counter as the current one starts (`_claim`: FA3's dynamic scheduler), the
+loader handing each to the consumers with its Q (`_publish`, `_claimed`). One program an
+item (the grid as large as the items) is the third form. A loader and two or three
+consumers, partitions of warps, share its shared memory and walk the same items:
 
     loader (1 warp, few registers)      each item's Q tiles into Q slot items % Q_SLOTS
                                         (once every consumer is done with the slot's last
@@ -250,15 +254,17 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr, SHARED_KV: gl.constexpr,
             FP8: gl.constexpr, CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr,
             CLAIM: gl.constexpr):
-    """The producer: per item, the consumers' Q tiles into Q slot items % Q_SLOTS on that
-    slot's barrier, once all released the slot's last item (with two slots the next item's Q
-    loads while the consumers run this one's, and the loader is not held at an item's end
-    before it loads the next item's keys), then each key tile's K and V into ring slot
-    n % STAGES (n counts this program's key tiles over all its items), each once every
-    consumer released the slot's last use (K after its S = Q K^T, V after its P V: K runs
-    ahead of V). FP8 with VARLEN:
-    V^T's sequences start at their own columns, `p_cu_t` (`transpose.py`). `descs` are Q's,
-    K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and `args` the consumers'."""
+    """The producer: per item (its program's share, or under CLAIM the item it claimed as the
+    last one's Q went out, written into the slot's `claimed` row; an empty varlen item is
+    claimed past; at the end n_items, the consumers' sign to stop), the consumers' Q tiles into
+    Q slot items % Q_SLOTS on that slot's barrier, once all released the slot's last item (with
+    two slots the next item's Q loads while the consumers run this one's, and the loader is not
+    held at an item's end before it loads the next item's keys), then each key tile's K and V
+    into ring slot n % STAGES (n counts this program's key tiles over all its items), each once
+    every consumer released the slot's last use (K after its S = Q K^T, V after its P V: K runs
+    ahead of V). FP8 with VARLEN: V^T's sequences start at their own columns, `p_cu_t`
+    (`transpose.py`). `descs` are Q's, K's and V's descriptors (`_flash_fwd_sm90`), `bufs` and
+    `args` the consumers'."""
     q_desc, k_desc, v_desc, q2_desc, k2_desc, v2_desc = descs
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
      v_free, o_smem, o_desc, o2_desc, claimed) = bufs
@@ -279,6 +285,8 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
             section, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 1)
         t_next = t + gl.num_programs(0)
+        if CLAIM and not live:  # (varlen's empty items: claim past them)
+            t_next = gl.num_programs(0) + _claim(p_claim)
         if live:
             # a fresh barrier counts as having completed the phase before its first: the
             # first waits on the free barriers pass at once
@@ -611,16 +619,16 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
               LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
               MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr, CLAIM: gl.constexpr):
-    """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...): the key
-    loop and the stores. With a second head-dim piece (D_B > 0) each product is two
-    wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own:
-    O_a = P V_a, O_b = P V_b apart, O stored through Q's tiles (DV_A <= D_A, DV_B <= D_B:
-    `forward.TILES`). FP8 (float8 e4m3 q, k, v; one head-dim piece): the scores are the
-    float8 products times `p_descale`'s factors for q and k, P goes in float8
-    (`_p_operand`), V's slots hold V^T tiles (`_v_operand`), and O (bfloat16) goes out
-    through `o_smem`. `bufs` and `args` are the kernel's shared buffers and barriers and its
-    runtime arguments (`_flash_fwd_sm90`); the ping-pong waits on `my_turn` and hands
-    `next_turn` over."""
+    """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...; the items of
+    its program's share, or under CLAIM those the loader publishes with each Q, up to n_items):
+    the key loop and the stores. With a second head-dim piece (D_B > 0) each product is two
+    wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own: O_a =
+    P V_a, O_b = P V_b apart, O stored through Q's tiles (DV_A <= D_A, DV_B <= D_B:
+    `forward.TILES`). FP8 (float8 e4m3 q, k, v; one head-dim piece): the scores are the float8
+    products times `p_descale`'s factors for q and k, P goes in float8 (`_p_operand`), V's slots
+    hold V^T tiles (`_v_operand`), and O (bfloat16) goes out through `o_smem`. `bufs` and `args`
+    are the kernel's shared buffers and barriers and its runtime arguments (`_flash_fwd_sm90`);
+    the ping-pong waits on `my_turn` and hands `next_turn` over."""
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
      v_free, o_smem, o_desc, o2_desc, claimed) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
