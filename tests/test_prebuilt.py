@@ -245,6 +245,14 @@ with torch.no_grad():  # an inference call: its kernels write no LSE, kernels of
     again = fusedattn.attention(q, k, v, is_causal=True)
 err = (out.double() - attention_ref(q, k, v, causal=True, device="cuda")).abs().max().item()
 err = max(err, (again.double() - out.double()).abs().max().item())
+# the same inference call's first CUDA-graph capture: a capture's launch form (one program an
+# item, not claimed items) is a kernel of its own, shipped too (`hopper.forward.as_captured`)
+graph = torch.cuda.CUDAGraph()
+with torch.no_grad(), torch.cuda.graph(graph):
+    captured = fusedattn.attention(q.detach(), k.detach(), v.detach(), is_causal=True)
+graph.replay()
+torch.cuda.synchronize()
+err = max(err, (captured.double() - again.double()).abs().max().item())
 # GQA (8 query heads to 2 K/V heads): its training step, the backward's GQA kernel
 kg, vg = (torch.randn(1, 2, 1000, 128, device="cuda", dtype=torch.bfloat16,
                       requires_grad=True) for _ in range(2))

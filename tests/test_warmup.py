@@ -26,8 +26,9 @@ def test_warmup_makes_its_calls_and_returns_what_it_did(monkeypatch):
     done = fusedattn.warmup(head_dims=(16,), heads=(2,), heads_kv=(1,), dtypes=("fp32",),
                             causal=(True, False), training=True, varlen=True, max_len=16)
     # 2 masks x lengths (1, 15, 16) x batches (1 and the batch that fills the SMs), each
-    # with gradients and without (an evaluation's forward, no LSE), and varlen's
-    assert done["calls"] == 2 * 3 * 2 * 2 + 2 * 3
+    # with gradients and without (an evaluation's forward, no LSE), and varlen's; the causal
+    # ones once more each in a CUDA graph capture's form
+    assert done["calls"] == 2 * 3 * 2 * 2 + 2 * 3 + (3 * 2 * 2 + 3)
     assert done["compiled"] >= 0 and done["seconds"] > 0
 
 
@@ -37,7 +38,7 @@ def test_warmup_takes_head_dim_pairs_and_sinks(monkeypatch):
     monkeypatch.setattr(configs, "SMS", 4)
     done = fusedattn.warmup(head_dims=((24, 16),), heads=(2,), dtypes=("fp32",),
                             causal=(True,), sinks=True, varlen=True, max_len=16)
-    assert done["calls"] == 3 * 2 + 3
+    assert done["calls"] == 2 * (3 * 2 + 3)  # (causal: each in a capture's form too)
 
 
 def test_warmup_takes_fp8_and_its_backward(monkeypatch):
@@ -47,7 +48,7 @@ def test_warmup_takes_fp8_and_its_backward(monkeypatch):
     done = fusedattn.warmup(head_dims=(64,), heads=(2,), heads_kv=(1,), dtypes=("fp8",),
                             causal=(True,), training=True, sinks=True, varlen=True,
                             max_len=16)
-    assert done["calls"] == 3 * 2 + 3
+    assert done["calls"] == 2 * (3 * 2 + 3)  # (causal: each in a capture's form too)
 
 
 def test_warmup_takes_decode_at_every_split_count(monkeypatch):
@@ -68,8 +69,9 @@ def test_warmup_takes_decode_at_every_split_count(monkeypatch):
                             causal=(True,), decode=True, max_len=1024)
     # prefill's two calls (one length: batch 1 and the batch that fills the 16 SMs), then
     # decode: one capacity (1024 <= ONE_LOOP_MAX_KEYS: each call appends at 1023), batches
-    # 1, 2, 4, 8 (splits 4, 4, 2, 1: 16 programs fill the 16 SMs), contiguous and paged
-    assert done["calls"] == 2 + 4 * 2
+    # 1, 2, 4, 8 (splits 4, 4, 2, 1: 16 programs fill the 16 SMs), contiguous and paged;
+    # prefill's two again in a capture's form
+    assert done["calls"] == 2 * 2 + 4 * 2
     assert made == [(b, paged, 1023) for b in (1, 2, 4, 8) for paged in (False, True)]
     from fusedattn.ahead_of_time import _decode_batches
 
@@ -83,6 +85,39 @@ def test_warmup_takes_decode_at_every_split_count(monkeypatch):
     fusedattn.warmup(head_dims=(16,), heads=(4,), heads_kv=(4,), dtypes=("fp32",),
                      causal=(True,), decode=True, max_len=3000)
     assert sorted({n + 1 for _, _, n in made}) == [2048, 3008]
+
+
+def test_warmup_calls_each_causal_forward_in_a_captures_form_too(monkeypatch):
+    # `hopper.forward.as_captured`: a causal call's CUDA-graph capture launches one program
+    # an item, not the claimed items, a kernel of its own; warmup makes each causal forward
+    # once more in that form (and `prebuild` ships it), each non-causal one once
+    from fusedattn import configs
+    from fusedattn.hopper import forward as knobs
+
+    monkeypatch.setattr(configs, "SMS", 4)
+    made = []
+
+    def recording(real):
+        def call(q, *args, **kw):
+            made.append((real.__name__, tuple(q.shape), kw["is_causal"], torch.is_grad_enabled(),
+                         getattr(knobs._AS_CAPTURED, "on", False)))
+            return real(q, *args, **kw)
+        return call
+    for name in ("attention", "attention_varlen"):
+        monkeypatch.setattr(fusedattn, name, recording(getattr(fusedattn, name)))
+    fusedattn.warmup(head_dims=(16,), heads=(2,), dtypes=("fp32",), causal=(True, False),
+                     training=True, varlen=True, max_len=16)
+    plain = [m[:4] for m in made if not m[4]]
+    captured = [m[:4] for m in made if m[4]]
+    assert len(set(plain)) == len(plain) and captured
+    assert sorted(captured) == sorted(m for m in plain if m[2])  # each causal call, once
+    assert not getattr(knobs._AS_CAPTURED, "on", False)  # (off again after warmup)
+    with pytest.raises(RuntimeError), knobs.as_captured():  # and after an error inside
+        with knobs.as_captured():
+            assert knobs.capturing()
+        assert knobs.capturing()  # (nested: the outer one holds)
+        raise RuntimeError
+    assert not getattr(knobs._AS_CAPTURED, "on", False)
 
 
 @pytest.mark.parametrize("bad", [dict(head_dims=(0,)), dict(head_dims=()),

@@ -14,7 +14,10 @@ compile per dtype, head dim and mask covers every length from `dispatch.HOPPER_M
 The backward is warmed with contiguous upstream gradients (as a next layer's matmul hands
 on); other strides (a loss's `.sum()` hands on a stride-0 one) specialise it anew. With
 `training`, each forward is also called without gradients (an evaluation step's), whose
-kernels write no LSE and so are kernels of their own.
+kernels write no LSE and so are kernels of their own. Each causal forward is called once more
+in the form a CUDA graph's capture launches (`hopper.forward.as_captured`: on the Hopper path
+one program an item, not the claimed items of a call outside a capture), so that a first
+capture compiles nothing either.
 "fp8" warms float8 e4m3 q, k, v (head dims 64, 128, 256) and, with `training`,
 `attention_fp8_backward` on a bfloat16 upstream gradient; the descale factors (none, per
 tensor or per head) make no kernel of their own.
@@ -34,6 +37,7 @@ compiling. Returns what it did: the calls made, the kernels compiled, the second
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -139,6 +143,8 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                 mask = dict(is_causal=is_causal, enable_gqa=h != hkv,
                                             window=window, softcap=softcap, sinks=sink)
                                 out = attention(q, k, v, **mask)
+                                calls += _as_captured(is_causal, partial(attention, q, k, v,
+                                                                         **mask))
                                 if training and dtype == "fp8":
                                     attention_fp8_backward(torch.ones_like(out), q, k, v,
                                                            **mask)
@@ -148,7 +154,8 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                     # evaluation's): it writes no LSE, a kernel of its own
                                     with torch.no_grad():
                                         attention(q, k, v, **mask)
-                                    calls += 1
+                                        calls += 1 + _as_captured(
+                                            is_causal, partial(attention, q, k, v, **mask))
                                 calls += 1
                             if varlen:
                                 q, k, v = (torch.randn(2 * seq, n, d, device=DEVICE)
@@ -156,10 +163,11 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
                                 cu = torch.tensor([0, seq, 2 * seq], dtype=torch.int32,
                                                   device=DEVICE)
-                                attention_varlen(q, k, v, cu, cu, seq, seq,
+                                packed = partial(attention_varlen, q, k, v, cu, cu, seq, seq,
                                                  is_causal=is_causal, window=window,
                                                  softcap=softcap, sinks=sink)
-                                calls += 1
+                                packed()
+                                calls += 1 + _as_captured(is_causal, packed)
                     if decode:
                         calls += _warm_decode(DTYPES[dtype], dim, dim_v, h, hkv, max_len,
                                               dict(window=window, softcap=softcap,
@@ -170,6 +178,19 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
         listener()
     return {"calls": calls, "compiled": len(compiled),
             "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _as_captured(causal: bool, call) -> int:
+    """A causal forward `call` once more in a CUDA graph capture's form
+    (`hopper.forward.as_captured`); returns the calls made (0 where not causal, whose launch
+    is one form)."""
+    if not causal:
+        return 0
+    from fusedattn.hopper.forward import as_captured
+
+    with as_captured():
+        call()
+    return 1
 
 
 def _warm_decode(dtype, dim: int, dim_v: int, heads: int, heads_kv: int, max_len: int,

@@ -280,16 +280,17 @@ def plan_context() -> tuple:
     (`use_backend`), the tuning overrides, the Hopper kernel's A/B switches. Part of every
     forward plan's key; a caller that keeps a plan of its own (`api.attention`) keeps this
     with it and replays only while it is unchanged. With the Hopper forward's claims
-    (`hopper.forward.CAUSAL_CLAIMS`), the current stream and whether it is capturing a CUDA
-    graph too: a causal plan's launch claims items from a counter of its own, so its launches
-    must not overlap (one stream's run in turn), and a capture takes a launch without one."""
+    (`hopper.forward.CAUSAL_CLAIMS`), the current stream and whether its launches take a
+    CUDA graph capture's form (`hopper.forward.capturing`) too: a causal plan's launch claims
+    items from a counter of its own, so its launches must not overlap (one stream's run in
+    turn), and a capture takes a launch without one."""
     return _BACKEND.get(), configs.OVERRIDES, hopper_knobs.switches(), _stream_context()
 
 
 def _stream_context() -> tuple | None:
     if EMULATION or not hopper_knobs.CAUSAL_CLAIMS:  # (no Hopper kernel in emulation)
         return None
-    return current_stream(), torch._C._cuda_isCurrentStreamCapturing()
+    return current_stream(), hopper_knobs.capturing()
 
 
 def kept_forward(kept, inputs: tuple, launch) -> None:

@@ -10,7 +10,9 @@ program."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import torch
 import triton
@@ -234,6 +236,29 @@ CAUSAL_CLAIMS = True
 VARLEN_CLAIMS = True
 
 
+_AS_CAPTURED = threading.local()
+
+
+def capturing() -> bool:
+    """Whether this thread's launches take a CUDA graph capture's form (one program an item,
+    no claims): the current stream is capturing, or `as_captured` holds. The plan context
+    (`dispatch.plan_context`) reads it too, so a plan of one form never serves the other."""
+    return getattr(_AS_CAPTURED, "on", False) or torch._C._cuda_isCurrentStreamCapturing()
+
+
+@contextlib.contextmanager
+def as_captured():
+    """Within it, this thread's launches take a capture's form with no capture, so that
+    `fusedattn.warmup` compiles (and `scripts/prebuild.py` ships) the kernels a causal
+    call's first CUDA-graph capture would otherwise compile then."""
+    before = getattr(_AS_CAPTURED, "on", False)
+    _AS_CAPTURED.on = True
+    try:
+        yield
+    finally:
+        _AS_CAPTURED.on = before
+
+
 def claims(mask, varlen) -> bool:
     """Whether a causal launch for `mask` (`tiles.common.Mask`; `varlen` None for a dense
     call) claims its items on the persistent grid (`CAUSAL_CLAIMS`, `VARLEN_CLAIMS`): a
@@ -384,8 +409,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
                and seq_q >= CAUSAL_PERSISTENT_ROWS)
     # a causal launch on the persistent grid, its programs claiming items in turn
-    claim = (dynamic and claims(mask, varlen)
-             and not torch.cuda.is_current_stream_capturing())
+    claim = dynamic and claims(mask, varlen) and not capturing()
     dynamic = dynamic and not claim
     entry = tile_entry(pair, fp8, persistent=not dynamic)
     d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
