@@ -34,6 +34,8 @@
 #               ("dim,heads,heads_kv" joined by ';'), into $ev/window-paths/
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
 #   sweep       scripts/hopper_check.py --sweep-only
+#   varlensweep scripts/hopper_check.py --varlen-sweep (varlen causal, Hopper against
+#               portable by longest document: varlen's threshold)
 #   rows        scripts/hopper_check.py's rows alone, providers $ONLY (default: the Hopper
 #               path, with SHARED_KV, cuDNN, FA4), rows $ROWIDX (indices, default all);
 #               under $ev/rows-TIME/
@@ -189,6 +191,7 @@ while [ $# -gt 0 ]; do
           2>&1 | grep -v UserWarning | tail -40 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     check) python3 scripts/hopper_check.py --out $ev --sweep 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     sweep) python3 scripts/hopper_check.py --out $ev --sweep-only 2>&1 | tee -a "$log" ;;
+    varlensweep) python3 scripts/hopper_check.py --out $ev --varlen-sweep 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     rows) d=$ev/rows-$(date -u +%H%M%S); mkdir -p $d
           python3 scripts/hopper_check.py --out $d --only "${ONLY:-hopper,hopper-sharedkv,cudnn,fa4}" --rows "${ROWIDX:-}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     bench) suite=$1; shift

@@ -9,10 +9,12 @@ GPU tier's, `tests/test_hopper.py`; the bench rows of record are `fusedattn benc
   (`forward.LANE_SUM` off), the portable kernel, SDPA cuDNN and flash, FA4 where it
   imports (`--only` keeps some);
 - `--sweep`: the Hopper path against the portable kernel over short sequences (16k tokens a
-  call), the measurement behind `dispatch.HOPPER_MIN_KEYS`.
+  call), the measurement behind `dispatch.HOPPER_MIN_KEYS`;
+- `--varlen-sweep`: the same for varlen's causal calls (16k tokens of documents up to each
+  longest length, H16), the measurement behind varlen's threshold on its longest document.
 
     python3 scripts/hopper_check.py [--out DIR] [--sweep | --sweep-only] [--only A,B]
-                                    [--rows I,J]
+                                    [--rows I,J] [--varlen-sweep]
 
 Prints one line per row; writes `hopper_check.json` under --out."""
 
@@ -132,6 +134,57 @@ SWEEP = [(16384 // s, 16, 16, s, d, c) for d in (64, 128) for c in (False, True)
          for s in (128, 256, 384, 512, 768, 1024, 2048, 4096)]
 
 
+VARLEN_SWEEP = [(d, longest) for d in (64, 128) for longest in (256, 384, 512, 768, 1024,
+                                                               1536, 2048)]
+
+
+def varlen_lengths(longest: int, tokens: int = 16384, seed: int = 0) -> list[int]:
+    """Documents of [longest / 2, longest] tokens (the first `longest` itself) until
+    `tokens` are packed, the last cut to fit."""
+    gen = torch.Generator().manual_seed(seed)
+    lens, total = [longest], longest
+    while total < tokens:
+        n = min(int(torch.randint(longest // 2, longest + 1, (1,), generator=gen)),
+                tokens - total)
+        lens.append(n)
+        total += n
+    return lens
+
+
+def _on(backend: str, fn, *args, **kw):
+    """`fn(*args, **kw)` under `use_backend(backend)`, as a call of no arguments."""
+    def call():
+        with use_backend(backend):
+            return fn(*args, **kw)
+    return call
+
+
+def varlen_sweep(rows=VARLEN_SWEEP, heads: int = 16):
+    """Varlen causal calls, Hopper path against the portable kernel (the first checked
+    against the second's output), useful TFLOP/s."""
+    from fusedattn import attention_varlen
+
+    results = []
+    for d, longest in rows:
+        lens = varlen_lengths(longest)
+        total = sum(lens)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")
+        g = torch.Generator(device="cuda").manual_seed(2)
+        q, k, v = (torch.randn(total, heads, d, device="cuda", generator=g,
+                               dtype=torch.bfloat16) for _ in range(3))
+        calls = {backend: _on(backend, attention_varlen, q, k, v, cu, cu, longest, longest,
+                              is_causal=True) for backend in ("portable", "hopper")}
+        flops = sum(4 * heads * n * n * d / 2 for n in lens)
+        line = measure(calls, flops)
+        results.append(dict(row=[d, longest, len(lens), total], **line))
+        cells = " ".join(f"{n}={v['tflops']:.0f}" if isinstance(v, dict) else f"{n}=-"
+                         for n, v in line.items())
+        print(f"varlen D{d} longest {longest} ({len(lens)} docs, {total} tokens) causal: "
+              f"{cells}", flush=True)
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
@@ -140,7 +193,17 @@ def main():
     ap.add_argument("--only", default="", help="the rows' providers, comma-separated")
     ap.add_argument("--rows", default="", help="indices into ROWS, comma-separated (default: "
                     "all; a short A/B call)")
+    ap.add_argument("--varlen-sweep", action="store_true",
+                    help="the varlen causal sweep alone (VARLEN_SWEEP)")
     args = ap.parse_args()
+    if args.varlen_sweep:
+        t0 = time.time()
+        results = varlen_sweep()
+        with open(f"{args.out}/hopper_check_varlen.json", "w") as f:
+            json.dump(dict(varlen_sweep=results, gpu=torch.cuda.get_device_name(),
+                           torch=torch.__version__, triton=triton.__version__,
+                           seconds=time.time() - t0), f, indent=1)
+        return 0
     rows = [ROWS[int(i)] for i in args.rows.split(",")] if args.rows else ROWS
     args.sweep |= args.sweep_only
     t0 = time.time()
