@@ -89,8 +89,8 @@ def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
 def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, causal, claims,
                                                               least):
     # dense causal rows take HOPPER_MIN_KEYS_CLAIMED under the forward's claims, else
-    # HOPPER_MIN_KEYS, which varlen's causal calls keep either way (their threshold, on the
-    # longest document, is not swept)
+    # HOPPER_MIN_KEYS; varlen's causal calls HOPPER_MIN_KEYS_VARLEN by head dim under the
+    # claims (on the longest document), else HOPPER_MIN_KEYS
     from fusedattn import dispatch
     from fusedattn.hopper import forward as knobs
 
@@ -108,10 +108,14 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, 
     class Packed:  # varlen: the longest sequence decides, not the packed total
         max_seqlen_k = keys - 1
     assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
-    if causal:
-        Packed.max_seqlen_k = dispatch.HOPPER_MIN_KEYS - 1
-        assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
-        Packed.max_seqlen_k = dispatch.HOPPER_MIN_KEYS
+    if causal:  # varlen's own rule by head dim where its launches claim (D64's from 2049)
+        least = (dispatch.HOPPER_MIN_KEYS_VARLEN.get(dim, dispatch.HOPPER_MIN_KEYS) if claims
+                 else dispatch.HOPPER_MIN_KEYS)
+        assert dispatch.HOPPER_MIN_KEYS_VARLEN[64] > dispatch.HOPPER_MIN_KEYS
+        Packed.max_seqlen_k = least - 1
+        path, why = forward_path(long, long, long, mask=mask, varlen=Packed())
+        assert path == "portable" and f"= {least} " in why, why
+        Packed.max_seqlen_k = least
         assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "hopper"
 
 
@@ -136,7 +140,7 @@ def test_one_claim_rule_serves_the_launch_and_the_threshold(monkeypatch, mask, c
     path, why = forward_path(q, q, q, mask=mask)
     if claimed:
         assert path == "hopper"
-        # varlen keeps HOPPER_MIN_KEYS on the longest document, claims or not
+        # varlen takes its own thresholds on the longest document (at least HOPPER_MIN_KEYS)
         assert forward_path(q, q, q, mask=mask, varlen=Packed())[0] == "portable"
     else:  # non-causal: the wide rule; the others under HOPPER_MIN_KEYS or the window's
         assert path == ("hopper" if mask == Mask() else "portable"), why

@@ -67,6 +67,14 @@ HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window
 # 20261206T0703Z-causal-claims). Varlen's causal launches claim too (`VARLEN_CLAIMS`), but
 # their threshold, on the longest document's keys, stays HOPPER_MIN_KEYS (not swept)
 HOPPER_MIN_KEYS_CLAIMED = 512
+# varlen's causal calls (their launches claim too) by head dim, on the longest document's
+# keys; other head dims keep HOPPER_MIN_KEYS. The varlen sweep on an H100 (16k tokens of
+# documents of [longest / 2, longest] keys, H16, TFLOP/s, Hopper / portable; evidence/
+# nvidia-h100/20261206T0830Z-varlen-sweep): D64 longest 1024 190 / 210, 2048 231 / 272, 3072
+# 291 / 240, 8192 407 / 299 (the portable kernel ahead up to 2048, behind from 3072; between
+# them not measured, where its next length bucket starts); D128 768 232 / 237, 1024 268 / 268,
+# 1280 343 / 292, 2048 393 / 327 (HOPPER_MIN_KEYS holds)
+HOPPER_MIN_KEYS_VARLEN = {64: 2049}
 # A window bounding both sides of a row (left given, and right given or causal) to fewer
 # keys than this goes portable too: each Hopper item (a 128- or 192-row query tile, heads
 # apart) then spans two or three key steps, mostly masked, and pays its pipeline's fill and
@@ -186,16 +194,21 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     """("hopper" | "portable", why) for this call under the current `use_backend`. Under
     "auto", a call the Hopper kernel can serve still goes portable where its rows have
     fewer than `HOPPER_MIN_KEYS` keys (`HOPPER_MIN_KEYS_WIDE` non-causal without a window,
-    `HOPPER_MIN_KEYS_CLAIMED` dense calls whose launches claim, `hopper.forward.claims`; varlen:
-    the longest sequence's), or where a window bounds a row to fewer than
+    `HOPPER_MIN_KEYS_CLAIMED` dense calls whose launches claim, `hopper.forward.claims`;
+    varlen: the longest sequence's, `HOPPER_MIN_KEYS_VARLEN` by head dim where its launches
+    claim), or where a window bounds a row to fewer than
     `HOPPER_MIN_WINDOW` keys (`Mask.span`)."""
     def short():
         keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
         mask = kw["mask"]
         wide = not mask.causal and mask.window is None
-        claimed = varlen is None and hopper_knobs.claims(mask, varlen)
+        claimed = hopper_knobs.claims(mask, varlen)
+        dim = q.shape[-1]
         least, name = ((HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE") if wide
-                       else (HOPPER_MIN_KEYS_CLAIMED, "HOPPER_MIN_KEYS_CLAIMED") if claimed
+                       else (HOPPER_MIN_KEYS_CLAIMED, "HOPPER_MIN_KEYS_CLAIMED")
+                       if claimed and varlen is None
+                       else (HOPPER_MIN_KEYS_VARLEN[dim], f"HOPPER_MIN_KEYS_VARLEN[{dim}]")
+                       if claimed and dim in HOPPER_MIN_KEYS_VARLEN
                        else (HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"))
         span = mask.span()
         if span is not None and span < keys:
