@@ -64,8 +64,8 @@ HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window
 # the sweep at b0ba999 on an H100 (16k tokens a call, TFLOP/s, Hopper / portable / cuDNN):
 # D64 S384 167 / 172 / 209, S512 204 / 200 / 240, S768 247 / 236, S1024 286 / 261; D128 S256
 # 167 / 163, S384 229 / 216, S512 281 / 254, S1024 409 / 336 / 417 (evidence/nvidia-h100/
-# 20261206T0703Z-causal-claims). Varlen's causal launches claim too (`VARLEN_CLAIMS`), but
-# their threshold, on the longest document's keys, stays HOPPER_MIN_KEYS (not swept)
+# 20261206T0703Z-causal-claims). Varlen's causal launches claim too (`VARLEN_CLAIMS`); their
+# threshold, on the longest document's keys, is HOPPER_MIN_KEYS_VARLEN's (below)
 HOPPER_MIN_KEYS_CLAIMED = 512
 # varlen's causal calls (their launches claim too) by head dim, on the longest document's
 # keys; other head dims keep HOPPER_MIN_KEYS. The varlen sweep on an H100 (16k tokens of
