@@ -232,7 +232,10 @@ LPT_L2_BYTES = 8 * 1024 * 1024
 # 432, B16 S1024 D128 409 / 351, B64 S256 D128 168 / 132
 CAUSAL_CLAIMS = True
 # varlen's causal launches claim their items too (the documents' items in their order, an
-# empty item claimed past), where False gives them one program an item (A/B)
+# empty item claimed past), where False gives them one program an item (A/B). On an H100,
+# the same bits, TFLOP/s claims / one program an item (evidence/nvidia-h100/
+# 20261206T0810Z-varlen-claims): 24 documents of 30.8k tokens, H16 causal, D128 492 / 427,
+# D64 304 / 284
 VARLEN_CLAIMS = True
 
 
@@ -264,8 +267,8 @@ def claims(mask, varlen) -> bool:
     call) claims its items on the persistent grid (`CAUSAL_CLAIMS`, `VARLEN_CLAIMS`): a
     causal right edge (causal, or a window (None, 0)) with no left one. The one rule: the
     launch (`hopper_forward`, which also gives a launch under a CUDA graph's capture one
-    program an item) and the dispatch's threshold (`dispatch.HOPPER_MIN_KEYS_CLAIMED`)
-    read it."""
+    program an item) and the dispatch's thresholds (`dispatch.HOPPER_MIN_KEYS_CLAIMED`,
+    `HOPPER_MIN_KEYS_VARLEN`) read it."""
     _, _, left, right = mask.kernel_args(1.0)
     return (right == 0 and left < 0 and CAUSAL_CLAIMS
             and (varlen is None or (VARLEN_DYNAMIC and VARLEN_CLAIMS)))
