@@ -469,6 +469,15 @@ def test_a_forward_plan_is_one_streams_and_a_capture_records_its_own(monkeypatch
     capturing[0] = True
     assert torch.equal(attention(q, k, v, is_causal=True), want)
     assert len(dispatch._PLANS) == plans + 2, "a capture replayed a plan of no capture"
+    capturing[0] = False
+    with knobs.as_captured():  # warmup's capture form with no capture: a capture's plan
+        assert torch.equal(attention(q, k, v, is_causal=True), want)
+        assert len(dispatch._PLANS) == plans + 2, "as_captured took another form's plan"
+        stream[0] = 7
+        assert torch.equal(attention(q, k, v, is_causal=True), want)
+        assert len(dispatch._PLANS) == plans + 3
+    assert torch.equal(attention(q, k, v, is_causal=True), want)
+    assert len(dispatch._PLANS) == plans + 3, "the plain form's plan not replayed after it"
     monkeypatch.setattr(knobs, "CAUSAL_CLAIMS", False)
     assert dispatch._stream_context() is None
     assert launch.hashable(dispatch.plan_context())[-1] is None
