@@ -53,17 +53,21 @@ def switched(call, name, value):
     return run
 
 
+def _on(backend: str, fn, *args, **kw):
+    """`fn(*args, **kw)` under `use_backend(backend)`, as a call of no arguments."""
+    def call():
+        with use_backend(backend):
+            return fn(*args, **kw)
+    return call
+
+
 def providers(q, k, v, causal):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     gqa = q.shape[1] != k.shape[1]
-    calls = {}
-    for backend in ("hopper", "portable"):
-        def call(backend=backend):
-            with use_backend(backend):
-                return attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-        calls[backend] = call
+    calls = {backend: _on(backend, attention, q, k, v, is_causal=causal, enable_gqa=gqa)
+             for backend in ("hopper", "portable")}
     def knob(name, value):  # the Hopper path with one of `hopper.forward`'s A/B switches
         return switched(calls["hopper"], name, value)
     calls["hopper-nopp"] = knob("PINGPONG", False)         # the consumers' explicit turns
@@ -149,14 +153,6 @@ def varlen_lengths(longest: int, tokens: int = 16384, seed: int = 0) -> list[int
         lens.append(n)
         total += n
     return lens
-
-
-def _on(backend: str, fn, *args, **kw):
-    """`fn(*args, **kw)` under `use_backend(backend)`, as a call of no arguments."""
-    def call():
-        with use_backend(backend):
-            return fn(*args, **kw)
-    return call
 
 
 def varlen_sweep(rows=VARLEN_SWEEP, heads: int = 16):
