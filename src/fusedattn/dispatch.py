@@ -201,15 +201,16 @@ def forward_path(q, k, v, *, varlen=None, **kw) -> tuple[str, str]:
     def short():
         keys = varlen.max_seqlen_k if varlen is not None else k.shape[2]
         mask = kw["mask"]
-        wide = not mask.causal and mask.window is None
         claimed = hopper_knobs.claims(mask, varlen)
         dim = q.shape[-1]
-        least, name = ((HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE") if wide
-                       else (HOPPER_MIN_KEYS_CLAIMED, "HOPPER_MIN_KEYS_CLAIMED")
-                       if claimed and varlen is None
-                       else (HOPPER_MIN_KEYS_VARLEN[dim], f"HOPPER_MIN_KEYS_VARLEN[{dim}]")
-                       if claimed and dim in HOPPER_MIN_KEYS_VARLEN
-                       else (HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"))
+        if not mask.causal and mask.window is None:
+            least, name = HOPPER_MIN_KEYS_WIDE, "HOPPER_MIN_KEYS_WIDE"
+        elif claimed and varlen is None:
+            least, name = HOPPER_MIN_KEYS_CLAIMED, "HOPPER_MIN_KEYS_CLAIMED"
+        elif claimed and dim in HOPPER_MIN_KEYS_VARLEN:
+            least, name = HOPPER_MIN_KEYS_VARLEN[dim], f"HOPPER_MIN_KEYS_VARLEN[{dim}]"
+        else:
+            least, name = HOPPER_MIN_KEYS, "HOPPER_MIN_KEYS"
         span = mask.span()
         if span is not None and span < keys:
             keys, least, name = span, HOPPER_MIN_WINDOW, "HOPPER_MIN_WINDOW"
