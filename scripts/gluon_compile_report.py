@@ -34,7 +34,7 @@ DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RI
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
                 THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, Q_SLOTS=1,
-                CLAIM=False)
+                CLAIM=False, DOC_ROW=False)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's); Q_SLOTS
     # as `hopper.forward.q_slots` gives (two where the shared memory holds them)
     dict(name="D128", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2),  # PERSISTENT_TILES
@@ -51,6 +51,14 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
     dict(name="D64 varlen causal sinks softcap", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128,
          STAGES=4, CONSUMERS=3, CONSUMER_REGS=160, HAS_RIGHT=True, VARLEN=True, SINKS=True,
          SOFTCAP=True),
+    # varlen's causal launches claim (`hopper.forward.claims`), the documents handed over
+    # with the items (`hopper.forward.DOC_ROWS`) or found again by each consumer
+    dict(name="D64 varlen causal claims", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128, STAGES=4,
+         HAS_RIGHT=True, VARLEN=True, CLAIM=True, DOC_ROW=True),
+    dict(name="D64 varlen causal claims no doc row", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128,
+         STAGES=4, HAS_RIGHT=True, VARLEN=True, CLAIM=True),
+    dict(name="D128 varlen causal claims", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2,
+         HAS_RIGHT=True, VARLEN=True, CLAIM=True, DOC_ROW=True),
     dict(name="D192", D_A=128, D_B=64, BLOCK_N=64),
     dict(name="D192/128 causal", D_A=128, D_B=64, DV_A=128, DV_B=0, BLOCK_N=64,
          HAS_RIGHT=True),

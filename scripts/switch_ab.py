@@ -32,6 +32,7 @@ import statistics
 import sys
 
 import torch
+from hopper_check import varlen_lengths
 
 from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import use_backend
@@ -44,7 +45,8 @@ from fusedattn_lab.verify import check
 
 # name: ("dense", B, H, H_kv, S, D, causal[, Dv]) (Dv: V's own head dim, else D) |
 # ("window", B, H, S, D, left) (causal, the window bench suite's row) | ("varlen", D,
-# causal) (the varlen suite's 24 documents, H16)
+# causal[, longest]) (the varlen suite's 24 documents, H16; with `longest`, hopper_check's
+# varlen sweep's documents: 16k tokens of [longest / 2, longest] each)
 ROWS = {
     "d128": ("dense", 4, 32, 32, 4096, 128, False),
     "d128c": ("dense", 4, 32, 32, 4096, 128, True),
@@ -65,6 +67,10 @@ ROWS = {
     "varlen128c": ("varlen", 128, True),
     "varlen64c": ("varlen", 64, True),
     "varlen128": ("varlen", 128, False),
+    "varlen64c1k": ("varlen", 64, True, 1024),
+    "varlen64c2k": ("varlen", 64, True, 2048),
+    "varlen64c4k": ("varlen", 64, True, 4096),
+    "varlen128c1k": ("varlen", 128, True, 1024),
     # short rows, 16k tokens a call (hopper_check's sweep): an item's fixed costs weigh most
     "s256d64": ("dense", 64, 16, 16, 256, 64, False),
     "s256d64c": ("dense", 64, 16, 16, 256, 64, True),
@@ -95,8 +101,8 @@ def problem(spec):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
 
     if kind == "varlen":
-        _, d, causal = spec
-        lengths = _lengths(24, 32768, 0)
+        _, d, causal, *longest = spec
+        lengths = varlen_lengths(*longest) if longest else _lengths(24, 32768, 0)
         q, k, v = (rand(sum(lengths), 16, d) for _ in range(3))
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
                           dtype=torch.int32)

@@ -444,26 +444,33 @@ def test_claimed_items_give_one_program_an_items_bits_call_after_call(dim, dim_v
     assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
 
 
+@pytest.mark.parametrize("doc_rows", [True, False])
 @pytest.mark.parametrize("dim", [64, 128])
-def test_claimed_varlen_items_give_one_program_an_items_bits(dim, monkeypatch):
+def test_claimed_varlen_items_give_one_program_an_items_bits(dim, doc_rows, monkeypatch):
     # `hopper.forward.VARLEN_CLAIMS`: varlen's causal launches claim the documents' items
     # on the persistent grid, claiming past the empty ones (a document of 0 or 1 rows, and
-    # the grid's last items, `_document`); 60 documents of 0-900 rows over H12 are more
-    # items than SMs. Three calls on poisoned memory, each with one program an item's bits
+    # the grid's last items, `_document`); 60 documents of 0-900 query rows over H12/4 are
+    # more items than SMs, their keys up to 300 more (bottom-right: each bound of the
+    # document the loader hands over, `DOC_ROWS`, or the consumers find again, is read).
+    # Three calls on poisoned memory, each with one program an item's bits
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     from fusedattn.hopper import forward as knobs
 
+    monkeypatch.setattr(knobs, "DOC_ROWS", doc_rows)
     gen = torch.Generator().manual_seed(5)
     lens = torch.randint(0, 900, (60,), generator=gen).tolist()
     lens[3], lens[17] = 0, 1
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                      device=DEVICE)
-    total, longest = cu[-1].item(), max(lens)
-    q, k, v = (_rand(total, 12, dim, seed=40 + i) for i in range(3))
+    lens_k = [n + e for n, e in zip(lens, torch.randint(0, 300, (60,), generator=gen).tolist(),
+                                    strict=True)]
+    lens_k[40] = lens[40]
+    cu, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
+                             device=DEVICE) for n in (lens, lens_k))
+    q = _rand(cu[-1].item(), 12, dim, seed=40)
+    k, v = (_rand(cu_k[-1].item(), 4, dim, seed=41 + i) for i in range(2))
     with use_backend("hopper"):
         def call():
-            return attention_varlen(q, k, v, cu, cu, longest, longest, is_causal=True)
+            return attention_varlen(q, k, v, cu, cu_k, max(lens), max(lens_k), is_causal=True)
         runs = []
         for _ in range(3):
             got = call()
@@ -473,7 +480,7 @@ def test_claimed_varlen_items_give_one_program_an_items_bits(dim, monkeypatch):
         monkeypatch.setattr(knobs, "VARLEN_CLAIMS", False)
         want = call()
     assert all(torch.equal(got, want) for got in runs)
-    ref = varlen_ref(q, k, v, cu, cu, causal=True, device=DEVICE)
+    ref = varlen_ref(q, k, v, cu, cu_k, causal=True, device=DEVICE)
     err = (want.double() - ref).abs().max().item()
     assert err <= 2 ** -6 * ref.abs().max().item(), err
 

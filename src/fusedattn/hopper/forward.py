@@ -237,6 +237,11 @@ CAUSAL_CLAIMS = True
 # 20261206T0810Z-varlen-claims): 24 documents of 30.8k tokens, H16 causal, D128 492 / 427,
 # D64 304 / 284
 VARLEN_CLAIMS = True
+# a claiming varlen launch's loader hands the consumers each item's document (its bounds,
+# `forward_kernel._publish`) with the item, where False has each consumer warpgroup find it
+# again by `_doc_bounds`' global loads after the item's Q arrives, latency between an item's
+# Q and its first product (A/B)
+DOC_ROWS = True
 
 
 _AS_CAPTURED = threading.local()
@@ -287,7 +292,7 @@ def switches() -> tuple:
             WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
             FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
-            LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS)
+            LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS, DOC_ROWS)
 
 
 def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
@@ -459,5 +464,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
         MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE,
-        Q_SLOTS=q_slots(entry, consumers, fp8), CLAIM=claim, num_warps=4)
+        Q_SLOTS=q_slots(entry, consumers, fp8), CLAIM=claim,
+        DOC_ROW=DOC_ROWS and claim and varlen is not None, num_warps=4)
     return out

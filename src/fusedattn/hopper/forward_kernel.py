@@ -169,41 +169,69 @@ def _claims_done(p_claim, programs):
 
 
 @gluon.jit
-def _publish(slot, t):
+def _publish(slot, t, doc, DOC_ROW: gl.constexpr):
     """The loader's lane 0 writes item t into a Q slot's `claimed` row, before the arrival
-    (by that lane) that completes the slot's phase: its release orders the write."""
+    (by that lane) that completes the slot's phase: its release orders the write. DOC_ROW:
+    lanes 1-6 write varlen's document of the item (`_doc_bounds`' six values), so that the
+    consumers take it from the row and not by `_doc_bounds`' global loads, whose latency
+    would fall between an item's Q and its first product."""
     lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    slot.store(gl.full([32], t, gl.int32, lane_layout))
+    lane = gl.arange(0, 32, layout=lane_layout)
+    row = gl.full([32], t, gl.int32, lane_layout)
+    if DOC_ROW:
+        for i in gl.static_range(6):
+            row = gl.where(lane == i + 1, doc[i], row)
+    slot.store(row)
+
+
+@gluon.jit
+def _row_entry(slot, i):
+    """Lane i's entry of a Q slot's `claimed` row, read by a consumer warpgroup once the
+    slot's phase completed."""
+    row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    lane = gl.arange(0, 32, layout=row_layout)
+    return gl.max(gl.where(lane == i, slot.load(row_layout), 0), 0)
 
 
 @gluon.jit
 def _claimed(slot):
-    """The item in a Q slot's `claimed` row (its lane-0 entry), read by a consumer
-    warpgroup once the slot's phase completed."""
-    row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    lane = gl.arange(0, 32, layout=row_layout)
-    return gl.max(gl.where(lane == 0, slot.load(row_layout), 0), 0)
+    """The item in a Q slot's `claimed` row (its lane-0 entry)."""
+    return _row_entry(slot, 0)
 
 
 @gluon.jit
-def _item(t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-          section, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
-          HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-          WARPS: gl.constexpr):
+def _claimed_doc(slot):
+    """Varlen's document of the item in a Q slot's `claimed` row (`_publish`'s DOC_ROW)."""
+    return (_row_entry(slot, 1), _row_entry(slot, 2), _row_entry(slot, 3), _row_entry(slot, 4),
+            _row_entry(slot, 5), _row_entry(slot, 6))
+
+
+@gluon.jit
+def _doc_bounds(t, n_docs, n_heads, p_cu_q, p_cu_k, TILE_M: gl.constexpr, WARPS: gl.constexpr):
+    """Varlen's item t: (its document b, b's first item, b's first query row, query rows,
+    first key row, keys). b is n_docs for the grid's last, empty items; their bounds are the
+    last document's (cu has n_docs + 1 entries)."""
+    b, first = _document(t, n_docs, n_heads, p_cu_q, TILE_M, WARPS)
+    safe = gl.minimum(b, n_docs - 1)
+    q_start = gl.load(p_cu_q + safe)
+    k_start = gl.load(p_cu_k + safe)
+    return (b, first, q_start, gl.load(p_cu_q + safe + 1) - q_start, k_start,
+            gl.load(p_cu_k + safe + 1) - k_start)
+
+
+@gluon.jit
+def _item(t, doc, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, left, right, section,
+          TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
+          HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
     """Work item t: (live, batch row, head, kv head, first q row, first k row, the tile's
     first row in its sequence, Sq, Sk, diagonal offset, key span lo..hi, batch or document
     index). Dense: t = (b * n_heads + h) * n_tiles_m + tile, or under a causal mask the
     tiles heaviest first across sections of `section` heads. VARLEN: `n_tiles_m` is the
     documents' count and items go document by document (`_document`), each document's
     heads one after another; `live` is False for the grid's last, empty items."""
-    if VARLEN:  # one batch row, sequences along the rows
-        b, first = _document(t, n_tiles_m, n_heads, p_cu_q, TILE_M, WARPS)
+    if VARLEN:  # one batch row, sequences along the rows; `doc` is `_doc_bounds`' (t's)
+        b, first, q_start, seq_q, k_start, seq_k = doc
         live = b < n_tiles_m
-        safe = gl.minimum(b, n_tiles_m - 1)  # (cu has n_docs + 1 entries)
-        q_start = gl.load(p_cu_q + safe)
-        seq_q = gl.load(p_cu_q + safe + 1) - q_start
-        k_start = gl.load(p_cu_k + safe)
-        seq_k = gl.load(p_cu_k + safe + 1) - k_start
         tiles = gl.maximum(gl.cdiv(seq_q, TILE_M), 1)
         h = (t - first) // tiles
         tile_m = (t - first) % tiles
@@ -253,7 +281,7 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
             BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr, SHARED_KV: gl.constexpr,
             FP8: gl.constexpr, CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr,
-            CLAIM: gl.constexpr):
+            CLAIM: gl.constexpr, DOC_ROW: gl.constexpr):
     """The producer: per item (its program's share, or under CLAIM the item it claimed as the
     last one's Q went out, written into the slot's `claimed` row; an empty varlen item is
     claimed past; at the end n_items, the consumers' sign to stop), the consumers' Q tiles into
@@ -281,9 +309,12 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     items = 0   # live items so far
     t = gl.program_id(0)
     while t < n_items:
+        doc = (t, t, t, t, t, t)  # (dense: unread)
+        if VARLEN:
+            doc = _doc_bounds(t, n_tiles_m, n_heads, p_cu_q, p_cu_k, CONSUMERS * BLOCK_M, 1)
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
-            t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            section, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 1)
+            t, doc, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, left, right, section,
+            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
         t_next = t + gl.num_programs(0)
         if CLAIM and not live:  # (varlen's empty items: claim past them)
             t_next = gl.num_programs(0) + _claim(p_claim)
@@ -293,7 +324,7 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             qs = items % Q_SLOTS
             mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
             if CLAIM:  # the item goes to the consumers with its Q (the expect's arrival)
-                _publish(claimed.index(qs), t)
+                _publish(claimed.index(qs), t, doc, DOC_ROW)
             mbarrier.expect(q_bar.index(qs), CONSUMERS * q_bytes)
             for c in gl.static_range(CONSUMERS):
                 _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M,
@@ -332,7 +363,7 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
         # program out puts the counters back to zero for the next launch
         qs = items % Q_SLOTS
         mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
-        _publish(claimed.index(qs), n_items)
+        _publish(claimed.index(qs), n_items, (0, 0, 0, 0, 0, 0), False)
         mbarrier.arrive(q_bar.index(qs), count=1)
         _claims_done(p_claim, gl.num_programs(0))
 
@@ -618,7 +649,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               SINKS: gl.constexpr, SHARED_KV: gl.constexpr, FP8: gl.constexpr,
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
               LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
-              MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr, CLAIM: gl.constexpr):
+              MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr, CLAIM: gl.constexpr,
+              DOC_ROW: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...; the items of
     its program's share, or under CLAIM those the loader publishes with each Q, up to n_items):
     the key loop and the stores. With a second head-dim piece (D_B > 0) each product is two
@@ -667,9 +699,16 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
         mbarrier.wait(q_bar.index(0), 0)
         t = _claimed(claimed.index(0))
     while t < n_items:
+        doc = (t, t, t, t, t, t)  # (dense: unread)
+        if VARLEN:
+            if DOC_ROW:  # (CLAIM: every published item is live, its row this slot's)
+                doc = _claimed_doc(claimed.index(items % Q_SLOTS))
+            else:
+                doc = _doc_bounds(t, n_tiles_m, n_heads, p_cu_q, p_cu_k, CONSUMERS * BLOCK_M,
+                                  4)
         live, b_row, h, h_kv, q_start, k_start, m_start, sq, sk, diag, lo, hi, b = _item(
-            t, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, p_cu_q, p_cu_k, left, right,
-            section, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, 4)
+            t, doc, n_items, n_tiles_m, n_heads, group, seq_q, seq_k, left, right, section,
+            CONSUMERS * BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN)
         if live:
             # this item's Q slot (`_loader`); O's pieces go out through its Q tiles (their
             # first bytes, where V's head dim is less), FP8's O (bfloat16, twice Q's bytes)
@@ -870,7 +909,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
                     FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr,
-                    CLAIM: gl.constexpr):
+                    CLAIM: gl.constexpr, DOC_ROW: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -888,7 +927,10 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     n_tiles_m is the documents' count and n_items a bound on their tiles x heads (`_document`).
     Q_SLOTS: the consumers' Q tiles of one item or of two in turn (`_loader`). `section`: the
     (batch, head) pairs a causal launch takes its tiles across, the longest first (`_item`;
-    1 for any other launch)"""
+    1 for any other launch). CLAIM: the programs claim items from `p_claim`'s counter (`_claim`);
+    DOC_ROW (CLAIM with VARLEN only): the loader hands each item's document to the consumers
+    (`_publish`)"""
+    gl.static_assert(not DOC_ROW or (CLAIM and VARLEN), "DOC_ROW: a claiming varlen launch's")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [Q_SLOTS * CONSUMERS, BLOCK_M, D_A],
@@ -974,32 +1016,32 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
-                       CONSUMERS, Q_SLOTS, CLAIM)),
+                       CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
-                       CONSUMERS, Q_SLOTS, CLAIM)),
+                       CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
