@@ -30,9 +30,9 @@ import argparse
 import ast
 import statistics
 import sys
+from pathlib import Path
 
 import torch
-from hopper_check import varlen_lengths
 
 from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import use_backend
@@ -42,6 +42,9 @@ from fusedattn_lab.evidence import REPO, environment, sha256_file, write_json
 from fusedattn_lab.serving import _lengths
 from fusedattn_lab.timing import time_gpu
 from fusedattn_lab.verify import check
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hopper_check import varlen_lengths  # noqa: E402  (scripts/, beside this one)
 
 # name: ("dense", B, H, H_kv, S, D, causal[, Dv]) (Dv: V's own head dim, else D) |
 # ("window", B, H, S, D, left) (causal, the window bench suite's row) | ("varlen", D,
