@@ -138,8 +138,11 @@ SWEEP = [(16384 // s, 16, 16, s, d, c) for d in (64, 128) for c in (False, True)
          for s in (128, 256, 384, 512, 768, 1024, 2048, 4096)]
 
 
-VARLEN_SWEEP = [(d, longest) for d in (64, 128) for longest in (256, 384, 512, 768, 1024,
-                                                               1536, 2048)]
+VARLEN_SWEEP = ([(d, longest) for d in (64, 128) for longest in (256, 384, 512, 768, 1024,
+                                                                1280, 1536, 2048)]
+                + [(64, longest) for longest in (2560, 3072, 4096)]
+                + [(d, longest) for d in (96, 192, 256) for longest in (512, 768, 1024, 1536,
+                                                                        2048)])
 
 
 def varlen_lengths(longest: int, tokens: int = 16384, seed: int = 0) -> list[int]:
