@@ -34,7 +34,7 @@ DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RI
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
                 THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, Q_SLOTS=1,
-                CLAIM=False, DOC_ROW=False)
+                CLAIM=False)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's); Q_SLOTS
     # as `hopper.forward.q_slots` gives (two where the shared memory holds them)
     dict(name="D128", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2),  # PERSISTENT_TILES
@@ -51,12 +51,13 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
     dict(name="D64 varlen causal sinks softcap", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128,
          STAGES=4, CONSUMERS=3, CONSUMER_REGS=160, HAS_RIGHT=True, VARLEN=True, SINKS=True,
          SOFTCAP=True),
-    # varlen's causal launches claim (`hopper.forward.claims`), the documents handed over
-    # with the items (`hopper.forward.DOC_ROWS`) or found again by each consumer
+    # varlen's causal launches claim (`hopper.forward.claims`); the documents handed over
+    # with the items (`hopper.forward.DOC_ROWS`, every varlen launch) or found again by each
+    # consumer
     dict(name="D64 varlen causal claims", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128, STAGES=4,
          HAS_RIGHT=True, VARLEN=True, CLAIM=True, DOC_ROW=True),
     dict(name="D64 varlen causal claims no doc row", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128,
-         STAGES=4, HAS_RIGHT=True, VARLEN=True, CLAIM=True),
+         STAGES=4, HAS_RIGHT=True, VARLEN=True, CLAIM=True, DOC_ROW=False),
     dict(name="D128 varlen causal claims", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2,
          HAS_RIGHT=True, VARLEN=True, CLAIM=True, DOC_ROW=True),
     dict(name="D192", D_A=128, D_B=64, BLOCK_N=64),
@@ -64,6 +65,10 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
          HAS_RIGHT=True),
     dict(name="D128/64 varlen", Q_SLOTS=2, D_A=128, D_B=0, DV_A=64, DV_B=0, BLOCK_N=128,
          VARLEN=True, HAS_RIGHT=True, BOTTOM_RIGHT=True),
+    dict(name="D128 varlen", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2, VARLEN=True,
+         DOC_ROW=True),
+    dict(name="D128 varlen no doc row", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2,
+         VARLEN=True, DOC_ROW=False),
     # FP8 (`hopper.forward.FP8_TILES`): float8 q, k and V^T, O bfloat16
     dict(name="FP8 D128", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True),
     dict(name="FP8 D128 causal", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
@@ -204,6 +209,7 @@ def compile_config(fn, config: dict, backward: bool = False):
     c.setdefault("MASK_FORM", 2 if c["HAS_LEFT"] or c["HAS_RIGHT"] else 0)
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
+    c.setdefault("DOC_ROW", c["VARLEN"])  # the launcher's `DOC_ROWS and varlen`
     bm, bn = c["BLOCK_M"], c["BLOCK_N"]
     pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV")}
     types = {}

@@ -237,10 +237,11 @@ CAUSAL_CLAIMS = True
 # 20261206T0810Z-varlen-claims): 24 documents of 30.8k tokens, H16 causal, D128 492 / 427,
 # D64 304 / 284
 VARLEN_CLAIMS = True
-# a claiming varlen launch's loader hands the consumers each item's document (its bounds,
-# `forward_kernel._publish`) with the item, where False has each consumer warpgroup find it
-# again by `_doc_bounds`' global loads after the item's Q arrives, latency between an item's
-# Q and its first product (A/B)
+# a varlen launch's loader hands the consumers each live item and its document (its bounds,
+# `forward_kernel._publish`) with the item's Q, as a claiming launch hands its items; False
+# has each consumer warpgroup walk the items itself and find each document again by
+# `_doc_bounds`' global loads once the item's Q is in, latency between an item's Q and its
+# first product (A/B)
 DOC_ROWS = True
 
 
@@ -465,5 +466,5 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
         MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE,
         Q_SLOTS=q_slots(entry, consumers, fp8), CLAIM=claim,
-        DOC_ROW=DOC_ROWS and claim and varlen is not None, num_warps=4)
+        DOC_ROW=DOC_ROWS and varlen is not None, num_warps=4)
     return out

@@ -174,7 +174,8 @@ def _publish(slot, t, doc, DOC_ROW: gl.constexpr):
     (by that lane) that completes the slot's phase: its release orders the write. DOC_ROW:
     lanes 1-6 write varlen's document of the item (`_doc_bounds`' six values), so that the
     consumers take it from the row and not by `_doc_bounds`' global loads, whose latency
-    would fall between an item's Q and its first product."""
+    would fall between an item's Q and its first product (the loader, an item or two ahead,
+    hides its own)."""
     lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     lane = gl.arange(0, 32, layout=lane_layout)
     row = gl.full([32], t, gl.int32, lane_layout)
@@ -323,8 +324,8 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             # first waits on the free barriers pass at once
             qs = items % Q_SLOTS
             mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
-            if CLAIM:  # the item goes to the consumers with its Q (the expect's arrival)
-                _publish(claimed.index(qs), t, doc, DOC_ROW)
+            if CLAIM or DOC_ROW:  # the item goes to the consumers with its Q (the expect's
+                _publish(claimed.index(qs), t, doc, DOC_ROW)  # arrival)
             mbarrier.expect(q_bar.index(qs), CONSUMERS * q_bytes)
             for c in gl.static_range(CONSUMERS):
                 _load_rows(q_desc, q2_desc, b_row, h, q_start + m_start + c * BLOCK_M,
@@ -358,14 +359,15 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
                 n += 1
             items += 1
         t = t_next
-    if CLAIM:
-        # no item left: the consumers get n_items for the next slot's item, and the last
-        # program out puts the counters back to zero for the next launch
+    if CLAIM or DOC_ROW:
+        # no item left: the consumers get n_items for the next slot's item, and under CLAIM
+        # the last program out puts the counters back to zero for the next launch
         qs = items % Q_SLOTS
         mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
         _publish(claimed.index(qs), n_items, (0, 0, 0, 0, 0, 0), False)
         mbarrier.arrive(q_bar.index(qs), count=1)
-        _claims_done(p_claim, gl.num_programs(0))
+        if CLAIM:
+            _claims_done(p_claim, gl.num_programs(0))
 
 
 @gluon.jit
@@ -695,13 +697,13 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     items = 0   # live items so far (Q's phase)
     turns = 0   # ping-pong hand-overs so far
     t = gl.program_id(0)
-    if CLAIM:  # the item that comes with the first Q slot
+    if CLAIM or DOC_ROW:  # the item that comes with the first Q slot
         mbarrier.wait(q_bar.index(0), 0)
         t = _claimed(claimed.index(0))
     while t < n_items:
         doc = (t, t, t, t, t, t)  # (dense: unread)
         if VARLEN:
-            if DOC_ROW:  # (CLAIM: every published item is live, its row this slot's)
+            if DOC_ROW:  # (every published item is live, its row this slot's)
                 doc = _claimed_doc(claimed.index(items % Q_SLOTS))
             else:
                 doc = _doc_bounds(t, n_tiles_m, n_heads, p_cu_q, p_cu_k, CONSUMERS * BLOCK_M,
@@ -877,7 +879,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                             + q_start.to(gl.int64) * sl_s)
                 lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
                 gl.store(p_lse + lse_base + rows.to(gl.int64) * sl_s, lse, mask=rows < sq)
-        if CLAIM:  # the next slot's item (n_items: none left)
+        if CLAIM or DOC_ROW:  # the next slot's item (n_items: none left)
             mbarrier.wait(q_bar.index(items % Q_SLOTS), (items // Q_SLOTS) & 1)
             t = _claimed(claimed.index(items % Q_SLOTS))
         else:
@@ -928,9 +930,9 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     Q_SLOTS: the consumers' Q tiles of one item or of two in turn (`_loader`). `section`: the
     (batch, head) pairs a causal launch takes its tiles across, the longest first (`_item`;
     1 for any other launch). CLAIM: the programs claim items from `p_claim`'s counter (`_claim`);
-    DOC_ROW (CLAIM with VARLEN only): the loader hands each item's document to the consumers
-    (`_publish`)"""
-    gl.static_assert(not DOC_ROW or (CLAIM and VARLEN), "DOC_ROW: a claiming varlen launch's")
+    DOC_ROW (VARLEN only): the loader hands each live item and its document to the consumers
+    (`_publish`), who take their items from it as under CLAIM"""
+    gl.static_assert(not DOC_ROW or VARLEN, "DOC_ROW: a varlen launch's")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [Q_SLOTS * CONSUMERS, BLOCK_M, D_A],
@@ -977,9 +979,10 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     # (one allocation each: Triton's barrier analysis then sees the wait on one and the
     # arrival on the other as no hazard, and puts no `bar.sync` between them)
     turn0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    # CLAIM: each Q slot's item, as the loader claimed it (`_publish`, `_claimed`)
+    # CLAIM, DOC_ROW: each Q slot's item, as the loader claimed or took it (`_publish`,
+    # `_claimed`), and under DOC_ROW its document
     claimed = q_bar  # (a stand-in the partitions never read)
-    if CLAIM:
+    if CLAIM or DOC_ROW:
         claimed = gl.allocate_shared_memory(gl.int32, [Q_SLOTS, 32],
                                             gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
