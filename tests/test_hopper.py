@@ -85,7 +85,8 @@ def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
 @pytest.mark.parametrize("dim, causal, claims, least", [
     (64, True, True, "HOPPER_MIN_KEYS_CLAIMED"), (128, True, True, "HOPPER_MIN_KEYS_CLAIMED"),
     (64, True, False, "HOPPER_MIN_KEYS"), (128, True, False, "HOPPER_MIN_KEYS"),
-    (64, False, True, "HOPPER_MIN_KEYS_WIDE"), (128, False, True, "HOPPER_MIN_KEYS_WIDE")])
+    (64, False, True, "HOPPER_MIN_KEYS_WIDE"), (128, False, True, "HOPPER_MIN_KEYS_WIDE"),
+    (192, True, True, "HOPPER_MIN_KEYS_CLAIMED"), (256, True, False, "HOPPER_MIN_KEYS")])
 def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, causal, claims,
                                                               least):
     # dense causal rows take HOPPER_MIN_KEYS_CLAIMED under the forward's claims, else
@@ -108,10 +109,12 @@ def test_short_rows_go_portable_under_auto_and_stay_forceable(monkeypatch, dim, 
     class Packed:  # varlen: the longest sequence decides, not the packed total
         max_seqlen_k = keys - 1
     assert forward_path(long, long, long, mask=mask, varlen=Packed())[0] == "portable"
-    if causal:  # varlen's own rule by head dim where its launches claim (D64's from 2049)
+    if causal:  # varlen's own rule by head dim where its launches claim (D64's from 2049,
+        # D192's and D256's from 512)
         least = (dispatch.HOPPER_MIN_KEYS_VARLEN.get(dim, dispatch.HOPPER_MIN_KEYS) if claims
                  else dispatch.HOPPER_MIN_KEYS)
         assert dispatch.HOPPER_MIN_KEYS_VARLEN[64] > dispatch.HOPPER_MIN_KEYS
+        assert dispatch.HOPPER_MIN_KEYS_VARLEN[192] < dispatch.HOPPER_MIN_KEYS
         Packed.max_seqlen_k = least - 1
         path, why = forward_path(long, long, long, mask=mask, varlen=Packed())
         assert path == "portable" and f"= {least} " in why, why

@@ -67,14 +67,17 @@ HOPPER_MIN_KEYS_WIDE = 128  # non-causal, no window
 # 20261206T0703Z-causal-claims). Varlen's causal launches claim too (`VARLEN_CLAIMS`); their
 # threshold, on the longest document's keys, is HOPPER_MIN_KEYS_VARLEN's (below)
 HOPPER_MIN_KEYS_CLAIMED = 512
-# varlen's causal calls (their launches claim too) by head dim, on the longest document's
-# keys; other head dims keep HOPPER_MIN_KEYS. The varlen sweep on an H100 (16k tokens of
-# documents of [longest / 2, longest] keys, H16, TFLOP/s, Hopper / portable; evidence/
-# nvidia-h100/20261206T0830Z-varlen-sweep): D64 longest 1024 190 / 210, 2048 231 / 272, 3072
-# 291 / 240, 8192 407 / 299 (the portable kernel ahead up to 2048, behind from 3072; between
-# them not measured, where its next length bucket starts); D128 768 232 / 237, 1024 268 / 268,
-# 1280 343 / 292, 2048 393 / 327 (HOPPER_MIN_KEYS holds)
-HOPPER_MIN_KEYS_VARLEN = {64: 2049}
+# varlen's causal calls (their launches claim too) by head dim (q's, as given: a head dim
+# padded to a kernel's keeps HOPPER_MIN_KEYS), on the longest document's keys; other head dims
+# keep HOPPER_MIN_KEYS. The varlen sweep on an H100 (16k tokens of documents of [longest / 2,
+# longest] keys, H16, TFLOP/s, Hopper / portable; evidence/nvidia-h100/20261206T1006Z-varlen-
+# sweep, with the documents handed over, `hopper.forward.DOC_ROWS`): D64 longest 1024 202 /
+# 211, 1536 247 / 247, 2048 244 / 274, 2560 295 / 237, 4096 365 / 277 (the portable kernel
+# ahead or even up to 2048, behind from 2560; between them not measured); D128 768 236 / 231,
+# 1024 283 / 259 (HOPPER_MIN_KEYS holds); D96 768 193 / 199, 1024 228 / 223 (it holds);
+# D192 512 178 / 159, 768 243 / 201; D256 512 203 / 190, 768 282 / 245 (the Hopper kernel
+# ahead from the shortest measured, 512; under it not measured)
+HOPPER_MIN_KEYS_VARLEN = {64: 2049, 192: 512, 256: 512}
 # A window bounding both sides of a row (left given, and right given or causal) to fewer
 # keys than this goes portable too: each Hopper item (a 128- or 192-row query tile, heads
 # apart) then spans two or three key steps, mostly masked, and pays its pipeline's fill and
