@@ -133,6 +133,9 @@ def test_fp8_runs_three_consumer_warpgroups_at_d64_from_2048_rows_unmasked():
     assert consumer_warpgroups((64, 64), False, False, 8192, True) == 3  # bf16 causal won
     assert consumer_warpgroups((64, 64), False, False, 4096, True) == 2  # (from 8192 rows)
     assert consumer_warpgroups((64, 64), False, False, 4096, True, varlen=True) == 3
+    # varlen causal: three from 4096 rows in the longest document (two won at 1024-2048)
+    assert consumer_warpgroups((64, 64), False, False, 4095, True, varlen=True) == 2
+    assert consumer_warpgroups((64, 64), False, False, 2048, False, varlen=True) == 3
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")

@@ -265,12 +265,13 @@ def test_hopper_varlen_with_empty_and_one_token_sequences(causal, dim):
 def test_hopper_varlen_over_many_documents(causal, dim):
     # 70 documents: the kernel's prefix sum over the documents' tiles takes three steps of
     # 32 (`forward_kernel._document`); empty, one-token and long ones between; D64 runs
-    # three consumer warpgroups (192-row items) where the longest has 2048 rows
+    # three consumer warpgroups (192-row items) where the longest has 2048 rows, 4096
+    # causal (`forward.WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED`): the longest has 4200
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     g = torch.Generator().manual_seed(dim)
     lens = [int(n) for n in torch.randint(0, 400, (70,), generator=g)]
-    lens[3], lens[40], lens[41], lens[69] = 0, 1, 2100, 0
+    lens[3], lens[40], lens[41], lens[69] = 0, 1, 4200, 0
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
                       device=DEVICE)
     q, k, v = (_rand(sum(lens), 4, dim, seed=i) for i in range(3))

@@ -422,6 +422,7 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
                                          ("MASK_FORM_EDGE", 2), ("KERNEL_DIMS", (64, 96)),
                                          ("TILES", {}), ("FP8_TILES", {}),
                                          ("WARPGROUPS_MIN_ROWS_BOUNDED", 1),
+                                         ("WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED", 1),
                                          ("PERSISTENT_TILES", {}), ("LPT_SECTIONS", False),
                                          ("LPT_L2_BYTES", 1), ("CAUSAL_CLAIMS", False),
                                          ("VARLEN_CLAIMS", False), ("DOC_ROWS", False)])

@@ -116,9 +116,16 @@ WARPGROUPS_MIN_ROWS = 2048
 # 192-row items. On an H100, D64 H16 causal, the same bits, TFLOP/s three / two consumer
 # warpgroups (evidence/nvidia-h100/20261206T0549Z-short-row-tiles): B8 S2048 268 / 301 (and
 # 268 / 299 in another call), B4 S4096 347 / 358 (357 / 355), B2 H32 S8192 450 / 414 (three
-# again in another call: 450, 453). Varlen keeps WARPGROUPS_MIN_ROWS: the varlen suite's 24
-# causal documents (the longest 3848 rows) ran 286 with three against 276 with two
+# again in another call: 450, 453)
 WARPGROUPS_MIN_ROWS_BOUNDED = 8192
+# Varlen's causal calls: three from this many rows in the longest document. Before the
+# claims and DOC_ROWS they kept WARPGROUPS_MIN_ROWS (the varlen suite's 24 documents, the
+# longest 3848 rows, ran 286 with three against 276 with two); since, on an H100 at 9fed27c,
+# the same bits, TFLOP/s with 2048 / 4096 here (evidence/nvidia-h100/20261206T1013Z-varlen-
+# warpgroups): that row 322 / 328, 16k tokens of 1024-2048-row documents 247 / 279, of
+# 2048-4096 362 / 362 (three either way). Non-causal varlen keeps WARPGROUPS_MIN_ROWS
+# (not measured)
+WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED = 4096
 # Under a window of fewer keys a row than this, two consumer warpgroups: three lost at every
 # window measured, where a row's window holds up to 1025 keys (H100, D64 H64/8 S8192 causal:
 # 1025 keys 0.503 ms against 0.430 with two, 513 keys 0.345 against 0.293, 129 keys 0.306
@@ -290,7 +297,8 @@ def switches() -> tuple:
     them with its copies (`launch.KeptPlan`), a plan key takes their items
     (`launch.hashable`), so a table changed in place counts as changed."""
     return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
-            WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_SPAN, LANE_SUM,
+            WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED,
+            WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
             FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
             LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS, DOC_ROWS)
@@ -371,12 +379,13 @@ def consumer_warpgroups(pair: tuple[int, int], fp8: bool, softcap: bool, seq_q: 
     """The kernel's consumer warpgroups for head dims `pair` (`kernel_pair`'s): `WARPGROUPS`
     from WARPGROUPS_MIN_ROWS query rows (varlen: the longest sequence's), from
     WARPGROUPS_MIN_ROWS_BOUNDED where a mask bounds a dense call's keys (`bounded`: causal
-    or a window; not `varlen`), else two; two with softcap (its tanh spilled 2.8 KB at 160
-    registers) and where a window bounds a row to fewer than `WARPGROUPS_MIN_SPAN` keys
-    (`span`: `Mask.span`). Under fp8, `FP8_WARPGROUPS`, and two where a mask bounds the
-    keys."""
+    or a window), WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED a varlen call's, else two; two with
+    softcap (its tanh spilled 2.8 KB at 160 registers) and where a window bounds a row to
+    fewer than `WARPGROUPS_MIN_SPAN` keys (`span`: `Mask.span`). Under fp8,
+    `FP8_WARPGROUPS`, and two where a mask bounds the keys."""
+    least_bounded = WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED if varlen else WARPGROUPS_MIN_ROWS_BOUNDED
     if softcap or seq_q < WARPGROUPS_MIN_ROWS or (fp8 and bounded) \
-            or (bounded and not varlen and seq_q < WARPGROUPS_MIN_ROWS_BOUNDED) \
+            or (bounded and seq_q < least_bounded) \
             or (span is not None and span < WARPGROUPS_MIN_SPAN):
         return 2
     return (FP8_WARPGROUPS if fp8 else WARPGROUPS).get(pair, 2)
