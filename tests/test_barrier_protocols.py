@@ -24,7 +24,9 @@ And the forward kernel's Q slots (`hopper.forward.Q_SLOTS`), on mbarriers' parit
 (`explore_q_slots`): no deadlock, no consumer reading another item's Q, no load over a slot
 in use; with the causal claims (`hopper.forward.CAUSAL_CLAIMS`) each item's index goes
 with its Q slot and the loader ends the consumers' loop through the next slot: no consumer
-reads another item's index, none is left waiting.
+reads another item's index, none is left waiting. With `notes/patches/late-q-free.patch`
+(LATE_Q_FREE) a slot goes back under the next item's first product, its O store in flight
+until then: the same, with no load over a store in flight, and two slots needed.
 """
 
 import functools
@@ -157,7 +159,7 @@ def test_the_model_catches_what_the_protocols_guard_against():
 
 def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bool = True,
                     release_before_store: bool = False, claims: bool = False,
-                    end_without_wait: bool = False) -> None:
+                    end_without_wait: bool = False, late_free: bool = False) -> None:
     """The forward kernel's Q slots (`forward_kernel._loader` and `_consumer`, Q_SLOTS), on
     mbarriers' parity waits, over every interleaving: the loader waits on slot s's free
     barrier at parity ((i // slots) & 1) ^ 1, then loads item i into s (its ready barrier
@@ -175,7 +177,13 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
     consumer reads the index of each slot it waits for, and leaves on the end. Raises too
     where a consumer reads an index not its item's, or waits for good at the end.
     `end_without_wait`: the loader writes the end without waiting for the slot's free
-    barrier (a bug: it may overwrite an index a consumer has not read yet)."""
+    barrier (a bug: it may overwrite an index a consumer has not read yet).
+
+    `late_free` (`notes/patches/late-q-free.patch`, LATE_Q_FREE): a consumer's store of O
+    through its slot stays in flight (a TMA store reading the slot's tiles) and the slot is
+    released only once the consumer has read its next item's Q (under that item's first
+    product), or when it leaves; a load over a slot whose store is in flight is an error
+    too. With one slot the next item waits on that very slot: a deadlock."""
     # state: the loader's item, each consumer's (item, stage), each slot's item and its
     # barriers' completed phases and pending arrivals
     def parity_passes(completed: int, parity: int) -> bool:
@@ -192,10 +200,13 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
             s = loader % slots
             parity = ((loader // slots) & 1) ^ (1 if free_parity_flip else 0)
             if parity_passes(free[s], parity) and landing[s] is None:
-                for c, (item, stage) in enumerate(cons):
+                for c, (item, stage, pending) in enumerate(cons):
                     using = item < items and item % slots == s and stage in ("read", "store")
                     assert not using, (f"item {loader}'s load overwrites slot {s} while "
                                        f"consumer {c} uses item {item}")
+                    assert pending is None or pending % slots != s, (
+                        f"item {loader}'s load overwrites slot {s} while consumer {c}'s store "
+                        f"of item {pending} reads it")
                 moves += 1
                 step(loader + 1, cons, held, ready, free, free_pending,
                      landing[:s] + (loader,) + landing[s + 1:],
@@ -214,8 +225,19 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
                 step(loader, cons, held[:s] + (landing[s],) + held[s + 1:],
                      ready[:s] + (ready[s] + 1,) + ready[s + 1:], free, free_pending,
                      landing[:s] + (None,) + landing[s + 1:], index)
-        for c, (item, stage) in enumerate(cons):
+        def release(free, free_pending, s):  # a consumer's arrival on slot s's free barrier
+            n = free_pending[s] + 1
+            if n == consumers:  # the free barrier's phase completes
+                free = free[:s] + (free[s] + 1,) + free[s + 1:]
+                n = 0
+            return free, free_pending[:s] + (n,) + free_pending[s + 1:]
+
+        for c, (item, stage, pending) in enumerate(cons):
             if item >= last:
+                if pending is not None:  # late_free: leaving, the last store's slot back
+                    moves += 1
+                    step(loader, cons[:c] + ((item, stage, None),) + cons[c + 1:], held, ready,
+                         *release(free, free_pending, pending % slots), landing, index)
                 continue
             s = item % slots
             after = None
@@ -226,25 +248,27 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
                                               f"{s} and read index {index[s]}")
                 if item == items:  # (claims: the end)
                     moves += 1
-                    step(loader, cons[:c] + ((last, "done"),) + cons[c + 1:], held, ready,
-                         free, free_pending, landing, index)
+                    step(loader, cons[:c] + ((last, "done", pending),) + cons[c + 1:], held,
+                         ready, free, free_pending, landing, index)
                     continue
                 assert held[s] == item, (f"consumer {c} reads slot {s} for item {item}, "
                                          f"which holds item {held[s]}")
-                after = (item, "read")
+                after = (item, "read", pending)
             elif stage == "read":
-                after = (item, "store")
+                after = (item, "store", pending)
+                if pending is not None:  # late_free: the item before's slot, given back now
+                    f, fp = release(free, free_pending, pending % slots)
+                    after = (item, "store", None)
                 if release_before_store:
-                    after = (item, "release-early")
+                    after = (item, "release-early", None)
+            elif stage == "store" and late_free:  # the store stays in flight, the slot held
+                after = (item + 1, "wait", item)
             elif stage in ("store", "release-early"):
-                n = free_pending[s] + 1
-                if n == consumers:  # the free barrier's phase completes
-                    f = free[:s] + (free[s] + 1,) + free[s + 1:]
-                    n = 0
-                fp = free_pending[:s] + (n,) + free_pending[s + 1:]
-                after = (item + 1, "wait") if stage == "store" else (item, "late-store")
+                f, fp = release(free, free_pending, s)
+                after = ((item + 1, "wait", None) if stage == "store"
+                         else (item, "late-store", None))
             elif stage == "late-store":
-                after = (item + 1, "wait")
+                after = (item + 1, "wait", None)
                 if held[s] != item or landing[s] is not None:
                     raise AssertionError(f"consumer {c} stores O of item {item} through "
                                          f"slot {s} after its release: a load may be there")
@@ -253,12 +277,12 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
                 step(loader, cons[:c] + (after,) + cons[c + 1:], held, ready, f, fp, landing,
                      index)
         if not moves:
-            finished = loader == last and all(i >= last for i, _ in cons)
+            finished = loader == last and all(i >= last and p is None for i, _, p in cons)
             assert finished, f"deadlock: loader at {loader}, consumers {cons}"
 
     none = (None,) * slots
     zeros = (0,) * slots
-    step(0, ((0, "wait"),) * consumers, none, zeros, zeros, zeros, none, none)
+    step(0, ((0, "wait", None),) * consumers, none, zeros, zeros, zeros, none, none)
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -289,3 +313,16 @@ def test_the_q_slot_model_catches_what_the_protocol_guards_against():
     # overwritten, or the ready barrier's extra phase leaves a consumer waiting for good
     with pytest.raises(AssertionError, match="read index|deadlock"):
         explore_q_slots(2, 1, 2, claims=True, end_without_wait=True)
+    # a slot given back late with one slot: the next item waits on the slot still held
+    with pytest.raises(AssertionError, match="deadlock"):
+        explore_q_slots(2, 1, 2, late_free=True)
+
+
+@pytest.mark.parametrize("claims", [False, True])
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("items", [1, 2, 5])
+def test_q_slots_given_back_under_the_next_item_never_hang_or_load_over_a_store(
+        items, consumers, claims):
+    # `notes/patches/late-q-free.patch` (LATE_Q_FREE, two Q slots): each slot goes back
+    # once the consumer has read its next item's Q, or when it leaves
+    explore_q_slots(items, 2, consumers, claims=claims, late_free=True)
