@@ -22,9 +22,10 @@ needs this one to complete. What must hold:
 
 And the forward kernel's Q slots (`hopper.forward.Q_SLOTS`), on mbarriers' parity waits
 (`explore_q_slots`): no deadlock, no consumer reading another item's Q, no load over a slot
-in use; with the causal claims (`hopper.forward.CAUSAL_CLAIMS`) each item's index goes
-with its Q slot and the loader ends the consumers' loop through the next slot: no consumer
-reads another item's index, none is left waiting. With `notes/patches/late-q-free.patch`
+in use; with the causal claims (`hopper.forward.CAUSAL_CLAIMS`; and every varlen launch
+since f3907b0, `DOC_ROWS`, its document beside the index) each item's index goes with its Q
+slot and the loader ends the consumers' loop through the next slot: no consumer reads
+another item's index, none is left waiting. With `notes/patches/late-q-free.patch`
 (LATE_Q_FREE) a slot goes back under the next item's first product, its O store in flight
 until then: the same, with no load over a store in flight, and two slots needed.
 """
