@@ -185,8 +185,9 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
     released only once the consumer has read its next item's Q (under that item's first
     product), or when it leaves; a load over a slot whose store is in flight is an error
     too. With one slot the next item waits on that very slot: a deadlock."""
-    # state: the loader's item, each consumer's (item, stage), each slot's item and its
-    # barriers' completed phases and pending arrivals
+    # state: the loader's item, each consumer's (item, stage, the item whose store holds a
+    # slot: late_free), each slot's item and its barriers' completed phases and pending
+    # arrivals
     def parity_passes(completed: int, parity: int) -> bool:
         return (completed & 1) != parity
 
