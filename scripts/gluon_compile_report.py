@@ -69,6 +69,8 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
          DOC_ROW=True),
     dict(name="D128 varlen no doc row", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2,
          VARLEN=True, DOC_ROW=False),
+    dict(name="D128 varlen masked stores", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2,
+         VARLEN=True, VARLEN_TMA=False),
     # FP8 (`hopper.forward.FP8_TILES`): float8 q, k and V^T, O bfloat16
     dict(name="FP8 D128", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True),
     dict(name="FP8 D128 causal", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
@@ -210,6 +212,9 @@ def compile_config(fn, config: dict, backward: bool = False):
     c.setdefault("DV_A", c["D_A"])
     c.setdefault("DV_B", c["D_B"])
     c.setdefault("DOC_ROW", c["VARLEN"])  # the launcher's `DOC_ROWS and varlen`
+    c.setdefault("VARLEN_TMA", c["VARLEN"])  # `VARLEN_TMA_STORE and varlen`
+    # the launcher's `LATE_Q_FREE and slots == 2 and (varlen is None or VARLEN_TMA_STORE)`
+    c.setdefault("LATE_FREE", c["Q_SLOTS"] == 2 and (not c["VARLEN"] or c["VARLEN_TMA"]))
     bm, bn = c["BLOCK_M"], c["BLOCK_N"]
     pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV")}
     types = {}

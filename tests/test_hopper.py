@@ -372,6 +372,85 @@ def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, 
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("dim, dim_v, fp8, causal", [(64, 64, False, True),
+                                                     (128, 128, False, False),
+                                                     (128, 64, False, True),
+                                                     (128, 128, True, False)])
+def test_q_slots_released_late_give_the_bits_of_released_at_once(dim, dim_v, fp8, causal,
+                                                                  monkeypatch):
+    # `hopper.forward.LATE_Q_FREE`: a consumer gives an item's Q slot back (its O went out
+    # through the slot's tiles by a TMA store) under the next item's first product, not at
+    # the item's end. 288 items over the SMs (8 x 12 heads of 300 rows) walk both slots in
+    # turn, three calls on poisoned memory; FP8's O goes out through a tile of its own,
+    # written again by the next item's store, which the late wait guards too
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    q, k = (_rand(8, 12, 300, dim, seed=50 + i) for i in range(2))
+    v = _rand(8, 12, 300, dim_v, seed=52)
+    if fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    with use_backend("hopper"):
+        runs = []
+        for _ in range(3):
+            got = attention(q, k, v, is_causal=causal, return_lse=True)
+            runs.append(tuple(t.clone() for t in got))
+            for t in got:
+                t.fill_(float("nan"))
+            del got
+        monkeypatch.setattr(knobs, "LATE_Q_FREE", False)
+        want = attention(q, k, v, is_causal=causal, return_lse=True)
+    assert all(torch.equal(a, b) for run in runs for a, b in zip(run, want, strict=True))
+    ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
+    err = (want[0].double() - ref).abs().max().item()
+    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("dim, dim_v, fp8, causal", [(64, 64, False, True),
+                                                     (80, 80, False, False),
+                                                     (96, 96, False, True),
+                                                     (128, 64, False, False),
+                                                     (192, 128, False, True),
+                                                     (128, 128, True, True)])
+def test_varlen_tma_stores_give_the_masked_stores_bits(dim, dim_v, fp8, causal, monkeypatch):
+    # `hopper.forward.VARLEN_TMA_STORE`: a varlen O tile whose rows all lie in its document
+    # goes out by a TMA store at its packed rows, the last, ragged one by masked stores. 40
+    # documents of 0-700 rows (some whole tiles: 128, 256, 384), GQA 4/2, three calls on
+    # poisoned memory, each with the masked stores' bits; padded head dims (80: 64 + 16
+    # pieces) and V's own head dim clip at O's last column
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    gen = torch.Generator().manual_seed(dim)
+    lens = torch.randint(0, 700, (40,), generator=gen).tolist()
+    lens[2], lens[5], lens[9], lens[11], lens[20] = 0, 128, 256, 1, 384
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                      device=DEVICE)
+    q = _rand(cu[-1].item(), 4, dim, seed=60)
+    k, v = _rand(cu[-1].item(), 2, dim, seed=61), _rand(cu[-1].item(), 2, dim_v, seed=62)
+    if fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    with use_backend("hopper"):
+        def call():
+            return attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=causal)
+        runs = []
+        for _ in range(3):
+            got = call()
+            runs.append(got.clone())
+            got.fill_(float("nan"))
+            del got
+        monkeypatch.setattr(knobs, "VARLEN_TMA_STORE", False)
+        want = call()
+    assert all(torch.equal(got, want) for got in runs)
+    ref = varlen_ref(q, k, v, cu, cu, causal=causal, device=DEVICE)
+    err = (want.double() - ref).abs().max().item()
+    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("name, value", [("PINGPONG", False), ("THREAD_ARRIVES", True),
                                          ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20),
                                          ("PERSISTENT_TILES", {}),

@@ -250,6 +250,16 @@ VARLEN_CLAIMS = True
 # `_doc_bounds`' global loads once the item's Q is in, latency between an item's Q and its
 # first product (A/B)
 DOC_ROWS = True
+# a varlen launch stores each O tile whose rows all lie in its sequence by a TMA store, as a
+# dense launch stores every tile, and only a sequence's last, ragged tile by masked stores
+# from registers (the tile read back out of shared memory), where False stores every varlen
+# tile that way (A/B)
+VARLEN_TMA_STORE = True
+# with two Q slots, where O goes out by TMA stores (dense, or varlen under VARLEN_TMA_STORE),
+# a consumer releases an item's Q slot under the next item's first product (FA3's epilogue:
+# its TMA store is waited for before the next store, not at once), where False waits at the
+# item's end for the store to read O out of the slot's tiles before it releases it (A/B)
+LATE_Q_FREE = True
 
 
 _AS_CAPTURED = threading.local()
@@ -301,7 +311,8 @@ def switches() -> tuple:
             WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
             FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
-            LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS, DOC_ROWS)
+            LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS, DOC_ROWS, VARLEN_TMA_STORE,
+            LATE_Q_FREE)
 
 
 def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
@@ -460,6 +471,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     if right >= 0 and left < 0 and varlen is None:  # (the kernel's causal order)
         section = min(batch * heads, lpt_section(seq_k, dim + out.shape[3], k.element_size(),
                                                  group, min(LPT_L2_BYTES, _l2_bytes(q.device))))
+    slots = q_slots(entry, consumers, fp8)
     recording.launch(
         _flash_fwd_sm90, (programs,), *descs, out, lse, cu_q, cu_k, sinks, descale, cu_t,
         *out.stride(),
@@ -474,6 +486,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
         MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE,
-        Q_SLOTS=q_slots(entry, consumers, fp8), CLAIM=claim,
-        DOC_ROW=DOC_ROWS and varlen is not None, num_warps=4)
+        Q_SLOTS=slots, CLAIM=claim, DOC_ROW=DOC_ROWS and varlen is not None,
+        VARLEN_TMA=VARLEN_TMA_STORE and varlen is not None,
+        LATE_FREE=LATE_Q_FREE and slots == 2 and (varlen is None or VARLEN_TMA_STORE),
+        num_warps=4)
     return out

@@ -186,25 +186,33 @@ def _publish(slot, t, doc, DOC_ROW: gl.constexpr):
 
 
 @gluon.jit
-def _row_entry(slot, i):
-    """Lane i's entry of a Q slot's `claimed` row, read by a consumer warpgroup once the
+def _claimed_row(slot):
+    """A Q slot's `claimed` row and its lanes' indices, read by a consumer warpgroup once the
     slot's phase completed."""
     row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    lane = gl.arange(0, 32, layout=row_layout)
-    return gl.max(gl.where(lane == i, slot.load(row_layout), 0), 0)
+    return slot.load(row_layout), gl.arange(0, 32, layout=row_layout)
+
+
+@gluon.jit
+def _row_entry(row, lane, i):
+    """Lane i's entry of a `claimed` row (`_claimed_row`)."""
+    return gl.max(gl.where(lane == i, row, 0), 0)
 
 
 @gluon.jit
 def _claimed(slot):
     """The item in a Q slot's `claimed` row (its lane-0 entry)."""
-    return _row_entry(slot, 0)
+    row, lane = _claimed_row(slot)
+    return _row_entry(row, lane, 0)
 
 
 @gluon.jit
 def _claimed_doc(slot):
-    """Varlen's document of the item in a Q slot's `claimed` row (`_publish`'s DOC_ROW)."""
-    return (_row_entry(slot, 1), _row_entry(slot, 2), _row_entry(slot, 3), _row_entry(slot, 4),
-            _row_entry(slot, 5), _row_entry(slot, 6))
+    """Varlen's document of the item in a Q slot's `claimed` row (`_publish`'s DOC_ROW), from
+    one read of the row."""
+    row, lane = _claimed_row(slot)
+    return (_row_entry(row, lane, 1), _row_entry(row, lane, 2), _row_entry(row, lane, 3),
+            _row_entry(row, lane, 4), _row_entry(row, lane, 5), _row_entry(row, lane, 6))
 
 
 @gluon.jit
@@ -284,8 +292,9 @@ def _loader(descs, bufs, args, p_cu_t, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
             FP8: gl.constexpr, CONSUMERS: gl.constexpr, Q_SLOTS: gl.constexpr,
             CLAIM: gl.constexpr, DOC_ROW: gl.constexpr):
     """The producer: per item (its program's share, or under CLAIM the item it claimed as the
-    last one's Q went out, written into the slot's `claimed` row; an empty varlen item is
-    claimed past; at the end n_items, the consumers' sign to stop), the consumers' Q tiles into
+    last one's Q went out; under CLAIM or DOC_ROW written into the slot's `claimed` row, with
+    DOC_ROW's document, an empty varlen item passed over; at the end n_items, the consumers'
+    sign to stop), the consumers' Q tiles into
     Q slot items % Q_SLOTS on that slot's barrier, once all released the slot's last item (with
     two slots the next item's Q loads while the consumers run this one's, and the loader is not
     held at an item's end before it loads the next item's keys), then each key tile's K and V
@@ -617,29 +626,68 @@ def _v_operand(tile, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, first, col0, seq_q,
-                 dim_v, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, VARLEN: gl.constexpr):
+def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, q_start, first, col0,
+                 seq_q, dim_v, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr, VARLEN: gl.constexpr,
+                 VARLEN_TMA: gl.constexpr):
     """Columns col0 ... col0 + WIDTH of a warpgroup's normalised O tile `out`, through the
     warpgroup's Q tile (done with): a TMA store clipped at Sq and at O's last column, or
     (varlen, where rows past the sequence belong to the next one) a masked store of it read
     back in rows of 16 bytes a thread (from registers straight, its 64-bit addresses
-    spilled), of O's columns under dim_v."""
+    spilled), of O's columns under dim_v. VARLEN_TMA: a varlen tile whose rows all lie in
+    its sequence (all but a sequence's last) goes out by the TMA store too, at its rows in
+    the packed tensor (q_start + first)."""
     tile.store(out)
     if VARLEN:
-        TPC: gl.constexpr = 32 if WIDTH >= 256 else WIDTH // 8  # threads across a row
-        rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [4, 1], [1, 0])
-        vals = tile.load(rows_layout)
-        rows_o = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
-        cols_o = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, rows_layout))
-        offs = gl.expand_dims(rows_o * so_s, 1) + gl.expand_dims(cols_o * so_d, 0)
-        # (columns from dim_v on are the padding of a head dim the kernel runs padded)
-        gl.store(p_o + o_base + offs, vals, mask=gl.expand_dims(rows_o < seq_q, 1)
-                 & gl.expand_dims(cols_o < dim_v, 0))
+        if VARLEN_TMA:
+            if first + BLOCK_M <= seq_q:
+                _store_tma(out, o_desc, tile, b_row, h, q_start + first, col0, BLOCK_M, WIDTH)
+            else:
+                _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M,
+                            WIDTH)
+        else:
+            _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M,
+                        WIDTH)
     else:
-        fence_async_shared()
-        tma.async_copy_shared_to_global(
-            o_desc, [b_row, h, first, col0],
-            tile._reinterpret(out.dtype, [1, 1, BLOCK_M, WIDTH], o_desc.layout))
+        _store_tma(out, o_desc, tile, b_row, h, first, col0, BLOCK_M, WIDTH)
+
+
+@gluon.jit
+def _store_tma(out, o_desc, tile, b_row, h, row, col0, BLOCK_M: gl.constexpr,
+               WIDTH: gl.constexpr):
+    """`_store_piece`'s TMA store of the tile at O's row `row` (clipped at O's bounds)."""
+    fence_async_shared()
+    tma.async_copy_shared_to_global(
+        o_desc, [b_row, h, row, col0],
+        tile._reinterpret(out.dtype, [1, 1, BLOCK_M, WIDTH], o_desc.layout))
+
+
+@gluon.jit
+def _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M: gl.constexpr,
+                WIDTH: gl.constexpr):
+    """`_store_piece`'s masked store: the tile read back in rows of 16 bytes a thread, rows
+    under seq_q and columns under dim_v."""
+    TPC: gl.constexpr = 32 if WIDTH >= 256 else WIDTH // 8  # threads across a row
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPC, TPC], [4, 1], [1, 0])
+    vals = tile.load(rows_layout)
+    rows_o = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
+    cols_o = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, rows_layout))
+    offs = gl.expand_dims(rows_o * so_s, 1) + gl.expand_dims(cols_o * so_d, 0)
+    # (columns from dim_v on are the padding of a head dim the kernel runs padded)
+    gl.store(p_o + o_base + offs, vals, mask=gl.expand_dims(rows_o < seq_q, 1)
+             & gl.expand_dims(cols_o < dim_v, 0))
+
+
+@gluon.jit
+def _free_late(pending, q_free):
+    """LATE_FREE: the Q slot `pending` (>= 0) of the item before, whose O went out through
+    its tiles, released once that TMA store has read them (by now: a step of this item has
+    been issued since), so that the consumers do not wait on the store's read at each item's
+    end; -1 after (nothing pending)."""
+    if pending >= 0:
+        tma.store_wait(0)
+        gl.thread_barrier()
+        mbarrier.arrive(q_free.index(pending), count=1)
+    return pending * 0 - 1
 
 
 @gluon.jit
@@ -652,9 +700,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
               LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
               MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr, CLAIM: gl.constexpr,
-              DOC_ROW: gl.constexpr):
+              DOC_ROW: gl.constexpr, VARLEN_TMA: gl.constexpr, LATE_FREE: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...; the items of
-    its program's share, or under CLAIM those the loader publishes with each Q, up to n_items):
+    its program's share, or under CLAIM or DOC_ROW those the loader publishes in each Q slot's
+    `claimed` row, up to n_items):
     the key loop and the stores. With a second head-dim piece (D_B > 0) each product is two
     wgmmas: S = Q_a K_a^T + Q_b K_b^T; V's and O's pieces (DV_A, DV_B > 0) are their own: O_a =
     P V_a, O_b = P V_b apart, O stored through Q's tiles (DV_A <= D_A, DV_B <= D_B:
@@ -697,6 +746,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     items = 0   # live items so far (Q's phase)
     turns = 0   # ping-pong hand-overs so far
     t = gl.program_id(0)
+    pending = t * 0 - 1  # LATE_FREE: the Q slot to release once its O's store read it
     if CLAIM or DOC_ROW:  # the item that comes with the first Q slot
         mbarrier.wait(q_bar.index(0), 0)
         t = _claimed(claimed.index(0))
@@ -748,7 +798,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             if DV_B > 0:
                 acc2 = gl.zeros([BLOCK_M, DV_B], gl.float32, layout=o2_layout)
             n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-            if not CLAIM:  # (else waited for with the item)
+            if not (CLAIM or DOC_ROW):  # (else waited for with the item)
                 mbarrier.wait(q_bar.index(qs), (items // Q_SLOTS) & 1)
             if n_tiles > 0:
                 # tile 0: S_0 and its softmax; its P waits for the loop's first P V
@@ -759,6 +809,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                 if D_B > 0:
                     s_tok = warpgroup_mma(q2_tile, k2_smem.index(slot).permute((1, 0)),
                                           s_tok, is_async=True)
+                if LATE_FREE:  # the item before's Q slot, under this item's first product
+                    pending = _free_late(pending, q_free)
                 s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(slot), q2_tile,
                                                 k2_smem.index(slot)])[0]
                 if not SHARED_KV:  # else the slot is freed with its V, after P V
@@ -860,20 +912,23 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                                                       + h_kv))
             out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(
                 o_tile.dtype)
-            _store_piece(out, o_desc, o_tile, p_o, o_base, so_s, so_d, b_row, h, first, 0, sq,
-                         dim_v,
-                         BLOCK_M, DV_A, VARLEN)
+            _store_piece(out, o_desc, o_tile, p_o, o_base, so_s, so_d, b_row, h, q_start,
+                         first, 0, sq, dim_v, BLOCK_M, DV_A, VARLEN, VARLEN_TMA)
             if DV_B > 0:
                 out2 = (acc2 / gl.expand_dims(gl.convert_layout(l_safe, row_o2), 1)).to(
                     o2_tile.dtype)
-                _store_piece(out2, o2_desc, o2_tile, p_o, o_base, so_s, so_d, b_row, h, first,
-                             DV_A, sq, dim_v, BLOCK_M, DV_B, VARLEN)
-            if not VARLEN:
-                tma.store_wait(0)
-            # O went out through Q's tiles: once every thread of the warpgroup is past its
-            # reads of them (one thread arrives), the slot's next item's Q may load
-            gl.thread_barrier()
-            mbarrier.arrive(q_free.index(qs), count=1)
+                _store_piece(out2, o2_desc, o2_tile, p_o, o_base, so_s, so_d, b_row, h,
+                             q_start, first, DV_A, sq, dim_v, BLOCK_M, DV_B, VARLEN, VARLEN_TMA)
+            if LATE_FREE:  # (an item without keys: its first product is not there)
+                pending = _free_late(pending, q_free)
+                pending = pending * 0 + qs  # released under the next item's first product
+            else:
+                if VARLEN_TMA or not VARLEN:
+                    tma.store_wait(0)
+                # O went out through Q's tiles: once every thread of the warpgroup is past
+                # its reads of them (one thread arrives), the slot's next item's Q may load
+                gl.thread_barrier()
+                mbarrier.arrive(q_free.index(qs), count=1)
             if WRITE_LSE:
                 lse_base = (b_row.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
                             + q_start.to(gl.int64) * sl_s)
@@ -884,6 +939,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             t = _claimed(claimed.index(items % Q_SLOTS))
         else:
             t += gl.num_programs(0)
+    if LATE_FREE:  # the last item's O store read, its slot given back
+        pending = _free_late(pending, q_free)
 
 
 # Sizes that change from call to call, left unspecialised (Triton would compile again for
@@ -911,7 +968,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     FP8: gl.constexpr, P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr,
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
                     FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr,
-                    CLAIM: gl.constexpr, DOC_ROW: gl.constexpr):
+                    CLAIM: gl.constexpr, DOC_ROW: gl.constexpr, VARLEN_TMA: gl.constexpr,
+                    LATE_FREE: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -931,8 +989,15 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     (batch, head) pairs a causal launch takes its tiles across, the longest first (`_item`;
     1 for any other launch). CLAIM: the programs claim items from `p_claim`'s counter (`_claim`);
     DOC_ROW (VARLEN only): the loader hands each live item and its document to the consumers
-    (`_publish`), who take their items from it as under CLAIM"""
+    (`_publish`), who take their items from it as under CLAIM. VARLEN_TMA (VARLEN only): O's
+    tiles whose rows all lie in their sequence go out by TMA stores (`_store_piece`).
+    LATE_FREE (two Q slots; VARLEN only with VARLEN_TMA): a consumer releases an item's Q slot
+    under the next item's first product, not once its O's TMA store has read the slot's
+    tiles (`_free_late`)"""
     gl.static_assert(not DOC_ROW or VARLEN, "DOC_ROW: a varlen launch's")
+    gl.static_assert(not VARLEN_TMA or VARLEN, "VARLEN_TMA: a varlen launch's")
+    # LATE_FREE: a slot's release waits for the next item, held in the other slot
+    gl.static_assert(not LATE_FREE or (Q_SLOTS == 2 and (VARLEN_TMA or not VARLEN)))
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [Q_SLOTS * CONSUMERS, BLOCK_M, D_A],
@@ -1019,15 +1084,18 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
+                         VARLEN_TMA, LATE_FREE)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
+                         VARLEN_TMA, LATE_FREE)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
+                         VARLEN_TMA, LATE_FREE)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
@@ -1037,11 +1105,13 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
             (_consumer, (bufs, args, 0, turn0, turn1, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
+                         VARLEN_TMA, LATE_FREE)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
-                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW)),
+                         LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
+                         VARLEN_TMA, LATE_FREE)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
