@@ -25,8 +25,8 @@ And the forward kernel's Q slots (`hopper.forward.Q_SLOTS`), on mbarriers' parit
 in use; with the causal claims (`hopper.forward.CAUSAL_CLAIMS`; and every varlen launch
 since f3907b0, `DOC_ROWS`, its document beside the index) each item's index goes with its Q
 slot and the loader ends the consumers' loop through the next slot: no consumer reads
-another item's index, none is left waiting. With `notes/patches/late-q-free.patch`
-(LATE_Q_FREE) a slot goes back under the next item's first product, its O store in flight
+another item's index, none is left waiting. With `hopper.forward.LATE_Q_FREE`
+(f30cbb6) a slot goes back under the next item's first product, its O store in flight
 until then: the same, with no load over a store in flight, and two slots needed.
 """
 
@@ -180,7 +180,7 @@ def explore_q_slots(items: int, slots: int, consumers: int, free_parity_flip: bo
     `end_without_wait`: the loader writes the end without waiting for the slot's free
     barrier (a bug: it may overwrite an index a consumer has not read yet).
 
-    `late_free` (`notes/patches/late-q-free.patch`, LATE_Q_FREE): a consumer's store of O
+    `late_free` (`hopper.forward.LATE_Q_FREE`): a consumer's store of O
     through its slot stays in flight (a TMA store reading the slot's tiles) and the slot is
     released only once the consumer has read its next item's Q (under that item's first
     product), or when it leaves; a load over a slot whose store is in flight is an error
@@ -325,6 +325,6 @@ def test_the_q_slot_model_catches_what_the_protocol_guards_against():
 @pytest.mark.parametrize("items", [1, 2, 5])
 def test_q_slots_given_back_under_the_next_item_never_hang_or_load_over_a_store(
         items, consumers, claims):
-    # `notes/patches/late-q-free.patch` (LATE_Q_FREE, two Q slots): each slot goes back
+    # `hopper.forward.LATE_Q_FREE` (two Q slots): each slot goes back
     # once the consumer has read its next item's Q, or when it leaves
     explore_q_slots(items, 2, consumers, claims=claims, late_free=True)
