@@ -49,7 +49,8 @@ from hopper_check import varlen_lengths  # noqa: E402  (scripts/, beside this on
 # name: ("dense", B, H, H_kv, S, D, causal[, Dv]) (Dv: V's own head dim, else D) |
 # ("window", B, H, S, D, left) (causal, the window bench suite's row) | ("varlen", D,
 # causal[, longest]) (the varlen suite's 24 documents, H16; with `longest`, hopper_check's
-# varlen sweep's documents: 16k tokens of [longest / 2, longest] each)
+# varlen sweep's documents: 16k tokens of [longest / 2, longest] each) | ("fp8", B, H, S, D,
+# causal) (float8 e4m3 q, k, v, unit factors; O in bfloat16)
 ROWS = {
     "d128": ("dense", 4, 32, 32, 4096, 128, False),
     "d128c": ("dense", 4, 32, 32, 4096, 128, True),
@@ -91,8 +92,13 @@ ROWS = {
     "s256d192": ("dense", 64, 16, 16, 256, 192, False),
     "s1024d192": ("dense", 16, 16, 16, 1024, 192, False),
     "s2048d192": ("dense", 8, 16, 16, 2048, 192, False),
+    "fp8d64": ("fp8", 4, 32, 4096, 64, False),  # the fp8 bench suite's rows
+    "fp8d64c": ("fp8", 4, 32, 4096, 64, True),
+    "fp8d128": ("fp8", 4, 32, 4096, 128, False),
+    "fp8d128c": ("fp8", 4, 32, 4096, 128, True),
 }
 SLICE_HEADS = 4  # dense and window rows: the reference of batch 0's first heads
+FP8_BOUND = 2 ** -4  # fp8 rows: the largest error allowed, a share of |reference|'s largest
 
 
 def problem(spec):
@@ -117,7 +123,16 @@ def problem(spec):
         flops = sum(4 * n * n * d * 16 // (2 if causal else 1) for n in lengths)
         return call, varlen_ref(q, k, v, cu, cu, causal=causal, device="cuda"), (
             lambda o: o), flops
-    if kind == "window":
+    if kind == "fp8":
+        _, b, h, s, d, causal = spec
+        q, k, v = (rand(b, h, s, d).to(torch.float8_e4m3fn) for _ in range(3))
+        window, hk = None, h
+
+        def call(backend="hopper"):
+            with use_backend(backend):
+                return attention(q, k, v, is_causal=causal)
+        flops = 4 * b * h * s * s * d // (2 if causal else 1)
+    elif kind == "window":
         _, b, h, s, d, left = spec
         q, k, v = (rand(b, h, s, d) for _ in range(3))
         window, hk, causal = (left, None), h, True
@@ -154,11 +169,18 @@ def row(name: str, switch: str, values: list, rounds: int) -> dict:
                 setattr(knobs, switch, value)
                 first = call()
                 if i not in outs:
-                    verdict = check(part(first), ref, peer_error=peer)
-                    if not verdict.ok:
-                        raise SystemExit(f"{name} {switch}={value!r}: "
-                                         f"{'; '.join(verdict.reasons)}")
-                    outs[i], errs[i] = first, verdict.max_abs
+                    if ROWS[name][0] == "fp8":  # P in e4m3: the FP8 tests' bound
+                        err = (part(first).double() - ref).abs().max().item()
+                        if not err <= FP8_BOUND * ref.abs().max().item():
+                            raise SystemExit(f"{name} {switch}={value!r}: error {err:.3g} "
+                                             f"over {FP8_BOUND} of the reference's largest")
+                    else:
+                        verdict = check(part(first), ref, peer_error=peer)
+                        if not verdict.ok:
+                            raise SystemExit(f"{name} {switch}={value!r}: "
+                                             f"{'; '.join(verdict.reasons)}")
+                        err = verdict.max_abs
+                    outs[i], errs[i] = first, err
                 times[i].append(time_gpu(call, warmup=5, repeat=30).median_ms)
                 if not torch.equal(call(), outs[i]):
                     raise SystemExit(f"{name} {switch}={value!r}: the output changed "
