@@ -138,6 +138,24 @@ def test_fp8_runs_three_consumer_warpgroups_at_d64_from_2048_rows_unmasked():
     assert consumer_warpgroups((64, 64), False, False, 2048, False, varlen=True) == 3
 
 
+def test_fp8_launches_release_q_slots_late_only_where_they_claim(monkeypatch):
+    # the rule `hopper.forward` launches by (`releases_late`, `LATE_Q_FREE`): two slots,
+    # O by TMA stores; FP8 non-causal launches lost with it (H100, 1127Z), causal ones gained
+    from fusedattn.hopper import forward
+
+    assert forward.releases_late(2, False, False, False)
+    assert forward.releases_late(2, False, True, False)
+    assert not forward.releases_late(1, False, False, False)  # one slot: it would deadlock
+    assert not forward.releases_late(2, True, False, False)  # FP8 unclaimed: lost
+    assert forward.releases_late(2, True, True, False)  # FP8 causal, claimed: gained
+    assert forward.releases_late(2, False, True, True)  # varlen's O by TMA stores
+    monkeypatch.setattr(forward, "VARLEN_TMA_STORE", False)
+    assert not forward.releases_late(2, False, True, True)  # masked stores: nothing to defer
+    assert forward.releases_late(2, False, False, False)
+    monkeypatch.setattr(forward, "LATE_Q_FREE", False)
+    assert not forward.releases_late(2, False, True, False)
+
+
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_d64_from_2048_rows_against_the_reference(causal):

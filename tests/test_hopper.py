@@ -375,14 +375,15 @@ def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, 
 @pytest.mark.parametrize("dim, dim_v, fp8, causal", [(64, 64, False, True),
                                                      (128, 128, False, False),
                                                      (128, 64, False, True),
-                                                     (128, 128, True, False)])
+                                                     (128, 128, True, True)])
 def test_q_slots_released_late_give_the_bits_of_released_at_once(dim, dim_v, fp8, causal,
                                                                   monkeypatch):
     # `hopper.forward.LATE_Q_FREE`: a consumer gives an item's Q slot back (its O went out
     # through the slot's tiles by a TMA store) under the next item's first product, not at
     # the item's end. 288 items over the SMs (8 x 12 heads of 300 rows) walk both slots in
     # turn, three calls on poisoned memory; FP8's O goes out through a tile of its own,
-    # written again by the next item's store, which the late wait guards too
+    # written again by the next item's store, which the late wait guards too (FP8 releases
+    # late only where it claims its items, under the causal mask: `forward.releases_late`)
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     from fusedattn.hopper import forward as knobs

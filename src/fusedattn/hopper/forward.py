@@ -258,7 +258,9 @@ VARLEN_TMA_STORE = True
 # with two Q slots, where O goes out by TMA stores (dense, or varlen under VARLEN_TMA_STORE),
 # a consumer releases an item's Q slot under the next item's first product (FA3's epilogue:
 # its TMA store is waited for before the next store, not at once), where False waits at the
-# item's end for the store to read O out of the slot's tiles before it releases it (A/B)
+# item's end for the store to read O out of the slot's tiles before it releases it (A/B).
+# FP8's O goes out through tiles of its own, not Q's: there it is kept where the launch
+# claims its items (causal) only (`releases_late`)
 LATE_Q_FREE = True
 
 
@@ -336,6 +338,19 @@ def q_slots(tile: tuple[int, ...], consumers: int, fp8: bool) -> int:
     q_tile = consumers * block_m * (d_a + d_b) * size
     fits = (SHARED_BYTES - ring - o_tiles - barriers) // q_tile
     return max(1, min(Q_SLOTS, fits))
+
+
+def releases_late(slots: int, fp8: bool, claim: bool, varlen: bool) -> bool:
+    """Whether a launch's consumers give each item's Q slot back under the next item's first
+    product (`LATE_Q_FREE`): with two slots, where O goes out by TMA stores (dense, or varlen
+    under `VARLEN_TMA_STORE`). FP8 launches only where they claim their items: on an H100 in
+    one process, the same bits, TFLOP/s late / at the item's end (evidence/nvidia-h100/
+    20261206T1127Z-late-q-free-fp8): B4 H32 S4096 D128 815 / 844, D64 538 / 572, D128 causal
+    744 / 724, D64 causal 476 / 480. FP8's O goes out through tiles of its own, not the Q
+    slot's, so there the late release moves only the wait for O's store; why that costs the
+    non-causal launches is not profiled."""
+    return (LATE_Q_FREE and slots == 2 and (not varlen or VARLEN_TMA_STORE)
+            and (not fp8 or claim))
 
 
 @functools.cache
@@ -488,6 +503,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         MASK_FORM=MASK_FORM if left >= 0 or right >= 0 else MASK_FORM_EDGE,
         Q_SLOTS=slots, CLAIM=claim, DOC_ROW=DOC_ROWS and varlen is not None,
         VARLEN_TMA=VARLEN_TMA_STORE and varlen is not None,
-        LATE_FREE=LATE_Q_FREE and slots == 2 and (varlen is None or VARLEN_TMA_STORE),
+        LATE_FREE=releases_late(slots, fp8, claim, varlen is not None),
         num_warps=4)
     return out
