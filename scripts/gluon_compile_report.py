@@ -213,8 +213,9 @@ def compile_config(fn, config: dict, backward: bool = False):
     c.setdefault("DV_B", c["D_B"])
     c.setdefault("DOC_ROW", c["VARLEN"])  # the launcher's `DOC_ROWS and varlen`
     c.setdefault("VARLEN_TMA", c["VARLEN"])  # `VARLEN_TMA_STORE and varlen`
-    # the launcher's `LATE_Q_FREE and slots == 2 and (varlen is None or VARLEN_TMA_STORE)`
-    c.setdefault("LATE_FREE", c["Q_SLOTS"] == 2 and (not c["VARLEN"] or c["VARLEN_TMA"]))
+    # the launcher's `forward.releases_late(slots, fp8, claim, varlen)`
+    c.setdefault("LATE_FREE", c["Q_SLOTS"] == 2 and (not c["VARLEN"] or c["VARLEN_TMA"])
+                 and (not c["FP8"] or c["CLAIM"]))
     bm, bn = c["BLOCK_M"], c["BLOCK_N"]
     pieces = {"q": (bm, "D"), "k": (bn, "D"), "v": (bn, "DV"), "o": (bm, "DV")}
     types = {}
