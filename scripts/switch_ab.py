@@ -96,6 +96,7 @@ ROWS = {
     "fp8d64c": ("fp8", 4, 32, 4096, 64, True),
     "fp8d128": ("fp8", 4, 32, 4096, 128, False),
     "fp8d128c": ("fp8", 4, 32, 4096, 128, True),
+    "fp8d256": ("fp8", 4, 32, 4096, 256, False),
 }
 SLICE_HEADS = 4  # dense and window rows: the reference of batch 0's first heads
 FP8_BOUND = 2 ** -4  # fp8 rows: the largest error allowed, a share of |reference|'s largest
