@@ -24,6 +24,30 @@ def _rand(*shape, dtype=torch.bfloat16, seed=0):
     return torch.randn(shape, generator=g).to(dtype).to(DEVICE)
 
 
+def _same_bits_when_switched(call, monkeypatch, **switched):
+    """The bits tests' protocol for a switch of `hopper.forward`: `call()` on the Hopper
+    path three times, each output copied and its memory poisoned (NaN: torch's allocator
+    hands the freed blocks to the next call), then once with `switched` set; every copy
+    must be that last output's bits. Returns it, a tuple of tensors."""
+    from fusedattn.hopper import forward as knobs
+
+    def tensors(out):
+        return out if isinstance(out, tuple) else (out,)
+    with use_backend("hopper"):
+        runs = []
+        for _ in range(3):
+            got = tensors(call())
+            runs.append(tuple(t.clone() for t in got))
+            for t in got:
+                t.fill_(float("nan"))
+            del got
+        for name, value in switched.items():
+            monkeypatch.setattr(knobs, name, value)
+        want = tensors(call())
+    assert all(torch.equal(a, b) for run in runs for a, b in zip(run, want, strict=True))
+    return want
+
+
 def test_use_backend_takes_only_known_names():
     with pytest.raises(ProblemError, match="backend"):
         with use_backend("fast"):
@@ -386,23 +410,14 @@ def test_q_slots_released_late_give_the_bits_of_released_at_once(dim, dim_v, fp8
     # late only where it claims its items, under the causal mask: `forward.releases_late`)
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
-    from fusedattn.hopper import forward as knobs
 
     q, k = (_rand(8, 12, 300, dim, seed=50 + i) for i in range(2))
     v = _rand(8, 12, 300, dim_v, seed=52)
     if fp8:
         q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
-    with use_backend("hopper"):
-        runs = []
-        for _ in range(3):
-            got = attention(q, k, v, is_causal=causal, return_lse=True)
-            runs.append(tuple(t.clone() for t in got))
-            for t in got:
-                t.fill_(float("nan"))
-            del got
-        monkeypatch.setattr(knobs, "LATE_Q_FREE", False)
-        want = attention(q, k, v, is_causal=causal, return_lse=True)
-    assert all(torch.equal(a, b) for run in runs for a, b in zip(run, want, strict=True))
+    want = _same_bits_when_switched(
+        lambda: attention(q, k, v, is_causal=causal, return_lse=True), monkeypatch,
+        LATE_Q_FREE=False)
     ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
     err = (want[0].double() - ref).abs().max().item()
     assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
@@ -423,7 +438,6 @@ def test_varlen_tma_stores_give_the_masked_stores_bits(dim, dim_v, fp8, causal, 
     # pieces) and V's own head dim clip at O's last column
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
-    from fusedattn.hopper import forward as knobs
 
     gen = torch.Generator().manual_seed(dim)
     lens = torch.randint(0, 700, (40,), generator=gen).tolist()
@@ -434,18 +448,9 @@ def test_varlen_tma_stores_give_the_masked_stores_bits(dim, dim_v, fp8, causal, 
     k, v = _rand(cu[-1].item(), 2, dim, seed=61), _rand(cu[-1].item(), 2, dim_v, seed=62)
     if fp8:
         q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
-    with use_backend("hopper"):
-        def call():
-            return attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=causal)
-        runs = []
-        for _ in range(3):
-            got = call()
-            runs.append(got.clone())
-            got.fill_(float("nan"))
-            del got
-        monkeypatch.setattr(knobs, "VARLEN_TMA_STORE", False)
-        want = call()
-    assert all(torch.equal(got, want) for got in runs)
+    want, = _same_bits_when_switched(
+        lambda: attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=causal),
+        monkeypatch, VARLEN_TMA_STORE=False)
     ref = varlen_ref(q, k, v, cu, cu, causal=causal, device=DEVICE)
     err = (want.double() - ref).abs().max().item()
     assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
@@ -508,21 +513,9 @@ def test_claimed_items_give_one_program_an_items_bits_call_after_call(dim, dim_v
     if three:
         monkeypatch.setattr(knobs, "WARPGROUPS_MIN_ROWS", 1)
         monkeypatch.setattr(knobs, "WARPGROUPS_MIN_ROWS_BOUNDED", 1)
-    with use_backend("hopper"):
-        def call():
-            return attention(q, k, v, is_causal=True, return_lse=True)
-        runs = []
-        for _ in range(3):
-            got = call()
-            runs.append(tuple(t.clone() for t in got))
-            for t in got:
-                t.fill_(float("nan"))
-            del got
-        monkeypatch.setattr(knobs, "CAUSAL_CLAIMS", False)
-        monkeypatch.setattr(knobs, "LPT_SECTIONS", False)
-        want = call()
-    for got in runs:
-        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    want = _same_bits_when_switched(
+        lambda: attention(q, k, v, is_causal=True, return_lse=True), monkeypatch,
+        CAUSAL_CLAIMS=False, LPT_SECTIONS=False)
     ref = attention_ref(q, k, v, causal=True, device=DEVICE)
     err = (want[0].double() - ref).abs().max().item()
     assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
@@ -552,18 +545,9 @@ def test_claimed_varlen_items_give_one_program_an_items_bits(dim, doc_rows, monk
                              device=DEVICE) for n in (lens, lens_k))
     q = _rand(cu[-1].item(), 12, dim, seed=40)
     k, v = (_rand(cu_k[-1].item(), 4, dim, seed=41 + i) for i in range(2))
-    with use_backend("hopper"):
-        def call():
-            return attention_varlen(q, k, v, cu, cu_k, max(lens), max(lens_k), is_causal=True)
-        runs = []
-        for _ in range(3):
-            got = call()
-            runs.append(got.clone())
-            got.fill_(float("nan"))
-            del got
-        monkeypatch.setattr(knobs, "VARLEN_CLAIMS", False)
-        want = call()
-    assert all(torch.equal(got, want) for got in runs)
+    want, = _same_bits_when_switched(
+        lambda: attention_varlen(q, k, v, cu, cu_k, max(lens), max(lens_k), is_causal=True),
+        monkeypatch, VARLEN_CLAIMS=False)
     ref = varlen_ref(q, k, v, cu, cu_k, causal=True, device=DEVICE)
     err = (want.double() - ref).abs().max().item()
     assert err <= 2 ** -6 * ref.abs().max().item(), err
