@@ -295,6 +295,12 @@ def claims(mask, varlen) -> bool:
     program an item) and the dispatch's thresholds (`dispatch.HOPPER_MIN_KEYS_CLAIMED`,
     `HOPPER_MIN_KEYS_VARLEN`) read it."""
     _, _, left, right = mask.kernel_args(1.0)
+    return claims_edges(left, right, varlen)
+
+
+def claims_edges(left: int, right: int, varlen) -> bool:
+    """`claims` for the mask's edges as `Mask.kernel_args` gives them (a launch has them
+    already)."""
     return (right == 0 and left < 0 and CAUSAL_CLAIMS
             and (varlen is None or (VARLEN_DYNAMIC and VARLEN_CLAIMS)))
 
@@ -453,7 +459,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     dynamic = (right == 0 and left < 0 and (varlen is None or VARLEN_DYNAMIC)
                and seq_q >= CAUSAL_PERSISTENT_ROWS)
     # a causal launch on the persistent grid, its programs claiming items in turn
-    claim = dynamic and claims(mask, varlen) and not capturing()
+    claim = dynamic and claims_edges(left, right, varlen) and not capturing()
     dynamic = dynamic and not claim
     entry = tile_entry(pair, fp8, persistent=not dynamic)
     d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
