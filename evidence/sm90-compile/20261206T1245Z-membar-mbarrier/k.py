@@ -1,0 +1,33 @@
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, fence_async_shared
+
+@gluon.jit
+def k1(p, n, VARIANT: gl.constexpr):
+    a = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    b = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    c = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    buf = gl.allocate_shared_memory(gl.float32, [128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for i in gl.static_range(2):
+        mbarrier.init(a.index(i), count=1)
+        mbarrier.init(b.index(i), count=1)
+        mbarrier.init(c.index(i), count=1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    x = gl.arange(0, 128, layout=layout).to(gl.float32)
+    for t in range(n):
+        s = t % 2
+        mbarrier.wait(a.index(s), (t // 2) & 1)
+        if VARIANT == 0:   # wait; arrive b
+            mbarrier.arrive(b.index(s), count=1)
+        elif VARIANT == 1:  # wait; arrive b; arrive c
+            mbarrier.arrive(b.index(s), count=1)
+            mbarrier.arrive(c.index(s), count=1)
+        elif VARIANT == 2:  # store buf; barrier; arrive b
+            buf.store(x + t)
+            gl.thread_barrier()
+            mbarrier.arrive(b.index(s), count=1)
+        elif VARIANT == 3:  # store buf; fence; barrier; arrive b (no wait at top variant below)
+            buf.store(x + t)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(b.index(s), count=1)
