@@ -31,3 +31,41 @@ def k1(p, n, VARIANT: gl.constexpr):
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(b.index(s), count=1)
+
+
+@gluon.jit
+def k2(p, n, VARIANT: gl.constexpr):
+    a = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    b = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    f = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    buf = gl.allocate_shared_memory(gl.float32, [128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for i in gl.static_range(2):
+        mbarrier.init(a.index(i), count=1)
+        mbarrier.init(b.index(i), count=1)
+        mbarrier.init(f.index(i), count=1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    x = gl.arange(0, 128, layout=layout).to(gl.float32)
+    if VARIANT == 1:
+        if n > 0:
+            mbarrier.wait(a.index(0), 0)
+    for t in range(n):
+        s = t % 2
+        if VARIANT == 0:  # today's step: wait slot; (dS barrier); wait free; store; barrier; arrive
+            mbarrier.wait(a.index(s), (t // 2) & 1)
+            y = x + t
+            gl.thread_barrier()
+            mbarrier.wait(f.index(s), (t // 2) & 1)
+            buf.store(y)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(b.index(s), count=1)
+        else:  # the next slot's wait moved before the hand-off's barrier
+            y = x + t
+            gl.thread_barrier()
+            mbarrier.wait(f.index(s), (t // 2) & 1)
+            buf.store(y)
+            fence_async_shared()
+            if t + 1 < n:
+                mbarrier.wait(a.index((t + 1) % 2), ((t + 1) // 2) & 1)
+            gl.thread_barrier()
+            mbarrier.arrive(b.index(s), count=1)
