@@ -28,6 +28,10 @@ slot and the loader ends the consumers' loop through the next slot: no consumer 
 another item's index, none is left waiting. With `hopper.forward.LATE_Q_FREE`
 (f30cbb6) a slot goes back under the next item's first product, its O store in flight
 until then: the same, with no load over a store in flight, and two slots needed.
+
+And the Hopper backward's Q/dO slots with `hopper.backward.SLOT_BY_DQ` (`explore_bwd_slots`):
+the loader takes a slot as free once it has waited for that step's dQ, with no free
+barrier: no deadlock, no load over a slot the compute warps still read, no dQ mixed up.
 """
 
 import functools
@@ -328,3 +332,119 @@ def test_q_slots_given_back_under_the_next_item_never_hang_or_load_over_a_store(
     # `hopper.forward.LATE_Q_FREE` (two Q slots): each slot goes back
     # once the consumer has read its next item's Q, or when it leaves
     explore_q_slots(items, 2, consumers, claims=claims, late_free=True)
+
+
+def explore_bwd_slots(steps: int, stages: int, bufs: int, slot_by_dq: bool = True,
+                      load_before_dq: bool = False) -> None:
+    """The Hopper backward's ring of Q/dO slots and dQ's buffers (`backward_kernel._steps`
+    and `_dq_writer`, where a slot is released at its step's end: not EARLY_FREE, dQ in one
+    part), on mbarriers' parity waits, over every interleaving. The compute warps (one
+    party) wait on step t's slot's ready barrier, read the slot through the step, wait on
+    dQ buffer t % bufs's free barrier, write dQ there and arrive on its ready barrier, and
+    (not `slot_by_dq`) on the slot's free barrier. The writer loads steps 0 .. stages - 1,
+    then for each step t waits for its dQ, loads step t + stages into t's slot (not
+    `slot_by_dq`: after waiting on the slot's free barrier; `slot_by_dq`
+    (`hopper.backward.SLOT_BY_DQ`): the dQ it waited for stands for it), reads the dQ and
+    gives its buffer back. Raises AssertionError on a deadlock, a load over a slot the
+    compute warps still read, a step reading another step's Q, or the writer reading a dQ
+    not its step's. `load_before_dq`: the writer loads before it waits for the dQ (a bug
+    under `slot_by_dq`)."""
+    def passes(completed: int, parity: int) -> bool:
+        return (completed & 1) != parity
+
+    def bump(phases: tuple, i: int) -> tuple:
+        return phases[:i] + (phases[i] + 1,) + phases[i + 1:]
+
+    @functools.cache
+    def step(comp: tuple, writer: tuple, slot: tuple, landing: tuple, ready: tuple,
+             free: tuple, dq: tuple, dq_ready: tuple, dq_free: tuple) -> None:
+        moves = 0
+        t, stage = comp
+        w, wstage = writer
+
+        def load(item, slot, landing):  # the writer issues item's load into its slot
+            s = item % stages
+            using = t < steps and t % stages == s and stage in ("read", "buf")
+            assert not using, f"step {item}'s load overwrites slot {s} while step {t} reads it"
+            assert landing[s] is None
+            return landing[:s] + (item,) + landing[s + 1:]
+
+        for s in range(stages):  # a load lands
+            if landing[s] is not None:
+                moves += 1
+                step(comp, writer, slot[:s] + (landing[s],) + slot[s + 1:],
+                     landing[:s] + (None,) + landing[s + 1:], bump(ready, s), free, dq,
+                     dq_ready, dq_free)
+        # the compute warps
+        if t < steps:
+            s, b = t % stages, t % bufs
+            if stage == "wait" and passes(ready[s], (t // stages) & 1):
+                assert slot[s] == t, f"step {t} reads slot {s}, which holds step {slot[s]}"
+                moves += 1
+                step((t, "read"), writer, slot, landing, ready, free, dq, dq_ready, dq_free)
+            elif stage == "read":
+                moves += 1
+                step((t, "buf"), writer, slot, landing, ready, free, dq, dq_ready, dq_free)
+            elif stage == "buf" and passes(dq_free[b], ((t // bufs) & 1) ^ 1):
+                moves += 1
+                step((t + 1, "wait"), writer, slot, landing, ready,
+                     free if slot_by_dq else bump(free, s), dq[:b] + (t,) + dq[b + 1:],
+                     bump(dq_ready, b), dq_free)
+        # the writer: the first loads, then each step's dQ
+        if w < 0:  # (the first loads: -n .. -1 load steps 0 .. n - 1)
+            item = w + min(stages, steps)
+            if (slot_by_dq or passes(free[item % stages], 1)) and landing[item % stages] is None:
+                moves += 1
+                step(comp, (w + 1, "dq" if w + 1 == 0 else "pro"), slot,
+                     load(item, slot, landing), ready, free, dq, dq_ready, dq_free)
+        elif w < steps:
+            b, nxt = w % bufs, w + stages
+            s = nxt % stages
+            ok_slot = slot_by_dq or passes(free[s], ((nxt // stages) & 1) ^ 1)
+            if wstage == "dq" and load_before_dq:
+                if nxt >= steps:
+                    moves += 1
+                    step(comp, (w, "wait"), slot, landing, ready, free, dq, dq_ready, dq_free)
+                elif ok_slot and landing[s] is None:
+                    moves += 1
+                    step(comp, (w, "wait"), slot, load(nxt, slot, landing), ready, free, dq,
+                         dq_ready, dq_free)
+            elif wstage in ("dq", "wait") and passes(dq_ready[b], (w // bufs) & 1):
+                moves += 1
+                step(comp, (w, "load" if wstage == "dq" else "add"), slot, landing, ready,
+                     free, dq, dq_ready, dq_free)
+            elif wstage == "load":
+                if nxt >= steps:
+                    moves += 1
+                    step(comp, (w, "add"), slot, landing, ready, free, dq, dq_ready, dq_free)
+                elif ok_slot and landing[s] is None:
+                    moves += 1
+                    step(comp, (w, "add"), slot, load(nxt, slot, landing), ready, free, dq,
+                         dq_ready, dq_free)
+            elif wstage == "add":
+                assert dq[b] == w, f"the writer adds buffer {b} for step {w}: it holds {dq[b]}"
+                moves += 1
+                step(comp, (w + 1, "dq"), slot, landing, ready, free, dq, dq_ready,
+                     bump(dq_free, b))
+        if not moves:
+            assert t >= steps and w >= steps, f"deadlock: compute {comp}, writer {writer}"
+
+    first = -min(stages, steps)
+    step((0, "wait"), (first, "pro" if first < 0 else "dq"), (None,) * stages,
+         (None,) * stages, (0,) * stages, (0,) * stages, (None,) * bufs, (0,) * bufs,
+         (0,) * bufs)
+
+
+@pytest.mark.parametrize("slot_by_dq", [False, True])
+@pytest.mark.parametrize("stages, bufs", [(2, 1), (2, 2), (3, 2)])
+@pytest.mark.parametrize("steps", [0, 1, 2, 5])
+def test_the_backward_slots_freed_by_dqs_hand_off_never_hang_or_load_over_a_read(
+        steps, stages, bufs, slot_by_dq):
+    explore_bwd_slots(steps, stages, bufs, slot_by_dq)
+
+
+def test_the_backward_slot_model_catches_a_load_before_the_dq():
+    # under SLOT_BY_DQ the dQ the writer waits for is all that says the slot is free: a
+    # load issued before that wait lands on a slot the compute warps still read
+    with pytest.raises(AssertionError, match="overwrites"):
+        explore_bwd_slots(3, 2, 2, slot_by_dq=True, load_before_dq=True)
