@@ -637,11 +637,18 @@ def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, q_start, 
     its sequence (all but a sequence's last) goes out by the TMA store too, at its rows in
     the packed tensor (q_start + first)."""
     tile.store(out)
-    # (q_start is 0 where not VARLEN; the constexprs decide the condition where they can)
-    if VARLEN and not (VARLEN_TMA and first + BLOCK_M <= seq_q):
-        _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M, WIDTH)
+    if VARLEN:
+        if VARLEN_TMA:
+            if first + BLOCK_M <= seq_q:
+                _store_tma(out, o_desc, tile, b_row, h, q_start + first, col0, BLOCK_M, WIDTH)
+            else:
+                _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M,
+                            WIDTH)
+        else:
+            _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M,
+                        WIDTH)
     else:
-        _store_tma(out, o_desc, tile, b_row, h, q_start + first, col0, BLOCK_M, WIDTH)
+        _store_tma(out, o_desc, tile, b_row, h, first, col0, BLOCK_M, WIDTH)
 
 
 @gluon.jit
