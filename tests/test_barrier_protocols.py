@@ -403,26 +403,19 @@ def explore_bwd_slots(steps: int, stages: int, bufs: int, slot_by_dq: bool = Tru
             b, nxt = w % bufs, w + stages
             s = nxt % stages
             ok_slot = slot_by_dq or passes(free[s], ((nxt // stages) & 1) ^ 1)
-            if wstage == "dq" and load_before_dq:
-                if nxt >= steps:
-                    moves += 1
-                    step(comp, (w, "wait"), slot, landing, ready, free, dq, dq_ready, dq_free)
-                elif ok_slot and landing[s] is None:
-                    moves += 1
-                    step(comp, (w, "wait"), slot, load(nxt, slot, landing), ready, free, dq,
-                         dq_ready, dq_free)
-            elif wstage in ("dq", "wait") and passes(dq_ready[b], (w // bufs) & 1):
+            loading = wstage == ("dq" if load_before_dq else "load")
+            if loading and (nxt >= steps or (ok_slot and landing[s] is None)):
+                # step w + stages's load (none past the last step), then the dQ's wait
+                # (load_before_dq) or the add
+                moves += 1
+                step(comp, (w, "wait" if load_before_dq else "add"), slot,
+                     landing if nxt >= steps else load(nxt, slot, landing), ready, free, dq,
+                     dq_ready, dq_free)
+            elif (wstage in ("dq", "wait") and not loading
+                  and passes(dq_ready[b], (w // bufs) & 1)):
                 moves += 1
                 step(comp, (w, "load" if wstage == "dq" else "add"), slot, landing, ready,
                      free, dq, dq_ready, dq_free)
-            elif wstage == "load":
-                if nxt >= steps:
-                    moves += 1
-                    step(comp, (w, "add"), slot, landing, ready, free, dq, dq_ready, dq_free)
-                elif ok_slot and landing[s] is None:
-                    moves += 1
-                    step(comp, (w, "add"), slot, load(nxt, slot, landing), ready, free, dq,
-                         dq_ready, dq_free)
             elif wstage == "add":
                 assert dq[b] == w, f"the writer adds buffer {b} for step {w}: it holds {dq[b]}"
                 moves += 1
