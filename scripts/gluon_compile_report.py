@@ -197,6 +197,8 @@ def backward_constexprs(config: dict) -> dict:
     c.setdefault("DQ_SPLIT", 1)
     c.setdefault("EARLY_FREE", not c["SWAP_SDP"] and (c["STAGES"] == 1 or c["DQ_SPLIT"] > 1))
     c.setdefault("FREE_ON_READ", True)
+    # the launcher's `SLOT_BY_DQ and not early_free and split == 1`
+    c.setdefault("SLOT_BY_DQ", not c["EARLY_FREE"] and c["DQ_SPLIT"] == 1)
     return c
 
 

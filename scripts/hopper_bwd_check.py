@@ -228,6 +228,9 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # dQ's buffer back to the compute warps only once the deterministic adds'
              # writes are done, as before `hopper.backward.FREE_ON_READ`
              "hopper-free-after-adds": _ours("hopper", FREE_ON_READ=False),
+             # the slot released by an arrival of its own beside dQ's hand-off at a step's
+             # end, as before `hopper.backward.SLOT_BY_DQ`
+             "hopper-two-arrives": _ours("hopper", SLOT_BY_DQ=False),
              # D192 (and D129-D191) padded to D256's kernel, as before `PIECES`
              "hopper-pad256": _ours("hopper", PIECES={},
                                     TILES={d: t for d, t in knobs.TILES.items() if d != 192}),

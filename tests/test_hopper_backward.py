@@ -557,17 +557,34 @@ def test_the_dq_buffer_given_back_on_read_gives_the_same_bits(dim, monkeypatch):
     # an add or its order: the same bits with it on and off under the deterministic adds,
     # at every head dim's kernel (D192 in pieces, D256 with dQ in halves), causal, GQA 6/2
     # and Sq != Sk; the launch takes each
+    _same_bits_either_way("FREE_ON_READ", dim, monkeypatch, is_causal=True)
+
+
+@on_hopper
+@pytest.mark.parametrize("dim, causal", [(64, True), (128, False), (128, True), (192, True)])
+def test_the_slot_freed_by_dqs_hand_off_gives_the_same_bits(dim, causal, monkeypatch):
+    # `hopper.backward.SLOT_BY_DQ` drops the slot's own release where it came at the step's
+    # end with dQ's hand-off (the loader takes that hand-off for it), never an add: the same
+    # bits with it on and off wherever it acts (D64, D128 with S transposed and not, D192
+    # in pieces; D256 releases its slots early and never takes it)
+    _same_bits_either_way("SLOT_BY_DQ", dim, monkeypatch, is_causal=causal)
+
+
+def _same_bits_either_way(name: str, dim: int, monkeypatch, **options):
+    """The deterministic Hopper backward's gradients on `_gqa_operands(dim)` with
+    `hopper.backward`'s switch `name` on and off: every launch takes the value set, and
+    the two give the same bits."""
     from fusedattn.hopper import backward as knobs
 
     q, k, v, dout = _gqa_operands(dim)
-    seen = _launch_spy(("FREE_ON_READ", "DETERMINISTIC"), monkeypatch)
+    seen = _launch_spy((name, "DETERMINISTIC"), monkeypatch)
     grads = []
     for on in (True, False):
-        monkeypatch.setattr(knobs, "FREE_ON_READ", on)
+        monkeypatch.setattr(knobs, name, on)
         seen.clear()
-        grads.append(_grads(q, k, v, dout, "hopper", is_causal=True))
-        assert seen and all(s == (on, True) for s in seen), (dim, on, seen)
-    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
+        grads.append(_grads(q, k, v, dout, "hopper", **options))
+        assert seen and all(s == (on, True) for s in seen), (name, dim, on, seen)
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), (name, dim)
 
 
 MIB = 1 << 20
@@ -977,7 +994,7 @@ def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, determinis
     launched = _cpu_launch(dim, mask, deterministic, monkeypatch, dim_v=dim_v)
     shared = sorted(set(picked) & set(launched))
     assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "BLOCK_N", "STAGES",
-            "DQ_BUFS", "EARLY_FREE", "D", "D2", "DV", "DV2"} <= set(shared)
+            "DQ_BUFS", "EARLY_FREE", "SLOT_BY_DQ", "D", "D2", "DV", "DV2"} <= set(shared)
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
 
 

@@ -172,6 +172,13 @@ EARLY_FREE = True
 # 20261204T1943Z-bwd-d192-adds). On: D192 +8%, causal +11%, D128 and D256 within spread,
 # the same bits (1954Z) (A/B)
 FREE_ON_READ = True
+# where the slot is released at the step's end (not EARLY_FREE, dQ in one part), the loader
+# takes it as free once it has the step's dQ, which the compute warps hand over after
+# their last read of the slot: one arrival at a step's end, not two. Triton 3.6 lowers each
+# single-thread `mbarrier.arrive` to a barrier of the compute partition and one thread's
+# arrive, and the second of those barriers ordered nothing (the D128 step's SASS: four
+# `BAR.SYNC`s a step, three with this; notes/issue-33.md) (A/B)
+SLOT_BY_DQ = True
 
 
 def switches() -> tuple:
@@ -181,7 +188,7 @@ def switches() -> tuple:
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
             MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT,
-            FREE_ON_READ)
+            FREE_ON_READ, SLOT_BY_DQ)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -390,6 +397,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                 spread_bytes=(heads // heads_kv) * seq_q * (dim + dim_v) * q.element_size())
     # (the compact grid has no across-the-heads launch: its heads' tiles differ in count)
     across = down_across(grid[0], sms) and not grid_compact
+    early_free = not swap and ((EARLY_FREE and stages == 1) or split > 1)
     code = {"down": kernel.DOWN_ACROSS if across else kernel.DOWN,
             "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
@@ -406,7 +414,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   LSE_SMEM=lse_in_shared(dim, swap and unmasked, deterministic), SWAP_SDP=swap,
                   GQA=heads != heads_kv, VARLEN=varlen is not None, COMPACT=grid_compact,
                   MASK_CONSTANTS=MASK_CONSTANTS,
-                  EARLY_FREE=not swap and ((EARLY_FREE and stages == 1) or split > 1),
-                  DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
-                  FREE_ON_READ=FREE_ON_READ, num_warps=8)
+                  EARLY_FREE=early_free, DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
+                  FREE_ON_READ=FREE_ON_READ,
+                  SLOT_BY_DQ=SLOT_BY_DQ and not early_free and split == 1, num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -264,15 +264,16 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, b_row, h_kv, k_start, k0, s
 def _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv, group, q_start,
                m_lo, n_steps, rot, order, two, BLOCK_M: gl.constexpr, D: gl.constexpr,
                D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr, STAGES: gl.constexpr,
-               GQA: gl.constexpr):
+               GQA: gl.constexpr, WAIT_FREE: gl.constexpr):
     """Step t's Q and dO into slot t % STAGES, once the compute partition released the
-    slot's last use (dO in V's head-dim pieces, DV and DV2)."""
+    slot's last use (dO in V's head-dim pieces, DV and DV2): WAIT_FREE by the slot's free
+    barrier, else the caller knows it (SLOT_BY_DQ: it waited for step t - STAGES's dQ)."""
     j, hh = _step(t, group, GQA)
     m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
     h = h_kv * group + hh
     slot = t % STAGES
-    # a fresh barrier counts as having completed the phase before its first
-    mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
+    if WAIT_FREE:  # a fresh barrier counts as having completed the phase before its first
+        mbarrier.wait(free.index(slot), ((t // STAGES) & 1) ^ 1)
     if DV2 > 0:  # (a second head-dim piece: `two`'s descriptors and buffers, columns D..)
         q2_desc, do2_desc, q2_smem, do2_smem = two[0], two[3], two[7], two[10]
         mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes
@@ -384,7 +385,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                DQ_BUFS: gl.constexpr, WARPS: gl.constexpr, DQ_ADDS: gl.constexpr,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
                DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, EARLY_FREE: gl.constexpr,
-               DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, FREE_ON_READ: gl.constexpr):
+               DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, FREE_ON_READ: gl.constexpr,
+               SLOT_BY_DQ: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -399,7 +401,10 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     counted after the last. FREE_ON_READ (DETERMINISTIC with DQ_TMA): dQ's buffer goes back
     to the compute warps once the reduction has read it, and the writer then waits for the
     reduction's writes before it counts (the count orders the adds, the buffer does not);
-    else the buffer waits for the writes too."""
+    else the buffer waits for the writes too. SLOT_BY_DQ (not EARLY_FREE, DQ_SPLIT = 1):
+    a slot is known free once its step's dQ has been handed over, the compute warps'
+    one arrival at a step's end, so they arrive on no free barrier (`_steps`)."""
+    gl.static_assert(not (SLOT_BY_DQ and (EARLY_FREE or DQ_SPLIT > 1)))
     EARLY_DQ_FREE: gl.constexpr = FREE_ON_READ and DETERMINISTIC and DQ_TMA
     SPLIT_RINGS: gl.constexpr = DO_STAGES != STAGES
     DH: gl.constexpr = D // DQ_SPLIT  # (a part of dQ's columns)
@@ -429,7 +434,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             else:
                 _load_step(t, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
                            group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2,
-                           DV, DV2, STAGES, GQA)
+                           DV, DV2, STAGES, GQA, not SLOT_BY_DQ)
             if LSE_SMEM:
                 lse, delta = _step_rows(t, True, group, m_lo, n_steps, rot, order, b_row, h_kv,
                                         sl_b, sl_h, q_start, p_lse, p_delta, seq_q, vec,
@@ -464,10 +469,11 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                 _load_one(t + STAGES, q_desc, q_smem, ready, free, b_row, h_kv, group,
                           q_start, m_lo, n_steps, rot, order, BLOCK_M, D, STAGES, GQA)
         elif t + STAGES < n_total:  # (EARLY_FREE: once the compute warps release the slot,
-            # before their dQ is ready)
+            # before their dQ is ready; SLOT_BY_DQ: step t's dQ, waited for above, came
+            # after the compute warps' last read of the slot)
             _load_step(t + STAGES, q_desc, do_desc, q_smem, do_smem, ready, free, b_row, h_kv,
                        group, q_start, m_lo, n_steps, rot, order, two, BLOCK_M, D, D2, DV, DV2,
-                       STAGES, GQA)
+                       STAGES, GQA, not SLOT_BY_DQ)
         if LSE_SMEM:  # step t + STAGES's rows (loaded a turn ago: their latency is behind
             # the last step's adds), then step t + STAGES + 1's loaded. The slot is free:
             # the compute warps are done with step t. (Loaded and stored here at once, the
@@ -602,7 +608,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            DQ_BUFS: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr,
            COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr,
            LSE_SMEM: gl.constexpr, MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
-           DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr):
+           DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, SLOT_BY_DQ: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
     D2 > 0 (D192: pieces of 128 and 64 columns, 64 keys, S not transposed): `two`'s second
@@ -617,7 +623,10 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     buffer a part fits.
     EARLY_FREE (one slot, P and dS in shared memory): the slot is released once dV and dK
     are done, before dQ's product is waited for, so that the next step's Q and dO load
-    under it (`_dq_writer` loads then, before it waits for the step's dQ).
+    under it (`_dq_writer` loads then, before it waits for the step's dQ). Else the slot
+    is released at the step's end, with its dQ: SLOT_BY_DQ by dQ's hand-off alone (one
+    arrival, not two: Triton lowers each single-thread arrive to a barrier of the 8 warps
+    and one thread's arrive, and the second barrier ordered nothing).
 
     S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
     columns, P and dS through shared memory for their products. SWAP_SDP (FA3's
@@ -851,7 +860,7 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
             # stores (one thread arrives for all)
             gl.thread_barrier()
             mbarrier.arrive(dq_ready.index(buf), count=1)
-            if not EARLY_FREE:
+            if not (EARLY_FREE or SLOT_BY_DQ):
                 mbarrier.arrive(free.index(slot), count=1)
     if D2 > 0:
         if live:  # the second pieces of dK and dV, columns D.. (dV's where V has one)
@@ -913,7 +922,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
              MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr, DO_STAGES: gl.constexpr,
-             DQ_SPLIT: gl.constexpr):
+             DQ_SPLIT: gl.constexpr, SLOT_BY_DQ: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores (a second head-dim piece's: `_steps`)."""
     outs = (p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim, dim_v)
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
@@ -922,7 +931,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     qk_scale, cap, left, right, order, two, outs, do_ring, BLOCK_M, BLOCK_N, D,
                     D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
                     VARLEN, COMPACT, SWAP_SDP, DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE,
-                    DO_STAGES, DQ_SPLIT)
+                    DO_STAGES, DQ_SPLIT, SLOT_BY_DQ)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -973,7 +982,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
                     MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
                     DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                    FREE_ON_READ: gl.constexpr):
+                    FREE_ON_READ: gl.constexpr, SLOT_BY_DQ: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -993,9 +1002,10 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     `*2_desc` descriptors over the same tensors with blocks D2 wide, loaded and stored at
     column D, each piece its own shared buffers; None where D2 = 0. DO_STAGES: dO's slots
     (STAGES, or fewer in a ring of its own); DQ_SPLIT: dQ handed over in that many parts
-    of D / DQ_SPLIT columns (`dq_desc`'s blocks that wide). V's head dim its own (`dim_v`
-    columns, MLA's 192/128): V, dO and dV in pieces of DV and DV2 columns (`_steps`), Q, K,
-    dK and dQ in D and D2."""
+    of D / DQ_SPLIT columns (`dq_desc`'s blocks that wide); SLOT_BY_DQ: a slot free once
+    its step's dQ is handed over (`_dq_writer`), with no arrival of its own. V's head dim
+    its own (`dim_v` columns, MLA's 192/128): V, dO and dV in pieces of DV and DV2 columns
+    (`_steps`), Q, K, dK and dQ in D and D2."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
@@ -1085,7 +1095,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     left, right, order, two, do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES,
                     HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
-                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE, DO_STAGES, DQ_SPLIT)),
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE, DO_STAGES, DQ_SPLIT,
+                    SLOT_BY_DQ)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
@@ -1094,7 +1105,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT,
                       BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
                       COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT,
-                      FREE_ON_READ)),
+                      FREE_ON_READ, SLOT_BY_DQ)),
     ], [WRITER_WARPS], [WRITER_REGS])
 
 
