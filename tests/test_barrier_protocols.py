@@ -29,10 +29,10 @@ another item's index, none is left waiting. With `hopper.forward.LATE_Q_FREE`
 (f30cbb6) a slot goes back under the next item's first product, its O store in flight
 until then: the same, with no load over a store in flight, and two slots needed.
 
-And the Hopper backward's Q/dO slots, today's and `notes/patches/bwd-slot-by-dq.patch`'s
-(`hopper.backward.SLOT_BY_DQ`, `explore_bwd_slots`): the loader takes a slot as free once it
-has waited for that step's dQ, with no free barrier: no deadlock, no load over a slot the
-compute warps still read, no dQ mixed up.
+And the Hopper backward's Q/dO slots with and without `hopper.backward.SLOT_BY_DQ`
+(`explore_bwd_slots`): with it, the loader takes a slot as free once it has waited for that
+step's dQ, with no free barrier: no deadlock, no load over a slot the compute warps still
+read, no dQ mixed up.
 """
 
 import functools
@@ -345,8 +345,7 @@ def explore_bwd_slots(steps: int, stages: int, bufs: int, slot_by_dq: bool = Tru
     (not `slot_by_dq`) on the slot's free barrier. The writer loads steps 0 .. stages - 1,
     then for each step t waits for its dQ, loads step t + stages into t's slot (not
     `slot_by_dq`: after waiting on the slot's free barrier; `slot_by_dq`
-    (`hopper.backward.SLOT_BY_DQ`, notes/patches/bwd-slot-by-dq.patch): the dQ it waited
-    for stands for it), reads the dQ and
+    (`hopper.backward.SLOT_BY_DQ`): the dQ it waited for stands for it), reads the dQ and
     gives its buffer back. Raises AssertionError on a deadlock, a load over a slot the
     compute warps still read, a step reading another step's Q, or the writer reading a dQ
     not its step's. `load_before_dq`: the writer loads before it waits for the dQ (a bug
@@ -439,7 +438,7 @@ def test_the_backward_slots_freed_by_dqs_hand_off_never_hang_or_load_over_a_read
 
 
 def test_the_backward_slot_model_catches_a_load_before_the_dq():
-    # under SLOT_BY_DQ (the patch) the dQ the writer waits for is all that says the slot is free: a
+    # under SLOT_BY_DQ the dQ the writer waits for is all that says the slot is free: a
     # load issued before that wait lands on a slot the compute warps still read
     with pytest.raises(AssertionError, match="overwrites"):
         explore_bwd_slots(3, 2, 2, slot_by_dq=True, load_before_dq=True)
