@@ -177,7 +177,10 @@ FREE_ON_READ = True
 # their last read of the slot: one arrival at a step's end, not two. Triton 3.6 lowers each
 # single-thread `mbarrier.arrive` to a barrier of the compute partition and one thread's
 # arrive, and the second of those barriers ordered nothing (the D128 step's SASS: four
-# `BAR.SYNC`s a step, three with this; notes/issue-33.md) (A/B)
+# `BAR.SYNC`s a step, three with this: evidence/sm90-compile/20261206T1220Z-bwd-slot-by-dq).
+# On an H100, the same gradients, TFLOP/s on / off (evidence/nvidia-h100/
+# 20261206T1332Z-bwd-slot-by-dq-fp8-early-q-free): D64 449 / 435, D192 causal 289 / 286 (both
+# spreads apart), S16384 causal 525 / 488 (wide), D128 489 / 487, D64 causal 413 / 416 (A/B)
 SLOT_BY_DQ = True
 
 
