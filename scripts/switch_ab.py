@@ -97,6 +97,7 @@ ROWS = {
     "fp8d128": ("fp8", 4, 32, 4096, 128, False),
     "fp8d128c": ("fp8", 4, 32, 4096, 128, True),
     "fp8d256": ("fp8", 4, 32, 4096, 256, False),
+    "fp8d256c": ("fp8", 4, 32, 4096, 256, True),
 }
 SLICE_HEADS = 4  # dense and window rows: the reference of batch 0's first heads
 FP8_BOUND = 2 ** -4  # fp8 rows: the largest error allowed, a share of |reference|'s largest
