@@ -77,7 +77,9 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
          HAS_RIGHT=True),
     dict(name="FP8 D64 causal", Q_SLOTS=2, D_A=64, D_B=0, BLOCK_N=128, STAGES=4, FP8=True,
          HAS_RIGHT=True),
-    dict(name="FP8 D256", D_A=256, D_B=0, BLOCK_N=64, STAGES=3, FP8=True),
+    dict(name="FP8 D256", D_A=256, D_B=0, BLOCK_N=128, STAGES=2, FP8=True),  # one Q slot
+    dict(name="FP8 D256 causal", D_A=256, D_B=0, BLOCK_N=128, STAGES=2, FP8=True,
+         HAS_RIGHT=True, CLAIM=True),
     dict(name="FP8 D128 varlen causal", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=4,
          FP8=True, VARLEN=True, HAS_RIGHT=True),
 ]
