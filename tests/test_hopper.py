@@ -48,6 +48,14 @@ def _same_bits_when_switched(call, monkeypatch, **switched):
     return want
 
 
+def _assert_near(out, ref, fp8: bool = False) -> None:
+    """The Hopper tests' bound against the float64 reference `ref`: the largest error at
+    most 2^-6 of |ref|'s largest (bf16's rounding of the output, 2^-8 relative, with room
+    for the sums before it), 2^-4 under FP8 (e4m3 operands, P in e4m3)."""
+    err = (out.double() - ref).abs().max().item()
+    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+
+
 def test_use_backend_takes_only_known_names():
     with pytest.raises(ProblemError, match="backend"):
         with use_backend("fast"):
@@ -102,8 +110,7 @@ def test_emulation_runs_the_portable_path_and_refuses_a_forced_hopper():
         assert forward_path(q, q, q, mask=Mask())[0] == "portable"
         out = attention(q, q, q, is_causal=True)
     ref = attention_ref(q, q, q, causal=True, device=DEVICE)
-    # bf16's rounding of the output (2^-8 relative) with room for the sums before it
-    assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
+    _assert_near(out, ref)
 
 
 @pytest.mark.parametrize("dim, causal, claims, least", [
@@ -391,8 +398,7 @@ def test_items_through_two_q_slots_give_one_slots_bits(dim, dim_v, fp8, causal, 
         one = attention(q, k, v, is_causal=causal, return_lse=True)
     assert all(torch.equal(a, b) for a, b in zip(two, one, strict=True))
     ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
-    err = (two[0].double() - ref).abs().max().item()
-    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+    _assert_near(two[0], ref, fp8)
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
@@ -419,8 +425,7 @@ def test_q_slots_released_late_give_the_bits_of_released_at_once(dim, dim_v, fp8
         lambda: attention(q, k, v, is_causal=causal, return_lse=True), monkeypatch,
         LATE_Q_FREE=False)
     ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
-    err = (want[0].double() - ref).abs().max().item()
-    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+    _assert_near(want[0], ref, fp8)
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
@@ -452,8 +457,7 @@ def test_varlen_tma_stores_give_the_masked_stores_bits(dim, dim_v, fp8, causal, 
         lambda: attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=causal),
         monkeypatch, VARLEN_TMA_STORE=False)
     ref = varlen_ref(q, k, v, cu, cu, causal=causal, device=DEVICE)
-    err = (want.double() - ref).abs().max().item()
-    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+    _assert_near(want, ref, fp8)
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
@@ -517,8 +521,7 @@ def test_claimed_items_give_one_program_an_items_bits_call_after_call(dim, dim_v
         lambda: attention(q, k, v, is_causal=True, return_lse=True), monkeypatch,
         CAUSAL_CLAIMS=False, LPT_SECTIONS=False)
     ref = attention_ref(q, k, v, causal=True, device=DEVICE)
-    err = (want[0].double() - ref).abs().max().item()
-    assert err <= (2 ** -4 if fp8 else 2 ** -6) * ref.abs().max().item(), err
+    _assert_near(want[0], ref, fp8)
 
 
 @pytest.mark.parametrize("doc_rows", [True, False])
@@ -549,8 +552,7 @@ def test_claimed_varlen_items_give_one_program_an_items_bits(dim, doc_rows, monk
         lambda: attention_varlen(q, k, v, cu, cu_k, max(lens), max(lens_k), is_causal=True),
         monkeypatch, VARLEN_CLAIMS=False)
     ref = varlen_ref(q, k, v, cu, cu_k, causal=True, device=DEVICE)
-    err = (want.double() - ref).abs().max().item()
-    assert err <= 2 ** -6 * ref.abs().max().item(), err
+    _assert_near(want, ref)
 
 
 def test_claimed_items_on_two_streams_at_once_and_in_a_cuda_graph():
@@ -647,7 +649,7 @@ def test_hopper_forward_takes_a_bshd_view_and_writes_every_row(dim):
     out = attention(q, k, v, is_causal=True)
     assert out.stride() == q.stride()  # O in q's memory: a descriptor of its strides too
     ref = attention_ref(q, k, v, causal=True, device=DEVICE)
-    assert (out.double() - ref).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
+    _assert_near(out, ref)
     # the same call twice gives the same bits (no atomics, no race)
     assert torch.equal(out, attention(q, k, v, is_causal=True))
 
