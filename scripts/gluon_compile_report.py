@@ -96,6 +96,11 @@ BWD_CONFIGS = [
     dict(name="bwd D128 causal", D=128, HAS_RIGHT=True),
     dict(name="bwd D128 causal GQA", D=128, HAS_RIGHT=True, GQA=True),
     dict(name="bwd D128 racing", D=128, DETERMINISTIC=False),
+    # dQ's hand-off by mbarriers, as before `hopper.backward.NAMED_HANDOFF`
+    dict(name="bwd D128 mbarrier hand-off", D=128, DQ_NAMED=0),
+    dict(name="bwd D128 causal mbarrier hand-off", D=128, HAS_RIGHT=True, DQ_NAMED=0),
+    dict(name="bwd D64 causal mbarrier hand-off", D=64, HAS_RIGHT=True, DQ_NAMED=0),
+    dict(name="bwd D192 mbarrier hand-off", D=192, DQ_NAMED=0),
     dict(name="bwd D128 causal, dQ by atomics", D=128, HAS_RIGHT=True, DQ_TMA=False),
     dict(name="bwd D128 causal, LSE from global memory", D=128, HAS_RIGHT=True,
          LSE_SMEM=False),
@@ -201,6 +206,8 @@ def backward_constexprs(config: dict) -> dict:
     c.setdefault("FREE_ON_READ", True)
     # the launcher's `SLOT_BY_DQ and not early_free and split == 1`
     c.setdefault("SLOT_BY_DQ", not c["EARLY_FREE"] and c["DQ_SPLIT"] == 1)
+    # the launcher's `256 + 32 * WRITER_WARPS if NAMED_HANDOFF and slot_by_dq else 0`
+    c.setdefault("DQ_NAMED", 256 + 32 * c["WRITER_WARPS"] if c["SLOT_BY_DQ"] else 0)
     return c
 
 
@@ -217,6 +224,8 @@ def compile_config(fn, config: dict, backward: bool = False):
     c.setdefault("DV_B", c["D_B"])
     c.setdefault("DOC_ROW", c["VARLEN"])  # the launcher's `DOC_ROWS and varlen`
     c.setdefault("VARLEN_TMA", c["VARLEN"])  # `VARLEN_TMA_STORE and varlen`
+    # the launcher's `FP8_EARLY_Q_FREE and fp8 and slots == 1`
+    c.setdefault("EARLY_FREE", c["FP8"] and c["Q_SLOTS"] == 1)
     # the launcher's `forward.releases_late(slots, fp8, claim, varlen)`
     c.setdefault("LATE_FREE", c["Q_SLOTS"] == 2 and (not c["VARLEN"] or c["VARLEN_TMA"])
                  and (not c["FP8"] or c["CLAIM"]))

@@ -231,6 +231,10 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # the slot released by an arrival of its own beside dQ's hand-off at a step's
              # end, as before `hopper.backward.SLOT_BY_DQ`
              "hopper-two-arrives": _ours("hopper", SLOT_BY_DQ=False),
+             # dQ's hand-off by mbarriers, as before `hopper.backward.NAMED_HANDOFF`
+             "hopper-mbarrier": _ours("hopper", NAMED_HANDOFF=False),
+             "hopper-race-mbarrier": _ours("hopper", deterministic=False,
+                                           NAMED_HANDOFF=False),
              # D192 (and D129-D191) padded to D256's kernel, as before `PIECES`
              "hopper-pad256": _ours("hopper", PIECES={},
                                     TILES={d: t for d, t in knobs.TILES.items() if d != 192}),

@@ -156,6 +156,23 @@ def test_fp8_launches_release_q_slots_late_only_where_they_claim(monkeypatch):
     assert not forward.releases_late(2, False, True, False)
 
 
+def test_fp8_releases_its_q_slot_early_only_with_one_slot(monkeypatch):
+    # the rule `hopper.forward` launches by (`releases_early`): FP8 with one Q slot (D256's
+    # tile at either warpgroup count) gained with it, FP8 D64 and D128 (two slots) lost
+    # (H100, 1332Z); bf16's O goes out through Q's tiles, which an early release would hand
+    # to the loader while the store still reads them
+    from fusedattn.hopper import forward
+
+    for pair, slots in (((64, 64), 2), ((128, 128), 2), ((256, 256), 1)):
+        for consumers in (2, 3):
+            got = forward.q_slots(forward.tile_entry(pair, True, False), consumers, True)
+            assert got == slots, (pair, consumers, got)
+            assert forward.releases_early(got, True) == (slots == 1)
+            assert not forward.releases_early(got, False)
+    monkeypatch.setattr(forward, "FP8_EARLY_Q_FREE", False)
+    assert not forward.releases_early(1, True)
+
+
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_d64_from_2048_rows_against_the_reference(causal):

@@ -429,6 +429,44 @@ def test_q_slots_released_late_give_the_bits_of_released_at_once(dim, dim_v, fp8
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("shape, causal, varlen", [((8, 12, 300), False, False),
+                                                  ((8, 12, 300), True, False),
+                                                  ((2, 6, 2100), False, False),
+                                                  (None, True, True)])
+def test_fp8_q_slot_released_early_gives_the_bits_of_released_at_the_end(shape, causal, varlen,
+                                                                          monkeypatch):
+    # `hopper.forward.releases_early`: FP8 at D256 (one Q slot) gives an item's Q slot back
+    # once its last product of Q is done (FP8's O goes out through tiles of its own), and
+    # waits for its O store only before its next item writes the O tile. Against the
+    # release at the item's end: 288 items over the SMs, 204 items of 2100 rows (programs
+    # with two items), a varlen batch of 40 documents (empty, one-row and whole-tile ones
+    # among them), three calls on poisoned memory
+    dim = 256
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    if varlen:
+        gen = torch.Generator().manual_seed(dim)
+        lens = torch.randint(0, 700, (40,), generator=gen).tolist()
+        lens[2], lens[5], lens[9], lens[11], lens[20] = 0, 128, 256, 1, 384
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                          device=DEVICE)
+        q, k, v = (_rand(cu[-1].item(), n, dim, seed=70 + i).to(torch.float8_e4m3fn)
+                   for i, n in enumerate((4, 2, 2)))
+
+        def call():
+            return attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=causal)
+        ref = varlen_ref(q, k, v, cu, cu, causal=causal, device=DEVICE)
+    else:
+        q, k, v = (_rand(*shape, dim, seed=70 + i).to(torch.float8_e4m3fn) for i in range(3))
+
+        def call():
+            return attention(q, k, v, is_causal=causal, return_lse=True)
+        ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
+    want = _same_bits_when_switched(call, monkeypatch, FP8_EARLY_Q_FREE=False)
+    _assert_near(want[0], ref, fp8=True)
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("dim, dim_v, fp8, causal", [(64, 64, False, True),
                                                      (80, 80, False, False),
                                                      (96, 96, False, True),

@@ -570,6 +570,60 @@ def test_the_slot_freed_by_dqs_hand_off_gives_the_same_bits(dim, causal, monkeyp
     _same_bits_either_way("SLOT_BY_DQ", dim, monkeypatch, is_causal=causal)
 
 
+@on_hopper
+@pytest.mark.parametrize("dim, causal", [(64, True), (128, False), (128, True), (192, True),
+                                         (256, True)])
+def test_the_named_barrier_hand_off_gives_the_same_bits(dim, causal, monkeypatch):
+    # `hopper.backward.NAMED_HANDOFF` moves how dQ's buffer goes back and forth between
+    # the compute warps and the writer (named barriers, not mbarriers), never an add or its
+    # order: the same bits with it on and off under the deterministic adds, GQA 6/2,
+    # Sq != Sk. The launch takes it where SLOT_BY_DQ acts (D64, D128, D192: 256 + 128
+    # threads; D256 hands dQ over in halves: 0 there). A wrong hand-off hangs
+    from fusedattn.hopper import backward as knobs
+
+    q, k, v, dout = _gqa_operands(dim)
+    seen = _launch_spy("DQ_NAMED", monkeypatch)
+    grads = []
+    for on in (True, False):
+        monkeypatch.setattr(knobs, "NAMED_HANDOFF", on)
+        seen.clear()
+        grads.append(_grads(q, k, v, dout, "hopper", is_causal=causal))
+        want = 256 + 32 * knobs.WRITER_WARPS if on and dim != 256 else 0
+        assert seen and all(s == want for s in seen), (dim, on, seen)
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
+
+
+@on_hopper
+@pytest.mark.parametrize("case", ["varlen", "racing", "one step", "window"])
+def test_the_named_barrier_hand_off_against_the_reference(case, monkeypatch):
+    # the hand-off's edges, right against the float64 reference: programs with no steps
+    # (empty sequences: the writer gives no buffer ahead there) and one step (a buffer's
+    # one use, never given back) in a ragged varlen batch; the racing adds (the buffer
+    # back after the TMA reduction's read; their bits change from run to run); one query
+    # tile (each program one step); a window (steps from both edges)
+    from fusedattn.hopper import backward as knobs
+
+    monkeypatch.setattr(knobs, "NAMED_HANDOFF", True)
+    seen = _launch_spy("DQ_NAMED", monkeypatch)
+    if case == "varlen":
+        q, k, v, cu_q, cu_k, max_q, max_k = ragged(128)
+        dout = rand(*q.shape, dtype=q.dtype, seed=3)
+        _within_portable(
+            lambda backend: _varlen_grads(q, k, v, dout, cu_q, cu_k, max_q, max_k, backend,
+                                          is_causal=True),
+            varlen_ref_grads(q, k, v, dout, cu_q, cu_k, causal=True, device=DEVICE))
+    else:
+        shape = {"racing": (1, 4, 2, 777, 1290), "one step": (2, 3, 3, 60, 900),
+                 "window": (1, 2, 2, 700, 650)}[case]
+        b, h, h_kv, sq, sk = shape
+        q, dout = (rand(b, h, sq, 128, dtype=torch.bfloat16, seed=i) for i in (0, 3))
+        k, v = (rand(b, h_kv, sk, 128, dtype=torch.bfloat16, seed=i) for i in (1, 2))
+        options = {"racing": dict(is_causal=True, deterministic=False), "one step": {},
+                   "window": dict(window=(100, 30))}[case]
+        _dense(q, k, v, dout, _ref_kw(options), **options)
+    assert seen and all(s == 256 + 32 * knobs.WRITER_WARPS for s in seen), (case, seen)
+
+
 def _same_bits_either_way(name: str, dim: int, monkeypatch, **options):
     """The deterministic Hopper backward's gradients on `_gqa_operands(dim)` with
     `hopper.backward`'s switch `name` on and off: every launch takes the value set, and
@@ -994,7 +1048,8 @@ def test_the_compile_report_picks_the_launchers_constexprs(dim, mask, determinis
     launched = _cpu_launch(dim, mask, deterministic, monkeypatch, dim_v=dim_v)
     shared = sorted(set(picked) & set(launched))
     assert {"SWAP_SDP", "DQ_TMA", "LSE_SMEM", "BLOCK_M", "BLOCK_N", "STAGES",
-            "DQ_BUFS", "EARLY_FREE", "SLOT_BY_DQ", "D", "D2", "DV", "DV2"} <= set(shared)
+            "DQ_BUFS", "EARLY_FREE", "SLOT_BY_DQ", "DQ_NAMED", "D", "D2", "DV",
+            "DV2"} <= set(shared)
     assert {n: picked[n] for n in shared} == {n: launched[n] for n in shared}
 
 

@@ -427,7 +427,8 @@ def test_a_plan_recorded_on_one_tensor_passed_thrice_does_not_serve_three():
                                          ("LPT_L2_BYTES", 1), ("CAUSAL_CLAIMS", False),
                                          ("VARLEN_CLAIMS", False), ("DOC_ROWS", False),
                                          ("LATE_Q_FREE", False),
-                                         ("VARLEN_TMA_STORE", False)])
+                                         ("VARLEN_TMA_STORE", False),
+                                         ("FP8_EARLY_Q_FREE", False)])
 def test_each_hopper_switch_is_in_the_forward_plan_key(name, value, monkeypatch):
     """An A/B switch of `hopper.forward` changed after a call makes the next call record a
     plan of its own: a plan replays the kernel it recorded, so a switch outside the key

@@ -182,6 +182,13 @@ FREE_ON_READ = True
 # 20261206T1332Z-bwd-slot-by-dq-fp8-early-q-free): D64 449 / 435, D192 causal 289 / 286 (both
 # spreads apart), S16384 causal 525 / 488 (wide), D128 489 / 487, D64 causal 413 / 416 (A/B)
 SLOT_BY_DQ = True
+# with SLOT_BY_DQ, dQ's hand-off between the compute warps and the writer by hardware named
+# barriers (`backward_kernel._named_barrier`, FA4's form): the compute warps wait at "free"
+# (which lines the 8 warps up for the step's end as well) and arrive at "ready" without a
+# wait, where Triton lowers each single-thread `mbarrier.arrive` to a barrier of the 8
+# warps and one thread's arrive: one 256-thread barrier and one mbarrier wait fewer a step
+# (evidence/sm90-compile/20261206T1500Z-bwd-named-handoff) (A/B)
+NAMED_HANDOFF = True
 
 
 def switches() -> tuple:
@@ -191,7 +198,7 @@ def switches() -> tuple:
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
             MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT,
-            FREE_ON_READ, SLOT_BY_DQ)
+            FREE_ON_READ, SLOT_BY_DQ, NAMED_HANDOFF)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -401,6 +408,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     # (the compact grid has no across-the-heads launch: its heads' tiles differ in count)
     across = down_across(grid[0], sms) and not grid_compact
     early_free = not swap and ((EARLY_FREE and stages == 1) or split > 1)
+    slot_by_dq = SLOT_BY_DQ and not early_free and split == 1
     code = {"down": kernel.DOWN_ACROSS if across else kernel.DOWN,
             "up": kernel.UP, "rotated": kernel.ROTATED}[how]
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
@@ -419,5 +427,8 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   MASK_CONSTANTS=MASK_CONSTANTS,
                   EARLY_FREE=early_free, DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
                   FREE_ON_READ=FREE_ON_READ,
-                  SLOT_BY_DQ=SLOT_BY_DQ and not early_free and split == 1, num_warps=8)
+                  SLOT_BY_DQ=slot_by_dq,
+                  # the named barriers' threads: the compute warps' and the writer's
+                  DQ_NAMED=256 + 32 * WRITER_WARPS if NAMED_HANDOFF and slot_by_dq else 0,
+                  num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

@@ -359,6 +359,31 @@ def _load_one(t, desc, smem, ready, free, b_row, h_kv, group, q_start, m_lo, n_s
                smem.index(slot), smem.index(slot), D, 0)
 
 
+# DQ_NAMED: dQ's hand-overs by hardware named barriers, ids DQ_BARRIER + buffer ("ready")
+# and DQ_BARRIER + DQ_BUFS + buffer ("free"), clear of the ids Triton 3.6 gives its
+# partitions' barriers (0-2 in these kernels' SASS)
+DQ_BARRIER = gl.constexpr(8)
+
+
+@gluon.jit
+def _named_barrier(lanes, bar, count, SYNC: gl.constexpr):
+    """This partition at named barrier `bar` of `count` threads: SYNC waits there (`bar.sync`)
+    until `count` threads have come, else it arrives and goes on (`bar.arrive`). `lanes` is
+    a tensor of one element a thread (zeros), so that each thread runs the instruction once
+    (`bar` may be a value of the step's: PTX takes the id from a register).
+    Gluon 3.6 has no named-barrier operation; Triton's own barrier analysis does not see
+    these (FA4's dQ hand-over: the compute warps and the writer meet at named barriers, and
+    the compute warps never wait on "ready")."""
+    if SYNC:
+        gl.inline_asm_elementwise("bar.sync $1, $2; mov.u32 $0, 0;", "=r,r,r",
+                                  [lanes + bar, lanes + count], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("bar.arrive $1, $2; mov.u32 $0, 0;", "=r,r,r",
+                                  [lanes + bar, lanes + count], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
 @gluon.jit
 def _dq_handoff(dq, dq_smem, dq_ready, dq_free, n, DQ_BUFS: gl.constexpr,
                 DQ_TMA: gl.constexpr):
@@ -386,7 +411,7 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
                DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr, EARLY_FREE: gl.constexpr,
                DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, FREE_ON_READ: gl.constexpr,
-               SLOT_BY_DQ: gl.constexpr):
+               SLOT_BY_DQ: gl.constexpr, DQ_NAMED: gl.constexpr):
     """Each step's dQ (fp32, scaled, in `dq_smem`) added into the accumulator in global
     memory, off the compute warps' path: DQ_TMA by one TMA reduction (`dq_desc`), else
     ROWS rows at a time by atomics; DETERMINISTIC: after the key tiles before this one (the
@@ -403,8 +428,13 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     reduction's writes before it counts (the count orders the adds, the buffer does not);
     else the buffer waits for the writes too. SLOT_BY_DQ (not EARLY_FREE, DQ_SPLIT = 1):
     a slot is known free once its step's dQ has been handed over, the compute warps'
-    one arrival at a step's end, so they arrive on no free barrier (`_steps`)."""
+    one arrival at a step's end, so they arrive on no free barrier (`_steps`). DQ_NAMED
+    (SLOT_BY_DQ; the threads of both partitions, 0: off): dQ's buffer "ready" and "free" by
+    named barriers (`_named_barrier`), each phase the compute warps' 256 threads and this
+    partition's; "free" given once ahead for each buffer's first use, then after a use only
+    where a later one follows, so that no phase is left open when the program ends."""
     gl.static_assert(not (SLOT_BY_DQ and (EARLY_FREE or DQ_SPLIT > 1)))
+    gl.static_assert(not DQ_NAMED or SLOT_BY_DQ)
     EARLY_DQ_FREE: gl.constexpr = FREE_ON_READ and DETERMINISTIC and DQ_TMA
     SPLIT_RINGS: gl.constexpr = DO_STAGES != STAGES
     DH: gl.constexpr = D // DQ_SPLIT  # (a part of dQ's columns)
@@ -452,13 +482,21 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     offs = (gl.expand_dims(rows * D, 1)
             + gl.expand_dims(gl.arange(0, COLS, layout=gl.SliceLayout(0, layout)), 0))
+    if DQ_NAMED:
+        lanes = gl.arange(0, 32 * WARPS, layout=vec) * 0  # one element a thread
+        for buf0 in gl.static_range(DQ_BUFS):  # each buffer's first use: free
+            if buf0 < n_total:
+                _named_barrier(lanes, DQ_BARRIER + DQ_BUFS + buf0, DQ_NAMED, False)
     for t in range(n_total):
         j, hh = _step(t, group, GQA)
         m0 = _step_row(m_lo, n_steps, j, rot, order, BLOCK_M)
         # the accumulator's rows (rows_q a head: Sq, or the packed total)
         row_bh = (b_row * n_heads + h_kv * group + hh).to(gl.int64)
         buf = t % DQ_BUFS
-        if not EARLY_FREE:
+        again = t + DQ_BUFS < n_total  # (DQ_NAMED: the buffer has a later use)
+        if DQ_NAMED:
+            _named_barrier(lanes, DQ_BARRIER + buf, DQ_NAMED, True)
+        elif not EARLY_FREE:
             mbarrier.wait(dq_ready.index(buf), (t // DQ_BUFS) & 1)
         if SPLIT_RINGS:  # dO's slot first: the compute warps release it before Q's
             if t + DO_STAGES < n_total:
@@ -540,8 +578,12 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
                     gl.atomic_add(base + r * D + c + offs, vals, mask=keep,
                                   sem="relaxed", scope="gpu")
         if DQ_SPLIT == 1 and EARLY_DQ_FREE:
-            gl.thread_barrier()  # the partition's reads of the buffer are done
-            mbarrier.arrive(dq_free.index(buf), count=1)
+            if DQ_NAMED:  # (the phase waits for every thread: the one that read it too)
+                if again:
+                    _named_barrier(lanes, DQ_BARRIER + DQ_BUFS + buf, DQ_NAMED, False)
+            else:
+                gl.thread_barrier()  # the partition's reads of the buffer are done
+                mbarrier.arrive(dq_free.index(buf), count=1)
             t = _bulk_wait(t)  # the adds done before the count says so
             gl.thread_barrier()
             gl.atomic_add(counter, 1, sem="release", scope="gpu")
@@ -549,7 +591,11 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
             gl.thread_barrier()  # the partition's adds and reads of the buffer are done
             if DETERMINISTIC:
                 gl.atomic_add(counter, 1, sem="release", scope="gpu")
-            mbarrier.arrive(dq_free.index(buf), count=1)
+            if DQ_NAMED:
+                if again:
+                    _named_barrier(lanes, DQ_BARRIER + DQ_BUFS + buf, DQ_NAMED, False)
+            else:
+                mbarrier.arrive(dq_free.index(buf), count=1)
 
 
 @gluon.jit
@@ -608,7 +654,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
            DQ_BUFS: gl.constexpr, GQA: gl.constexpr, VARLEN: gl.constexpr,
            COMPACT: gl.constexpr, SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr,
            LSE_SMEM: gl.constexpr, MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
-           DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, SLOT_BY_DQ: gl.constexpr):
+           DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr, SLOT_BY_DQ: gl.constexpr,
+           DQ_NAMED: gl.constexpr):
     """The 8 warps' steps (the module docstring). Returns dK, dV. LSE_SMEM: the step's LSE
     and delta from the slot's rows of `rows_smem` (the loader's), not from global memory.
     D2 > 0 (D192: pieces of 128 and 64 columns, 64 keys, S not transposed): `two`'s second
@@ -626,7 +673,10 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     under it (`_dq_writer` loads then, before it waits for the step's dQ). Else the slot
     is released at the step's end, with its dQ: SLOT_BY_DQ by dQ's hand-off alone (one
     arrival, not two: Triton lowers each single-thread arrive to a barrier of the 8 warps
-    and one thread's arrive, and the second barrier ordered nothing).
+    and one thread's arrive, and the second barrier ordered nothing). DQ_NAMED (the
+    threads of both partitions, 0: off): the hand-off by named barriers (`_dq_writer`'s):
+    "free" waited for, which lines the 8 warps up as the step's end must (every product of
+    the step done before the next step's dS stores), and "ready" arrived at without a wait.
 
     S, dP, P, dS: [BLOCK_M queries, BLOCK_N keys], each warpgroup BLOCK_N / 2 keys'
     columns, P and dS through shared memory for their products. SWAP_SDP (FA3's
@@ -687,6 +737,9 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
     live = k0 < seq_k  # (varlen: False past the sequence's keys, with no steps)
     if live:
         mbarrier.wait(kv_bar, 0)
+    if DQ_NAMED:
+        gl.static_assert(SLOT_BY_DQ)  # (the slot freed by the hand-off alone)
+        lanes = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0])) * 0
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     for t in range(n_steps * group if GQA else n_steps):
         j, hh = _step(t, group, GQA)
@@ -850,16 +903,22 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         dk = done[1]
         if DQ_SPLIT == 1:  # this step's dQ to the writer, once it is done with its last
             buf = t % DQ_BUFS
-            mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
+            if DQ_NAMED:  # (every thread comes here: the 8 warps lined up as well)
+                _named_barrier(lanes, DQ_BARRIER + DQ_BUFS + buf, DQ_NAMED, True)
+            else:
+                mbarrier.wait(dq_free.index(buf), ((t // DQ_BUFS) & 1) ^ 1)
             dq_smem.index(buf).store(done[2] * scale)
             if D2 > 0:
                 dq2_smem.index(buf).store(dq2 * scale)
             if DQ_TMA:  # (the writer's TMA reads it)
                 fence_async_shared()
-            # every warp is past its products' reads of the slot, P and dS, and its dQ
-            # stores (one thread arrives for all)
-            gl.thread_barrier()
-            mbarrier.arrive(dq_ready.index(buf), count=1)
+            if DQ_NAMED:  # every thread past its products and its stores: no wait
+                _named_barrier(lanes, DQ_BARRIER + buf, DQ_NAMED, False)
+            else:
+                # every warp is past its products' reads of the slot, P and dS, and its dQ
+                # stores (one thread arrives for all)
+                gl.thread_barrier()
+                mbarrier.arrive(dq_ready.index(buf), count=1)
             if not (EARLY_FREE or SLOT_BY_DQ):
                 mbarrier.arrive(free.index(slot), count=1)
     if D2 > 0:
@@ -922,7 +981,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
              GQA: gl.constexpr, VARLEN: gl.constexpr, COMPACT: gl.constexpr,
              SWAP_SDP: gl.constexpr, DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
              MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr, DO_STAGES: gl.constexpr,
-             DQ_SPLIT: gl.constexpr, SLOT_BY_DQ: gl.constexpr):
+             DQ_SPLIT: gl.constexpr, SLOT_BY_DQ: gl.constexpr, DQ_NAMED: gl.constexpr):
     """The 8 warps' steps, then dK and dV's stores (a second head-dim piece's: `_steps`)."""
     outs = (p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim, dim_v)
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
@@ -931,7 +990,7 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
                     qk_scale, cap, left, right, order, two, outs, do_ring, BLOCK_M, BLOCK_N, D,
                     D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
                     VARLEN, COMPACT, SWAP_SDP, DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE,
-                    DO_STAGES, DQ_SPLIT, SLOT_BY_DQ)
+                    DO_STAGES, DQ_SPLIT, SLOT_BY_DQ, DQ_NAMED)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
         n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
         BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
@@ -982,7 +1041,8 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     DQ_TMA: gl.constexpr, LSE_SMEM: gl.constexpr,
                     MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
                     DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                    FREE_ON_READ: gl.constexpr, SLOT_BY_DQ: gl.constexpr):
+                    FREE_ON_READ: gl.constexpr, SLOT_BY_DQ: gl.constexpr,
+                    DQ_NAMED: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
@@ -1003,9 +1063,11 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
     column D, each piece its own shared buffers; None where D2 = 0. DO_STAGES: dO's slots
     (STAGES, or fewer in a ring of its own); DQ_SPLIT: dQ handed over in that many parts
     of D / DQ_SPLIT columns (`dq_desc`'s blocks that wide); SLOT_BY_DQ: a slot free once
-    its step's dQ is handed over (`_dq_writer`), with no arrival of its own. V's head dim
-    its own (`dim_v` columns, MLA's 192/128): V, dO and dV in pieces of DV and DV2 columns
-    (`_steps`), Q, K, dK and dQ in D and D2."""
+    its step's dQ is handed over (`_dq_writer`), with no arrival of its own; DQ_NAMED (with
+    SLOT_BY_DQ): that hand-off by named barriers of that many threads (the compute warps'
+    and the writer's; 0: by mbarriers). V's head dim its own (`dim_v` columns, MLA's
+    192/128): V, dO and dV in pieces of DV and DV2 columns (`_steps`), Q, K, dK and dQ in D
+    and D2."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_M, D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype))
@@ -1096,7 +1158,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     HAS_LEFT,
                     HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
                     DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE, DO_STAGES, DQ_SPLIT,
-                    SLOT_BY_DQ)),
+                    SLOT_BY_DQ, DQ_NAMED)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                       n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
@@ -1105,7 +1167,7 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT,
                       BOTTOM_RIGHT, DETERMINISTIC, DQ_BUFS, WRITER_WARPS, DQ_ADDS, GQA, VARLEN,
                       COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT,
-                      FREE_ON_READ, SLOT_BY_DQ)),
+                      FREE_ON_READ, SLOT_BY_DQ, DQ_NAMED)),
     ], [WRITER_WARPS], [WRITER_REGS])
 
 

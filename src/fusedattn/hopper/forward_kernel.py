@@ -637,18 +637,11 @@ def _store_piece(out, o_desc, tile, p_o, o_base, so_s, so_d, b_row, h, q_start, 
     its sequence (all but a sequence's last) goes out by the TMA store too, at its rows in
     the packed tensor (q_start + first)."""
     tile.store(out)
-    if VARLEN:
-        if VARLEN_TMA:
-            if first + BLOCK_M <= seq_q:
-                _store_tma(out, o_desc, tile, b_row, h, q_start + first, col0, BLOCK_M, WIDTH)
-            else:
-                _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M,
-                            WIDTH)
-        else:
-            _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M,
-                        WIDTH)
+    # (q_start is 0 where not VARLEN; the constexprs decide the condition where they can)
+    if VARLEN and not (VARLEN_TMA and first + BLOCK_M <= seq_q):
+        _store_rows(tile, p_o, o_base, so_s, so_d, first, col0, seq_q, dim_v, BLOCK_M, WIDTH)
     else:
-        _store_tma(out, o_desc, tile, b_row, h, first, col0, BLOCK_M, WIDTH)
+        _store_tma(out, o_desc, tile, b_row, h, q_start + first, col0, BLOCK_M, WIDTH)
 
 
 @gluon.jit
@@ -700,7 +693,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               P_SCALE: gl.constexpr, THREAD_ARRIVES: gl.constexpr, CONSUMERS: gl.constexpr,
               LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
               MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr, CLAIM: gl.constexpr,
-              DOC_ROW: gl.constexpr, VARLEN_TMA: gl.constexpr, LATE_FREE: gl.constexpr):
+              DOC_ROW: gl.constexpr, VARLEN_TMA: gl.constexpr, LATE_FREE: gl.constexpr,
+              EARLY_FREE: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...; the items of
     its program's share, or under CLAIM or DOC_ROW those the loader publishes in each Q slot's
     `claimed` row, up to n_items):
@@ -888,6 +882,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     _release(k_free.index(last), THREAD_ARRIVES)
                 else:
                     _release(v_free.index(last), THREAD_ARRIVES)
+            if EARLY_FREE:  # Q's tiles read for the last time (O has tiles of its own)
+                mbarrier.arrive(q_free.index(qs), count=1)
             n += n_tiles
             turns += gl.maximum(n_tiles - 1, 0)
             items += 1
@@ -912,6 +908,9 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                                                       + h_kv))
             out = (acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)).to(
                 o_tile.dtype)
+            if EARLY_FREE:  # the item before's O left the tile (its store read it)
+                tma.store_wait(0)
+                gl.thread_barrier()
             _store_piece(out, o_desc, o_tile, p_o, o_base, so_s, so_d, b_row, h, q_start,
                          first, 0, sq, dim_v, BLOCK_M, DV_A, VARLEN, VARLEN_TMA)
             if DV_B > 0:
@@ -922,7 +921,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             if LATE_FREE:  # (an item without keys: its first product is not there)
                 pending = _free_late(pending, q_free)
                 pending = pending * 0 + qs  # released under the next item's first product
-            else:
+            elif not EARLY_FREE:
                 if VARLEN_TMA or not VARLEN:
                     tma.store_wait(0)
                 # O went out through Q's tiles: once every thread of the warpgroup is past
@@ -941,6 +940,8 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             t += gl.num_programs(0)
     if LATE_FREE:  # the last item's O store read, its slot given back
         pending = _free_late(pending, q_free)
+    if EARLY_FREE:  # the last item's O store read before the program ends
+        tma.store_wait(0)
 
 
 # Sizes that change from call to call, left unspecialised (Triton would compile again for
@@ -969,7 +970,7 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
                     FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr,
                     CLAIM: gl.constexpr, DOC_ROW: gl.constexpr, VARLEN_TMA: gl.constexpr,
-                    LATE_FREE: gl.constexpr):
+                    LATE_FREE: gl.constexpr, EARLY_FREE: gl.constexpr):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -993,11 +994,16 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     tiles whose rows all lie in their sequence go out by TMA stores (`_store_piece`).
     LATE_FREE (two Q slots; VARLEN only with VARLEN_TMA): a consumer releases an item's Q slot
     under the next item's first product, not once its O's TMA store has read the slot's
-    tiles (`_free_late`)"""
+    tiles (`_free_late`). EARLY_FREE (FP8, whose O goes out through tiles of its own): a
+    consumer releases an item's Q slot once its last product of Q is done, before the item's
+    epilogue, and waits for its last O store to have read its O tile only before it writes
+    the tile again (the next item's epilogue)"""
     gl.static_assert(not DOC_ROW or VARLEN, "DOC_ROW: a varlen launch's")
     gl.static_assert(not VARLEN_TMA or VARLEN, "VARLEN_TMA: a varlen launch's")
     # LATE_FREE: a slot's release waits for the next item, held in the other slot
     gl.static_assert(not LATE_FREE or (Q_SLOTS == 2 and (VARLEN_TMA or not VARLEN)))
+    # EARLY_FREE: O not through Q's tiles (FP8's own), and one release an item
+    gl.static_assert(not EARLY_FREE or (FP8 and not LATE_FREE))
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(
         dtype, [Q_SLOTS * CONSUMERS, BLOCK_M, D_A],
@@ -1085,17 +1091,17 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
@@ -1106,12 +1112,12 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
