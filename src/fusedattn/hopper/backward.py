@@ -187,7 +187,10 @@ SLOT_BY_DQ = True
 # (which lines the 8 warps up for the step's end as well) and arrive at "ready" without a
 # wait, where Triton lowers each single-thread `mbarrier.arrive` to a barrier of the 8
 # warps and one thread's arrive: one 256-thread barrier and one mbarrier wait fewer a step
-# (evidence/sm90-compile/20261206T1500Z-bwd-named-handoff) (A/B)
+# (evidence/sm90-compile/20261206T1500Z-bwd-named-handoff). On an H100, the same gradients,
+# TFLOP/s on / off (evidence/nvidia-h100/20261206T1612Z-named-handoff-fp8-d256-ab): D64
+# 460 / 447 (spreads apart), D128 495 / 484, D128 causal 442 / 446, D192 316 / 317, D64
+# causal S8192 419 / 421 (inside the spreads) (A/B)
 NAMED_HANDOFF = True
 
 
