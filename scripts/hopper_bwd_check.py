@@ -209,6 +209,11 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # before DOWN_ACROSS_HEADS
              "hopper-down-heads": _ours("hopper", ORDER="down", DOWN_ACROSS_HEADS=False),
              "hopper-up": _ours("hopper", ORDER="up"),
+             # the same orders with racing adds: where do the adds collide (GQA's "down"
+             # puts a wave's programs of one K/V head on one query tile at once)?
+             "hopper-race-up": _ours("hopper", deterministic=False, ORDER="up"),
+             "hopper-race-down-heads": _ours("hopper", deterministic=False, ORDER="down",
+                                             DOWN_ACROSS_HEADS=False),
              "hopper-rotated": _ours("hopper", ORDER="rotated"),
              # varlen over the longest sequence's key tiles for every sequence (most
              # programs empty where lengths differ), or over each sequence's own, at
