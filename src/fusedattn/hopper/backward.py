@@ -125,7 +125,12 @@ SPREAD_MAX_BYTES = 8 << 20
 # across; B2 1.11x, B4 1.05x (`scripts/bwd_order_model.py --makespan`). Measured (evidence
 # 2302Z, twice each): B1 440/446 TFLOP/s against 387/385 (+15%), B2 447/448 against
 # 429/428 (+4.5%), but B4 427/432 against 449/451 (-4.5%): past the tail's gain, spreading
-# a wave over every head costs about 10% (L2, likely; not profiled)
+# a wave over every head costs about 10% (L2, likely; not profiled). Racing adds
+# (`deterministic=False`) never go across: a wave then holds the same key tile of every
+# head, and each query tile takes its adds from all of them at once. On an H100 (evidence
+# 20261206T1712Z-bwd-adds-cost-gqa-orders) racing GQA 32/8 S8192 causal ran B2 at 381
+# TFLOP/s across against 507 head by head, B1 463 both ways, B4 (head by head either way)
+# 502-506; deterministic adds wait their turn instead and keep the rule above
 DOWN_ACROSS_HEADS = True
 ACROSS_MAX_WAVES = 8
 # dQ's fp32 accumulator and the counters zeroed by the preprocess (`flash_bwd.
@@ -230,10 +235,11 @@ def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
     return "rotated" if rotated else "down"
 
 
-def down_across(programs: int, sms: int) -> bool:
-    """Whether "down" launches across the heads (`DOWN_ACROSS_HEADS`): where there are
-    fewer than ACROSS_MAX_WAVES programs an SM."""
-    return DOWN_ACROSS_HEADS and programs < ACROSS_MAX_WAVES * sms
+def down_across(programs: int, sms: int, deterministic: bool = True) -> bool:
+    """Whether "down" launches across the heads (`DOWN_ACROSS_HEADS`): deterministic adds
+    only, where there are fewer than ACROSS_MAX_WAVES programs an SM (racing adds collide
+    across the heads: the comment above)."""
+    return DOWN_ACROSS_HEADS and deterministic and programs < ACROSS_MAX_WAVES * sms
 
 
 @functools.cache
@@ -409,7 +415,7 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     how = order(tiles_n, grid[0], left, right, sms,
                 spread_bytes=(heads // heads_kv) * seq_q * (dim + dim_v) * q.element_size())
     # (the compact grid has no across-the-heads launch: its heads' tiles differ in count)
-    across = down_across(grid[0], sms) and not grid_compact
+    across = down_across(grid[0], sms, deterministic) and not grid_compact
     early_free = not swap and ((EARLY_FREE and stages == 1) or split > 1)
     slot_by_dq = SLOT_BY_DQ and not early_free and split == 1
     code = {"down": kernel.DOWN_ACROSS if across else kernel.DOWN,
