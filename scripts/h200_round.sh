@@ -55,7 +55,10 @@
 #   ncuorder ROW  Nsight Compute of the Hopper backward kernel alone under each dQ adds'
 #               order forced ("down", "up"), ROW "dim,batch,heads,heads_kv,seq[,causal]":
 #               L2 hit rate and DRAM bytes (does "up" lose L2 reuse under GQA?) and the
-#               SMs' active cycles against elapsed (or a tail?), one CSV per order
+#               SMs' active cycles against elapsed (or a tail?), one CSV per order;
+#               $ORDERS (default "down up") may name "across" and "heads" too: "down"
+#               with `DOWN_ACROSS_HEADS` on and off (does a wave's revisit of GQA's query
+#               tiles miss L2?)
 #   ncusrcbwd ROW  the same source view of the Hopper backward kernel alone (forced), ROW
 #               "dim,batch,heads,seq[,causal]", $KNOB as backward.NAME=VALUE if set
 #   ncufp8 ROW  Nsight Compute of the FP8 forward (V's transpose and the Hopper kernel)
@@ -223,14 +226,19 @@ while [ $# -gt 0 ]; do
          echo "ncusrc $name: rc=$? $(wc -l < $ev/ncu/$name-sass.csv) lines" | tee -a "$log" ;;
     ncuorder) IFS=, read -r d b h hk s c <<<"$1"; shift
          mkdir -p $ev/ncu
-         for order in down up; do
+         for order in ${ORDERS:-down up}; do
            name=ncuorder-d$d-b$b-h$h-hk$hk-s$s${c:+-$c}-$order
+           case $order in
+             across) knobs=(--knob "backward.ORDER='down'" --knob backward.DOWN_ACROSS_HEADS=True) ;;
+             heads) knobs=(--knob "backward.ORDER='down'" --knob backward.DOWN_ACROSS_HEADS=False) ;;
+             *) knobs=(--knob "backward.ORDER='$order'") ;;
+           esac
            ncu --profile-from-start off --clock-control none -k regex:_flash_bwd_sm90 \
              --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-             --metrics lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max \
+             --metrics lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max \
              --csv --page details python3 scripts/ncu_vs_cudnn.py --bwd-only --backend hopper \
              --dim "$d" --batch "$b" --heads "$h" --heads-kv "$hk" --seq "$s" ${c:+--causal} \
-             --knob "backward.ORDER='$order'" > $ev/ncu/$name.csv 2>>"$log"
+             "${knobs[@]}" > $ev/ncu/$name.csv 2>>"$log"
            echo "ncuorder $name: rc=$?" | tee -a "$log"
          done ;;
     ncusrcbwd) IFS=, read -r d b h s c <<<"$1"; shift
