@@ -209,8 +209,8 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # before DOWN_ACROSS_HEADS
              "hopper-down-heads": _ours("hopper", ORDER="down", DOWN_ACROSS_HEADS=False),
              "hopper-up": _ours("hopper", ORDER="up"),
-             # the same orders with racing adds: where do the adds collide (GQA's "down"
-             # puts a wave's programs of one K/V head on one query tile at once)?
+             # the same orders with racing adds (GQA across the heads: L2 misses, ncu
+             # evidence 20261206T1728Z-ncu-gqa-across-heads)
              "hopper-race-up": _ours("hopper", deterministic=False, ORDER="up"),
              "hopper-race-down-heads": _ours("hopper", deterministic=False, ORDER="down",
                                              DOWN_ACROSS_HEADS=False),

@@ -125,12 +125,13 @@ SPREAD_MAX_BYTES = 8 << 20
 # across; B2 1.11x, B4 1.05x (`scripts/bwd_order_model.py --makespan`). Measured (evidence
 # 2302Z, twice each): B1 440/446 TFLOP/s against 387/385 (+15%), B2 447/448 against
 # 429/428 (+4.5%), but B4 427/432 against 449/451 (-4.5%): past the tail's gain, spreading
-# a wave over every head costs about 10% (L2, likely; not profiled). Racing adds
-# (`deterministic=False`) never go across: a wave then holds the same key tile of every
-# head, and each query tile takes its adds from all of them at once. On an H100 (evidence
-# 20261206T1712Z-bwd-adds-cost-gqa-orders) racing GQA 32/8 S8192 causal ran B2 at 381
-# TFLOP/s across against 507 head by head, B1 463 both ways, B4 (head by head either way)
-# 502-506; deterministic adds wait their turn instead and keep the rule above
+# a wave over every head costs about 10%: L2 (ncu on an H100, B2 GQA 32/8 S8192 causal,
+# evidence 20261206T1728Z-ncu-gqa-across-heads: across, L2 hit 68% and 9.2 GB of DRAM
+# traffic, no tail; head by head 96% and 0.95 GB, the SMs idle 12% at the end). Racing
+# adds (`deterministic=False`) never go across: on an H100 (evidence
+# 20261206T1712Z-bwd-adds-cost-gqa-orders) racing B2 ran at 381 TFLOP/s across against
+# 507 head by head, B1 463 both ways, B4 (head by head either way) 502-506; deterministic
+# B1 gains from across (415 against 383) and keeps the rule above
 DOWN_ACROSS_HEADS = True
 ACROSS_MAX_WAVES = 8
 # dQ's fp32 accumulator and the counters zeroed by the preprocess (`flash_bwd.
