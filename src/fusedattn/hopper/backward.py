@@ -238,8 +238,8 @@ def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
 
 def down_across(programs: int, sms: int, deterministic: bool = True) -> bool:
     """Whether "down" launches across the heads (`DOWN_ACROSS_HEADS`): deterministic adds
-    only, where there are fewer than ACROSS_MAX_WAVES programs an SM (racing adds collide
-    across the heads: the comment above)."""
+    only, where there are fewer than ACROSS_MAX_WAVES programs an SM (racing adds lost more
+    to across's L2 misses than they gained from its tail: the comment above)."""
     return DOWN_ACROSS_HEADS and deterministic and programs < ACROSS_MAX_WAVES * sms
 
 
