@@ -1,14 +1,15 @@
-"""The named-barrier protocols of two ready patches, checked on a model: every order in
-which the parties' barrier operations can interleave, on hardware named barriers'
-rules. This is a model of the protocols, not of the kernels (Gluon kernels do not run
+"""The named-barrier protocols of a patch and of a landed switch, checked on a model:
+every order in which the parties' barrier operations can interleave, on hardware named
+barriers' rules. This is a model of the protocols, not of the kernels (Gluon kernels do not run
 here): a wrong protocol hangs on the GPU, where a run costs device time.
 
-The patches:
-- `notes/patches/fwd-named-turns.patch` (`hopper.forward.PINGPONG = 2`): the consumer
-  warpgroups take turns through barriers TURN + c, each phase made of 256 threads.
-- `notes/patches/bwd-named-handoff.patch` (`hopper.backward.NAMED_HANDOFF`): dQ's buffers go
-  between the 256 compute threads and the 128-thread writer through barriers READY + b and
-  FREE + b, 384 threads a phase.
+The protocols:
+- `notes/patches/fwd-named-turns.patch` (`hopper.forward.PINGPONG = 2`, not kept): the
+  consumer warpgroups take turns through barriers TURN + c, each phase made of 256 threads.
+- `hopper.backward.NAMED_HANDOFF` (on since 0d42c3c; first written as
+  `notes/patches/bwd-named-handoff.patch`): dQ's buffers go between the 256 compute
+  threads and the 128-thread writer through barriers READY + b and FREE + b, 384 threads
+  a phase.
 
 The rules (PTX `bar.sync` / `bar.arrive`): a barrier counts the threads that arrive; a
 `sync` arrives and waits; the phase completes when the count reaches the barrier's thread

@@ -589,8 +589,26 @@ def test_the_named_barrier_hand_off_gives_the_same_bits(dim, causal, monkeypatch
         seen.clear()
         grads.append(_grads(q, k, v, dout, "hopper", is_causal=causal))
         want = 256 + 32 * knobs.WRITER_WARPS if on and dim != 256 else 0
+        assert knobs.named_threads(dim != 256) == want
         assert seen and all(s == want for s in seen), (dim, on, seen)
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True)), dim
+
+
+@pytest.mark.parametrize("dim, want_slot_by_dq", [(64, True), (128, True), (192, True),
+                                             (256, False)])
+def test_the_launch_takes_the_named_hand_off_where_the_slot_goes_with_dq(dim,
+                                                                         want_slot_by_dq,
+                                                                         monkeypatch):
+    # `named_threads`: 256 compute threads and the writer's where SLOT_BY_DQ acts (D64,
+    # D128, D192), 0 at D256 (dQ in halves) and with NAMED_HANDOFF off (the CPU build)
+    from fusedattn.hopper import backward as knobs
+
+    for on in (True, False):
+        monkeypatch.setattr(knobs, "NAMED_HANDOFF", on)
+        kw = _cpu_build(dim, Mask(causal=True), True, monkeypatch)[3]
+        assert kw["SLOT_BY_DQ"] is want_slot_by_dq
+        want = 256 + 32 * knobs.WRITER_WARPS if on and want_slot_by_dq else 0
+        assert kw["DQ_NAMED"] == knobs.named_threads(want_slot_by_dq) == want, (dim, on)
 
 
 @on_hopper

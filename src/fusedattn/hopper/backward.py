@@ -236,6 +236,13 @@ def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
     return "rotated" if rotated else "down"
 
 
+def named_threads(slot_by_dq: bool) -> int:
+    """The kernel's DQ_NAMED: the threads of each named barrier of dQ's hand-off (the
+    compute warps' 256 and the writer's), where `NAMED_HANDOFF` takes it (with SLOT_BY_DQ
+    only); 0, the hand-off by mbarriers, elsewhere."""
+    return 256 + 32 * WRITER_WARPS if NAMED_HANDOFF and slot_by_dq else 0
+
+
 def down_across(programs: int, sms: int, deterministic: bool = True) -> bool:
     """Whether "down" launches across the heads (`DOWN_ACROSS_HEADS`): deterministic adds
     only, where there are fewer than ACROSS_MAX_WAVES programs an SM (racing adds lost more
@@ -438,7 +445,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   EARLY_FREE=early_free, DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
                   FREE_ON_READ=FREE_ON_READ,
                   SLOT_BY_DQ=slot_by_dq,
-                  # the named barriers' threads: the compute warps' and the writer's
-                  DQ_NAMED=256 + 32 * WRITER_WARPS if NAMED_HANDOFF and slot_by_dq else 0,
+                  DQ_NAMED=named_threads(slot_by_dq),
                   num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs
