@@ -9,8 +9,9 @@ misses' DRAM time, so a unit whose programs miss together waits for the memory.
 `bwd_order_model.py --makespan` counted only the SMs' time. It picked the across-tail
 launch (`notes/patches/bwd-across-tail.patch`), which then lost on an H100
 (evidence/nvidia-h100/20261206T1953Z-bwd-across-tail-ab). This model asks whether memory
-explains that loss. Calibrate it on 1728Z's Nsight Compute first: B2 GQA moved 9.2 GB
-across the heads and 0.95 GB head by head.
+explains that loss. Nothing in it is fitted; it is checked against 1728Z's Nsight Compute
+(B2 GQA moved 9.2 GB across the heads and 0.95 GB head by head: the test
+`test_the_l2_model_reads_as_ncu_did_and_its_launches_keep_the_adds_order`).
 
     python3 scripts/bwd_l2_model.py [--batches 1,2,4] [--l2-mib 50] [--tail 6]
 
@@ -28,11 +29,14 @@ def launch(order: str, pairs: int, tiles: int, tail: int,
     """The (pair, key tile) of each program in launch order: "heads" one pair's key tiles
     after another's (key tile 0, the longest under the causal mask, first), "across" key
     tile n of every pair before any key tile n + 1, "tail" head by head but the last `tail`
-    pairs across each other (the patch's `_key_tile`)."""
-    if order == "front":  # the last `tail` pairs' longest `front` key tiles first
+    pairs across each other (`notes/patches/bwd-across-tail.patch`), "front" head by head
+    but the last `tail` pairs' first `front` key tiles (their longest) first, together
+    (`notes/patches/bwd-front.patch` with one pair)."""
+    if order == "front":
         moved = [(p, n) for p in range(pairs - min(tail, pairs), pairs) for n in range(front)]
+        first = set(moved)
         return moved + [(p, n) for p in range(pairs) for n in range(tiles)
-                        if (p, n) not in set(moved)]
+                        if (p, n) not in first]
     k = {"heads": 0, "across": pairs, "tail": min(tail, pairs)}[order]
     before = (pairs - k) * tiles
     out = []
@@ -63,12 +67,15 @@ def steps(pair: int, n: int, seq: int, group: int, head_bytes: tuple) -> list[li
 
 def simulate(order, batch, heads_kv, group, seq, dim, sms, l2_bytes, tail, step_us, tbps,
              front=0):
+    """One launch of `order` (`launch`) run to its end: its time units, DRAM gigabytes (the
+    misses, dQ's write-backs, K and V once a program), L2's hit rate, and the modelled ms
+    and TFLOP/s (FA's FLOP count)."""
     tiles = seq // BLOCK_N
     pairs = batch * heads_kv
     head_bytes = (BLOCK_M * dim * 2, BLOCK_M * dim * 4)
     queue = collections.deque(launch(order, pairs, tiles, tail, front))
     running = [None] * sms  # each SM's (steps, next step index)
-    cache = collections.OrderedDict()  # tile -> (bytes, dirty)
+    cache = collections.OrderedDict()  # tile -> bytes, least recently used first
     used = hits = accesses = 0
     dram = kv = 0
     seconds = 0.0
