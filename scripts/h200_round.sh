@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One measurement round on the H200 (the device tool's machine), each step's output under
-# /tmp/ev (the evidence folders), packed into $OUT/ev.tgz after every step, so that a run
-# cut short still brings back what it finished (the device tool does not bring back
+# /tmp/ev (the evidence folders), packed into $OUT/ev.tgz after every step and every 20 s
+# while one runs, so that a run cut short still brings back what it finished and how far
+# the step it was in had got (the device tool does not bring back
 # folders that deep one by one). Steps, in the order given:
 #   fa4 K       copy FA4's staged part K (.peers/K, carried) into /tmp/fa4; the last part
 #               (the one with install.sh) also installs it (../shared/peers/stage-fa4.sh).
@@ -122,6 +123,15 @@ ev=/tmp/ev
 mkdir -p "$ev"
 log=$ev/round-$(date -u +%H%M%S).log
 rc=0
+# every 20 s, the evidence so far: packed beside $OUT and renamed into place, so that the
+# copy brought back is whole wherever the call is cut
+if [ -n "${OUT:-}" ]; then
+  (while sleep 20; do
+     tar czf "$OUT/.ev.tgz.part" -C /tmp ev 2>/dev/null && mv -f "$OUT/.ev.tgz.part" "$OUT/ev.tgz"
+   done) &
+  packer=$!
+  trap 'kill $packer 2>/dev/null' EXIT
+fi
 # PYC=1 (coldstart, coldrow): every module the first calls import gets bytecode first, as
 # an installed environment has it, through a writable PYTHONPYCACHEPREFIX: the tree's by
 # compileall, the rest by one small call of each kind the suite makes, forward and
@@ -168,7 +178,10 @@ while [ $# -gt 0 ]; do
            bash /tmp/fa4/install.sh >>"$log" 2>&1 || rc=1
          fi
          python3 -c "import flash_attn.cute" 2>/dev/null && echo "fa4 imports" | tee -a "$log" ;;
-    tier) python3 scripts/gpu_tier.py --out $ev 2>&1 | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
+    tier) # (its stamped lines also into $ev as they come: 22:31Z's tier, cut at 445 s on a
+          # slow H100, brought back nothing of itself)
+          python3 scripts/gpu_tier.py --out $ev 2>&1 | tee "$ev/tier-$(date -u +%H%M%S).log" \
+            | tail -15 | tee -a "$log"; rc=$((rc | PIPESTATUS[0])) ;;
     apply|revert) name=$1; shift; f=notes/patches/$name.patch
          flags=$([ "$step" = revert ] && echo -R)
          if [ ! -f "$f" ]; then echo "no $f" | tee -a "$log"; rc=2
@@ -307,6 +320,11 @@ while [ $# -gt 0 ]; do
                python3 scripts/first_call_profile.py --out "$ev/first-call-${m// /-}" --problems "${PROBLEMS:-3,0}" --mode "${MODE:-after warmup}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
-  [ -n "${OUT:-}" ] && tar czf "$OUT/ev.tgz" -C /tmp ev
+  [ -n "${OUT:-}" ] && tar czf "$OUT/.ev.tgz.step" -C /tmp ev && mv -f "$OUT/.ev.tgz.step" "$OUT/ev.tgz"
 done
+if [ -n "${OUT:-}" ]; then  # the packer stopped first: its older copy must not land last
+  kill $packer 2>/dev/null; wait 2>/dev/null
+  tar czf "$OUT/.ev.tgz.step" -C /tmp ev && mv -f "$OUT/.ev.tgz.step" "$OUT/ev.tgz"
+  rm -f "$OUT/.ev.tgz.part"
+fi
 exit $rc
