@@ -68,8 +68,8 @@ def steps(pair: int, n: int, seq: int, group: int, head_bytes: tuple) -> list[li
 def simulate(order, batch, heads_kv, group, seq, dim, sms, l2_bytes, tail, step_us, tbps,
              front=0):
     """One launch of `order` (`launch`) run to its end: its time units, DRAM gigabytes (the
-    misses, dQ's write-backs, K and V once a program), L2's hit rate, and the modelled ms
-    and TFLOP/s (FA's FLOP count)."""
+    misses, dQ's write-backs, K and V read and dK and dV written once a program), L2's hit
+    rate, and the modelled ms and TFLOP/s (FA's FLOP count)."""
     tiles = seq // BLOCK_N
     pairs = batch * heads_kv
     head_bytes = (BLOCK_M * dim * 2, BLOCK_M * dim * 4)
@@ -77,7 +77,7 @@ def simulate(order, batch, heads_kv, group, seq, dim, sms, l2_bytes, tail, step_
     running = [None] * sms  # each SM's (steps, next step index)
     cache = collections.OrderedDict()  # tile -> bytes, least recently used first
     used = hits = accesses = 0
-    dram = kv = 0
+    dram = stores = 0  # (dK and dV: written at a program's end, outside its time units)
     seconds = 0.0
     units = 0
     while queue or any(running):
@@ -86,8 +86,8 @@ def simulate(order, batch, heads_kv, group, seq, dim, sms, l2_bytes, tail, step_
             if running[s] is None and queue:
                 pair, n = queue.popleft()
                 running[s] = [steps(pair, n, seq, group, head_bytes), 0]
-                kv += 2 * BLOCK_N * dim * 2
-                unit_bytes += 2 * BLOCK_N * dim * 2
+                unit_bytes += 2 * BLOCK_N * dim * 2  # its K and V tiles
+                stores += 2 * BLOCK_N * dim * 2  # its dK and dV tiles, the same size
             if running[s] is None:
                 continue
             prog, i = running[s]
@@ -113,7 +113,7 @@ def simulate(order, batch, heads_kv, group, seq, dim, sms, l2_bytes, tail, step_
         units += 1
     dram += sum(size for tile, size in cache.items() if tile[0] == "dq")
     flops = 2.5 * 4 * batch * heads_kv * group * seq * seq * dim / 2  # causal, FA's count
-    return dict(order=order, batch=batch, units=units, dram_gb=round((dram + kv) / 1e9, 2),
+    return dict(order=order, batch=batch, units=units, dram_gb=round((dram + stores) / 1e9, 2),
                 l2_hit=round(hits / accesses, 3), ms=round(seconds * 1e3, 3),
                 tflops=round(flops / seconds / 1e12))
 
