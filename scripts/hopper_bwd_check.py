@@ -209,6 +209,12 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # before DOWN_ACROSS_HEADS
              "hopper-down-heads": _ours("hopper", ORDER="down", DOWN_ACROSS_HEADS=False),
              "hopper-up": _ours("hopper", ORDER="up"),
+             # head by head without the last head's longest key tiles first, as before
+             # `hopper.backward.FRONT_TILES` (its A/B: "hopper-down-heads" against this)
+             "hopper-nofront": _ours("hopper", FRONT_TILES=0),
+             "hopper-down-heads-nofront": _ours("hopper", ORDER="down",
+                                                DOWN_ACROSS_HEADS=False, FRONT_TILES=0),
+             "hopper-race-nofront": _ours("hopper", deterministic=False, FRONT_TILES=0),
              # the same orders with racing adds (GQA across the heads: L2 misses, ncu
              # evidence 20261206T1728Z-ncu-gqa-across-heads)
              "hopper-race-up": _ours("hopper", deterministic=False, ORDER="up"),

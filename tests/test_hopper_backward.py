@@ -464,17 +464,20 @@ def _gqa_operands(dim: int) -> tuple:
 
 @on_hopper
 @pytest.mark.parametrize("options", ORDER_MASKS)
-@pytest.mark.parametrize("order", ["down", "down-heads", "up", "rotated"])
+@pytest.mark.parametrize("order", ["down", "down-heads", "down-front", "up", "rotated"])
 def test_every_order_of_the_deterministic_adds_is_right_and_repeats(order, options,
                                                                     monkeypatch):
     # each order forced (the rule picks by mask and size: these shapes would not reach
     # "up"; "rotated" under a mask falls back to the rule), GQA 6/2 with Sq != Sk: right
     # against the reference and the same bits again; "down" launched across the heads
-    # (few programs) and, "down-heads", head by head (`DOWN_ACROSS_HEADS` off)
+    # (few programs), "down-heads" head by head (`DOWN_ACROSS_HEADS` off) and
+    # "down-front" head by head with the last head's first 4 of its 11 key tiles first
+    # (`FRONT_TILES`)
     from fusedattn.hopper import backward as knobs
 
-    monkeypatch.setattr(knobs, "DOWN_ACROSS_HEADS", order != "down-heads")
-    monkeypatch.setattr(knobs, "ORDER", order.removesuffix("-heads"))
+    monkeypatch.setattr(knobs, "DOWN_ACROSS_HEADS", order == "down")
+    monkeypatch.setattr(knobs, "FRONT_TILES", 4 if order == "down-front" else 0)
+    monkeypatch.setattr(knobs, "ORDER", order.split("-")[0])
     q, k, v, dout = _gqa_operands(128)
     got = _dense(q, k, v, dout, _ref_kw(options), **options)
     again = _grads(q, k, v, dout, "hopper", **options)
@@ -764,7 +767,7 @@ def test_down_across_the_heads_has_no_tail_where_head_by_head_has_one():
 
 @pytest.mark.parametrize("programs, switch, want", [
     (512, True, True),      # B1 H32/8 S8192 causal: 3.9 programs an SM (+15%, 2302Z)
-    (1024, True, True),     # B2: 7.8 (+4.5%)
+    (1024, True, False),    # B2: 7.8 (+4.5% before FRONT_TILES; since, -10%: 2025Z)
     (2048, True, False),    # B4: 15.5 (-4.5% across)
     (512, False, False)])   # the switch off
 def test_down_goes_across_the_heads_where_programs_are_few(programs, switch, want,
@@ -910,18 +913,19 @@ def _cpu_launch(dim, mask, deterministic, monkeypatch, dim_v=None) -> dict:
     return _cpu_build(dim, mask, deterministic, monkeypatch, dim_v=dim_v)[3]
 
 
-def _cpu_build(dim, mask, deterministic, monkeypatch, n_counters=None, dim_v=None) -> tuple:
-    """`hopper.backward`'s launch (kernel, grid, args, keyword args) for a B1 H2 S128 call
+def _cpu_build(dim, mask, deterministic, monkeypatch, n_counters=None, dim_v=None,
+               seq=128) -> tuple:
+    """`hopper.backward`'s launch (kernel, grid, args, keyword args) for a B1 H2 S`seq` call
     (on the CPU: the launch is built, not run), its counters `counters(...)` or
     `n_counters`; v, dO and dV of head dim `dim_v` (default q's)."""
     from fusedattn.hopper import backward as knobs
 
     monkeypatch.setattr(knobs, "_sm_count", lambda device: 132)  # (no GPU in CI)
-    q = rand(1, 2, 128, dim, dtype=torch.bfloat16)
-    v = rand(1, 2, 128, dim_v or dim, dtype=torch.bfloat16, seed=2)
-    zeros = torch.zeros(1, 2, 128, dtype=torch.float32)
+    q = rand(1, 2, seq, dim, dtype=torch.bfloat16)
+    v = rand(1, 2, seq, dim_v or dim, dtype=torch.bfloat16, seed=2)
+    zeros = torch.zeros(1, 2, seq, dtype=torch.float32)
     if n_counters is None:
-        n_counters = knobs.counters(1, 2, 128, dim, bool(mask.softcap))
+        n_counters = knobs.counters(1, 2, seq, dim, bool(mask.softcap))
     return knobs.hopper_backward_launch(
         v, q, q, v, zeros, zeros, torch.zeros_like(q, dtype=torch.float32),
         torch.zeros(n_counters, dtype=torch.int32), q, v, scale=0.1, mask=mask,
@@ -1134,3 +1138,36 @@ def test_the_l2_model_reads_as_ncu_did_and_its_launches_keep_the_adds_order():
         for p, n in got:
             assert all((p, m) in seen for m in range(n)), (order, p, n)
             seen.add((p, n))
+
+
+@pytest.mark.parametrize("pairs, tiles, front", [(8, 64, 16), (2, 11, 4), (3, 5, 5),
+                                                 (1, 7, 3), (4, 9, 0)])
+def test_the_kernels_front_launch_is_the_models(pairs, tiles, front):
+    # `backward_kernel._key_tile`'s DOWN + 4 f (`hopper.backward.FRONT_TILES`) transcribed:
+    # the launch the L2 model scored ("front", one pair moved), whose programs each come
+    # after their pair's lower key tiles (the model's test above)
+    model = script("bwd_l2_model")
+    last = (pairs - 1) * tiles
+    got = []
+    for pid in range(pairs * tiles):
+        pid = last + pid if pid < front else (pid - front if pid - front < last else pid)
+        got.append((pid // tiles, pid % tiles))
+    assert got == model.launch("front", pairs, tiles, 1, front)
+
+
+@pytest.mark.parametrize("front, want", [(16, 8), (3, 3), (0, 0)])
+def test_the_launch_puts_the_last_heads_longest_key_tiles_first(front, want, monkeypatch):
+    # FRONT_TILES: "down" head by head (racing adds) on B1 H2 S1024, 8 key tiles a head,
+    # passes DOWN + 4 f, f at most the head's key tiles; deterministic adds there go
+    # across the heads (few programs), which has no front
+    from fusedattn.hopper import backward as knobs
+    from fusedattn.hopper import backward_kernel as kernel
+
+    monkeypatch.setattr(knobs, "ORDER", "down")
+    monkeypatch.setattr(knobs, "FRONT_TILES", front)
+    for deterministic, code in ((False, kernel.DOWN.value + 4 * want),
+                                (True, kernel.DOWN_ACROSS.value)):
+        kernel_, _, args, _ = _cpu_build(128, Mask(causal=True), deterministic, monkeypatch,
+                                         seq=1024)
+        got = dict(zip(kernel_.arg_names[:len(args)], args, strict=True))["order"]
+        assert got == code, (deterministic, got, code)

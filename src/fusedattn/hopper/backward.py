@@ -131,9 +131,24 @@ SPREAD_MAX_BYTES = 8 << 20
 # adds (`deterministic=False`) never go across: on an H100 (evidence
 # 20261206T1712Z-bwd-adds-cost-gqa-orders) racing B2 ran at 381 TFLOP/s across against
 # 507 head by head, B1 463 both ways, B4 (head by head either way) 502-506; deterministic
-# B1 gains from across (415 against 383) and keeps the rule above
+# B1 gains from across (415 against 383) and keeps the rule above. Since FRONT_TILES (below)
+# head by head beats across from B2 (H100, evidence 20261206T2025Z-bwd-front: B2 448-449
+# against 403-412 across; B1 403-405 against 415-418), across only below 4 waves
 DOWN_ACROSS_HEADS = True
-ACROSS_MAX_WAVES = 8
+ACROSS_MAX_WAVES = 4
+# "down" head by head launches the last (batch, K/V head)'s first FRONT_TILES key tiles (its
+# longest under a causal mask) first, then the rest head by head, so that no head's
+# longest program starts last (the tail above) while each head's programs still start
+# together and walk its query tiles in step (L2). Across the heads a head's programs do,
+# but every head's at once miss L2; the last pairs alone across each other
+# (`notes/patches/bwd-across-tail.patch`) started them apart and lost 5-28% on an H100
+# (evidence 20261206T1953Z-bwd-across-tail-ab). On a model of L2 (`scripts/bwd_l2_model.py`,
+# evidence cpu/20261206T2040Z-bwd-l2-model) 16 keep its hit rate at 96.6% and end GQA 32/8
+# S8192 causal 5.6% / 3.2% / 1.7% sooner at B1 / B2 / B4. Measured on an H100 (evidence
+# 20261206T2025Z-bwd-front, two calls): racing B1 485-488 against 458-459, B2 525 against
+# 510-515, B4 509 against 505-509; deterministic head by head B1 403-405 against 385, B2
+# 448-449 against 436, B4 463-470 against 455-458. 0: head by head alone
+FRONT_TILES = 16
 # dQ's fp32 accumulator and the counters zeroed by the preprocess (`flash_bwd.
 # _preprocess_launch`), where False fills them by two `torch.zeros` of their own (as before
 # 05db7dd): two launches fewer a backward (the host's cost, issue 31)
@@ -205,9 +220,9 @@ def switches() -> tuple:
     replays the kernel it recorded); the tables live, as `forward.switches`' are."""
     return (WRITER_WARPS, DQ_BUFS, DQ_ADDS, DQ_TMA, LSE_SMEM, LSE_SWAP_DETERMINISTIC,
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
-            ACROSS_MAX_WAVES, ZERO_IN_PREPROCESS, VARLEN_COMPACT, VARLEN_LONGEST_FIRST,
-            MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES, DO_STAGES, DQ_SPLIT,
-            FREE_ON_READ, SLOT_BY_DQ, NAMED_HANDOFF)
+            ACROSS_MAX_WAVES, FRONT_TILES, ZERO_IN_PREPROCESS, VARLEN_COMPACT,
+            VARLEN_LONGEST_FIRST, MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES,
+            DO_STAGES, DQ_SPLIT, FREE_ON_READ, SLOT_BY_DQ, NAMED_HANDOFF)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -427,12 +442,14 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
     early_free = not swap and ((EARLY_FREE and stages == 1) or split > 1)
     slot_by_dq = SLOT_BY_DQ and not early_free and split == 1
     code = {"down": kernel.DOWN_ACROSS if across else kernel.DOWN,
-            "up": kernel.UP, "rotated": kernel.ROTATED}[how]
+            "up": kernel.UP, "rotated": kernel.ROTATED}[how].value
+    if how == "down" and not across and varlen is None and min(tiles_n, batch * heads_kv) > 1:
+        code += 4 * min(FRONT_TILES, tiles_n)  # the last head's longest key tiles first
     args = (*descs[:6], dk, dv, lse, delta, dq_acc, descs[6], sem, cu_q, cu_k, dk.stride(1),
             dk.stride(2), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
             batch if grid_compact else tiles_n,
             tiles_m, heads_kv, heads // heads_kv, seq_q, seq_k, rows_q, dim, scale, qk_scale,
-            cap, left, right, code.value, *descs2, dim_v)
+            cap, left, right, code, *descs2, dim_v)
     kwargs = dict(D=first, D2=second, DV=first_v, DV2=second_v, BLOCK_M=block_m,
                   BLOCK_N=block_n, STAGES=stages,
                   HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,

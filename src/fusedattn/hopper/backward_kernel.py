@@ -64,7 +64,11 @@ about when its program gets there anyway:
                head) first, then key tile 1 of every one, ..., so under a causal mask the
                longest programs of every head go first (no tail of one head's longest
                program), and a program's lower key tiles, launched before it, are far
-               ahead of it by then; it still waits on programs launched before it alone."""
+               ahead of it by then; it still waits on programs launched before it alone.
+               Head by head with DOWN + 4 f: the last (batch, head)'s first f key tiles
+               go first, in the first wave together (so they walk its query tiles in step
+               and share them in L2), then every other program head by head; each still
+               comes after its own head's lower key tiles."""
 
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -155,10 +159,15 @@ def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left
         # launch index turned into the head-by-head one)
         n_bh = gl.num_programs(0) // n_tiles_n
         pid = gl.where(order == DOWN_ACROSS, pid % n_bh * n_tiles_n + pid // n_bh, pid)
+        # DOWN + 4 f (`backward.FRONT_TILES`): head by head, but the last (batch, head)'s
+        # first f key tiles (its longest under a causal mask) launched first, together
+        front = order // 4
+        last = (n_bh - 1) * n_tiles_n
+        pid = gl.where(pid < front, last + pid, gl.where(pid - front < last, pid - front, pid))
         n = pid % n_tiles_n
         # a (batch, head)'s programs one after another, its last key tile first, but in
         # the order "down"
-        n = gl.where((order == DOWN) | (order == DOWN_ACROSS), n, n_tiles_n - 1 - n)
+        n = gl.where((order % 4 == DOWN) | (order == DOWN_ACROSS), n, n_tiles_n - 1 - n)
         bh = pid // n_tiles_n
         b = bh // n_heads_kv
         h_kv = bh % n_heads_kv
