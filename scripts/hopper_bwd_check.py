@@ -215,6 +215,11 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              "hopper-down-heads-nofront": _ours("hopper", ORDER="down",
                                                 DOWN_ACROSS_HEADS=False, FRONT_TILES=0),
              "hopper-race-nofront": _ours("hopper", deterministic=False, FRONT_TILES=0),
+             # other counts of the front's key tiles (16: the L2 model's pick; a launch
+             # argument, nothing compiles again)
+             **{f"hopper{race}-front{f}": _ours("hopper", deterministic=not race,
+                                                 FRONT_TILES=f)
+                for f in (8, 32, 64) for race in ("", "-race")},
              # the same orders with racing adds (GQA across the heads: L2 misses, ncu
              # evidence 20261206T1728Z-ncu-gqa-across-heads)
              "hopper-race-up": _ours("hopper", deterministic=False, ORDER="up"),
