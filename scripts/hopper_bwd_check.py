@@ -219,7 +219,7 @@ PROVIDERS = {"hopper": _ours("hopper"), "hopper-race": _ours("hopper", determini
              # argument, nothing compiles again)
              **{f"hopper{race}-front{f}": _ours("hopper", deterministic=not race,
                                                  FRONT_TILES=f)
-                for f in (8, 32, 64) for race in ("", "-race")},
+                for f in (8, 32) for race in ("", "-race")},
              # the same orders with racing adds (GQA across the heads: L2 misses, ncu
              # evidence 20261206T1728Z-ncu-gqa-across-heads)
              "hopper-race-up": _ours("hopper", deterministic=False, ORDER="up"),
