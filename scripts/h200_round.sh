@@ -123,12 +123,12 @@ ev=/tmp/ev
 mkdir -p "$ev"
 log=$ev/round-$(date -u +%H%M%S).log
 rc=0
-# every 20 s, the evidence so far: packed beside $OUT and renamed into place, so that the
-# copy brought back is whole wherever the call is cut
+# the evidence so far into $OUT/ev.tgz: packed beside it (as .ev.tgz.$1, one name a
+# packer) and renamed into place, so that the copy brought back is whole wherever the call
+# is cut; every 20 s by the packer below, after every step, and once at the end
+pack() { tar czf "$OUT/.ev.tgz.$1" -C /tmp ev 2>/dev/null && mv -f "$OUT/.ev.tgz.$1" "$OUT/ev.tgz"; }
 if [ -n "${OUT:-}" ]; then
-  (while sleep 20; do
-     tar czf "$OUT/.ev.tgz.part" -C /tmp ev 2>/dev/null && mv -f "$OUT/.ev.tgz.part" "$OUT/ev.tgz"
-   done) &
+  (while sleep 20; do pack part; done) &
   packer=$!
   trap 'kill $packer 2>/dev/null' EXIT
 fi
@@ -320,11 +320,11 @@ while [ $# -gt 0 ]; do
                python3 scripts/first_call_profile.py --out "$ev/first-call-${m// /-}" --problems "${PROBLEMS:-3,0}" --mode "${MODE:-after warmup}" 2>&1 | grep -v "UserWarning" | tail -120 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log"; rc=2 ;;
   esac
-  [ -n "${OUT:-}" ] && tar czf "$OUT/.ev.tgz.step" -C /tmp ev && mv -f "$OUT/.ev.tgz.step" "$OUT/ev.tgz"
+  [ -n "${OUT:-}" ] && pack step
 done
 if [ -n "${OUT:-}" ]; then  # the packer stopped first: its older copy must not land last
   kill $packer 2>/dev/null; wait 2>/dev/null
-  tar czf "$OUT/.ev.tgz.step" -C /tmp ev && mv -f "$OUT/.ev.tgz.step" "$OUT/ev.tgz"
+  pack step
   rm -f "$OUT/.ev.tgz.part"
 fi
 exit $rc
