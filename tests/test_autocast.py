@@ -2,10 +2,12 @@
 dtype, as SDPA's do (the same bits as the call made in that dtype, gradients back to the
 fp32 leaves); an explicit fp32 `precision` keeps fp32; outside autocast nothing changes."""
 
+import pytest
 import torch
 
 from fusedattn import attention, attention_varlen
 from fusedattn.mode import DEVICE
+from fusedattn.problem import ProblemError
 from inputs import i32, rand
 
 
@@ -40,3 +42,16 @@ def test_autocast_reaches_attention_varlen():
     want = attention_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, 11, 11,
                             is_causal=True)
     assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+
+
+def test_a_device_autocast_does_not_know_gets_the_device_refusal():
+    # fp32 with no `precision` asks autocast about the inputs' device type; torch raises
+    # for one it does not know (meta), which reached the user as a RuntimeError from inside
+    # torch: the validator's refusal of the device is what such a call gets
+    q = torch.empty(1, 2, 8, 16, device="meta")
+    with pytest.raises(ProblemError, match="q.device='meta' is not allowed"):
+        attention(q, q, q)
+    flat = torch.empty(8, 2, 16, device="meta")
+    cu = i32([0, 5, 8])
+    with pytest.raises(ProblemError, match="q.device='meta' is not allowed"):
+        attention_varlen(flat, flat, flat, cu, cu, 5, 5)

@@ -590,9 +590,12 @@ def _prepare(q, k, v, is_causal, scale, enable_gqa, precision, window, softcap,
 
 def autocast_inputs(q, k, v, precision) -> tuple:
     """q, k, v in autocast's dtype where `torch.autocast` is on for their device type and
-    they are fp32 with no explicit `precision` (SDPA's behaviour); else as given."""
+    they are fp32 with no explicit `precision` (SDPA's behaviour); else as given. A device
+    type autocast does not know (meta tensors) passes as given, for the validator to refuse
+    (torch raises on the question)."""
     if (precision is not None or not isinstance(q, torch.Tensor)
-            or q.dtype != torch.float32 or not torch.is_autocast_enabled(q.device.type)):
+            or q.dtype != torch.float32 or not torch.amp.is_autocast_available(q.device.type)
+            or not torch.is_autocast_enabled(q.device.type)):
         return q, k, v
     dtype = torch.get_autocast_dtype(q.device.type)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32
