@@ -593,11 +593,12 @@ def autocast_inputs(q, k, v, precision) -> tuple:
     they are fp32 with no explicit `precision` (SDPA's behaviour); else as given. A device
     type autocast does not know (meta tensors) passes as given, for the validator to refuse
     (torch raises on the question)."""
-    if (precision is not None or not isinstance(q, torch.Tensor)
-            or q.dtype != torch.float32 or not torch.amp.is_autocast_available(q.device.type)
-            or not torch.is_autocast_enabled(q.device.type)):
+    if precision is not None or not isinstance(q, torch.Tensor) or q.dtype != torch.float32:
         return q, k, v
-    dtype = torch.get_autocast_dtype(q.device.type)
+    kind = q.device.type  # (a new torch.device a read: read once)
+    if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(kind)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32
                  else t for t in (q, k, v))
 
