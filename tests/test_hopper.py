@@ -226,6 +226,29 @@ def test_two_consumer_warpgroups_under_a_short_window():
     assert Mask(window=(128, None)).span() is None and Mask(causal=True).span() is None
 
 
+def test_q_from_registers_by_its_tables_at_two_warpgroups(monkeypatch):
+    # (at three warpgroups, 160 registers a thread, D64's kernel spilled and its wgmmas were
+    # serialised in the sm90 compile report; FP8 launches read a table of their own)
+    from fusedattn.hopper import forward as knobs
+
+    one, two = (64, 0, 64, 0, 64, 128, 4), (128, 64, 128, 64, 64, 64, 3)
+    monkeypatch.setattr(knobs, "Q_REGISTERS", {(64, 64): "all", (192, 192): "first"})
+    monkeypatch.setattr(knobs, "FP8_Q_REGISTERS", {(128, 128): "all"})
+    assert knobs.q_registers((64, 64), one, False, 2, False) == 1
+    assert knobs.q_registers((64, 64), two, False, 2, False) == 2
+    assert knobs.q_registers((192, 192), two, False, 2, False) == 1
+    assert knobs.q_registers((192, 192), one, False, 2, False) == 0  # (no second piece)
+    assert knobs.q_registers((64, 64), one, False, 3, False) == 0
+    assert knobs.q_registers((64, 64), one, True, 2, False) == 0  # (FP8: its own table)
+    assert knobs.q_registers((128, 128), one, False, 2, False) == 0
+    assert knobs.q_registers((128, 128), one, True, 2, False) == 1
+    assert knobs.q_registers((128, 128), one, True, 3, False) == 0
+    assert knobs.q_registers((128, 128), one, True, 2, True) == 1  # ("all": claims too)
+    monkeypatch.setattr(knobs, "Q_REGISTERS", {(192, 192): "unclaimed"})
+    assert knobs.q_registers((192, 192), two, False, 2, False) == 2
+    assert knobs.q_registers((192, 192), two, False, 2, True) == 0
+
+
 CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (2, 4, 4, 1, 1, 128, False, None, None), (1, 3, 3, 127, 127, 64, True, None, None),
     (1, 2, 2, 129, 300, 128, True, None, None), (1, 2, 2, 300, 129, 128, True, None, None),
@@ -425,6 +448,56 @@ def test_q_slots_released_late_give_the_bits_of_released_at_once(dim, dim_v, fp8
         lambda: attention(q, k, v, is_causal=causal, return_lse=True), monkeypatch,
         LATE_Q_FREE=False)
     ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
+    _assert_near(want[0], ref, fp8)
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("dim, dim_v, causal, varlen, fp8", [
+    (64, 64, True, False, False), (80, 80, False, False, False), (96, 96, True, False, False),
+    (112, 112, False, False, False), (128, 128, False, False, False),
+    (128, 128, True, True, False), (192, 192, False, False, False),
+    (192, 192, True, False, False), (192, 128, True, False, False),
+    (192, 192, False, True, False), (64, 64, True, False, True), (128, 128, False, False, True),
+    (128, 128, True, False, True), (128, 128, True, True, True)])
+def test_q_from_registers_gives_the_bits_of_q_from_shared_memory(dim, dim_v, causal, varlen,
+                                                                 fp8, monkeypatch):
+    # `hopper.forward.Q_REGISTERS` (FP8: `FP8_Q_REGISTERS`): S's products take Q from
+    # registers (read from the Q slot's tiles once an item) or from the tiles themselves;
+    # the same products, so the same bits. Each pair switched against the default both ways
+    # round: 288 items over the SMs (8 x 12 heads of 300 rows, two warpgroups), or a varlen
+    # batch of 30 documents with empty, one-row and whole-tile ones, three calls on
+    # poisoned memory
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    from fusedattn.hopper import forward as knobs
+
+    pair = knobs.kernel_pair(dim, dim_v, fp8)
+    name = "FP8_Q_REGISTERS" if fp8 else "Q_REGISTERS"
+    switched = {} if pair in getattr(knobs, name) else {pair: "all"}
+    if varlen:
+        gen = torch.Generator().manual_seed(dim)
+        lens = torch.randint(0, 600, (30,), generator=gen).tolist()
+        lens[1], lens[4], lens[7], lens[12] = 0, 128, 1, 256
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                          device=DEVICE)
+        q, k = (_rand(cu[-1].item(), n, dim, seed=80 + i) for i, n in enumerate((4, 2)))
+        v = _rand(cu[-1].item(), 2, dim_v, seed=82)
+        if fp8:
+            q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+
+        def call():
+            return attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=causal)
+        ref = varlen_ref(q, k, v, cu, cu, causal=causal, device=DEVICE)
+    else:
+        q, k = (_rand(8, 12, 300, dim, seed=80 + i) for i in range(2))
+        v = _rand(8, 12, 300, dim_v, seed=82)
+        if fp8:
+            q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+
+        def call():
+            return attention(q, k, v, is_causal=causal, return_lse=True)
+        ref = attention_ref(q, k, v, causal=causal, device=DEVICE)
+    want = _same_bits_when_switched(call, monkeypatch, **{name: switched})
     _assert_near(want[0], ref, fp8)
 
 

@@ -269,6 +269,38 @@ LATE_Q_FREE = True
 # 2.6-3.6% (A/B 1332Z); at D256 on an H100, the same bits: 1140 against 1111 TFLOP/s,
 # causal 964 against 921 (evidence/nvidia-h100/20261206T1612Z-named-handoff-fp8-d256-ab) (A/B)
 FP8_EARLY_Q_FREE = True
+# head-dim pairs (`TILES`' keys) whose S products take Q from registers (wgmma's register
+# operand, read from Q's tiles once an item) instead of shared memory: "all" of Q, the
+# "first" of its two pieces (where `tile_entry` gives two), or all of Q where the launch
+# does not claim its items ("unclaimed": the claimed causal launches spilled with it,
+# sm90 compile report). A wgmma with both operands in shared memory reads A (Q's 64 x 16)
+# and B (N keys x 16) an instruction: at N = 64 (D192's and D256's 64-key steps), by a
+# count of bytes and clocks (not measured), 4 KB per 32 tensor clocks, the 128 bytes a clock
+# an SM's shared memory gives, before the TMA writes and P V's reads of V. From registers,
+# S's products read K alone. It costs Q's registers a thread for the whole
+# item (D192: 48; D256's 64 spill, its first 128 columns' 32 do not) (A/B). On an H100,
+# the same bits (evidence/nvidia-h100/20261207T0639Z-q-registers-ab): D192 B4 H32 S4096
+# +4.7 to +5.9% in three runs, S1024 +2.8 to +3.3%; its claimed causal launch -4.2% with
+# "all" (it spills); MLA's 192/128, D128, D96 and D80 inside their spreads
+Q_REGISTERS: dict = {(192, 192): "unclaimed"}
+# the same for FP8 launches (`FP8_TILES`' keys; one piece). sm90 compile report: D128 and
+# D64 keep no spills with it; D256 spills, and D128's claimed causal launch spills 188 bytes
+# against 32 without (A/B). On an H100 (0639Z, the same bits): D128 -3.8 and -4.0% (rounds
+# apart), D64 and D64 causal even: empty
+FP8_Q_REGISTERS: dict = {}
+
+
+def q_registers(pair: tuple[int, int], entry: tuple[int, ...], fp8: bool, consumers: int,
+                claim: bool) -> int:
+    """The pieces of Q (0, 1 or 2; kernel constexpr Q_REGS) whose S products take it from
+    registers (`Q_REGISTERS`, under fp8 `FP8_Q_REGISTERS`) for the tile `entry`
+    (`tile_entry`'s), at two consumer warpgroups (at three, 160 registers a thread, D64's
+    kernel spills and ptxas serialises its wgmmas: sm90 compile report); `claim`: whether
+    the launch claims its items."""
+    which = (FP8_Q_REGISTERS if fp8 else Q_REGISTERS).get(pair) if consumers == 2 else None
+    two = entry[1] > 0  # (D_B: Q in two pieces)
+    return {"all": 1 + two, "first": int(two), "unclaimed": 0 if claim else 1 + two}.get(
+        which, 0)
 
 
 _AS_CAPTURED = threading.local()
@@ -327,7 +359,7 @@ def switches() -> tuple:
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
             FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
             LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS, DOC_ROWS, VARLEN_TMA_STORE,
-            LATE_Q_FREE, FP8_EARLY_Q_FREE)
+            LATE_Q_FREE, FP8_EARLY_Q_FREE, Q_REGISTERS, FP8_Q_REGISTERS)
 
 
 def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
@@ -527,5 +559,6 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         VARLEN_TMA=VARLEN_TMA_STORE and varlen is not None,
         LATE_FREE=releases_late(slots, fp8, claim, varlen is not None),
         EARLY_FREE=releases_early(slots, fp8),
+        Q_REGS=q_registers(pair, entry, fp8, consumers, claim),
         num_warps=4)
     return out

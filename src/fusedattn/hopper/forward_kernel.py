@@ -694,7 +694,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
               LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr, FP8_PACK: gl.constexpr,
               MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr, CLAIM: gl.constexpr,
               DOC_ROW: gl.constexpr, VARLEN_TMA: gl.constexpr, LATE_FREE: gl.constexpr,
-              EARLY_FREE: gl.constexpr):
+              EARLY_FREE: gl.constexpr, Q_REGS: gl.constexpr):
     """Warpgroup c's BLOCK_M rows of each item (the item's rows c * BLOCK_M ...; the items of
     its program's share, or under CLAIM or DOC_ROW those the loader publishes in each Q slot's
     `claimed` row, up to n_items):
@@ -703,9 +703,12 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
     P V_a, O_b = P V_b apart, O stored through Q's tiles (DV_A <= D_A, DV_B <= D_B:
     `forward.TILES`). FP8 (float8 e4m3 q, k, v; one head-dim piece): the scores are the float8
     products times `p_descale`'s factors for q and k, P goes in float8 (`_p_operand`), V's slots
-    hold V^T tiles (`_v_operand`), and O (bfloat16) goes out through `o_smem`. `bufs` and `args`
-    are the kernel's shared buffers and barriers and its runtime arguments (`_flash_fwd_sm90`);
-    the ping-pong waits on `my_turn` and hands `next_turn` over."""
+    hold V^T tiles (`_v_operand`), and O (bfloat16) goes out through `o_smem`. Q_REGS: Q's
+    first Q_REGS pieces (0, 1 or 2) read into registers once an item's Q is in, S's products
+    then take them from there (wgmma's register operand) and read only K's from shared
+    memory. `bufs` and `args` are the kernel's shared buffers and barriers and its runtime
+    arguments (`_flash_fwd_sm90`); the ping-pong waits on `my_turn` and hands `next_turn`
+    over."""
     (q_smem, k_smem, v_smem, q2_smem, k2_smem, v2_smem, q_bar, q_free, k_bar, v_bar, k_free,
      v_free, o_smem, o_desc, o2_desc, claimed) = bufs
     (p_o, p_lse, p_sinks, p_descale, so_b, so_h, so_s, so_d, sl_b, sl_h, sl_s, n_items,
@@ -723,6 +726,9 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_A, INSTR_K])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=4 if FP8 else 2)
+    if Q_REGS > 0:  # (the register operand of S's products, Q's either piece)
+        q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout,
+                                                     k_width=4 if FP8 else 2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -794,18 +800,28 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
             n_tiles = gl.cdiv(hi - lo, BLOCK_N)
             if not (CLAIM or DOC_ROW):  # (else waited for with the item)
                 mbarrier.wait(q_bar.index(qs), (items // Q_SLOTS) & 1)
+            q_a = q_tile  # S's operands: Q's tiles, or under Q_REGS their registers
+            q_b = q2_tile
+            if Q_REGS > 0:
+                q_a = q_tile.load(q_layout)
+            if Q_REGS > 1:
+                q_b = q2_tile.load(q_layout)
+            # what S's waits hold: FP8's register Q not (Triton 3.6 cannot hold 8-bit
+            # registers across a wait, as `_wait_pv` says of P; ptxas keeps them itself)
+            q_held = q_tile if FP8 else q_a
+            q2_held = q2_tile if FP8 else q_b
             if n_tiles > 0:
                 # tile 0: S_0 and its softmax; its P waits for the loop's first P V
                 slot = n % STAGES
                 mbarrier.wait(k_bar.index(slot), (n // STAGES) & 1)
-                s_tok = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), zero_s,
+                s_tok = warpgroup_mma(q_a, k_smem.index(slot).permute((1, 0)), zero_s,
                                       use_acc=False, is_async=True)
                 if D_B > 0:
-                    s_tok = warpgroup_mma(q2_tile, k2_smem.index(slot).permute((1, 0)),
+                    s_tok = warpgroup_mma(q_b, k2_smem.index(slot).permute((1, 0)),
                                           s_tok, is_async=True)
                 if LATE_FREE:  # the item before's Q slot, under this item's first product
                     pending = _free_late(pending, q_free)
-                s = warpgroup_mma_wait(0, deps=[s_tok, q_tile, k_smem.index(slot), q2_tile,
+                s = warpgroup_mma_wait(0, deps=[s_tok, q_held, k_smem.index(slot), q2_held,
                                                 k2_smem.index(slot)])[0]
                 if not SHARED_KV:  # else the slot is freed with its V, after P V
                     _release(k_free.index(slot), THREAD_ARRIVES)
@@ -827,10 +843,10 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                     k2_tile = k2_smem.index(slot)
                     if PINGPONG:  # this warpgroup's turn to issue (the other's softmax runs)
                         mbarrier.wait(my_turn, (turns + i - 1) & 1)
-                    s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), zero_s,
+                    s_tok = warpgroup_mma(q_a, k_tile.permute((1, 0)), zero_s,
                                           use_acc=False, is_async=True)
                     if D_B > 0:
-                        s_tok = warpgroup_mma(q2_tile, k2_tile.permute((1, 0)), s_tok,
+                        s_tok = warpgroup_mma(q_b, k2_tile.permute((1, 0)), s_tok,
                                               is_async=True)
                     acc_tok = warpgroup_mma(p_use, _v_operand(v_smem.index(prev), FP8), acc,
                                             is_async=True)
@@ -839,7 +855,7 @@ def _consumer(bufs, args, c: gl.constexpr, my_turn, next_turn, BLOCK_M: gl.const
                                                  v2_smem.index(prev), acc2, is_async=True)
                     if PINGPONG:
                         _release(next_turn, THREAD_ARRIVES)
-                    s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_tile, k_tile, q2_tile,
+                    s = warpgroup_mma_wait(PIECES, deps=[s_tok, q_held, k_tile, q2_held,
                                                          k2_tile])[0]
                     if not SHARED_KV:
                         _release(k_free.index(slot), THREAD_ARRIVES)
@@ -970,7 +986,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                     CONSUMERS: gl.constexpr, LANE_SUM: gl.constexpr, MAX_SPLIT: gl.constexpr,
                     FP8_PACK: gl.constexpr, MASK_FORM: gl.constexpr, Q_SLOTS: gl.constexpr,
                     CLAIM: gl.constexpr, DOC_ROW: gl.constexpr, VARLEN_TMA: gl.constexpr,
-                    LATE_FREE: gl.constexpr, EARLY_FREE: gl.constexpr):
+                    LATE_FREE: gl.constexpr, EARLY_FREE: gl.constexpr,
+                    Q_REGS: gl.constexpr = 0):
     """Grid (programs,): n_items = n_tiles_m (query tiles of CONSUMERS * BLOCK_M rows) x batch x
     heads work items (`_item`). A window side `left`/`right` >= 0 bounds the keys (causal: right =
     0); BOTTOM_RIGHT places query i at i + Sk - Sq. VARLEN: sequence b is rows cu[b]..cu[b+1] of the
@@ -997,7 +1014,8 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
     tiles (`_free_late`). EARLY_FREE (FP8, whose O goes out through tiles of its own): a
     consumer releases an item's Q slot once its last product of Q is done, before the item's
     epilogue, and waits for its last O store to have read its O tile only before it writes
-    the tile again (the next item's epilogue)"""
+    the tile again (the next item's epilogue). Q_REGS: S's products take Q's first Q_REGS
+    pieces from registers, each item's tiles read into them once (`_consumer`)"""
     gl.static_assert(not DOC_ROW or VARLEN, "DOC_ROW: a varlen launch's")
     gl.static_assert(not VARLEN_TMA or VARLEN, "VARLEN_TMA: a varlen launch's")
     # LATE_FREE: a slot's release waits for the next item, held in the other slot
@@ -1091,17 +1109,17 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE, Q_REGS)),
             (_consumer, (bufs, args, 1, turn1, turn2, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE, Q_REGS)),
             (_consumer, (bufs, args, 2, turn2, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE, Q_REGS)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
@@ -1112,12 +1130,12 @@ def _flash_fwd_sm90(q_desc, k_desc, v_desc, o_desc, q2_desc, k2_desc, v2_desc, o
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE, Q_REGS)),
             (_consumer, (bufs, args, 1, turn1, turn0, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                          STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, VARLEN, WRITE_LSE,
                          PINGPONG, SINKS, SHARED_KV, FP8, P_SCALE, THREAD_ARRIVES, CONSUMERS,
                          LANE_SUM, MAX_SPLIT, FP8_PACK, MASK_FORM, Q_SLOTS, CLAIM, DOC_ROW,
-                         VARLEN_TMA, LATE_FREE, EARLY_FREE)),
+                         VARLEN_TMA, LATE_FREE, EARLY_FREE, Q_REGS)),
             (_loader, (descs, bufs, args, p_cu_t, BLOCK_M, BLOCK_N, D_A, D_B, DV_A, DV_B,
                        STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, SHARED_KV, FP8,
                        CONSUMERS, Q_SLOTS, CLAIM, DOC_ROW)),
