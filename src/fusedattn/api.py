@@ -596,7 +596,11 @@ def autocast_inputs(q, k, v, precision) -> tuple:
     if precision is not None or not isinstance(q, torch.Tensor) or q.dtype != torch.float32:
         return q, k, v
     kind = q.device.type  # (a new torch.device a read: read once)
-    if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
+    # (asked only of a type autocast may not know: torch 2.11's torch.compile cannot trace
+    # `is_autocast_available`, a graph break under fullgraph=True, GPU tier 073555Z)
+    if kind not in ("cuda", "cpu") and not torch.amp.is_autocast_available(kind):
+        return q, k, v
+    if not torch.is_autocast_enabled(kind):
         return q, k, v
     dtype = torch.get_autocast_dtype(kind)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32
