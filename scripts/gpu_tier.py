@@ -9,7 +9,7 @@ compiling each kernel specialisation, seconds each on one core: the H200 machine
 with 8 workers, 1082 tests took 416 s after a prebuild on a fresh machine, 191549Z),
 under xdist's worksteal (an idle worker takes queued tests: 1206 tests cold in 247 s on an
 H100 against 302 s before, 20261205T193001Z) and
-`--timeout=90` (per test) where pytest-timeout is, and writes
+`--timeout=90` (per test, the thread method) where pytest-timeout is, and writes
 `<out>/<gpu>/<stamp>-gpu-tier/`: `summary.json` (counts, wall time, the slowest tests, the
 environment with its commit, how many entries Triton's cache held at the start),
 `junit.xml.gz` and `pytest.txt.gz` (gzip: a tenth of the size, and a device call carries
@@ -54,7 +54,12 @@ def main() -> int:
     # tests for the last 90 s while the rest sat idle (191631Z: 96% done at 214 s of 301)
     plugins = [["-n", workers, *(["--dist", "worksteal"] if _xdist_steals() else [])]] \
         if importlib.util.find_spec("xdist") else []
-    plugins += [["--timeout=90"]] if importlib.util.find_spec("pytest_timeout") else []
+    # the thread method: a test stuck in a CUDA call (a kernel that never ends) never returns
+    # to Python for the signal method's handler, which let two stuck tests hold the tier
+    # past the device call's end with no summary (073555Z); the thread method dumps every
+    # thread's stack and ends the worker, which xdist reports as that test's failure
+    plugins += [["--timeout=90", "--timeout-method=thread"]] \
+        if importlib.util.find_spec("pytest_timeout") else []
     # -o addopts=: pyproject's -q would cancel -v (one line per test, streamed)
     cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider",
            "--durations=30",
