@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# next-device-calls item 31's A/Bs left after Q from registers landed, in one call, from the
-# repo root: `bash notes/item31.sh` (its steps in order). TIER=1: the GPU tier first.
+# next-device-calls item 31's A/B left after Q from registers landed (f073b7e) and its
+# PINGPONG/SHARED_KV/ring A/Bs ran (evidence/nvidia-h100/20261207T0807Z-...): D256 as two
+# pieces, alone and with the first from registers, in one call from the repo root:
+# `bash notes/item31.sh`. TIER=1: the GPU tier first.
 # Every h200_round.sh invocation is a process of its own.
 set -x
 nvidia-smi --query-gpu=name,driver_version --format=csv
@@ -12,7 +14,3 @@ mkdir -p /tmp/ev/d256-pieces && mv /tmp/ev/switch_ab-TILES.json /tmp/ev/d256-pie
 ABSET="Q_REGISTERS={(256, 256): 'first'}" ABENTRIES=1 ABROWS=d256 bash \
   scripts/h200_round.sh switchab TILES "{},{(256, 256): (128, 128, 128, 128, 64, 64, 2)}"
 mv /tmp/ev/switch_ab-TILES.json /tmp/ev/d256-pieces/first-from-registers.json
-ABROWS=d192,d192c bash scripts/h200_round.sh switchab PINGPONG True,False \
-  switchab SHARED_KV False,True
-ABENTRIES=1 ABROWS=s256d64,s1024d64,d64,d64c bash scripts/h200_round.sh switchab TILES \
-  "{},{(64, 64): (64, 0, 64, 0, 64, 128, 6)},{(64, 64): (64, 0, 64, 0, 64, 128, 3)}"
