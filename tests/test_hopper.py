@@ -249,6 +249,23 @@ def test_q_from_registers_by_its_tables_at_two_warpgroups(monkeypatch):
     assert knobs.q_registers((192, 192), two, False, 2, True) == 0
 
 
+def test_turns_by_launch(monkeypatch):
+    # `takes_turns`: the dense 16-bit claimed launch at two warpgroups follows CLAIMED_TURNS,
+    # every other launch PINGPONG; PINGPONG off turns every launch's off
+    from fusedattn.hopper import forward as knobs
+
+    monkeypatch.setattr(knobs, "CLAIMED_TURNS", False)
+    assert not knobs.takes_turns(True, 2, False, False)
+    for other in [(False, 2, False, False), (True, 3, False, False), (True, 2, True, False),
+                  (True, 2, False, True), (False, 3, True, True)]:
+        assert knobs.takes_turns(*other), other
+    monkeypatch.setattr(knobs, "CLAIMED_TURNS", True)
+    assert knobs.takes_turns(True, 2, False, False)
+    monkeypatch.setattr(knobs, "PINGPONG", False)
+    assert not any(knobs.takes_turns(*launch) for launch in [
+        (True, 2, False, False), (False, 2, False, False), (True, 3, True, True)])
+
+
 CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
     (2, 4, 4, 1, 1, 128, False, None, None), (1, 3, 3, 127, 127, 64, True, None, None),
     (1, 2, 2, 129, 300, 128, True, None, None), (1, 2, 2, 300, 129, 128, True, None, None),
@@ -572,7 +589,8 @@ def test_varlen_tma_stores_give_the_masked_stores_bits(dim, dim_v, fp8, causal, 
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
-@pytest.mark.parametrize("name, value", [("PINGPONG", False), ("THREAD_ARRIVES", True),
+@pytest.mark.parametrize("name, value", [("PINGPONG", False), ("CLAIMED_TURNS", True),
+                                         ("THREAD_ARRIVES", True),
                                          ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20),
                                          ("PERSISTENT_TILES", {}),
                                          ("WARPGROUPS_MIN_ROWS_BOUNDED", 2048),

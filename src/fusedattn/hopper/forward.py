@@ -137,6 +137,14 @@ WARPGROUPS_MIN_SPAN = 2048
 LOADER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
+# whether a dense 16-bit launch that claims its items (causal on the persistent grid,
+# `claims`) at two consumer warpgroups takes turns too (`takes_turns`). On an H100 at
+# 632f0d3, the same bits, TFLOP/s with turns / without (evidence/nvidia-h100/
+# 20261207T0807Z-pingpong-shared-kv-ring-ab): D192 causal 549 / 560, 548 / 566, 547 / 554;
+# D128 causal 609 / 619, 575 / 615; MLA 192/128 causal 622 / 632, each inside its rounds'
+# 5-10% spread; where turns won (D64 causal at three warpgroups 488 / 468, unmasked D96
+# 560 / 544) they stay (A/B)
+CLAIMED_TURNS = False
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
 # False has one thread arrive behind a bar.sync of its warpgroup. False ran faster in 25 of
@@ -353,7 +361,7 @@ def switches() -> tuple:
     tables are the live dicts (taking them costs a call nothing): a kept plan compares
     them with its copies (`launch.KeptPlan`), a plan key takes their items
     (`launch.hashable`), so a table changed in place counts as changed."""
-    return (PINGPONG, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
+    return (PINGPONG, CLAIMED_TURNS, SHARED_KV, THREAD_ARRIVES, WARPGROUPS, FP8_WARPGROUPS,
             WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED,
             WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
@@ -396,6 +404,16 @@ def releases_late(slots: int, fp8: bool, claim: bool, varlen: bool) -> bool:
     non-causal launches is not profiled."""
     return (LATE_Q_FREE and slots == 2 and (not varlen or VARLEN_TMA_STORE)
             and (not fp8 or claim))
+
+
+def takes_turns(claim: bool, consumers: int, fp8: bool, varlen: bool) -> bool:
+    """Whether a launch's consumer warpgroups take turns to issue (kernel constexpr
+    PINGPONG): `PINGPONG`, but for a dense 16-bit launch that claims its items at two
+    consumer warpgroups, which follows `CLAIMED_TURNS`. Varlen's and FP8's claimed launches
+    were not measured without turns, and keep them."""
+    if claim and consumers == 2 and not fp8 and not varlen:
+        return PINGPONG and CLAIMED_TURNS
+    return PINGPONG
 
 
 def releases_early(slots: int, fp8: bool) -> bool:
@@ -550,7 +568,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
-        PINGPONG=PINGPONG, SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
+        PINGPONG=takes_turns(claim, consumers, fp8, varlen is not None), SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
