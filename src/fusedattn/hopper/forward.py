@@ -143,7 +143,10 @@ PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A
 # 20261207T0807Z-pingpong-shared-kv-ring-ab): D192 causal 549 / 560, 548 / 566, 547 / 554;
 # D128 causal 609 / 619, 575 / 615; MLA 192/128 causal 622 / 632, each inside its rounds'
 # 5-10% spread; where turns won (D64 causal at three warpgroups 488 / 468, unmasked D96
-# 560 / 544) they stay (A/B)
+# 560 / 544) they stay. Again at 5c8e236 with this switch, both orders, one process each
+# (evidence/nvidia-h100/20261207T0834Z-turns-by-launch-d256-pieces-ab): D192 causal 559 /
+# 573, 560 / 583; D128 causal 625 / 637, 593 / 604; MLA causal 632 / 643, 599 / 635; the
+# unmasked control (not claimed) 591 / 591, 587 / 580 (A/B)
 CLAIMED_TURNS = False
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
