@@ -249,21 +249,27 @@ def test_q_from_registers_by_its_tables_at_two_warpgroups(monkeypatch):
     assert knobs.q_registers((192, 192), two, False, 2, True) == 0
 
 
-def test_turns_by_launch(monkeypatch):
-    # `takes_turns`: the dense 16-bit claimed launch at two warpgroups follows CLAIMED_TURNS,
-    # every other launch PINGPONG; PINGPONG off turns every launch's off
+@pytest.mark.parametrize("kind, launch", [("dense", (True, 2, False, False)),
+                                          ("varlen", (True, 2, False, True)),
+                                          ("fp8", (True, 2, True, False)),
+                                          ("fp8", (True, 2, True, True))])
+def test_turns_by_launch(kind, launch, monkeypatch):
+    # `takes_turns`: a claimed launch (claim, consumers, fp8, varlen) at two warpgroups
+    # follows CLAIMED_TURNS of its kind (an FP8 varlen launch FP8's), every other launch
+    # PINGPONG; PINGPONG off turns every launch's off
     from fusedattn.hopper import forward as knobs
 
-    monkeypatch.setattr(knobs, "CLAIMED_TURNS", False)
-    assert not knobs.takes_turns(True, 2, False, False)
-    for other in [(False, 2, False, False), (True, 3, False, False), (True, 2, True, False),
-                  (True, 2, False, True), (False, 3, True, True)]:
-        assert knobs.takes_turns(*other), other
-    monkeypatch.setattr(knobs, "CLAIMED_TURNS", True)
-    assert knobs.takes_turns(True, 2, False, False)
+    others = [(False, 2, False, False), (True, 3, False, False), (False, 2, True, True),
+              (False, 3, True, True), (True, 3, True, True)]
+    for value in (False, True):
+        table = {name: not value for name in ("dense", "varlen", "fp8")}
+        table[kind] = value
+        monkeypatch.setattr(knobs, "CLAIMED_TURNS", table)
+        assert knobs.takes_turns(*launch) is value
+        assert all(knobs.takes_turns(*other) for other in others)
     monkeypatch.setattr(knobs, "PINGPONG", False)
-    assert not any(knobs.takes_turns(*launch) for launch in [
-        (True, 2, False, False), (False, 2, False, False), (True, 3, True, True)])
+    monkeypatch.setattr(knobs, "CLAIMED_TURNS", {"dense": True, "varlen": True, "fp8": True})
+    assert not any(knobs.takes_turns(*x) for x in [launch, *others])
 
 
 CASES = [  # (B, H, Hkv, Sq, Sk, D, causal, window, softcap)
@@ -589,7 +595,50 @@ def test_varlen_tma_stores_give_the_masked_stores_bits(dim, dim_v, fp8, causal, 
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
-@pytest.mark.parametrize("name, value", [("PINGPONG", False), ("CLAIMED_TURNS", True),
+@pytest.mark.parametrize("fp8, varlen", [(False, True), (True, False), (True, True)])
+def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
+                                                                   monkeypatch):
+    # `hopper.forward.CLAIMED_TURNS` by kind: varlen's and FP8's claimed (causal, two
+    # warpgroups) launches with turns and without, three calls on poisoned memory each,
+    # every output the other setting's bits (dense 16-bit: the issue-order test below);
+    # varlen: 30 documents of 0-1500 rows, GQA 4/2
+    if not ON_HOPPER:
+        pytest.skip("not an sm90 GPU")
+    gen = torch.Generator().manual_seed(31)
+    lens = torch.randint(0, 1500, (30,), generator=gen).tolist() if varlen else [1500] * 2
+    if varlen:
+        lens[3], lens[7] = 0, 1
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                      device=DEVICE)
+    q = _rand(cu[-1].item(), 4, 128, seed=70)
+    k, v = (_rand(cu[-1].item(), 2, 128, seed=71 + i) for i in range(2))
+    if fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    if varlen:
+        def call():
+            return attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True)
+    else:  # the same rows as two sequences of 1500, [B, H, S, D]
+        dense = [t.view(2, 1500, t.shape[1], 128).transpose(1, 2) for t in (q, k, v)]
+
+        def call():
+            return attention(*dense, is_causal=True)
+    from fusedattn.hopper import forward as knobs
+    kind = "fp8" if fp8 else "varlen"
+    turns = dict(knobs.CLAIMED_TURNS, **{kind: not knobs.CLAIMED_TURNS[kind]})
+    asked, takes_turns = [], knobs.takes_turns  # (the launches' questions: the switch
+    monkeypatch.setattr(knobs, "takes_turns",   # must reach a claimed launch of this kind)
+                        lambda *a: asked.append((a, takes_turns(*a))) or asked[-1][1])
+    want, = _same_bits_when_switched(call, monkeypatch, CLAIMED_TURNS=turns)
+    assert ((True, 2, fp8, varlen), turns[kind]) in asked, asked
+    ref = (varlen_ref(q, k, v, cu, cu, causal=True, device=DEVICE) if varlen
+           else attention_ref(*dense, causal=True, device=DEVICE))
+    _assert_near(want, ref, fp8)
+
+
+@pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
+@pytest.mark.parametrize("name, value", [("PINGPONG", False),
+                                         ("CLAIMED_TURNS", {"dense": True, "varlen": True,
+                                                            "fp8": True}),
                                          ("THREAD_ARRIVES", True),
                                          ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20),
                                          ("PERSISTENT_TILES", {}),

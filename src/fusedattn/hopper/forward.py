@@ -137,8 +137,9 @@ WARPGROUPS_MIN_SPAN = 2048
 LOADER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}  # registers a consumer thread, by consumer warpgroups
 PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A/Bs
-# whether a dense 16-bit launch that claims its items (causal on the persistent grid,
-# `claims`) at two consumer warpgroups takes turns too (`takes_turns`). On an H100 at
+# whether a launch that claims its items (causal on the persistent grid, `claims`) at two
+# consumer warpgroups takes turns too (`takes_turns`), by its kind: "dense" (16-bit),
+# "varlen" (16-bit), "fp8" (dense or varlen). Dense, on an H100 at
 # 632f0d3, the same bits, TFLOP/s with turns / without (evidence/nvidia-h100/
 # 20261207T0807Z-pingpong-shared-kv-ring-ab): D192 causal 549 / 560, 548 / 566, 547 / 554;
 # D128 causal 609 / 619, 575 / 615; MLA 192/128 causal 622 / 632, each inside its rounds'
@@ -146,8 +147,9 @@ PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A
 # 560 / 544) they stay. Again at 5c8e236 with this switch, both orders, one process each
 # (evidence/nvidia-h100/20261207T0834Z-turns-by-launch-d256-pieces-ab): D192 causal 559 /
 # 573, 560 / 583; D128 causal 625 / 637, 593 / 604; MLA causal 632 / 643, 599 / 635; the
-# unmasked control (not claimed) 591 / 591, 587 / 580 (A/B)
-CLAIMED_TURNS = False
+# unmasked control (not claimed) 591 / 591, 587 / 580. Varlen's and FP8's claimed launches
+# without turns: not yet timed (A/B)
+CLAIMED_TURNS = {"dense": False, "varlen": False, "fp8": False}
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
 # False has one thread arrive behind a bar.sync of its warpgroup. False ran faster in 25 of
@@ -411,11 +413,11 @@ def releases_late(slots: int, fp8: bool, claim: bool, varlen: bool) -> bool:
 
 def takes_turns(claim: bool, consumers: int, fp8: bool, varlen: bool) -> bool:
     """Whether a launch's consumer warpgroups take turns to issue (kernel constexpr
-    PINGPONG): `PINGPONG`, but for a dense 16-bit launch that claims its items at two
-    consumer warpgroups, which follows `CLAIMED_TURNS`. Varlen's and FP8's claimed launches
-    were not measured without turns, and keep them."""
-    if claim and consumers == 2 and not fp8 and not varlen:
-        return PINGPONG and CLAIMED_TURNS
+    PINGPONG): `PINGPONG`, but for a launch that claims its items at two consumer
+    warpgroups, which also follows `CLAIMED_TURNS` for its kind (FP8's, varlen or dense;
+    else varlen's or dense's)."""
+    if claim and consumers == 2:
+        return PINGPONG and CLAIMED_TURNS["fp8" if fp8 else "varlen" if varlen else "dense"]
     return PINGPONG
 
 
@@ -571,7 +573,8 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
-        PINGPONG=takes_turns(claim, consumers, fp8, varlen is not None), SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
+        PINGPONG=takes_turns(claim, consumers, fp8, varlen is not None),
+        SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
         MAX_SPLIT=MAX_SPLIT, FP8_PACK=FP8_PACK and fp8,
