@@ -601,7 +601,7 @@ def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
     # `hopper.forward.CLAIMED_TURNS` by kind: varlen's and FP8's claimed (causal, two
     # warpgroups) launches with turns and without, three calls on poisoned memory each,
     # every output the other setting's bits (dense 16-bit: the issue-order test below);
-    # varlen: 30 documents of 0-1500 rows, GQA 4/2
+    # varlen: 30 documents of 0-1500 rows, GQA 4/2; dense: two sequences of 1500, 4 heads
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     gen = torch.Generator().manual_seed(31)
@@ -611,7 +611,7 @@ def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
                       device=DEVICE)
     q = _rand(cu[-1].item(), 4, 128, seed=70)
-    k, v = (_rand(cu[-1].item(), 2, 128, seed=71 + i) for i in range(2))
+    k, v = (_rand(cu[-1].item(), 2 if varlen else 4, 128, seed=71 + i) for i in range(2))
     if fp8:
         q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
     if varlen:

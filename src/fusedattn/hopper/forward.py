@@ -147,9 +147,12 @@ PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A
 # 560 / 544) they stay. Again at 5c8e236 with this switch, both orders, one process each
 # (evidence/nvidia-h100/20261207T0834Z-turns-by-launch-d256-pieces-ab): D192 causal 559 /
 # 573, 560 / 583; D128 causal 625 / 637, 593 / 604; MLA causal 632 / 643, 599 / 635; the
-# unmasked control (not claimed) 591 / 591, 587 / 580. Varlen's and FP8's claimed launches
-# without turns: not yet timed (A/B)
-CLAIMED_TURNS = {"dense": False, "varlen": False, "fp8": False}
+# unmasked control (not claimed) 591 / 591, 587 / 580. Varlen's and FP8's at c22c3d5, turns
+# / none, both orders (evidence/nvidia-h100/20261207T0856Z-claimed-turns-varlen-fp8): varlen
+# D128 causal 524 / 523, 525 / 522; varlen D64 causal 346 / 347, 348 / 346 (even); FP8 D128
+# causal 739 / 755, 744 / 756 (none ahead); FP8 D64 causal 475 / 468, 474 / 467 (turns
+# ahead): inside the spreads and split by head dim, so they keep their turns (A/B)
+CLAIMED_TURNS = {"dense": False, "varlen": True, "fp8": True}
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
 # False has one thread arrive behind a bar.sync of its warpgroup. False ran faster in 25 of
