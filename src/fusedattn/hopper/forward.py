@@ -151,7 +151,8 @@ PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A
 # / none, both orders (evidence/nvidia-h100/20261207T0856Z-claimed-turns-varlen-fp8): varlen
 # D128 causal 524 / 523, 525 / 522; varlen D64 causal 346 / 347, 348 / 346 (even); FP8 D128
 # causal 739 / 755, 744 / 756 (none ahead); FP8 D64 causal 475 / 468, 474 / 467 (turns
-# ahead): inside the spreads and split by head dim, so they keep their turns (A/B)
+# ahead; both FP8 rows' rounds apart in the second order): split by head dim, so they keep
+# their turns; FP8 D128 without them is a rule by head dim, not yet tiered (A/B)
 CLAIMED_TURNS = {"dense": False, "varlen": True, "fp8": True}
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
