@@ -9,7 +9,8 @@ compiling each kernel specialisation, seconds each on one core: the H200 machine
 with 8 workers, 1082 tests took 416 s after a prebuild on a fresh machine, 191549Z),
 under xdist's worksteal (an idle worker takes queued tests: 1206 tests cold in 247 s on an
 H100 against 302 s before, 20261205T193001Z) and
-`--timeout=90` (per test, the thread method) where pytest-timeout is, and writes
+`--timeout=90` (per test, the thread method) where pytest-timeout is, with every
+thread's stack written to the log at 75 s (`faulthandler_timeout`), and writes
 `<out>/<gpu>/<stamp>-gpu-tier/`: `summary.json` (counts, wall time, the slowest tests, the
 environment with its commit, how many entries Triton's cache held at the start),
 `junit.xml.gz` and `pytest.txt.gz` (gzip: a tenth of the size, and a device call carries
@@ -31,12 +32,40 @@ from fusedattn_lab.evidence import environment, write_atomic, write_json
 from fusedattn_lab.runall import run_dir_for
 
 TARGET_S = 300
+TIMEOUT_S = 90  # a test's limit (pytest-timeout)
+STACKS_AFTER_S = 75  # a test still running then has its threads' stacks written out
 
 
 def _xdist_steals() -> bool:
     from importlib.metadata import version
 
     return tuple(int(p) for p in version("pytest-xdist").split(".")[:2]) >= (3, 2)
+
+
+def plugin_args(workers: int, timeout_s: int = TIMEOUT_S,
+                stacks_after_s: int = STACKS_AFTER_S) -> list[str]:
+    """The tier's pytest options for its plugins: `workers` xdist workers (worksteal), the
+    per-test timeout (pytest-timeout's thread method), each where installed, and every
+    thread's stack written out once a test runs past `stacks_after_s` (pytest's own
+    faulthandler)."""
+    # worksteal (xdist 3.2+): an idle worker takes queued tests from a busy one. Under the
+    # default, chunks handed out early left one worker with the Hopper backward's reference
+    # tests for the last 90 s while the rest sat idle (191631Z: 96% done at 214 s of 301)
+    args = ["-n", str(workers), *(["--dist", "worksteal"] if _xdist_steals() else [])] \
+        if importlib.util.find_spec("xdist") else []
+    # the thread method: a test stuck in a CUDA call (a kernel that never ends) never returns
+    # to Python for the signal method's handler, which let two stuck tests hold the tier
+    # past the device call's end with no summary (073555Z); the thread method ends the
+    # worker, which xdist reports as that test's failure
+    if importlib.util.find_spec("pytest_timeout"):
+        args += [f"--timeout={timeout_s}", "--timeout-method=thread"]
+    # the thread method's stack dump never reached the log under xdist (085707Z: a test
+    # killed at 90 s, no stack): the worker's output is captured, and lost with the worker.
+    # pytest's faulthandler writes every thread's stack to the stderr it kept before capture
+    # (a worker's is the tier's pipe) once a test runs past `stacks_after_s`, before the
+    # kill: where a stuck test waits (a CUDA call, a compile) is then in pytest.txt
+    # (tests/test_gpu_tier.py)
+    return [*args, "-o", f"faulthandler_timeout={stacks_after_s}"]
 
 
 def main() -> int:
@@ -48,22 +77,11 @@ def main() -> int:
     out = out.with_name(out.name + "-gpu-tier")
     out.mkdir(parents=True, exist_ok=False)
     junit = out / "junit.xml"
-    workers = str(min(16, os.cpu_count() or 8))
-    # worksteal (xdist 3.2+): an idle worker takes queued tests from a busy one. Under the
-    # default, chunks handed out early left one worker with the Hopper backward's reference
-    # tests for the last 90 s while the rest sat idle (191631Z: 96% done at 214 s of 301)
-    plugins = [["-n", workers, *(["--dist", "worksteal"] if _xdist_steals() else [])]] \
-        if importlib.util.find_spec("xdist") else []
-    # the thread method: a test stuck in a CUDA call (a kernel that never ends) never returns
-    # to Python for the signal method's handler, which let two stuck tests hold the tier
-    # past the device call's end with no summary (073555Z); the thread method dumps every
-    # thread's stack and ends the worker, which xdist reports as that test's failure
-    plugins += [["--timeout=90", "--timeout-method=thread"]] \
-        if importlib.util.find_spec("pytest_timeout") else []
+    plugins = plugin_args(min(16, os.cpu_count() or 8))
     # -o addopts=: pyproject's -q would cancel -v (one line per test, streamed)
     cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider",
            "--durations=30",
-           f"--junitxml={junit}", *(a for p in plugins for a in p), *pytest_args]
+           f"--junitxml={junit}", *plugins, *pytest_args]
     cache = _triton_cache()  # (a warm cache is a different run from a cold one: 155218Z)
     t0 = time.perf_counter()
     lines = []
