@@ -5,8 +5,8 @@ repeated in a child process per case, beside processes keeping the GPU busy as t
 other workers do. A child that prints nothing for `--stall` seconds has hung: its threads'
 stacks (faulthandler, at `--stall` minus 5) and the GPU's utilisation then are kept, and
 the child is killed. Each case runs with the deterministic dQ adds and racing ones (the
-adds' order is the backward's only wait across programs), so a hang in one kind and not
-the other points at it.
+adds' order is, by a reading of `hopper/backward_kernel.py`, the backward's only wait
+across programs), so a hang in one kind and not the other points at it.
 
     python3 scripts/hang_repro.py [--seconds 300] [--load 8] [--stall 45] [--out hang.json]
         [--cases heads,batch,varlen-vdim,varlen]
@@ -23,16 +23,19 @@ import time
 
 CASES = ("heads", "batch", "varlen-vdim", "varlen")
 LINE_WAIT_S = 0.5
+FIRST_STALL_S = 240  # a child's first step compiles its kernels: silent for longer
 
 
-def watch(cmd: list[str], stall_s: float, budget_s: float, env=None) -> dict:
-    """Run `cmd` (a child printing a line per step), kill it once it prints nothing for
-    `stall_s` seconds (a hang) or once `budget_s` is spent; its output, how it ended
-    ("done", "hang", "budget", "failed"), and its last line."""
+def watch(cmd: list[str], stall_s: float, budget_s: float,
+          first_stall_s: float | None = None) -> dict:
+    """Run `cmd` (a child printing a line per step, "step N ..."), kill it once it prints
+    nothing for `stall_s` seconds (a hang; `first_stall_s` until its first step, which
+    compiles) or once `budget_s` is spent; its output, how it ended ("done", "hang",
+    "budget", "failed"), its steps and its last step."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, env=env)
-    lines, last = [], time.monotonic()
+                            bufsize=1)
+    lines, last, stepped = [], time.monotonic(), False
     ended = None
     while ended is None:
         ready, _, _ = select.select([proc.stdout], [], [], LINE_WAIT_S)
@@ -44,8 +47,8 @@ def watch(cmd: list[str], stall_s: float, budget_s: float, env=None) -> dict:
                 ended = "done" if proc.returncode == 0 else "failed"
                 continue
             lines.append(f"[{now - t0:7.1f}s] {line}")
-            last = now
-        if now - last > stall_s:
+            last, stepped = now, stepped or line.startswith("step ")
+        if now - last > (stall_s if stepped or first_stall_s is None else first_stall_s):
             ended = "hang"
         elif now - t0 > budget_s:
             ended = "budget"
@@ -56,7 +59,7 @@ def watch(cmd: list[str], stall_s: float, budget_s: float, env=None) -> dict:
         lines += [f"[{time.monotonic() - t0:7.1f}s] {x}\n" for x in rest.splitlines()]
     else:
         snapshot = None
-    steps = [x for x in lines if " step " in x]
+    steps = [x for x in lines if "] step " in x]
     return dict(cmd=cmd, ended=ended, seconds=round(time.monotonic() - t0, 1),
                 steps=len(steps), last=steps[-1].strip() if steps else None,
                 gpu_at_hang=snapshot, output=lines[-200:])
@@ -72,7 +75,7 @@ def _gpu_snapshot() -> str | None:
 
 
 def _inputs(case: str):
-    """(function of no arguments making one forward and backward, its description)."""
+    """(a function of `deterministic` making one forward and backward, a description)."""
     import torch
 
     from fusedattn import attention, attention_varlen
@@ -125,7 +128,9 @@ def child(case: str, deterministic: bool, seconds: float, stall_s: float) -> Non
     print(f"case {case} ({what}), deterministic={deterministic}", flush=True)
     t0, i = time.monotonic(), 0
     while time.monotonic() - t0 < seconds:
-        faulthandler.dump_traceback_later(max(1.0, stall_s - 5), exit=False)
+        # the stacks just before the parent's verdict (the first step compiles: its own)
+        wait = (stall_s if i else FIRST_STALL_S) - 5
+        faulthandler.dump_traceback_later(max(1.0, wait), exit=False)
         step(deterministic)
         torch.cuda.synchronize()
         faulthandler.cancel_dump_traceback_later()
@@ -175,7 +180,7 @@ def main() -> None:
             # the child's own loop stops at its share; the watch allows it a compile more
             cmd = [*me, "--child", case, "--seconds", str(share), "--stall", str(args.stall),
                    *(["--racing"] if racing else [])]
-            result = watch(cmd, args.stall, share + 120)
+            result = watch(cmd, args.stall, share + FIRST_STALL_S, FIRST_STALL_S)
             result.update(case=case, deterministic=not racing)
             results.append(result)
             print(f"{case} deterministic={not racing}: {result['ended']} after "
