@@ -21,6 +21,11 @@ def i32(values):
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
+def offsets(lengths):
+    """The int32 offsets (cu_seqlens) of sequences of `lengths`: 0, then their running sum."""
+    return i32([0] + torch.tensor(lengths).cumsum(0).tolist())
+
+
 def script(name: str):
     """`scripts/NAME.py` loaded as a module (the scripts are not a package)."""
     import importlib.util
@@ -62,7 +67,7 @@ def ragged(dim: int, dim_v: int | None = None, heads=(4, 2), lengths=(RAGGED_Q, 
     """q, k, v of `lengths` (default `RAGGED_Q`/`RAGGED_K`; bf16, `heads` query and K/V
     heads, V's head dim `dim_v`, default `dim`), their offsets and longest lengths."""
     lengths_q, lengths_k = lengths
-    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in lengths)
+    cu_q, cu_k = (offsets(n) for n in lengths)
     q = rand(sum(lengths_q), heads[0], dim, dtype=torch.bfloat16)
     k = rand(sum(lengths_k), heads[1], dim, dtype=torch.bfloat16, seed=1)
     v = rand(sum(lengths_k), heads[1], dim_v or dim, dtype=torch.bfloat16, seed=2)

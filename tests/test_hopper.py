@@ -16,7 +16,7 @@ from fusedattn.mode import DEVICE
 from fusedattn.problem import ProblemError
 from fusedattn.reference import attention_ref, varlen_ref
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, both_paths, script, within_portable
+from inputs import ON_HOPPER, both_paths, offsets, script, within_portable
 
 
 def _rand(*shape, dtype=torch.bfloat16, seed=0):
@@ -501,8 +501,7 @@ def test_q_from_registers_gives_the_bits_of_q_from_shared_memory(dim, dim_v, cau
         gen = torch.Generator().manual_seed(dim)
         lens = torch.randint(0, 600, (30,), generator=gen).tolist()
         lens[1], lens[4], lens[7], lens[12] = 0, 128, 1, 256
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                          device=DEVICE)
+        cu = offsets(lens)
         q, k = (_rand(cu[-1].item(), n, dim, seed=80 + i) for i, n in enumerate((4, 2)))
         v = _rand(cu[-1].item(), 2, dim_v, seed=82)
         if fp8:
@@ -608,8 +607,7 @@ def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
     lens = torch.randint(0, 1500, (30,), generator=gen).tolist() if varlen else [1500] * 2
     if varlen:
         lens[3], lens[7] = 0, 1
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                      device=DEVICE)
+    cu = offsets(lens)
     q = _rand(cu[-1].item(), 4, 128, seed=70)
     k, v = (_rand(cu[-1].item(), 2 if varlen else 4, 128, seed=71 + i) for i in range(2))
     if fp8:
@@ -625,9 +623,12 @@ def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
     from fusedattn.hopper import forward as knobs
     kind = "fp8" if fp8 else "varlen"
     turns = dict(knobs.CLAIMED_TURNS, **{kind: not knobs.CLAIMED_TURNS[kind]})
-    asked, takes_turns = [], knobs.takes_turns  # (the launches' questions: the switch
-    monkeypatch.setattr(knobs, "takes_turns",   # must reach a claimed launch of this kind)
-                        lambda *a: asked.append((a, takes_turns(*a))) or asked[-1][1])
+    asked, takes_turns = [], knobs.takes_turns
+
+    def spy(*launch):  # (the launches' questions: the switch must reach a claimed launch
+        asked.append((launch, takes_turns(*launch)))  # of this kind)
+        return asked[-1][1]
+    monkeypatch.setattr(knobs, "takes_turns", spy)
     want, = _same_bits_when_switched(call, monkeypatch, CLAIMED_TURNS=turns)
     assert ((True, 2, fp8, varlen), turns[kind]) in asked, asked
     ref = (varlen_ref(q, k, v, cu, cu, causal=True, device=DEVICE) if varlen

@@ -315,9 +315,10 @@ def q_registers(pair: tuple[int, int], entry: tuple[int, ...], fp8: bool, consum
     kernel spills and ptxas serialises its wgmmas: sm90 compile report); `claim`: whether
     the launch claims its items."""
     which = (FP8_Q_REGISTERS if fp8 else Q_REGISTERS).get(pair) if consumers == 2 else None
-    two = entry[1] > 0  # (D_B: Q in two pieces)
-    return {"all": 1 + two, "first": int(two), "unclaimed": 0 if claim else 1 + two}.get(
-        which, 0)
+    pieces = 2 if entry[1] > 0 else 1  # (D_B: Q in two pieces)
+    if which == "all" or (which == "unclaimed" and not claim):
+        return pieces
+    return int(which == "first" and pieces == 2)
 
 
 _AS_CAPTURED = threading.local()
@@ -417,9 +418,9 @@ def releases_late(slots: int, fp8: bool, claim: bool, varlen: bool) -> bool:
 
 def takes_turns(claim: bool, consumers: int, fp8: bool, varlen: bool) -> bool:
     """Whether a launch's consumer warpgroups take turns to issue (kernel constexpr
-    PINGPONG): `PINGPONG`, but for a launch that claims its items at two consumer
-    warpgroups, which also follows `CLAIMED_TURNS` for its kind (FP8's, varlen or dense;
-    else varlen's or dense's)."""
+    PINGPONG): `PINGPONG`, and for a launch that claims its items at two consumer
+    warpgroups also `CLAIMED_TURNS` of its kind: "fp8" for any FP8 launch (varlen too),
+    else "varlen" or "dense"."""
     if claim and consumers == 2:
         return PINGPONG and CLAIMED_TURNS["fp8" if fp8 else "varlen" if varlen else "dense"]
     return PINGPONG
