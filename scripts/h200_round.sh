@@ -106,6 +106,7 @@
 #   hangrepro   scripts/hang_repro.py: the Hopper backward calls that stuck in two tiers
 #               (073459Z, 085707Z), repeated beside GPU load for $HANGSECONDS (default
 #               300), deterministic and racing; a hang's stacks into $ev/hang_repro.json
+#               ($HANGTAG after its name; $HANGARGS more arguments, e.g. --no-tickets)
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
 #               and SDPA's) by thread and op under torch.profiler, the backward's Python
 #               under cProfile in autograd's thread
@@ -288,8 +289,8 @@ while [ $# -gt 0 ]; do
     fp8check) d=$ev/fp8check-$(date -u +%H%M%S); mkdir -p $d
               python3 scripts/hopper_fp8_check.py --out $d ${FP8SWEEP:+--sweep} --only "${ONLY:-}" 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
-    hangrepro) python3 scripts/hang_repro.py --seconds "${HANGSECONDS:-300}" \
-        --out $ev/hang_repro.json 2>&1 | grep -v UserWarning | tail -40 | tee -a "$log" ;;
+    hangrepro) python3 scripts/hang_repro.py --seconds "${HANGSECONDS:-300}" ${HANGARGS:-} \
+        --out $ev/hang_repro${HANGTAG:-}.json 2>&1 | grep --line-buffered -v UserWarning | tee -a "$log" ;;
     train) python3 scripts/host_profile.py --train --out $ev/train_profile.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     hostrows) python3 scripts/host_profile.py --bench-rows --out $ev/host_rows.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     directab) python3 scripts/host_profile.py --direct-ab --out $ev/direct_ab.json 2>&1 | grep -v UserWarning | tail -20 | tee -a "$log" ;;

@@ -9,9 +9,15 @@ adds' order is, by a reading of `hopper/backward_kernel.py`, the backward's only
 across programs), so a hang in one kind and not the other points at it.
 
     python3 scripts/hang_repro.py [--seconds 300] [--load 8] [--stall 45] [--out hang.json]
-        [--cases heads,batch,varlen-vdim,varlen]
+        [--cases heads,batch,varlen-vdim,varlen] [--first-stall 240] [--deterministic-only]
+        [--no-tickets]
 
-GPU only. A run with no hang says only that none came in its iterations."""
+`--no-tickets` runs the children with `hopper.backward.TICKETS` off (each program's place
+in the launch order its block id, as before the tickets) for an A/B.
+
+GPU only. A run with no hang says only that none came in its iterations. The whole run
+ends by `--seconds` plus one compile's wait, and `--out` is rewritten after every case, so a
+run cut short keeps the cases it finished."""
 
 import argparse
 import json
@@ -119,17 +125,21 @@ def _inputs(case: str):
     return step, f"varlen D{dim}/{dim_v} causal hopper"
 
 
-def child(case: str, deterministic: bool, seconds: float, stall_s: float) -> None:
+def child(case: str, deterministic: bool, seconds: float, stall_s: float, first_stall_s: float,
+          tickets: bool) -> None:
     import faulthandler
 
     import torch
 
+    from fusedattn.hopper import backward
+
+    backward.TICKETS = tickets
     step, what = _inputs(case)
-    print(f"case {case} ({what}), deterministic={deterministic}", flush=True)
+    print(f"case {case} ({what}), deterministic={deterministic}, tickets={tickets}", flush=True)
     t0, i = time.monotonic(), 0
     while time.monotonic() - t0 < seconds:
         # the stacks just before the parent's verdict (the first step compiles: its own)
-        wait = (stall_s if i else FIRST_STALL_S) - 5
+        wait = (stall_s if i else first_stall_s) - 5
         faulthandler.dump_traceback_later(max(1.0, wait), exit=False)
         step(deterministic)
         torch.cuda.synchronize()
@@ -156,6 +166,12 @@ def main() -> None:
     ap.add_argument("--stall", type=float, default=45, help="seconds without a line: a hang")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--out", default="hang_repro.json")
+    ap.add_argument("--first-stall", type=float, default=FIRST_STALL_S,
+                    help="seconds without a line before a child's first step (it compiles)")
+    ap.add_argument("--deterministic-only", action="store_true",
+                    help="leave out the racing adds' runs")
+    ap.add_argument("--no-tickets", action="store_true",
+                    help="hopper.backward.TICKETS off in the children (the block ids' order)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--racing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--load-child", action="store_true", help=argparse.SUPPRESS)
@@ -163,33 +179,53 @@ def main() -> None:
     if args.load_child:
         return load()
     if args.child:
-        return child(args.child, not args.racing, args.seconds, args.stall)
+        return child(args.child, not args.racing, args.seconds, args.stall, args.first_stall,
+                     not args.no_tickets)
     cases = args.cases.split(",")
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"--cases: {unknown} unknown; cases are {', '.join(CASES)}")
     runs = [(c, racing) for c in cases for racing in (False, True)
-            if not (racing and c.startswith("varlen"))]  # (varlen's adds: deterministic)
+            if not (racing and (c.startswith("varlen") or args.deterministic_only))]
+    # (varlen's adds: deterministic always)
     share = args.seconds / len(runs)
+    deadline = time.monotonic() + args.seconds + args.first_stall
     me = [sys.executable, os.path.abspath(__file__)]
     loads = [subprocess.Popen([*me, "--load-child"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for _ in range(args.load)]
     results = []
     try:
         for case, racing in runs:
-            # the child's own loop stops at its share; the watch allows it a compile more
+            left = deadline - time.monotonic()
+            if left < args.stall:
+                results.append(dict(case=case, deterministic=not racing, ended="not run",
+                                    steps=0, last=None))
+                continue
+            # the child's own loop stops at its share; the watch allows it a compile more,
+            # within what is left of the run
             cmd = [*me, "--child", case, "--seconds", str(share), "--stall", str(args.stall),
-                   *(["--racing"] if racing else [])]
-            result = watch(cmd, args.stall, share + FIRST_STALL_S, FIRST_STALL_S)
-            result.update(case=case, deterministic=not racing)
+                   "--first-stall", str(args.first_stall), *(["--racing"] if racing else []),
+                   *(["--no-tickets"] if args.no_tickets else [])]
+            result = watch(cmd, args.stall, min(share + args.first_stall, left), args.first_stall)
+            result.update(case=case, deterministic=not racing, tickets=not args.no_tickets)
             results.append(result)
             print(f"{case} deterministic={not racing}: {result['ended']} after "
-                  f"{result['steps']} steps, {result['seconds']} s", flush=True)
+                  f"{result['steps']} steps, {result['seconds']} s ({result['last']})",
+                  flush=True)
+            _write(args, results)
     finally:
         for p in loads:
             p.kill()
-    with open(args.out, "w") as f:
-        json.dump(dict(load=args.load, stall_s=args.stall, runs=results), f, indent=1)
+    _write(args, results)
+
+
+def _write(args, results: list[dict]) -> None:
+    """`--out` whole or not at all (a temporary file renamed over it)."""
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(dict(load=args.load, stall_s=args.stall, tickets=not args.no_tickets,
+                       runs=results), f, indent=1)
+    os.replace(tmp, args.out)
 
 
 if __name__ == "__main__":
