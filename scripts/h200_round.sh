@@ -106,7 +106,7 @@
 #   hangrepro   scripts/hang_repro.py: the Hopper backward calls that stuck in two tiers
 #               (073459Z, 085707Z), repeated beside GPU load for $HANGSECONDS (default
 #               300), deterministic and racing; a hang's stacks into $ev/hang_repro.json
-#               ($HANGTAG after its name; $HANGARGS more arguments, e.g. --no-tickets)
+#               ($HANGTAG after its name; $HANGARGS more arguments, e.g. --switch ORDER='down')
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
 #               and SDPA's) by thread and op under torch.profiler, the backward's Python
 #               under cProfile in autograd's thread

@@ -10,10 +10,10 @@ across programs), so a hang in one kind and not the other points at it.
 
     python3 scripts/hang_repro.py [--seconds 300] [--load 8] [--stall 45] [--out hang.json]
         [--cases heads,batch,varlen-vdim,varlen] [--first-stall 240] [--deterministic-only]
-        [--no-tickets]
+        [--switch NAME=VALUE ...]
 
-`--no-tickets` runs the children with `hopper.backward.TICKETS` off (each program's place
-in the launch order its block id, as before the tickets) for an A/B.
+`--switch` sets a `hopper.backward` switch in the children (a Python literal, e.g.
+NAMED_HANDOFF=False, ORDER='down'), to bisect which of the kernel's waits hangs.
 
 GPU only. A run with no hang says only that none came in its iterations. The whole run
 ends by `--seconds` plus one compile's wait, and `--out` is rewritten after every case, so a
@@ -126,16 +126,18 @@ def _inputs(case: str):
 
 
 def child(case: str, deterministic: bool, seconds: float, stall_s: float, first_stall_s: float,
-          tickets: bool) -> None:
+          switches: dict) -> None:
     import faulthandler
 
     import torch
 
     from fusedattn.hopper import backward
 
-    backward.TICKETS = tickets
+    for name, value in switches.items():
+        setattr(backward, name, value)
     step, what = _inputs(case)
-    print(f"case {case} ({what}), deterministic={deterministic}, tickets={tickets}", flush=True)
+    print(f"case {case} ({what}), deterministic={deterministic}, switches={switches}",
+          flush=True)
     t0, i = time.monotonic(), 0
     while time.monotonic() - t0 < seconds:
         # the stacks just before the parent's verdict (the first step compiles: its own)
@@ -170,17 +172,18 @@ def main() -> None:
                     help="seconds without a line before a child's first step (it compiles)")
     ap.add_argument("--deterministic-only", action="store_true",
                     help="leave out the racing adds' runs")
-    ap.add_argument("--no-tickets", action="store_true",
-                    help="hopper.backward.TICKETS off in the children (the block ids' order)")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=VALUE",
+                    help="a hopper.backward switch set in the children (a Python literal)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--racing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--load-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    switches = parse_switches(ap, args.switch)
     if args.load_child:
         return load()
     if args.child:
         return child(args.child, not args.racing, args.seconds, args.stall, args.first_stall,
-                     not args.no_tickets)
+                     switches)
     cases = args.cases.split(",")
     unknown = [c for c in cases if c not in CASES]
     if unknown:
@@ -205,9 +208,9 @@ def main() -> None:
             # within what is left of the run
             cmd = [*me, "--child", case, "--seconds", str(share), "--stall", str(args.stall),
                    "--first-stall", str(args.first_stall), *(["--racing"] if racing else []),
-                   *(["--no-tickets"] if args.no_tickets else [])]
+                   *(x for sw in args.switch for x in ("--switch", sw))]
             result = watch(cmd, args.stall, min(share + args.first_stall, left), args.first_stall)
-            result.update(case=case, deterministic=not racing, tickets=not args.no_tickets)
+            result.update(case=case, deterministic=not racing, switches=args.switch)
             results.append(result)
             print(f"{case} deterministic={not racing}: {result['ended']} after "
                   f"{result['steps']} steps, {result['seconds']} s ({result['last']})",
@@ -219,11 +222,28 @@ def main() -> None:
     _write(args, results)
 
 
+def parse_switches(ap, given: list[str]) -> dict:
+    """`--switch NAME=VALUE` arguments as {NAME: value}: VALUE a Python literal, NAME a
+    switch `hopper.backward` has (checked on import in the child, by name here)."""
+    import ast
+
+    switches = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier() or not name.isupper():
+            ap.error(f"--switch {item!r}: give NAME=VALUE, NAME a switch in capitals")
+        try:
+            switches[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            ap.error(f"--switch {item!r}: {value!r} is not a Python literal")
+    return switches
+
+
 def _write(args, results: list[dict]) -> None:
     """`--out` whole or not at all (a temporary file renamed over it)."""
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(dict(load=args.load, stall_s=args.stall, tickets=not args.no_tickets,
+        json.dump(dict(load=args.load, stall_s=args.stall, switches=args.switch,
                        runs=results), f, indent=1)
     os.replace(tmp, args.out)
 
