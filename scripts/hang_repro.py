@@ -224,7 +224,7 @@ def main() -> None:
 
 def parse_switches(ap, given: list[str]) -> dict:
     """`--switch NAME=VALUE` arguments as {NAME: value}: VALUE a Python literal, NAME a
-    switch `hopper.backward` has (checked on import in the child, by name here)."""
+    switch `hopper.backward` has (a misspelt one would change nothing, silently)."""
     import ast
 
     switches = {}
@@ -232,6 +232,10 @@ def parse_switches(ap, given: list[str]) -> dict:
         name, sep, value = item.partition("=")
         if not sep or not name.isidentifier() or not name.isupper():
             ap.error(f"--switch {item!r}: give NAME=VALUE, NAME a switch in capitals")
+        from fusedattn.hopper import backward
+
+        if not hasattr(backward, name):
+            ap.error(f"--switch {item!r}: hopper.backward has no switch {name}")
         try:
             switches[name] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

@@ -54,6 +54,6 @@ def test_switches_are_python_literals_by_name_and_bad_ones_are_refused():
     ap = argparse.ArgumentParser()
     assert parse(ap, ["NAMED_HANDOFF=False", "ORDER='down'", "UP_MIN_WAVES=4"]) == {
         "NAMED_HANDOFF": False, "ORDER": "down", "UP_MIN_WAVES": 4}
-    for bad in ("NAMED_HANDOFF", "named=1", "ORDER=down", "X-Y=1"):
+    for bad in ("NAMED_HANDOFF", "named=1", "ORDER=down", "X-Y=1", "NAMED_HANDOF=False"):
         with pytest.raises(SystemExit):
             parse(ap, [bad])
