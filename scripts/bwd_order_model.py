@@ -7,7 +7,10 @@ line (`_key_tile`, `_step_row`, `_dq_order`, transcribed here) are checked to
 - run to the end when programs launch in order onto `sms` slots and each step waits for
   its place ("up" and "down" on any number of SMs, one head or several, "down" launched
   head by head or across them; "rotated" with a head's key tiles all resident, as
-  `hopper.backward.order` takes it).
+  `hopper.backward.order` takes it);
+- and show what "in order" rests on: blocks dispatched out of their ids' order can hang
+  "up" and "down", which the GPU does not promise against (`run`'s `dispatch`); with a
+  ticket each (`tickets`, a program's place taken as it starts) any dispatch order runs.
 
 The GPU tier runs the kernel itself under each order (`test_every_order_of_the_
 deterministic_adds_is_right_and_repeats`); this covers the shapes it does not (Sq far from
@@ -110,7 +113,14 @@ def full_launch(lengths, heads, order):
     return out
 
 
-def run(order, seq_q, seq_k, left, right, bottom, sms, heads=1, across=False) -> str:
+def run(order, seq_q, seq_k, left, right, bottom, sms, heads=1, across=False,
+        dispatch=None, tickets=False) -> str:
+    """"ok", or why the launch breaks: a query tile's places not 0 .. k-1, or a hang (no
+    resident program can move). `dispatch(remaining)` picks which of the block ids not yet
+    dispatched (ascending) goes onto a free slot next, by its index in them (None: the
+    lowest, in order). A block takes the program of its id in the launch order, or with
+    `tickets` the next program in it whichever block it is (`notes/patches/
+    bwd-tickets.patch`: each program's place from a counter as it starts)."""
     n_tiles = cdiv(seq_k, BLOCK_N)
     progs = [program(p, n_tiles, order, seq_q, seq_k, left, right, bottom)
              for p in range(n_tiles)]
@@ -126,9 +136,11 @@ def run(order, seq_q, seq_k, left, right, bottom, sms, heads=1, across=False) ->
     queue = launches(order, n_tiles, heads, across)
     at = dict.fromkeys(queue, 0)
     resident, launched, done = [], 0, 0
+    remaining = list(range(len(queue)))  # the block ids not yet dispatched
     while done < len(queue):
-        while len(resident) < sms and launched < len(queue):
-            resident.append(queue[launched])
+        while len(resident) < sms and remaining:
+            block = remaining.pop(0 if dispatch is None else dispatch(remaining))
+            resident.append(queue[launched if tickets else block])
             launched += 1
         moved = False
         for h, pid in list(resident):

@@ -6,6 +6,8 @@ reference's autograd, each bounded by twice the portable backward's error on the
 plus a floor, with the Hopper kernel's launch seen (a silent fallback fails them); the same
 bits on every run; the racing (non-deterministic) variant within the same bound."""
 
+import random
+
 import pytest
 import torch
 
@@ -1171,3 +1173,33 @@ def test_the_launch_puts_the_last_heads_longest_key_tiles_first(front, want, mon
                                          seq=1024)
         got = dict(zip(kernel_.arg_names[:len(args)], args, strict=True))["order"]
         assert got == code, (deterministic, got, code)
+
+
+@pytest.mark.parametrize("seq_q, seq_k, left, right, bottom", [
+    (2000, 2000, -1, 0, False), (500, 2900, -1, 0, True), (1500, 1700, 300, 40, True),
+    (777, 1290, -1, -1, False),
+])
+def test_out_of_order_dispatch_can_hang_block_ids_and_never_tickets(seq_q, seq_k, left,
+                                                                    right, bottom):
+    # the order model's launch with blocks dispatched out of their ids' order (the GPU
+    # promises none): a block taking the program of its id can hang "up" and "down" (a
+    # program waits on one not yet dispatched, every slot waiting), where a block taking
+    # the next ticket's program runs whatever the dispatch (`notes/patches/bwd-tickets.patch`)
+    model = script("bwd_order_model")
+    rng = random.Random(5)
+
+    def last_of_four(remaining):  # the fourth block id left goes first
+        return min(3, len(remaining) - 1)
+
+    def shuffled(remaining):
+        return rng.randrange(len(remaining))
+    hung = []
+    for order in ("down", "up"):
+        for sms in (1, 2, 5):
+            for pick in (last_of_four, shuffled):
+                kw = dict(heads=3, dispatch=pick)
+                assert model.run(order, seq_q, seq_k, left, right, bottom, sms,
+                                 tickets=True, **kw) == "ok", (order, sms)
+                hung.append("hangs" in model.run(order, seq_q, seq_k, left, right, bottom,
+                                                 sms, **kw))
+    assert any(hung)
