@@ -107,6 +107,8 @@
 #               (073459Z, 085707Z), repeated beside GPU load for $HANGSECONDS (default
 #               300), deterministic and racing; a hang's stacks into $ev/hang_repro.json
 #               ($HANGTAG after its name; $HANGARGS more arguments, e.g. --switch ORDER='down')
+#   hangvar S   hangrepro with hopper.backward switches S ("NAME=VALUE,...", "-" for none) into
+#               $ev/hang_repro-S.json: several in one call bisect the hang's wait
 #   train       scripts/host_profile.py --train: a training step's host cost (fwd+bwd, ours
 #               and SDPA's) by thread and op under torch.profiler, the backward's Python
 #               under cProfile in autograd's thread
@@ -291,6 +293,14 @@ while [ $# -gt 0 ]; do
     hostprof) python3 scripts/host_profile.py --sweep --out $ev/host_profile.json 2>&1 | tail -90 | tee -a "$log" ;;
     hangrepro) python3 scripts/hang_repro.py --seconds "${HANGSECONDS:-300}" ${HANGARGS:-} \
         --out $ev/hang_repro${HANGTAG:-}.json 2>&1 | grep --line-buffered -v UserWarning | tee -a "$log" ;;
+    hangvar) variant=$1; shift  # hangrepro with hopper.backward switches "A=1,B=2" ("-": none)
+        sw=(); name=default
+        if [ "$variant" != "-" ]; then
+          for x in ${variant//,/ }; do sw+=(--switch "$x"); done; name=${variant//[^A-Za-z0-9_=]/_}
+        fi
+        python3 scripts/hang_repro.py --seconds "${HANGSECONDS:-300}" ${HANGARGS:-} "${sw[@]}" \
+          --out "$ev/hang_repro-$name.json" 2>&1 \
+          | grep --line-buffered -v UserWarning | tee -a "$log" ;;
     train) python3 scripts/host_profile.py --train --out $ev/train_profile.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     hostrows) python3 scripts/host_profile.py --bench-rows --out $ev/host_rows.json 2>&1 | grep -v UserWarning | tail -120 | tee -a "$log" ;;
     directab) python3 scripts/host_profile.py --direct-ab --out $ev/direct_ab.json 2>&1 | grep -v UserWarning | tail -20 | tee -a "$log" ;;
