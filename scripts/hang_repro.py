@@ -86,6 +86,7 @@ def _inputs(case: str):
 
     from fusedattn import attention, attention_varlen
     from fusedattn.dispatch import use_backend
+    from fusedattn.varlen import offsets_of
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -108,8 +109,7 @@ def _inputs(case: str):
     # tests/inputs.py's ragged batch (empty, one-token and long sequences), GQA 4/2
     lengths_q, lengths_k = [5, 0, 1, 300, 1000, 64], [5, 3, 1, 500, 1000, 0]
     dim, dim_v = 128, (64 if case == "varlen-vdim" else 128)
-    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
-                               device="cuda") for n in (lengths_q, lengths_k))
+    cu_q, cu_k = (offsets_of(n, "cuda") for n in (lengths_q, lengths_k))
     q = rand(sum(lengths_q), 4, dim).requires_grad_()
     k = rand(sum(lengths_k), 2, dim).requires_grad_()
     v = rand(sum(lengths_k), 2, dim_v).requires_grad_()

@@ -22,8 +22,10 @@ def i32(values):
 
 
 def offsets(lengths):
-    """The int32 offsets (cu_seqlens) of sequences of `lengths`: 0, then their running sum."""
-    return i32([0] + torch.tensor(lengths).cumsum(0).tolist())
+    """The int32 offsets (cu_seqlens) of sequences of `lengths` on the tests' device."""
+    from fusedattn.varlen import offsets_of
+
+    return offsets_of(lengths, DEVICE)
 
 
 def script(name: str):

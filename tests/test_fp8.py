@@ -36,7 +36,7 @@ from fusedattn.reference import (
 from fusedattn.tiles.common import Mask
 from fusedattn.tiles.fp8_decode import _widen_e4m3
 from fusedattn_lab.peers import fp8_backward_peer, fp8_peer
-from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, paged, passes, ragged, rand
+from inputs import RAGGED_K, RAGGED_Q, SHORT_K, SHORT_Q, i32, offsets, paged, passes, ragged, rand
 
 # the forward's paths: the portable kernel everywhere, the Hopper one on the GPU tier
 PATHS = ["portable", pytest.param("hopper", marks=pytest.mark.gpu_only(
@@ -527,7 +527,7 @@ def test_fp8_v_transposed_of_a_packed_batch_starts_each_sequence_on_16_columns()
     from fusedattn.tiles.common import Varlen
 
     lengths = [5, 0, 16, 1, 70]  # an empty one, one already aligned
-    cu = i32([0] + torch.tensor(lengths).cumsum(0).tolist())
+    cu = offsets(lengths)
     v8 = _fp8(rand(1, sum(lengths), 2, 64, seed=5), None).transpose(1, 2)
     vt, cu_t = v_transposed(v8, varlen=Varlen(cu, cu, max(lengths), max(lengths)))
     starts = [0, 16, 16, 32, 48, 128]  # each length rounded up to 16, summed

@@ -327,8 +327,7 @@ def test_hopper_varlen_with_empty_and_one_token_sequences(causal, dim):
     if not ON_HOPPER:
         pytest.skip("not an sm90 GPU")
     lens_q, lens_k = [5, 0, 1, 300, 129, 1000, 64], [5, 3, 1, 300, 500, 1000, 0]
-    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
-                               device=DEVICE) for n in (lens_q, lens_k))
+    cu_q, cu_k = (offsets(n) for n in (lens_q, lens_k))
     q = _rand(sum(lens_q), 4, dim, seed=1)
     k, v = _rand(sum(lens_k), 2, dim, seed=2), _rand(sum(lens_k), 2, dim, seed=3)
     ref = varlen_ref(q, k, v, cu_q, cu_k, causal=causal, device=DEVICE)
@@ -349,8 +348,7 @@ def test_hopper_varlen_over_many_documents(causal, dim):
     g = torch.Generator().manual_seed(dim)
     lens = [int(n) for n in torch.randint(0, 400, (70,), generator=g)]
     lens[3], lens[40], lens[41], lens[69] = 0, 1, 4200, 0
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                      device=DEVICE)
+    cu = offsets(lens)
     q, k, v = (_rand(sum(lens), 4, dim, seed=i) for i in range(3))
     ref = varlen_ref(q, k, v, cu, cu, causal=causal, device=DEVICE)
     within_portable(*both_paths(lambda: attention_varlen(
@@ -543,8 +541,7 @@ def test_fp8_q_slot_released_early_gives_the_bits_of_released_at_the_end(shape, 
         gen = torch.Generator().manual_seed(dim)
         lens = torch.randint(0, 700, (40,), generator=gen).tolist()
         lens[2], lens[5], lens[9], lens[11], lens[20] = 0, 128, 256, 1, 384
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                          device=DEVICE)
+        cu = offsets(lens)
         q, k, v = (_rand(cu[-1].item(), n, dim, seed=70 + i).to(torch.float8_e4m3fn)
                    for i, n in enumerate((4, 2, 2)))
 
@@ -580,8 +577,7 @@ def test_varlen_tma_stores_give_the_masked_stores_bits(dim, dim_v, fp8, causal, 
     gen = torch.Generator().manual_seed(dim)
     lens = torch.randint(0, 700, (40,), generator=gen).tolist()
     lens[2], lens[5], lens[9], lens[11], lens[20] = 0, 128, 256, 1, 384
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                      device=DEVICE)
+    cu = offsets(lens)
     q = _rand(cu[-1].item(), 4, dim, seed=60)
     k, v = _rand(cu[-1].item(), 2, dim, seed=61), _rand(cu[-1].item(), 2, dim_v, seed=62)
     if fp8:
@@ -723,8 +719,7 @@ def test_claimed_varlen_items_give_one_program_an_items_bits(dim, doc_rows, monk
     lens_k = [n + e for n, e in zip(lens, torch.randint(0, 300, (60,), generator=gen).tolist(),
                                     strict=True)]
     lens_k[40] = lens[40]
-    cu, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
-                             device=DEVICE) for n in (lens, lens_k))
+    cu, cu_k = (offsets(n) for n in (lens, lens_k))
     q = _rand(cu[-1].item(), 12, dim, seed=40)
     k, v = (_rand(cu_k[-1].item(), 4, dim, seed=41 + i) for i in range(2))
     want, = _same_bits_when_switched(

@@ -20,7 +20,7 @@ from fusedattn.reference import (
     visible,
 )
 from fusedattn_lab.verify import check
-from inputs import paged
+from inputs import offsets, paged
 
 LOW = (torch.float16, torch.bfloat16)
 
@@ -94,8 +94,7 @@ def test_window_and_softcap_low_precision(dtype):
 # --- varlen ------------------------------------------------------------------------------
 
 def _cu(lengths):
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                        device=DEVICE)
+    return offsets(lengths)
 
 
 VARLEN = [

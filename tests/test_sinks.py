@@ -20,7 +20,7 @@ from fusedattn.reference import (
     varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, both_paths, i32, ragged, rand, within_portable
+from inputs import ON_HOPPER, both_paths, i32, offsets, ragged, rand, within_portable
 from inputs import passes as _passes
 
 
@@ -92,7 +92,7 @@ def test_a_bf16_parameter_gets_its_gradient_in_bf16():
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_sinks_with_empty_and_one_token_sequences(causal):
     lens_q, lens_k = [0, 5, 17, 1, 9], [3, 5, 20, 0, 9]
-    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in (lens_q, lens_k))
+    cu_q, cu_k = (offsets(n) for n in (lens_q, lens_k))
     q = rand(sum(lens_q), 4, 16, grad=True)
     k, v = (rand(sum(lens_k), 2, 16, seed=s, grad=True) for s in (1, 2))
     sinks = _sinks(4, grad=True)

@@ -34,9 +34,10 @@ def _varlen_lines(name, rank: int, world: int, device, heads: int, heads_kv: int
     the rows split over the ranks: outputs and gradients against the float64 reference."""
     from fusedattn.distributed import contiguous_shard, ulysses_attention_varlen
     from fusedattn.reference import varlen_ref, varlen_ref_grads
+    from fusedattn.varlen import offsets_of
 
     lengths = [5, 17, 0, 1, 7]
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    cu = offsets_of(lengths)
     g = torch.Generator().manual_seed(seed)
     full = [torch.randn(sum(lengths), n, 16, generator=g)
             for n in (heads, heads_kv, heads_kv, heads)]

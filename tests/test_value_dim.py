@@ -18,7 +18,7 @@ from fusedattn.reference import (
     varlen_ref_grads,
 )
 from fusedattn.tiles.common import Mask
-from inputs import ON_HOPPER, both_paths, i32, ragged, rand, within_portable
+from inputs import ON_HOPPER, both_paths, i32, offsets, ragged, rand, within_portable
 from inputs import passes as _passes
 
 CASES = [  # (B, H, H_kv, Sq, Sk, D_qk, D_v, causal, dtype)
@@ -72,7 +72,7 @@ def test_its_own_v_head_dim_traces_inside_torch_compile():
 
 def test_varlen_with_its_own_v_head_dim():
     lens_q, lens_k = [0, 5, 17, 1], [3, 5, 20, 0]
-    cu_q, cu_k = (i32([0] + torch.tensor(n).cumsum(0).tolist()) for n in (lens_q, lens_k))
+    cu_q, cu_k = (offsets(n) for n in (lens_q, lens_k))
     q = rand(sum(lens_q), 4, 24, grad=True)
     k = rand(sum(lens_k), 2, 24, seed=1, grad=True)
     v = rand(sum(lens_k), 2, 40, seed=2, grad=True)

@@ -265,6 +265,13 @@ def check_cu_seqlens(name: str, cu: object, total: int, batch: int | None,
     return cu, int(max_seqlen)
 
 
+def offsets_of(lengths, device=None) -> torch.Tensor:
+    """int32 offsets (`cu_seqlens`) of sequences of `lengths` (a tensor, or a list of ints
+    put on `device`): 0, then their running sums."""
+    lengths = torch.as_tensor(lengths, device=device)
+    return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+
+
 def read_offsets(cu: torch.Tensor) -> list[int]:
     """The offsets' values on the host: a device-to-host copy, which waits for the GPU."""
     return cu.tolist()

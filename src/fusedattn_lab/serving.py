@@ -257,12 +257,12 @@ def _decode(p: ServingProblem, gen):
 
 def _varlen(p: ServingProblem, gen):
     from fusedattn.reference import attention_ref
-    from fusedattn.varlen import attention_varlen
+    from fusedattn.varlen import attention_varlen, offsets_of
 
     dt = DTYPES[p.dtype]
     total = sum(p.lengths)
     q, k, v = (_rand((total, p.heads, p.dim), dt, gen) for _ in range(3))
-    cu = _offsets(p.lengths)
+    cu = offsets_of(p.lengths, DEVICE)
     longest = max(p.lengths)
     ours = {"fusedattn": lambda: attention_varlen(q, k, v, cu, cu, longest, longest,
                                                   is_causal=True)}
@@ -434,12 +434,6 @@ def _mla_bwd(p: ServingProblem, gen):
     return providers, reference
 
 
-def _offsets(lengths) -> torch.Tensor:
-    """A packed batch's int32 offsets on the device, from its sequences' lengths."""
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                        device=DEVICE)
-
-
 def _e4m3_per_head(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`x` in e4m3 with a factor per head (heads on `axis`: -3 for `[B, H, S, D]`, -2 for
     packed `[total, H, D]`), each head's largest value mapped to 256 (e4m3's range is
@@ -593,7 +587,7 @@ def _fp8_varlen_bwd(p: ServingProblem, gen):
     from fusedattn.fp8 import attention_varlen_fp8_backward
     from fusedattn.reference import attention_ref_grads, dequantize
     from fusedattn.tiles.dequantize import dequantize_as
-    from fusedattn.varlen import attention_varlen
+    from fusedattn.varlen import attention_varlen, offsets_of
     from fusedattn_lab.peers import fp8_backward_peer
 
     total, longest = sum(p.lengths), max(p.lengths)
@@ -601,7 +595,7 @@ def _fp8_varlen_bwd(p: ServingProblem, gen):
                                                                 p.heads_kv)]
     (q8, k8, v8), factors = zip(*(_e4m3_per_head(t, -2) for t in x), strict=True)
     dout = _rand((total, p.heads, p.dim), torch.bfloat16, gen)
-    cu = _offsets(p.lengths)
+    cu = offsets_of(p.lengths, DEVICE)
     offsets = (cu, cu, longest, longest)
     kw = dict(is_causal=True, descale_q=factors[0], descale_k=factors[1],
               descale_v=factors[2])

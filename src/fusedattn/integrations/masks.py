@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusedattn.varlen import attention_varlen
+from fusedattn.varlen import attention_varlen, offsets_of
 
 
 @dataclass(frozen=True)
@@ -135,17 +135,12 @@ def plan_from_mask(mask: torch.Tensor) -> MaskPlan | None:
         implied &= rank_k[:, None, :] >= pos_q[:, :, None] - left
     if not torch.equal(implied, mask & q_valid[:, :, None]):  # dropped rows: padding
         return None
-    index_q, cu_q, max_q = flat_q.nonzero()[:, 0], _offsets(len_q), int(len_q.max())
+    index_q, cu_q, max_q = flat_q.nonzero()[:, 0], offsets_of(len_q), int(len_q.max())
     # the same tokens: one index and one offsets tensor for queries and keys (each layer's
     # call keys it once and `check_lengths` reads it once, not twice)
     index_k, cu_k, max_k = (index_q, cu_q, max_q) if shared else (
-        flat_k.nonzero()[:, 0], _offsets(len_k), int(len_k.max()))
+        flat_k.nonzero()[:, 0], offsets_of(len_k), int(len_k.max()))
     return MaskPlan(batch, seq_q, seq_k, index_q, index_k, cu_q, cu_k, max_q, max_k, left)
-
-
-def _offsets(lengths: torch.Tensor) -> torch.Tensor:
-    """int32 `cu_seqlens` of the sequence `lengths`: 0, then their running sums."""
-    return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
 
 
 def plan_from_positions(position_ids: torch.Tensor, left: int | None) -> MaskPlan | None:
@@ -161,7 +156,7 @@ def plan_from_positions(position_ids: torch.Tensor, left: int | None) -> MaskPla
         return None
     first = starts.reshape(-1).nonzero()[:, 0]
     lengths = torch.diff(first, append=first.new_tensor([batch * seq]))
-    cu = _offsets(lengths)
+    cu = offsets_of(lengths)
     index = torch.arange(batch * seq, device=position_ids.device)
     longest = int(lengths.max())
     return MaskPlan(batch, seq, seq, index, index, cu, cu, longest, longest, left)
