@@ -89,7 +89,7 @@ CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's
 BWD_DEFAULTS = dict(BLOCK_N=128, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False,
                     BOTTOM_RIGHT=False, SOFTCAP=False, DETERMINISTIC=True,
                     WRITER_REGS=24, WRITER_WARPS=4, DQ_BUFS=2, DQ_ADDS=True, GQA=False,
-                    VARLEN=False, COMPACT=False, MASK_CONSTANTS=True, TICKETS=True)
+                    VARLEN=False, COMPACT=False, MASK_CONSTANTS=True)
 # (EARLY_FREE: the launcher's rule, one slot and S not transposed, in `backward_constexprs`)
 BWD_CONFIGS = [
     dict(name="bwd D128", D=128),

@@ -153,13 +153,6 @@ FRONT_TILES = 16
 # _preprocess_launch`), where False fills them by two `torch.zeros` of their own (as before
 # 05db7dd): two launches fewer a backward (the host's cost, issue 31)
 ZERO_IN_PREPROCESS = True
-# deterministic: each program takes its place in the launch order from a counter as it
-# starts (a ticket), not from its block id. The adds wait only on earlier programs, which
-# must be running or done for no wait to hang, and no dispatch order promises that of ids:
-# without tickets, `scripts/hang_repro.py` hung the first deterministic call of two shapes
-# beside 8 other processes' matmuls (evidence/nvidia-h100/20261207T1012Z-hang-repro), as
-# three GPU tests had in two tiers. False: the block id (A/Bs)
-TICKETS = True
 # per head dim, varlen launches each sequence's own key tiles x K/V heads, sequence by
 # sequence (`backward_kernel._key_tile`'s COMPACT; at most `varlen_programs`), where False
 # launches the longest sequence's key tiles for every sequence, most of them empty when
@@ -229,7 +222,7 @@ def switches() -> tuple:
             SWAP_SDP, SWAP_MASKED, ORDER, UP_MIN_WAVES, SPREAD_MAX_BYTES, DOWN_ACROSS_HEADS,
             ACROSS_MAX_WAVES, FRONT_TILES, ZERO_IN_PREPROCESS, VARLEN_COMPACT,
             VARLEN_LONGEST_FIRST, MASK_CONSTANTS, TILES, SOFTCAP_TILES, EARLY_FREE, PIECES,
-            DO_STAGES, DQ_SPLIT, FREE_ON_READ, SLOT_BY_DQ, NAMED_HANDOFF, TICKETS)
+            DO_STAGES, DQ_SPLIT, FREE_ON_READ, SLOT_BY_DQ, NAMED_HANDOFF)
 
 
 def order(tiles_n: int, programs: int, left: int, right: int, sms: int,
@@ -348,12 +341,12 @@ def tiles(dim: int, softcap: bool) -> tuple:
 
 def counters(batch: int, heads: int, seq_q: int, dim: int, softcap: bool = False,
              varlen=None) -> int:
-    """How many int32s the launch's counters buffer holds: the programs' tickets' counter
-    (`TICKETS`), then a counter per (batch, head, query tile) for the deterministic adds
-    (zeros); varlen: batch the sequences, seq_q the longest, and on the compact grid the
-    sequences' order after those (one int each, `sequence_order`)."""
+    """How many int32s the launch's counters buffer holds: a counter (zeros) per (batch,
+    head, query tile) for the deterministic adds; varlen: batch the sequences, seq_q the
+    longest, and on the compact grid the sequences' order after the counters (one int
+    each, `sequence_order`)."""
     order = batch if compact(varlen, dim) else 0
-    return batch * heads * triton.cdiv(seq_q, tiles(dim, softcap)[0]) + 1 + order
+    return batch * heads * triton.cdiv(seq_q, tiles(dim, softcap)[0]) + order
 
 
 def compact(varlen, dim: int) -> bool:
@@ -469,6 +462,6 @@ def hopper_backward_launch(dout, q, k, v, lse, delta, dq_acc, sem, dk, dv, *, sc
                   EARLY_FREE=early_free, DO_STAGES=DO_STAGES.get(kdim, stages), DQ_SPLIT=split,
                   FREE_ON_READ=FREE_ON_READ,
                   SLOT_BY_DQ=slot_by_dq,
-                  DQ_NAMED=named_threads(slot_by_dq), TICKETS=TICKETS,
+                  DQ_NAMED=named_threads(slot_by_dq),
                   num_warps=8)
     return kernel._flash_bwd_sm90, grid, args, kwargs

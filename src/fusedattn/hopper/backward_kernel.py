@@ -119,7 +119,7 @@ def _bulk_wait(x):
 
 
 @gluon.jit
-def _key_tile(pid, n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right,
+def _key_tile(n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right,
               order, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
               COMPACT: gl.constexpr, WARPS: gl.constexpr):
@@ -134,8 +134,8 @@ def _key_tile(pid, n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order,
     them (`forward_kernel._document` over cu_k, by these WARPS warps), so that no program
     sits past its sequence's keys but the grid's last (rank = the count: dead). Within a
     sequence the programs keep the full grid's order, and no two sequences share a
-    counter, so each program still waits only on programs launched before it. `pid` is the
-    program's place in the launch order: its ticket (`_flash_bwd_sm90`), else its id."""
+    counter, so each program still waits only on programs launched before it."""
+    pid = gl.program_id(0)
     q_start = 0
     k_start = 0
     if VARLEN and COMPACT:
@@ -408,7 +408,7 @@ def _dq_handoff(dq, dq_smem, dq_ready, dq_free, n, DQ_BUFS: gl.constexpr,
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order, pid,
+def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
                n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left, right,
                order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
                kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two, do_ring,
@@ -458,8 +458,8 @@ def _dq_writer(dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k,
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])  # LSE_SMEM's rows
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
-        pid, n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order,
-        BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, WARPS)
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, WARPS)
     n_heads = n_heads_kv * group
     n_steps = gl.cdiv(m_hi - m_lo, BLOCK_M)
     n_total = n_steps * group if GQA else n_steps
@@ -654,10 +654,9 @@ def _masked_p(p, k0, q0, seq_k, left, right, QX: gl.constexpr, HAS_LEFT: gl.cons
 
 @gluon.jit
 def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar, ready,
-           free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, pid,
-           n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order,
-           two, outs, do_ring, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-           D: gl.constexpr,
+           free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n,
+           n_heads_kv, group, seq_q, seq_k, scale, qk_scale, cap, left, right, order, two, outs,
+           do_ring, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
            D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr, STAGES: gl.constexpr,
            HAS_LEFT: gl.constexpr,
            HAS_RIGHT: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
@@ -736,8 +735,8 @@ def _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
         q2_smem, k2_smem, v2_smem, do2_smem, dq2_smem = two[7], two[8], two[9], two[10], two[11]
 
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
-        pid, n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order,
-        BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, DV], gl.float32, layout=dv_layout)
     if D2 > 0:
@@ -982,9 +981,9 @@ def _store_piece(dk, dv, k_tile, v_tile, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sd
 @gluon.jit
 def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem, kv_bar,
              ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
-             sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, pid, n_tiles_n,
-             n_heads_kv, group, seq_q, seq_k, dim, dim_v, scale, qk_scale, cap, left, right,
-             order, two, do_ring, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+             sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order, n_tiles_n, n_heads_kv,
+             group, seq_q, seq_k, dim, dim_v, scale, qk_scale, cap, left, right, order, two,
+             do_ring, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
              D2: gl.constexpr, DV: gl.constexpr, DV2: gl.constexpr, STAGES: gl.constexpr,
              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
              BOTTOM_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, DQ_BUFS: gl.constexpr,
@@ -996,14 +995,14 @@ def _compute(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_sme
     outs = (p_dk, p_dv, sdk_h, sdk_s, sdv_h, sdv_s, dim, dim_v)
     dk, dv = _steps(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, p_lse, p_delta, sl_b, sl_h, p_cu_q,
-                    p_cu_k, p_order, pid, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
+                    p_cu_k, p_order, n_tiles_n, n_heads_kv, group, seq_q, seq_k, scale,
                     qk_scale, cap, left, right, order, two, outs, do_ring, BLOCK_M, BLOCK_N, D,
                     D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
                     VARLEN, COMPACT, SWAP_SDP, DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE,
                     DO_STAGES, DQ_SPLIT, SLOT_BY_DQ, DQ_NAMED)
     n, b, b_row, h_kv, k0, diag, m_lo, m_hi, q_start, k_start, seq_q, seq_k, rot = _key_tile(
-        pid, n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order,
-        BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
+        n_tiles_n, n_heads_kv, seq_q, seq_k, p_cu_q, p_cu_k, p_order, left, right, order, BLOCK_M,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, VARLEN, COMPACT, 8)
     if k0 < seq_k:  # (varlen: a tile past its sequence's keys has none)
         _store_piece(dk, dv, k_smem, v_smem, dk_desc, dv_desc, p_dk, p_dv, sdk_h, sdk_s, sdv_h,
                      sdv_s, b, h_kv, k_start, k0, seq_k, dim, dim_v, scale, 0, BLOCK_N, D, DV,
@@ -1052,18 +1051,17 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                     MASK_CONSTANTS: gl.constexpr, EARLY_FREE: gl.constexpr,
                     DO_STAGES: gl.constexpr, DQ_SPLIT: gl.constexpr,
                     FREE_ON_READ: gl.constexpr, SLOT_BY_DQ: gl.constexpr,
-                    DQ_NAMED: gl.constexpr, TICKETS: gl.constexpr):
+                    DQ_NAMED: gl.constexpr):
     """Grid (n_tiles_n x batch x K/V heads,), 8 warps. Q, dO `[B, H, Sq, D]`; K, V, dK, dV
     `[B, H_kv, Sk, D]` (TMA descriptors, blocks of one tile's rows); LSE and delta
     `[B, H, Sq]` float32 (strides sl_b, sl_h, 1); `p_dq` the fp32 dQ accumulator
     `[B, H, Sq, D]` (zeros, scaled in here; contiguous for the atomics, any layout its
     descriptor takes with DQ_TMA), `dq_desc` its TMA descriptor
-    (blocks `[1, 1, BLOCK_M, D]`, for DQ_TMA); `p_sem` int32 zeros, the
-    tickets' counter (TICKETS) and then `[B, H, n_tiles_m]` (DETERMINISTIC). The mask as
-    the forward's (`left`/`right` >= 0 bound the keys; qk_scale and cap from
-    `common.Mask.kernel_args`); `scale` is the softmax scale dK and dQ take. VARLEN:
-    sequence b is rows cu[b]..cu[b+1] (`p_cu_q`, `p_cu_k`) of the packed `[1, H, total, D]`
-    tensors, seq_q and seq_k the longest; dK and
+    (blocks `[1, 1, BLOCK_M, D]`, for DQ_TMA); `p_sem` int32 zeros
+    `[B, H, n_tiles_m]` (DETERMINISTIC). The mask as the forward's (`left`/`right` >= 0
+    bound the keys; qk_scale and cap from `common.Mask.kernel_args`); `scale` is the
+    softmax scale dK and dQ take. VARLEN: sequence b is rows cu[b]..cu[b+1] (`p_cu_q`,
+    `p_cu_k`) of the packed `[1, H, total, D]` tensors, seq_q and seq_k the longest; dK and
     dV go out by masked stores (`p_dk`, `p_dv`, head and row strides `sdk_*`, `sdv_*`, the
     tensors' `dim` columns: D is the tiles' width, more where the head dim runs padded) and
     dQ's accumulator has `rows_q` rows a head (Sq, or the packed total). COMPACT (varlen):
@@ -1158,34 +1156,21 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
             mbarrier.init(do_free.index(s), count=1)
     do_ring = (do_ready, do_free)
     fence_async_shared()
-    # `p_sem`: the tickets' counter, the adds' counters, then (COMPACT, where n_tiles_n is
-    # the sequences' count) the sequences' launch order; `_bwd_preprocess` zeroes the first
-    # two and writes the third. (545065b put the tickets' counter after the adds' counters,
-    # at n_tiles_n's count of them, which is the key tiles' outside COMPACT: past the buffer,
-    # an illegal address on an H100, 1028Z)
-    p_ticket = p_sem
-    p_sem = p_sem + 1
+    # COMPACT: the sequences' launch order, after the counters (`_bwd_preprocess`'s)
     p_order = p_sem + n_tiles_n.to(gl.int64) * n_heads_kv * group * n_tiles_m
-    # the program's place in the launch order. The deterministic adds wait only on programs
-    # earlier in it, which is safe only if every earlier program is running or done; block
-    # ids alone do not promise that (no dispatch order is guaranteed: two GPU tiers and
-    # `scripts/hang_repro.py` beside other processes' kernels hung, evidence 20261207T1012Z),
-    # a ticket taken as the program starts does
-    pid = gl.program_id(0)
-    if DETERMINISTIC and TICKETS:
-        pid = gl.atomic_add(p_ticket, 1, sem="relaxed", scope="gpu")
     gl.warp_specialize([
         (_compute, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, rows_smem,
                     kv_bar, ready, free, dq_ready, dq_free, dk_desc, dv_desc, p_dk, p_dv,
                     sdk_h, sdk_s, sdv_h, sdv_s, p_lse, p_delta, sl_b, sl_h, p_cu_q, p_cu_k, p_order,
-                    pid, n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, dim_v, scale,
-                    qk_scale, cap, left, right, order, two, do_ring, BLOCK_M, BLOCK_N, D, D2,
-                    DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA,
-                    VARLEN, COMPACT, SWAP_SDP, DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE,
-                    DO_STAGES, DQ_SPLIT, SLOT_BY_DQ, DQ_NAMED)),
+                    n_tiles_n, n_heads_kv, group, seq_q, seq_k, dim, dim_v, scale, qk_scale, cap,
+                    left, right, order, two, do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES,
+                    HAS_LEFT,
+                    HAS_RIGHT, BOTTOM_RIGHT, SOFTCAP, DQ_BUFS, GQA, VARLEN, COMPACT, SWAP_SDP,
+                    DQ_TMA, LSE_SMEM, MASK_CONSTANTS, EARLY_FREE, DO_STAGES, DQ_SPLIT,
+                    SLOT_BY_DQ, DQ_NAMED)),
         # the writer's warpgroup is the loader too (`_dq_writer`)
         (_dq_writer, (dq_smem, dq_ready, dq_free, p_dq, dq_desc, p_sem, p_cu_q, p_cu_k, p_order,
-                      pid, n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
+                      n_tiles_n, n_tiles_m, n_heads_kv, group, seq_q, seq_k, rows_q, left,
                       right, order, q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem,
                       do_smem, kv_bar, ready, free, rows_smem, p_lse, p_delta, sl_b, sl_h, two,
                       do_ring, BLOCK_M, BLOCK_N, D, D2, DV, DV2, STAGES, HAS_LEFT, HAS_RIGHT,
