@@ -127,6 +127,7 @@ def _inputs(case: str):
 
 def child(case: str, deterministic: bool, seconds: float, stall_s: float, first_stall_s: float,
           switches: dict) -> None:
+    import ctypes
     import faulthandler
 
     import torch
@@ -135,6 +136,7 @@ def child(case: str, deterministic: bool, seconds: float, stall_s: float, first_
 
     for name, value in switches.items():
         setattr(backward, name, value)
+    libc = ctypes.CDLL(None)
     step, what = _inputs(case)
     print(f"case {case} ({what}), deterministic={deterministic}, switches={switches}",
           flush=True)
@@ -145,6 +147,7 @@ def child(case: str, deterministic: bool, seconds: float, stall_s: float, first_
         faulthandler.dump_traceback_later(max(1.0, wait), exit=False)
         step(deterministic)
         torch.cuda.synchronize()
+        libc.fflush(None)  # (the kernels' device prints, in C's buffer: out before a kill)
         faulthandler.cancel_dump_traceback_later()
         i += 1
         print(f"step {i} {time.monotonic() - t0:.1f}s", flush=True)
