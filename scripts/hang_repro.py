@@ -68,6 +68,9 @@ def watch(cmd: list[str], stall_s: float, budget_s: float,
     steps = [x for x in lines if "] step " in x]
     return dict(cmd=cmd, ended=ended, seconds=round(time.monotonic() - t0, 1),
                 steps=len(steps), last=steps[-1].strip() if steps else None,
+                # a diagnosis kernel's device prints (notes/patches/bwd-spin-diag.patch),
+                # each thread's copy once
+                diag=sorted({x.split("] ", 1)[1].strip() for x in lines if "HANGDIAG" in x}),
                 gpu_at_hang=snapshot, output=lines[-200:])
 
 
