@@ -184,9 +184,12 @@ def main() -> None:
     ap.add_argument("--racing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--load-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    switches = parse_switches(ap, args.switch)
     if args.load_child:
         return load()
+    from fusedattn.hopper import backward
+    from fusedattn_lab.switches import literal_switches
+
+    switches = literal_switches(ap.error, "--switch", args.switch, backward)
     if args.child:
         return child(args.child, not args.racing, args.seconds, args.stall, args.first_stall,
                      switches)
@@ -226,27 +229,6 @@ def main() -> None:
         for p in loads:
             p.kill()
     _write(args, results)
-
-
-def parse_switches(ap, given: list[str]) -> dict:
-    """`--switch NAME=VALUE` arguments as {NAME: value}: VALUE a Python literal, NAME a
-    switch `hopper.backward` has (a misspelt one would change nothing, silently)."""
-    import ast
-
-    switches = {}
-    for item in given:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier() or not name.isupper():
-            ap.error(f"--switch {item!r}: give NAME=VALUE, NAME a switch in capitals")
-        from fusedattn.hopper import backward
-
-        if not hasattr(backward, name):
-            ap.error(f"--switch {item!r}: hopper.backward has no switch {name}")
-        try:
-            switches[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            ap.error(f"--switch {item!r}: {value!r} is not a Python literal")
-    return switches
 
 
 def _write(args, results: list[dict]) -> None:

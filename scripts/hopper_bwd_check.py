@@ -29,6 +29,7 @@ import triton
 from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import use_backend
 from fusedattn.hopper import backward as knobs
+from fusedattn.varlen import offsets_of
 from fusedattn_lab.evidence import REPO, environment, sha256_file, write_json
 from fusedattn_lab.timing import time_gpu
 
@@ -297,8 +298,7 @@ def bench(rows, only=()):
 
             lengths = _lengths(24, 32768, 0)
             b, s = len(lengths), max(lengths)
-            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                              dtype=torch.int32, device="cuda")
+            cu = offsets_of(lengths, "cuda")
             packed = (cu, s)
             shapes = ((sum(lengths), h, d), (sum(lengths), hk, d), (sum(lengths), hk, dv),
                       (sum(lengths), h, dv))

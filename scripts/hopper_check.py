@@ -162,13 +162,13 @@ def varlen_sweep(rows=VARLEN_SWEEP, heads: int = 16):
     """Varlen causal calls, Hopper path against the portable kernel (the first checked
     against the second's output), useful TFLOP/s."""
     from fusedattn import attention_varlen
+    from fusedattn.varlen import offsets_of
 
     results = []
     for d, longest in rows:
         lens = varlen_lengths(longest)
         total = sum(lens)
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")
+        cu = offsets_of(lens, "cuda")
         g = torch.Generator(device="cuda").manual_seed(2)
         q, k, v = (torch.randn(total, heads, d, device="cuda", generator=g,
                                dtype=torch.bfloat16) for _ in range(3))

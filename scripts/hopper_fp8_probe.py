@@ -31,6 +31,7 @@ def run_case(name: str) -> dict:
     from fusedattn import attention, attention_varlen
     from fusedattn.dispatch import use_backend
     from fusedattn.reference import attention_ref, dequantize, varlen_ref
+    from fusedattn.varlen import offsets_of
 
     kind, lq, lk, dim, causal, dtype = CASES[name]
     g = torch.Generator().manual_seed(0)
@@ -42,8 +43,7 @@ def run_case(name: str) -> dict:
 
     if kind == "varlen":
         q, k, v = make(sum(lq), heads), make(sum(lk), heads_kv), make(sum(lk), heads_kv)
-        cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(),
-                                   dtype=torch.int32, device="cuda") for n in (lq, lk))
+        cu_q, cu_k = (offsets_of(n, "cuda") for n in (lq, lk))
         with use_backend("hopper"):
             out = attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), is_causal=causal)
         torch.cuda.synchronize()

@@ -186,7 +186,7 @@ def _varlen(args) -> None:
     """The varlen suite's batch against FA4. `--bwd-only`: the backwards alone (ours on
     `--backend`), each one `autograd.grad` between the profiler's start and stop, told apart
     by kernel name (as the dense `--bwd-only`); FA4 sits out where it does not import."""
-    from fusedattn.varlen import attention_varlen
+    from fusedattn.varlen import attention_varlen, offsets_of
     from fusedattn_lab.serving import _lengths
 
     try:
@@ -200,8 +200,7 @@ def _varlen(args) -> None:
     q, k, v, dout = (torch.randn(sum(lengths), args.heads, args.dim, generator=gen,
                                  device="cuda").to(torch.bfloat16) for _ in range(4))
     q, k, v = (t.requires_grad_(args.bwd_only) for t in (q, k, v))
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                      device="cuda")
+    cu = offsets_of(lengths, "cuda")
     n = max(lengths)
 
     def ours():

@@ -38,8 +38,10 @@ from fusedattn import attention, attention_varlen
 from fusedattn.dispatch import use_backend
 from fusedattn.hopper import forward as knobs
 from fusedattn.reference import attention_ref, varlen_ref
+from fusedattn.varlen import offsets_of
 from fusedattn_lab.evidence import REPO, environment, sha256_file, write_json
 from fusedattn_lab.serving import _lengths
+from fusedattn_lab.switches import literal_switches
 from fusedattn_lab.timing import time_gpu
 from fusedattn_lab.verify import check
 
@@ -115,8 +117,7 @@ def problem(spec):
         _, d, causal, *longest = spec
         lengths = varlen_lengths(*longest) if longest else _lengths(24, 32768, 0)
         q, k, v = (rand(sum(lengths), 16, d) for _ in range(3))
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
-                          dtype=torch.int32)
+        cu = offsets_of(lengths, "cuda")
 
         def call(backend="hopper"):
             with use_backend(backend):
@@ -203,22 +204,6 @@ def row(name: str, switch: str, values: list, rounds: int) -> dict:
     return result
 
 
-def held_switches(ap, pairs: list[str], switch: str) -> dict:
-    """`--set`'s NAME=LITERAL pairs as {name: value}: each name one of hopper.forward's
-    switches other than the one under A/B, each value a Python literal."""
-    held = {}
-    for pair in pairs:
-        name, eq, text = pair.partition("=")
-        if not eq or not hasattr(knobs, name) or not name.isupper() or name == switch:
-            ap.error(f"--set {pair!r}: NAME=LITERAL, NAME one of hopper.forward's switches "
-                     f"other than {switch}")
-        try:
-            held[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError) as e:
-            ap.error(f"--set {pair!r}: the value must be a Python literal ({e})")
-    return held
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switch", required=True, help="a module constant of hopper.forward")
@@ -242,7 +227,7 @@ def main():
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in values):
             ap.error(f"--entries: {args.switch} and each value must be dicts")
         values = [{**table, **v} for v in values]
-    held = held_switches(ap, args.set, args.switch)
+    held = literal_switches(ap.error, "--set", args.set, knobs, exclude=(args.switch,))
     rows = args.rows.split(",")
     unknown = [r for r in rows if r not in ROWS]
     if unknown:

@@ -8,6 +8,7 @@ from fusedattn.api import attention
 from fusedattn.mode import DEVICE
 from fusedattn.reference import attention_ref, attention_ref_grads
 from fusedattn.tiles.common import Mask
+from fusedattn.varlen import offsets_of
 from fusedattn_lab.verify import check
 
 
@@ -437,7 +438,7 @@ def test_the_hopper_preprocess_writes_the_compact_grids_sequence_order(n_docs, s
     # many ties, some empty; shorter past SORT_MAX_DOCS, where the order is the sequences'
     # own (the interpreter runs each of the preprocess's programs in turn)
     lengths = torch.randint(0, 9 if n_docs <= 256 else 2, (n_docs,), generator=g) * 16
-    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+    cu = offsets_of(lengths)
     varlen = Varlen(cu.to(DEVICE), cu.to(DEVICE), int(lengths.max()), int(lengths.max()))
     order = knobs.sequence_order(varlen, 64)
     assert order[1] == n_docs and order[2] == int(sort and n_docs <= 256)

@@ -44,16 +44,3 @@ def test_a_child_that_keeps_printing_past_its_budget_is_stopped():
                  stall_s=5, budget_s=2)
     assert got["ended"] == "budget" and got["seconds"] < 10, got
 
-
-def test_switches_are_python_literals_by_name_and_bad_ones_are_refused():
-    import argparse
-
-    import pytest
-
-    parse = script("hang_repro").parse_switches
-    ap = argparse.ArgumentParser()
-    assert parse(ap, ["NAMED_HANDOFF=False", "ORDER='down'", "UP_MIN_WAVES=4"]) == {
-        "NAMED_HANDOFF": False, "ORDER": "down", "UP_MIN_WAVES": 4}
-    for bad in ("NAMED_HANDOFF", "named=1", "ORDER=down", "X-Y=1", "NAMED_HANDOF=False"):
-        with pytest.raises(SystemExit):
-            parse(ap, [bad])

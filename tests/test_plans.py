@@ -535,18 +535,30 @@ def test_the_ab_scripts_set_a_switch_while_the_call_runs_and_restore_it():
     assert knobs.MAX_SPLIT == 4
 
 
-def test_switch_ab_holds_other_switches_by_name_and_literal_and_refuses_the_rest():
-    # `scripts/switch_ab.py --set NAME=LITERAL`: another forward switch held through an A/B
+def test_switches_from_the_command_line_by_name_and_literal_and_the_rest_refused():
+    # `scripts/switch_ab.py --set` (hopper.forward's, the switch under A/B excluded) and
+    # `scripts/hang_repro.py --switch` (hopper.backward's): NAME=LITERAL pairs
     import argparse
 
-    held_switches = script("switch_ab").held_switches
-    ap = argparse.ArgumentParser()
-    assert held_switches(ap, ["THREAD_ARRIVES=True", "MAX_SPLIT=1"], "PINGPONG") == {
+    from fusedattn.hopper import backward
+    from fusedattn.hopper import forward as knobs
+    from fusedattn_lab.switches import literal_switches
+
+    def parse(pairs, module, exclude=()):
+        return literal_switches(argparse.ArgumentParser().error, "--set", pairs, module,
+                                exclude)
+
+    assert parse(["THREAD_ARRIVES=True", "MAX_SPLIT=1"], knobs, ("PINGPONG",)) == {
         "THREAD_ARRIVES": True, "MAX_SPLIT": 1}
+    assert parse(["NAMED_HANDOFF=False", "ORDER='down'", "UP_MIN_WAVES=4"], backward) == {
+        "NAMED_HANDOFF": False, "ORDER": "down", "UP_MIN_WAVES": 4}
     for bad in ("THREAD_ARRIVES", "NO_SUCH=1", "PINGPONG=True", "MAX_SPLIT=one",
                 "launch=1"):
         with pytest.raises(SystemExit):
-            held_switches(ap, [bad], "PINGPONG")
+            parse([bad], knobs, ("PINGPONG",))
+    for bad in ("NAMED_HANDOFF", "named=1", "ORDER=down", "X-Y=1", "NAMED_HANDOF=False"):
+        with pytest.raises(SystemExit):
+            parse([bad], backward)
 
 
 def test_a_replay_passes_empty_launch_hooks_as_none_and_registered_ones_as_they_are():

@@ -93,10 +93,6 @@ def test_window_and_softcap_low_precision(dtype):
 
 # --- varlen ------------------------------------------------------------------------------
 
-def _cu(lengths):
-    return offsets(lengths)
-
-
 VARLEN = [
     # (query lengths, key lengths, causal, window, softcap)
     ([1, 17, 0, 33, 5], [3, 17, 4, 20, 40], False, None, None),  # empty and 1-token sequences
@@ -109,7 +105,7 @@ VARLEN = [
 @pytest.mark.parametrize("case", VARLEN)
 def test_varlen_forward_and_grads(case):
     lens_q, lens_k, causal, window, softcap = case
-    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    cu_q, cu_k = offsets(lens_q), offsets(lens_k)
     q = _rand(sum(lens_q), 4, 24, seed=0, grad=True)
     k, v = (_rand(sum(lens_k), 2, 24, seed=s, grad=True) for s in (1, 2))
     out, lse = fusedattn.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
@@ -130,7 +126,7 @@ def test_varlen_equals_each_sequence_alone():
     # the packed batch gives each sequence what attention() with bottom-right alignment
     # would: no row reads another sequence's keys
     lens = [5, 31, 2]
-    cu = _cu(lens)
+    cu = offsets(lens)
     q, k, v = (_rand(sum(lens), 2, 16, seed=s) for s in range(3))
     out = fusedattn.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True)
     for (a, b) in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
@@ -309,11 +305,11 @@ def test_kvcache_bad_inputs_write_nothing():
 
 def test_varlen_bad_inputs():
     q = _rand(10, 2, 16)
-    good = _cu([4, 6])
+    good = offsets([4, 6])
     with pytest.raises(ProblemError, match="cu_seqlens_q"):
-        fusedattn.attention_varlen(q, q, q, _cu([6, 4])[[0, 2, 1]], good, 6, 6)  # decreasing
+        fusedattn.attention_varlen(q, q, q, offsets([6, 4])[[0, 2, 1]], good, 6, 6)  # decreasing
     with pytest.raises(ProblemError, match="cu_seqlens_k"):
-        fusedattn.attention_varlen(q, q, q, good, _cu([4, 5]), 6, 6)  # not ending at total
+        fusedattn.attention_varlen(q, q, q, good, offsets([4, 5]), 6, 6)  # not ending at total
     with pytest.raises(ProblemError, match="max_seqlen_q"):
         fusedattn.attention_varlen(q, q, q, good, good, 5, 6)  # shorter than a sequence
     with pytest.raises(ProblemError, match="cu_seqlens_q.dtype"):
