@@ -310,6 +310,24 @@ def sass_counts(sass: str) -> dict:
                 **collections.Counter(re.findall(COUNTED, sass)))
 
 
+def scratch_on_mbarriers(ptx: str) -> list[int]:
+    """The shared-memory offsets that a plain `ld.shared`/`st.shared` of the PTX reads or
+    writes inside an mbarrier's 8 bytes (the offsets its `mbarrier.init`s take): scratch
+    that Triton's allocator put on an mbarrier it counted dead. PTX gives an mbarrier's
+    bytes no other use until `mbarrier.inval`; the backward's spin broke that and hung
+    (issue 33, evidence/cpu/20261207T1215Z-mbarrier-scratch). Empty where none does."""
+    at = {}  # registers defined as the shared base plus a constant
+    for m in re.finditer(r"add\.s32 \t(%r\d+), %r\d+, (\d+);", ptx):
+        at.setdefault(m[1], int(m[2]))
+    bars = {at[m[1]] for m in re.finditer(r"mbarrier\.init\.shared::cta\.b64 \[(%r\d+)\]", ptx)
+            if m[1] in at}
+    offsets = {int(x) for x in re.findall(
+        r"(?:ld|st)\.shared\.[a-z0-9.]+ \t?(?:%r\d+, )?\[global_smem\+(\d+)\]", ptx)}
+    offsets |= {at[m[1]] for m in re.finditer(
+        r"(?:ld|st)\.shared\.[a-z0-9.]+ \[ ?(%r\d+) ?\+ 0 ?\]", ptx) if m[1] in at}
+    return sorted(o for o in offsets if any(b <= o < b + 8 for b in bars))
+
+
 def cubin_facts(tools: Path, compiled) -> tuple[dict, str]:
     """A compiled kernel's shared memory, registers and stack (`cuobjdump`), ptxas' spills
     and wgmma note (`_ptxas`), and its SASS."""

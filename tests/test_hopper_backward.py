@@ -863,6 +863,62 @@ def test_the_launch_binds_every_kernel_parameter_once(dim, dim_v, mask, monkeypa
     assert sorted(set(kwargs) - {"num_warps"}) == sorted(names[len(args):])
 
 
+def test_every_mbarrier_the_backward_inits_it_invalidates_after_the_partitions():
+    """Each `mbarrier.init` of the kernel has its `mbarrier.invalidate`, after the
+    partitions join (`gl.warp_specialize`). PTX gives an mbarrier's bytes no other use
+    until it is invalidated, and Triton's allocator hands them to scratch after their last
+    use: without the invalidations the writer's spin broadcast its counter through an
+    unused mbarrier, and the deterministic backward hung or crashed beside other
+    processes' kernels (issue 33, evidence/nvidia-h100/20261207T1157Z-spin-diag-main-tier).
+    Read from the source: the kernel compiles only on a GPU's Triton."""
+    import ast
+    import inspect
+    import textwrap
+
+    from fusedattn.hopper import backward_kernel
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(backward_kernel._flash_bwd_sm90.fn)))
+    calls = {"init": [], "invalidate": [], "warp_specialize": []}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in calls:
+            calls[node.func.attr].append(node)
+    inits = {ast.unparse(c.args[0]) for c in calls["init"]}
+    invalidated = {ast.unparse(c.args[0]) for c in calls["invalidate"]}
+    assert len(inits) >= 5, inits  # kv_bar, dQ's ready and free, the slots' ready and free
+    assert invalidated == inits
+    (ws,) = calls["warp_specialize"]
+    assert all(c.lineno > ws.end_lineno for c in calls["invalidate"])
+
+
+@pytest.mark.parametrize("kernel, name", [
+    ("backward", "bwd D128 causal"), ("backward", "bwd D128 mbarrier hand-off"),
+    ("backward", "bwd D64 causal"), ("backward", "bwd D192"),
+    ("forward", "D128 causal"), ("forward", "D64 varlen causal claims")])
+def test_no_shared_scratch_lands_on_an_mbarrier(kernel, name):
+    """The compiled kernels (Triton 3.6, sm_90a: the GPU tier's, or a CPU venv's) read and
+    write no mbarrier's bytes as plain shared memory (`gluon_compile_report.
+    scratch_on_mbarriers`). Before the backward invalidated its mbarriers, the writer's
+    spin broadcast its counter through one, in 29 of its 35 configurations, and hung
+    (issue 33); the forward's unused mbarrier shares its offset with scratch that no
+    instruction touches."""
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"the kernels compile under Triton 3.6 (this Triton is "
+                    f"{triton.__version__}); the GPU tier and a CPU venv of triton==3.6.0 "
+                    "run it")
+    report = script("gluon_compile_report")
+    backward = kernel == "backward"
+    module = report._load(f"k_{kernel}", report.BACKWARD if backward else report.KERNEL)
+    fn = module._flash_bwd_sm90 if backward else module._flash_fwd_sm90
+    config = next(c for c in (report.BWD_CONFIGS if backward else report.CONFIGS)
+                  if c["name"] == name)
+    ptx = report.compile_config(fn, dict(config), backward=backward).asm["ptx"]
+    assert ptx.count("mbarrier.init") >= 5
+    assert report.scratch_on_mbarriers(ptx) == []
+
+
 @pytest.mark.parametrize("dim, softcap, rows", [(64, None, 128), (64, 30.0, 64),
                                                 (128, None, 64), (128, 30.0, 64)])
 def test_query_rows_a_step_follow_the_head_dim_and_softcap(dim, softcap, rows, monkeypatch):

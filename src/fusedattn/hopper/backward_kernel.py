@@ -1178,6 +1178,24 @@ def _flash_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, p_dk, p_d
                       COMPACT, DQ_TMA, LSE_SMEM, EARLY_FREE, DO_STAGES, DQ_SPLIT,
                       FREE_ON_READ, SLOT_BY_DQ, DQ_NAMED)),
     ], [WRITER_WARPS], [WRITER_REGS])
+    # every mbarrier invalidated once both partitions are done: PTX allows an mbarrier's
+    # bytes no other use until it is invalidated, and Triton's allocator gives an mbarrier's
+    # bytes to scratch once it has no later use. Without this, the writer's spin
+    # broadcast its counter through an mbarrier unused in the configuration (dQ's "ready"
+    # under named barriers), and the deterministic backward hung, or stopped on an illegal
+    # instruction or address, beside other processes' kernels (issue 33: evidence
+    # 20261207T1012Z, T1147Z, T1157Z)
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(DQ_BUFS):
+        mbarrier.invalidate(dq_ready.index(i))
+        mbarrier.invalidate(dq_free.index(i))
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(free.index(s))
+    if DO_STAGES != STAGES:
+        for s in gl.static_range(DO_STAGES):
+            mbarrier.invalidate(do_ready.index(s))
+            mbarrier.invalidate(do_free.index(s))
 
 
 settle_keys(__name__)  # (`launch.settle_keys`: one cache key a kernel, whatever the order)
