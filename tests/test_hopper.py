@@ -249,24 +249,29 @@ def test_q_from_registers_by_its_tables_at_two_warpgroups(monkeypatch):
     assert knobs.q_registers((192, 192), two, False, 2, True) == 0
 
 
-@pytest.mark.parametrize("kind, launch", [("dense", (True, 2, False, False)),
-                                          ("varlen", (True, 2, False, True)),
-                                          ("fp8", (True, 2, True, False)),
-                                          ("fp8", (True, 2, True, True))])
+@pytest.mark.parametrize("kind, launch", [("dense", (True, 2, False, False, 128)),
+                                          ("varlen", (True, 2, False, True, 128)),
+                                          ("fp8", (True, 2, True, False, 64)),
+                                          ("fp8", (True, 2, True, True, 64))])
 def test_turns_by_launch(kind, launch, monkeypatch):
-    # `takes_turns`: a claimed launch (claim, consumers, fp8, varlen) at two warpgroups
-    # follows CLAIMED_TURNS of its kind (an FP8 varlen launch FP8's), every other launch
-    # PINGPONG; PINGPONG off turns every launch's off
+    # `takes_turns`: a claimed launch (claim, consumers, fp8, varlen, dim) at two
+    # warpgroups follows CLAIMED_TURNS of its kind (an FP8 varlen launch FP8's), or of
+    # (kind, dim) where the table has that entry; every other launch PINGPONG; PINGPONG
+    # off turns every launch's off
     from fusedattn.hopper import forward as knobs
 
-    others = [(False, 2, False, False), (True, 3, False, False), (False, 2, True, True),
-              (False, 3, True, True), (True, 3, True, True)]
+    others = [(False, 2, False, False, 128), (True, 3, False, False, 64),
+              (False, 2, True, True, 128), (False, 3, True, True, 64),
+              (True, 3, True, True, 128)]
     for value in (False, True):
         table = {name: not value for name in ("dense", "varlen", "fp8")}
         table[kind] = value
+        table[(kind, launch[4] * 2)] = not value  # (another head dim's entry: not this)
         monkeypatch.setattr(knobs, "CLAIMED_TURNS", table)
         assert knobs.takes_turns(*launch) is value
         assert all(knobs.takes_turns(*other) for other in others)
+        table[(kind, launch[4])] = not value  # this head dim's entry over the kind's
+        assert knobs.takes_turns(*launch) is not value
     monkeypatch.setattr(knobs, "PINGPONG", False)
     monkeypatch.setattr(knobs, "CLAIMED_TURNS", {"dense": True, "varlen": True, "fp8": True})
     assert not any(knobs.takes_turns(*x) for x in [launch, *others])
@@ -618,7 +623,8 @@ def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
             return attention(*dense, is_causal=True)
     from fusedattn.hopper import forward as knobs
     kind = "fp8" if fp8 else "varlen"
-    turns = dict(knobs.CLAIMED_TURNS, **{kind: not knobs.CLAIMED_TURNS[kind]})
+    now = knobs.takes_turns(True, 2, fp8, varlen, 128)  # (the table's for this launch)
+    turns = {**knobs.CLAIMED_TURNS, kind: not now, (kind, 128): not now}
     asked, takes_turns = [], knobs.takes_turns
 
     def spy(*launch):  # (the launches' questions: the switch must reach a claimed launch
@@ -626,7 +632,7 @@ def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
         return asked[-1][1]
     monkeypatch.setattr(knobs, "takes_turns", spy)
     want, = _same_bits_when_switched(call, monkeypatch, CLAIMED_TURNS=turns)
-    assert ((True, 2, fp8, varlen), turns[kind]) in asked, asked
+    assert ((True, 2, fp8, varlen, 128), not now) in asked, asked
     ref = (varlen_ref(q, k, v, cu, cu, causal=True, device=DEVICE) if varlen
            else attention_ref(*dense, causal=True, device=DEVICE))
     _assert_near(want, ref, fp8)
@@ -635,7 +641,7 @@ def test_claimed_launches_give_the_same_bits_with_turns_or_without(fp8, varlen,
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
 @pytest.mark.parametrize("name, value", [("PINGPONG", False),
                                          ("CLAIMED_TURNS", {"dense": True, "varlen": True,
-                                                            "fp8": True}),
+                                                            "fp8": True, ("fp8", 128): True}),
                                          ("THREAD_ARRIVES", True),
                                          ("Q_SLOTS", 1), ("CAUSAL_PERSISTENT_ROWS", 1 << 20),
                                          ("PERSISTENT_TILES", {}),

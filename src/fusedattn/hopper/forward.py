@@ -151,9 +151,9 @@ PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A
 # / none, both orders (evidence/nvidia-h100/20261207T0856Z-claimed-turns-varlen-fp8): varlen
 # D128 causal 524 / 523, 525 / 522; varlen D64 causal 346 / 347, 348 / 346 (even); FP8 D128
 # causal 739 / 755, 744 / 756 (none ahead); FP8 D64 causal 475 / 468, 474 / 467 (turns
-# ahead; both FP8 rows' rounds apart in the second order): split by head dim, so they keep
-# their turns; FP8 D128 without them is a rule by head dim, not yet tiered (A/B)
-CLAIMED_TURNS = {"dense": False, "varlen": True, "fp8": True}
+# ahead; both FP8 rows' rounds apart in the second order): split by head dim, so a kind may
+# take an entry of its own per kernel head dim, (kind, dim), over the kind's (A/B)
+CLAIMED_TURNS = {"dense": False, "varlen": True, "fp8": True, ("fp8", 128): False}
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
 # False has one thread arrive behind a bar.sync of its warpgroup. False ran faster in 25 of
@@ -416,13 +416,15 @@ def releases_late(slots: int, fp8: bool, claim: bool, varlen: bool) -> bool:
             and (not fp8 or claim))
 
 
-def takes_turns(claim: bool, consumers: int, fp8: bool, varlen: bool) -> bool:
+def takes_turns(claim: bool, consumers: int, fp8: bool, varlen: bool, dim: int) -> bool:
     """Whether a launch's consumer warpgroups take turns to issue (kernel constexpr
     PINGPONG): `PINGPONG`, and for a launch that claims its items at two consumer
-    warpgroups also `CLAIMED_TURNS` of its kind: "fp8" for any FP8 launch (varlen too),
-    else "varlen" or "dense"."""
+    warpgroups also `CLAIMED_TURNS` of its kind ("fp8" for any FP8 launch, varlen too,
+    else "varlen" or "dense") at its kernel head dim `dim` (q's) where the table has that
+    entry, else of its kind."""
     if claim and consumers == 2:
-        return PINGPONG and CLAIMED_TURNS["fp8" if fp8 else "varlen" if varlen else "dense"]
+        kind = "fp8" if fp8 else "varlen" if varlen else "dense"
+        return PINGPONG and CLAIMED_TURNS.get((kind, dim), CLAIMED_TURNS[kind])
     return PINGPONG
 
 
@@ -578,7 +580,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
         D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BOTTOM_RIGHT=mask.bottom_right,
         SOFTCAP=cap > 0, VARLEN=varlen is not None, WRITE_LSE=lse is not None,
-        PINGPONG=takes_turns(claim, consumers, fp8, varlen is not None),
+        PINGPONG=takes_turns(claim, consumers, fp8, varlen is not None, pair[0]),
         SINKS=sinks is not None, SHARED_KV=SHARED_KV, LOADER_REGS=LOADER_REGS,
         CONSUMER_REGS=CONSUMER_REGS[consumers], FP8=fp8, P_SCALE=FP8_P_SCALE,
         THREAD_ARRIVES=THREAD_ARRIVES, CONSUMERS=consumers, LANE_SUM=LANE_SUM,
