@@ -152,7 +152,9 @@ PINGPONG = True  # the consumers' explicit turns (`forward_kernel`); False for A
 # D128 causal 524 / 523, 525 / 522; varlen D64 causal 346 / 347, 348 / 346 (even); FP8 D128
 # causal 739 / 755, 744 / 756 (none ahead); FP8 D64 causal 475 / 468, 474 / 467 (turns
 # ahead; both FP8 rows' rounds apart in the second order): split by head dim, so a kind may
-# take an entry of its own per kernel head dim, (kind, dim), over the kind's (A/B)
+# take an entry of its own per kernel head dim, (kind, dim), over the kind's (A/B). FP8
+# D128's entry at 8432765, with / without turns, both orders (evidence/nvidia-h100/
+# 20261207T1449Z-fp8-claimed-turns-by-dim): 741 / 758, 747 / 757
 CLAIMED_TURNS = {"dense": False, "varlen": True, "fp8": True, ("fp8", 128): False}
 SHARED_KV = False  # K and V of a slot on one mbarrier, freed together (A/B)
 # each consumer thread arrives on a freed slot by itself (`forward_kernel._release`), where
