@@ -186,10 +186,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.load_child:
         return load()
-    from fusedattn.hopper import backward
-    from fusedattn_lab.switches import literal_switches
+    switches = {}
+    if args.switch:  # (the parent imports no fusedattn, as its children are the runs)
+        from fusedattn.hopper import backward
+        from fusedattn_lab.switches import literal_switches
 
-    switches = literal_switches(ap.error, "--switch", args.switch, backward)
+        switches = literal_switches(ap.error, "--switch", args.switch, backward)
     if args.child:
         return child(args.child, not args.racing, args.seconds, args.stall, args.first_stall,
                      switches)
