@@ -1134,6 +1134,97 @@ def test_a_launcher_in_the_cache_is_not_built_again_and_one_missing_is(tmp_path,
     assert len(built) == 1
 
 
+def _c_module(folder, says):
+    """A single-phase C module named as every launcher of one name is (one name, many
+    files), whose `launch()` returns `says`; None where no C compiler is at hand."""
+    import shutil
+    import subprocess
+    import sysconfig
+    from pathlib import Path
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    include = sysconfig.get_paths()["include"]
+    if cc is None or not (Path(include) / "Python.h").exists():
+        return None
+    folder.mkdir()
+    name = "__fusedattn_one_name"
+    (folder / "m.c").write_text(
+        "#include <Python.h>\n"
+        "static PyObject* launch(PyObject* s, PyObject* a)"
+        f' {{ return PyUnicode_FromString("{says}"); }}\n'
+        'static PyMethodDef M[] = {{"launch", launch, METH_VARARGS, ""}, {NULL, NULL, 0, NULL}};\n'
+        f'static struct PyModuleDef D = {{PyModuleDef_HEAD_INIT, "{name}", NULL, -1, M}};\n'
+        f"PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&D); }}\n")
+    so = folder / (name + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run([cc, "-shared", "-fPIC", f"-I{include}", str(folder / "m.c"), "-o", str(so)],
+                   check=True, capture_output=True)
+    return name, str(so)
+
+
+def test_each_c_module_file_loads_once_and_keeps_its_own_launch(monkeypatch, tmp_path):
+    # the LauncherMismatch of three GPU tiers: CPython's second load of a single-phase
+    # module's file hands back the module `sys.modules` holds under its name, with that
+    # file's dict copied into it, so a load of launcher A, then B, then A again returns B's
+    # object saying A, and until the caller reads `launch` another thread's second load can
+    # overwrite it. `launch.load_modules_once` loads each file once: every later load
+    # returns the first module, and no module's `launch` changes
+    from triton.runtime import build
+
+    a, b = _c_module(tmp_path / "a", "a"), _c_module(tmp_path / "b", "b")
+    if a is None:
+        pytest.skip("no C compiler or Python headers here")
+    triton_load = getattr(build._load_module_from_path, "__wrapped__",
+                          build._load_module_from_path)
+    monkeypatch.setattr(build, "_load_module_from_path", triton_load)
+    monkeypatch.setattr(launch, "_LOADED", {})
+    launch.load_modules_once()
+    load = build._load_module_from_path
+    assert load is not triton_load and load.__wrapped__ is triton_load
+    launch.load_modules_once()  # (once: not wrapped twice)
+    assert build._load_module_from_path is load
+    first_a, first_b = load(*a), load(*b)
+    assert (first_a.launch(), first_b.launch()) == ("a", "b")
+    assert load(*a) is first_a and load(*b) is first_b
+    assert (first_a.launch(), first_b.launch()) == ("a", "b")
+    # what Triton's own loader does with the same files (a third file, as their names are
+    # taken by the loads above): the second load of c returns d's object, saying c
+    c, d = _c_module(tmp_path / "c", "c"), _c_module(tmp_path / "d", "d")
+    triton_load(*c)
+    first_d = triton_load(*d)
+    again_c = triton_load(*c)
+    assert (again_c is first_d, first_d.launch()) == (True, "c")
+
+
+def test_loads_of_one_file_from_many_threads_make_one_module(monkeypatch):
+    import threading
+
+    from triton.runtime import build
+
+    made, start = [], threading.Barrier(8)
+
+    def triton_load(name, path):  # (a stand-in that counts the loads)
+        made.append(path)
+        return object()
+
+    monkeypatch.setattr(build, "_load_module_from_path", triton_load)
+    monkeypatch.setattr(launch, "_LOADED", {})
+    launch.load_modules_once()
+    got = []
+
+    def worker(i):
+        start.wait()
+        got.append((i % 2, build._load_module_from_path("m", f"/f{i % 2}")))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(made) == ["/f0", "/f1"]
+    assert len({id(m) for file, m in got if file == 0}) == 1
+    assert len({id(m) for file, m in got if file == 1}) == 1
+
+
 def test_a_launcher_taking_other_arguments_is_reported_by_its_module_and_key(monkeypatch,
                                                                               tmp_path):
     # Triton's "function takes exactly 139 arguments (136 given)" at a D72 forward's launch

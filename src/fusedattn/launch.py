@@ -344,10 +344,13 @@ class LauncherMismatch(RuntimeError):
 def launcher_mismatch(error: TypeError) -> str | None:
     """What a `TypeError` out of Triton 3.6's launch ("function takes exactly N arguments (M
     given)") says about the launcher module that raised it, or None where the error did
-    not come from a compiled kernel's launcher. Seen twice, each in one GPU tier and gone
-    in the next (evidence/nvidia-h200/20261202T050921Z-gpu-tier, the portable fp32
+    not come from a compiled kernel's launcher. Seen three times, each in one GPU tier and
+    gone in the next (evidence/nvidia-h200/20261202T050921Z-gpu-tier, the portable fp32
     backward; evidence/nvidia-h100/20261205T155218Z-gpu-tier, a D72 forward on a warm
-    cache): the message names the
+    cache; evidence/nvidia-h100/20261207T1449Z-fp8-claimed-turns-by-dim, the portable fp32
+    `_flash_bwd_dq` with another kernel's module), each time "another kernel's launcher":
+    CPython's second load of a launcher's file, racing another thread's
+    (`load_modules_once`, which prevents it). The message names the
     kernel, the descriptors' metadata, the module's file and whether its folder is the
     key of the source Triton makes from that metadata (Triton keys a launcher module by
     its source: another key means another kernel's module was loaded; the same key, that
@@ -420,9 +423,49 @@ def build_launchers_ahead() -> None:
         if torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability()
             prebuilt.ensure(10 * major + minor)
+        load_modules_once()  # (before the threads below and `precompile_backward`'s load any)
         _AHEAD = True
         knobs.runtime.jit_cache_hook = launcher_ahead(knobs.runtime.jit_cache_hook)
         ahead(_triton_key)
+
+
+_LOADED: dict[str, object] = {}  # a C module's file -> the module its first load made
+_LOADED_LOCK = threading.Lock()
+
+
+def load_modules_once() -> None:
+    """Make Triton load each of its C modules' files once a process (its
+    `runtime.build._load_module_from_path`, through which `compile_module_from_src` loads a
+    kernel's launcher), and the same module object for that file every time after.
+
+    Why: every launcher module is named `__triton_launcher`, and it initialises once
+    (single-phase). When CPython loads such a file a second time, it does not make a new
+    module: it hands back the module `sys.modules` holds under that name (the last one
+    loaded, whatever its file) with that file's first dict copied into it
+    (`tests/test_plans.py` shows it with two small C modules). Until the caller has read
+    `launch` off it, another thread's second load of another file can overwrite the same
+    object's dict, and the kernel gets another kernel's launcher. Our launches build
+    launchers ahead on threads (`build_launcher`) and `precompile_backward` loads them on
+    a pool beside the main thread, so this happened: the `LauncherMismatch` of three GPU
+    tiers (`launcher_mismatch`). Loaded once under a lock, no file is loaded a second
+    time, and no module's dict changes after its load."""
+    try:
+        from triton.runtime import build
+    except ImportError:
+        return
+    original = getattr(build, "_load_module_from_path", None)
+    if original is None or getattr(original, "loads_once", False):
+        return
+
+    def load(name, path):
+        with _LOADED_LOCK:
+            module = _LOADED.get(path)
+            if module is None:  # (a failed load raises, and Triton builds the file again)
+                module = _LOADED[path] = original(name, path)
+            return module
+
+    load.loads_once, load.__wrapped__ = True, original
+    build._load_module_from_path = load
 
 
 def ahead(fn, *args) -> None:
