@@ -6,6 +6,7 @@ keys leave out (tensor contents, varlen offsets) stays out, and what they must h
 options' types, strides, alignment) is in them."""
 
 import math
+import sys
 
 import pytest
 import torch
@@ -1173,10 +1174,7 @@ def test_each_c_module_file_loads_once_and_keeps_its_own_launch(monkeypatch, tmp
     a, b = _c_module(tmp_path / "a", "a"), _c_module(tmp_path / "b", "b")
     if a is None:
         pytest.skip("no C compiler or Python headers here")
-    triton_load = getattr(build._load_module_from_path, "__wrapped__",
-                          build._load_module_from_path)
-    monkeypatch.setattr(build, "_load_module_from_path", triton_load)
-    monkeypatch.setattr(launch, "_LOADED", {})
+    triton_load = _triton_loader(monkeypatch)
     launch.load_modules_once()
     load = build._load_module_from_path
     assert load is not triton_load and load.__wrapped__ is triton_load
@@ -1193,6 +1191,38 @@ def test_each_c_module_file_loads_once_and_keeps_its_own_launch(monkeypatch, tmp
     first_d = triton_load(*d)
     again_c = triton_load(*c)
     assert (again_c is first_d, first_d.launch()) == (True, "c")
+
+
+def _triton_loader(monkeypatch):
+    """Triton's own `_load_module_from_path`, put back in its place (none of ours around
+    it) for the test, with `launch.load_modules_once` remembering no loads."""
+    from triton.runtime import build
+
+    triton_load = getattr(build._load_module_from_path, "__wrapped__",
+                          build._load_module_from_path)
+    monkeypatch.setattr(build, "_load_module_from_path", triton_load)
+    monkeypatch.setattr(launch, "_LOADED", {})
+    return triton_load
+
+
+def test_a_file_triton_loaded_before_ours_loads_again_into_a_module_of_its_own(
+        monkeypatch, tmp_path):
+    # the fourth LauncherMismatch (evidence/nvidia-h100/20261207T161043Z-gpu-tier), with
+    # each file loaded once by ours: a file Triton had loaded before fusedattn's first
+    # launch installed ours was loaded again through ours, into the module another file's
+    # load had just handed out. Ours takes the name out of `sys.modules` around each load
+    from triton.runtime import build
+
+    a, b = _c_module(tmp_path / "a", "a"), _c_module(tmp_path / "b", "b")
+    if a is None:
+        pytest.skip("no C compiler or Python headers here")
+    _triton_loader(monkeypatch)(*a)  # (a kernel Triton launched before fusedattn's first)
+    launch.load_modules_once()
+    load = build._load_module_from_path
+    first_b = load(*b)
+    again_a = load(*a)
+    assert (first_b.launch(), again_a.launch()) == ("b", "a")
+    assert again_a is not first_b and a[0] not in sys.modules
 
 
 def test_loads_of_one_file_from_many_threads_make_one_module(monkeypatch):

@@ -25,6 +25,7 @@ import inspect
 import json
 import math
 import os
+import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -447,8 +448,13 @@ def load_modules_once() -> None:
     object's dict, and the kernel gets another kernel's launcher. Our launches build
     launchers ahead on threads (`build_launcher`) and `precompile_backward` loads them on
     a pool beside the main thread, so this happened: the `LauncherMismatch` of three GPU
-    tiers (`launcher_mismatch`). Loaded once under a lock, no file is loaded a second
-    time, and no module's dict changes after its load."""
+    tiers (`launcher_mismatch`), and a fourth with files loaded once (the session's first
+    tier, evidence/nvidia-h100/20261207T161043Z-gpu-tier): a file loaded before
+    this was installed (a kernel launched by Triton before fusedattn's first launch) is
+    not among the loads remembered here, so its second load came through. Hence the
+    name's entry in `sys.modules` goes before and after each load, under the lock: a
+    second load, whoever makes it, then makes a module of its own, and no module handed
+    out is one a later load can write into."""
     try:
         from triton.runtime import build
     except ImportError:
@@ -461,7 +467,11 @@ def load_modules_once() -> None:
         with _LOADED_LOCK:
             module = _LOADED.get(path)
             if module is None:  # (a failed load raises, and Triton builds the file again)
-                module = _LOADED[path] = original(name, path)
+                sys.modules.pop(name, None)
+                try:
+                    module = _LOADED[path] = original(name, path)
+                finally:
+                    sys.modules.pop(name, None)
             return module
 
     load.loads_once, load.__wrapped__ = True, original
