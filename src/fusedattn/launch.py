@@ -345,13 +345,14 @@ class LauncherMismatch(RuntimeError):
 def launcher_mismatch(error: TypeError) -> str | None:
     """What a `TypeError` out of Triton 3.6's launch ("function takes exactly N arguments (M
     given)") says about the launcher module that raised it, or None where the error did
-    not come from a compiled kernel's launcher. Seen three times, each in one GPU tier and
+    not come from a compiled kernel's launcher. Seen four times, each in one GPU tier and
     gone in the next (evidence/nvidia-h200/20261202T050921Z-gpu-tier, the portable fp32
     backward; evidence/nvidia-h100/20261205T155218Z-gpu-tier, a D72 forward on a warm
     cache; evidence/nvidia-h100/20261207T1449Z-fp8-claimed-turns-by-dim, the portable fp32
-    `_flash_bwd_dq` with another kernel's module), each time "another kernel's launcher":
-    CPython's second load of a launcher's file, racing another thread's
-    (`load_modules_once`, which prevents it). The message names the
+    `_flash_bwd_dq` with another kernel's module; evidence/nvidia-h100/20261207T161043Z-gpu-tier,
+    `_flash_bwd_dkdv`, with files loaded once but a name left in `sys.modules`), each time
+    "another kernel's launcher": CPython's second load of a launcher's file, racing another
+    thread's (`load_modules_once`, which prevents it). The message names the
     kernel, the descriptors' metadata, the module's file and whether its folder is the
     key of the source Triton makes from that metadata (Triton keys a launcher module by
     its source: another key means another kernel's module was loaded; the same key, that
