@@ -32,7 +32,8 @@
 #               literals, comma-separated, the first the reference) in turn in one process,
 #               rows $ABROWS (default all: dense, window, varlen), verified, bits compared;
 #               ABENTRIES=1: each value is entries laid over the table (switch_ab --entries);
-#               ABSET=NAME=LITERAL: another switch held at that value (switch_ab --set)
+#               ABSET=NAME=LITERAL: another switch held at that value (switch_ab --set);
+#               under $ev/switchab-TIME/ (two in one round, both orders, keep both JSONs)
 #   windowab W S  scripts/window_sinks_ab.py: windows W (keys, comma-separated) at shapes S
 #               ("dim,heads,heads_kv" joined by ';'), into $ev/window-paths/
 #   check       scripts/hopper_check.py --sweep (ping-pong A/B, the short-length sweep)
@@ -206,8 +207,8 @@ while [ $# -gt 0 ]; do
     bwd) d=$ev/bwd-$(date -u +%H%M%S); mkdir -p $d
          python3 scripts/hopper_bwd_check.py --out $d --only "${ONLY:-}" --rows "${ROWS:-all}" 2>&1 | grep -v "UserWarning\|exe_args" | tee -a "$log" ;;
     losscurves) mkdir -p $ev/loss-curves; python3 scripts/hf_loss_curves.py --out $ev/loss-curves 2>&1 | grep -v "UserWarning\|warn(" | tail -8 | tee -a "$log" ;;
-    switchab) name=$1 values=$2; shift 2
-              python3 scripts/switch_ab.py --switch "$name" --values "$values" --out $ev \
+    switchab) name=$1 values=$2; shift 2; d=$ev/switchab-$(date -u +%H%M%S); mkdir -p $d
+              python3 scripts/switch_ab.py --switch "$name" --values "$values" --out $d \
                 ${ABROWS:+--rows "$ABROWS"} ${ABENTRIES:+--entries} ${ABSET:+--set "$ABSET"} 2>&1 | grep -v "UserWarning" | tee -a "$log" ;;
     windowab) w=$1 shapes=$2; shift 2  # scripts/window_sinks_ab.py: windows W at shapes S
         mkdir -p $ev/window-paths; PYTHONPATH=src python3 scripts/window_sinks_ab.py \
