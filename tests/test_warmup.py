@@ -87,6 +87,32 @@ def test_warmup_takes_decode_at_every_split_count(monkeypatch):
     assert sorted({n + 1 for _, _, n in made}) == [2048, 3008]
 
 
+def test_warmup_decode_batches_reach_every_decode_kernel_a_batch_takes():
+    # a decode call's kernels follow its split count (the merge's power of two) and the
+    # tuned table's tile ("few" or "fills" SMs); on 132 SMs a batch can take one split and
+    # not fill them (8 K/V heads: batches 9-16), so warmup goes on to the batch that fills
+    # them (the H200, whose table has a "fills" tile, compiled it after warmup: 17:53Z)
+    from fusedattn.ahead_of_time import _decode_batches
+    from fusedattn.configs import SMS, table_key
+    from fusedattn.kvcache import chosen_splits
+
+    assert SMS == 132
+
+    def choice(batch, heads, heads_kv, capacity):
+        return (chosen_splits(batch, heads, 1, heads_kv, capacity),
+                table_key("decode", precision=None, dim=128, causal=False,
+                          seq=heads // heads_kv, programs=batch * heads_kv))
+
+    for heads, heads_kv in ((32, 8), (32, 32), (8, 1), (48, 8), (64, 4), (28, 4), (128, 1)):
+        for capacity in (512, 2048, 4096, 8192):
+            warmed = {choice(b, heads, heads_kv, capacity)
+                      for b in _decode_batches(heads, heads_kv, capacity)}
+            for batch in range(1, 600):
+                assert choice(batch, heads, heads_kv, capacity) in warmed, \
+                    (heads, heads_kv, capacity, batch)
+    assert _decode_batches(32, 8, 4096) == [1, 2, 4, 8, 16, 32]
+
+
 def test_warmup_calls_each_causal_forward_in_a_captures_form_too(monkeypatch):
     # `hopper.forward.as_captured`: a causal call's CUDA-graph capture launches one program
     # an item, not the claimed items, a kernel of its own; warmup makes each causal forward

@@ -24,9 +24,9 @@ tensor or per head) make no kernel of their own.
 `decode=True` warms `attention_with_kvcache` as a decode loop calls it (`check_lengths=False`,
 one new query with its key and value appended, the mask options given, causal): caches of
 `max_len` keys and, past `configs.ONE_LOOP_MAX_KEYS`, of that many (a kernel of its own),
-contiguous and paged, at batches 1, 2, 4, ... until the split-KV rule stops splitting. Each
-split count's merge is a kernel of its own (the count's power of two), and a batch whose
-programs fill the SMs takes the table's other tile.
+contiguous and paged, at batches 1, 2, 4, ... until the split-KV rule stops splitting and the
+batch's programs fill the SMs. Each split count's merge is a kernel of its own (the count's
+power of two), and a batch whose programs fill the SMs takes the table's other tile.
 
 Compiled kernels land in Triton's cache, `$TRITON_CACHE_DIR` (default
 `~/.triton/cache`): a process started later on the same machine (or on an image that
@@ -197,7 +197,7 @@ def _warm_decode(dtype, dim: int, dim_v: int, heads: int, heads_kv: int, max_len
                  options: dict) -> int:
     """`warmup(decode=True)`'s calls for one dtype, head dims and heads (the module
     docstring); returns how many it made. The largest batch's caches hold batch x
-    capacity keys (B 128 at 8 K/V heads, 4096 keys and D128: 2 GB for K and V)."""
+    capacity keys (B 256 at one K/V head, B 32 at 8, 4096 keys and D128: 0.5 GB for K and V)."""
     from fusedattn.configs import ONE_LOOP_MAX_KEYS
     from fusedattn.kvcache import attention_with_kvcache
     from fusedattn.mode import DEVICE
@@ -226,12 +226,23 @@ def _warm_decode(dtype, dim: int, dim_v: int, heads: int, heads_kv: int, max_len
 
 
 def _decode_batches(heads: int, heads_kv: int, capacity: int) -> list[int]:
-    """1, 2, 4, ... up to the first batch that the split-KV rule does not split (one new
-    query a sequence)."""
+    """1, 2, 4, ... up to the first batch that the split-KV rule does not split and whose
+    programs fill the SMs (one new query a sequence): every split count's merge and both of
+    the tuned table's decode tiles ("few" and "fills": `configs.decode_config`). The two
+    ends differ where the SMs are not a power of two: at 8 K/V heads on 132 SMs batch 16
+    (128 programs) takes one split and "few", and batch 32 is the first to fill them (on
+    the H200, whose table has a "fills" entry, the first batch of 17 or more compiled it:
+    the tier of 2026-12-07T17:53Z)."""
+    from fusedattn.configs import fills_sms
     from fusedattn.kvcache import chosen_splits
 
+    def last(batch: int) -> bool:
+        # (`decode_config`'s key: a program a K/V head's rows, packed)
+        return chosen_splits(batch, heads, 1, heads_kv, capacity) == 1 and fills_sms(
+            batch * heads_kv, heads // heads_kv)
+
     batches = [1]
-    while chosen_splits(batches[-1], heads, 1, heads_kv, capacity) > 1:
+    while not last(batches[-1]):
         batches.append(2 * batches[-1])
     return batches
 
