@@ -449,8 +449,8 @@ def load_modules_once() -> None:
     object's dict, and the kernel gets another kernel's launcher. Our launches build
     launchers ahead on threads (`build_launcher`) and `precompile_backward` loads them on
     a pool beside the main thread, so this happened: the `LauncherMismatch` of three GPU
-    tiers (`launcher_mismatch`), and a fourth with files loaded once (the session's first
-    tier, evidence/nvidia-h100/20261207T161043Z-gpu-tier): a file loaded before
+    tiers (`launcher_mismatch`), and a fourth with files loaded once (the tier of
+    evidence/nvidia-h100/20261207T161043Z-gpu-tier): a file loaded before
     this was installed (a kernel launched by Triton before fusedattn's first launch) is
     not among the loads remembered here, so its second load came through. Hence the
     name's entry in `sys.modules` goes before and after each load, under the lock: a
