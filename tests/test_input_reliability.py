@@ -302,6 +302,37 @@ def test_threads_calling_attention_at_once_all_get_right_results():
             _passes(out, ref)
 
 
+@pytest.mark.emulation_only("Triton's interpreter's options")
+def test_launches_skip_the_interpreters_unread_overflow_checks_then_put_them_back():
+    # `mode.kernel_launches` in emulation: inside, the interpreter's `sanitize_overflow` is
+    # off (without `debug` its checks end in a `device_assert` that checks nothing), nested
+    # launches too; after, the options object is the one before; with `debug` on, untouched
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    from fusedattn.mode import kernel_launches
+
+    builder = interpreter.interpreter_builder
+    before = builder.options
+    assert before.sanitize_overflow and not before.debug
+    with kernel_launches():
+        assert builder.options.sanitize_overflow is False
+        with kernel_launches():
+            assert builder.options.sanitize_overflow is False
+        assert builder.options.sanitize_overflow is False
+        q, k, v = (_rand(1, 2, 19, 16, seed=s) for s in range(3))
+        _passes(fusedattn.attention(q, k, v, is_causal=True),
+                attention_ref(q, k, v, causal=True))
+    assert builder.options is before
+    builder.options = dataclasses.replace(before, debug=True)
+    try:
+        with kernel_launches():
+            assert builder.options.sanitize_overflow is True
+    finally:
+        builder.options = before
+
+
 def test_tf32_setting_is_restored_whatever_threads_interleave():
     from fusedattn_lab.verify import tf32_matmuls
 

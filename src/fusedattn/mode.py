@@ -16,6 +16,7 @@ process before it imports fusedattn (`fusedattn_lab.choose_mode`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 
@@ -37,8 +38,43 @@ def kernel_launches():
     """The context every fusedattn kernel launch runs in. In emulation, one process-wide
     (re-entrant) lock: Triton's interpreter is not thread-safe (four threads launching a
     plain Triton kernel at once raised InterpreterError or returned wrong numbers, an
-    upstream fault), so fusedattn's launches there run one at a time. On the GPU: nothing."""
-    return _INTERPRETER if EMULATION else contextlib.nullcontext()
+    upstream fault), so fusedattn's launches there run one at a time, each without the
+    interpreter's unread overflow checks (`_unchecked_overflow`). On the GPU: nothing."""
+    return _interpreted() if EMULATION else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _interpreted():
+    with _INTERPRETER, _unchecked_overflow():
+        yield
+
+
+@contextlib.contextmanager
+def _unchecked_overflow():
+    """Triton's interpreter with `sanitize_overflow` off for the launch, where its `debug`
+    is off (the default), as the GPU compiler has it: there every integer +, - and * of a
+    kernel is done again in int64, compared with the type's bounds, and the result handed
+    to `device_assert`, which without `debug` checks nothing. That work was 43% of a warmup
+    of the portable forward under cProfile, and without it the calls ran 2.1x faster
+    (29.0 -> 13.5 s, Triton 3.9 on the development CPU); the numbers are the same, since
+    nothing read it. Put back after the launch, so that other kernels in the process, and
+    a `debug` run's checks, are untouched."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # (a Triton without the interpreter module: nothing to change)
+        yield
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    before = getattr(builder, "options", None)
+    if before is None or getattr(before, "debug", True) \
+            or not getattr(before, "sanitize_overflow", False):
+        yield
+        return
+    builder.options = dataclasses.replace(before, sanitize_overflow=False)
+    try:
+        yield
+    finally:
+        builder.options = before
 
 
 def describe() -> str:
