@@ -306,7 +306,9 @@ def test_threads_calling_attention_at_once_all_get_right_results():
 def test_launches_skip_the_interpreters_unread_overflow_checks_then_put_them_back():
     # `mode.kernel_launches` in emulation: inside, the interpreter's `sanitize_overflow` is
     # off (without `debug` its checks end in a `device_assert` that checks nothing), nested
-    # launches too; after, the options object is the one before; with `debug` on, untouched
+    # launches too, and a kernel with `@triton.jit` helpers gives the reference's numbers;
+    # after, the options and the interpreter's builtin walk are the ones before; with
+    # `debug` on, the checks stay
     import dataclasses
 
     from triton.runtime import interpreter
@@ -314,17 +316,19 @@ def test_launches_skip_the_interpreters_unread_overflow_checks_then_put_them_bac
     from fusedattn.mode import kernel_launches
 
     builder = interpreter.interpreter_builder
-    before = builder.options
+    before, walk = builder.options, interpreter._patch_builtin
     assert before.sanitize_overflow and not before.debug
     with kernel_launches():
+        # (and the language's builtins found by name: `mode._language_patched_by_name`)
         assert builder.options.sanitize_overflow is False
+        assert interpreter._patch_builtin is not walk
         with kernel_launches():
             assert builder.options.sanitize_overflow is False
         assert builder.options.sanitize_overflow is False
         q, k, v = (_rand(1, 2, 19, 16, seed=s) for s in range(3))
         _passes(fusedattn.attention(q, k, v, is_causal=True),
                 attention_ref(q, k, v, causal=True))
-    assert builder.options is before
+    assert builder.options is before and interpreter._patch_builtin is walk
     builder.options = dataclasses.replace(before, debug=True)
     try:
         with kernel_launches():
