@@ -61,7 +61,7 @@ def _language_patched_by_name():
     each kernel call and again on every call of a `@triton.jit` helper from a kernel, where
     they are patched already and nothing changes; walking the members each time was 42% of
     a warmup of the portable forward under cProfile (after `_unchecked_overflow`), and
-    without it the calls ran 18-19 -> 13-14 s (Triton 3.9 on the development CPU). The
+    without it the warmup took 12.4-12.6 s against 18.1-19.0 (the same evidence). The
     same members are patched the same way (`_patch_attr`, the builtins among the named
     members), so nothing else changes. The names are read at the first launch, before any
     kernel runs, when nothing is patched. Put back after the launch."""
@@ -110,9 +110,10 @@ def _unchecked_overflow():
     is off (the default), as the GPU compiler has it: there every integer +, - and * of a
     kernel is done again in int64, compared with the type's bounds, and the result handed
     to `device_assert`, which without `debug` checks nothing. That work was 43% of a warmup
-    of the portable forward under cProfile, and without it the calls ran 2.1x faster
-    (29.0 -> 13.5 s, Triton 3.9 on the development CPU); the numbers are the same, since
-    nothing read it. Put back after the launch, so that other kernels in the process, and
+    of the portable forward under cProfile, and without it the warmup took 13-20 s against
+    24-34 (Triton 3.9 on the development CPU: evidence/cpu/
+    20261207T1830Z-interpreter-overflow-checks); the numbers are the same, since nothing
+    read it. Put back after the launch, so that other kernels in the process, and
     a `debug` run's checks, are untouched."""
     try:
         from triton.runtime import interpreter
