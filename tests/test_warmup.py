@@ -19,16 +19,43 @@ def test_lengths_cover_every_bucket_on_and_off_multiples_of_16():
     assert _batches(1, 16) == [1, 132] and _batches(64, 4096) == [1]
 
 
+def test_warmup_shapes_reach_every_table_key_a_length_and_batch_take():
+    # the table's key (`configs.table_key`: the length's bucket, "fills" or "few" SMs by
+    # the programs, B x H for the forward, B x H_kv for the backward) with Triton's
+    # specialisation of the length (1, a multiple of 16 or not): every length up to
+    # max_len at any batch takes a pair that one of warmup's calls took (H40 at 129 keys
+    # was "few" where 255 and 256 were "fills": a compile after warmup on a GPU whose table
+    # has the one and not the other)
+    from fusedattn.ahead_of_time import _shapes
+    from fusedattn.configs import table_key
+
+    def pair(kind, programs, length):
+        return (table_key(kind, precision=None, dim=128, causal=True, seq=length,
+                          programs=programs), length == 1, length % 16 == 0)
+
+    for heads, heads_kv in ((8, 8), (12, 12), (20, 4), (32, 8), (40, 40), (48, 8), (64, 1)):
+        calls = [call for seq in _lengths(4096) for call in _shapes(heads, heads_kv, seq)]
+        for kind, n in (("fwd", heads), ("bwd", heads_kv)):
+            warmed = {pair(kind, b * n, length) for length, b in calls}
+            for length in range(1, 4097):
+                for batch in (1, 2, 3, 5, 8, 33):
+                    assert pair(kind, batch * n, length) in warmed, \
+                        (heads, heads_kv, kind, length, batch)
+    assert _shapes(40, 40, 256) == [(256, 1), (129, 1), (144, 1)]
+    assert _shapes(32, 8, 1024) == [(1024, 1), (1024, 2)]
+
+
 def test_warmup_makes_its_calls_and_returns_what_it_did(monkeypatch):
     from fusedattn import configs
 
     monkeypatch.setattr(configs, "SMS", 4)  # a 4-SM GPU: the batch that fills it is small
     done = fusedattn.warmup(head_dims=(16,), heads=(2,), heads_kv=(1,), dtypes=("fp32",),
                             causal=(True, False), training=True, varlen=True, max_len=16)
-    # 2 masks x lengths (1, 15, 16) x batches (1 and the batch that fills the SMs), each
-    # with gradients and without (an evaluation's forward, no LSE), and varlen's; the causal
-    # ones once more each in a CUDA graph capture's form
-    assert done["calls"] == 2 * 3 * 2 * 2 + 2 * 3 + (3 * 2 * 2 + 3)
+    # 2 masks x lengths (1, 15, 16) x batches (1, 2: the forward's 2 programs a batch fill
+    # the SMs, 4: the backward's 1, a K/V head's), each with gradients and without (an
+    # evaluation's forward, no LSE), and varlen's; the causal ones once more each in a CUDA
+    # graph capture's form
+    assert done["calls"] == 2 * 3 * 3 * 2 + 3 * 3 * 2 + (3 * 2 + 3)
     assert done["compiled"] >= 0 and done["seconds"] > 0
 
 
@@ -48,7 +75,9 @@ def test_warmup_takes_fp8_and_its_backward(monkeypatch):
     done = fusedattn.warmup(head_dims=(64,), heads=(2,), heads_kv=(1,), dtypes=("fp8",),
                             causal=(True,), training=True, sinks=True, varlen=True,
                             max_len=16)
-    assert done["calls"] == 2 * (3 * 2 + 3)  # (causal: each in a capture's form too)
+    # lengths (1, 15, 16) x batches (1, 2 and 4: the forward's and the backward's filling
+    # batches, as in bf16) and varlen's, each in a capture's form too (causal)
+    assert done["calls"] == 2 * (3 * 3 + 3)
 
 
 def test_warmup_takes_decode_at_every_split_count(monkeypatch):

@@ -8,7 +8,9 @@ makes one small call of each kind that compiles something different: per dtype, 
 heads (with their K/V heads), mask and path, a length in each power-of-two bucket of the
 config table (16 .. `max_len`), one that is a multiple of 16 and one that is not (Triton
 specialises lengths on it in the portable kernels), at one batch that leaves the SMs idle
-and one that fills them (the table's two columns). Batch and length within a bucket then
+and one that fills them (the table's two columns), for the forward's programs (B x H) and,
+with `training`, the backward's (B x H_kv), and, where a bucket's shortest lengths leave
+them idle at batch 1 and its longest do not, at those too (`_shapes`). Batch and length within a bucket then
 compile nothing new: the Hopper kernel does not specialise on sizes at all, so its one
 compile per dtype, head dim and mask covers every length from `dispatch.HOPPER_MIN_KEYS`.
 The backward is warmed with contiguous upstream gradients (as a next layer's matmul hands
@@ -64,6 +66,25 @@ def _batches(heads: int, seq: int) -> list[int]:
 
     tiles = heads * -(-seq // 64)
     return [1] if fills_sms(heads, seq) else [1, -(-SMS // tiles)]
+
+
+def _shapes(heads: int, heads_kv: int, seq: int) -> list[tuple[int, int]]:
+    """The (length, batch) pairs warmup calls for `seq`, one of `_lengths`: the table's
+    key is "fills" or "few" by a kernel's programs (`configs.table_key`), B x H for the
+    forward and B x H_kv for the backward (a program a K/V head's key tile), so `seq` at
+    `_batches` of each; and, where `seq` tops its bucket (a power of two past 64), the
+    bucket's shortest lengths at batch 1 where they are "few" and `seq` at batch 1 is not
+    (H40 at 129 keys: 120 programs of 132 SMs, at 256 keys 160): one not a multiple of 16
+    and one that is, as `_lengths` has them (the same 64-key tiles: seq / 2 is a multiple
+    of 64)."""
+    from fusedattn.configs import fills_sms
+
+    pairs = sorted({(seq, b) for n in {heads, heads_kv} for b in _batches(n, seq)})
+    if seq > 64 and seq & (seq - 1) == 0:
+        short = seq // 2 + 1
+        if any(fills_sms(n, seq) and not fills_sms(n, short) for n in {heads, heads_kv}):
+            pairs += [(short, 1), (short + 15, 1)]
+    return pairs
 
 
 def _check(name: str, values, allowed) -> tuple:
@@ -136,8 +157,9 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                     grad = training and dtype != "fp8"  # FP8 takes its gradients apart
                     for is_causal in causal:
                         for seq in _lengths(max_len):
-                            for batch in _batches(h, seq):
-                                q, k, v = (torch.randn(batch, n, seq, d, device=DEVICE)
+                            # (the backward's programs are B x H_kv: its batches too)
+                            for length, batch in _shapes(h, hkv if training else h, seq):
+                                q, k, v = (torch.randn(batch, n, length, d, device=DEVICE)
                                            .to(DTYPES[dtype]).requires_grad_(grad)
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
                                 mask = dict(is_causal=is_causal, enable_gqa=h != hkv,
