@@ -10,9 +10,10 @@ config table (16 .. `max_len`), one that is a multiple of 16 and one that is not
 specialises lengths on it in the portable kernels), at one batch that leaves the SMs idle
 and one that fills them (the table's two columns), for the forward's programs (B x H) and,
 with `training`, the backward's (B x H_kv), and, where a bucket's shortest lengths leave
-them idle at batch 1 and its longest do not, at those too (`_shapes`). Batch and length within a bucket then
-compile nothing new: the Hopper kernel does not specialise on sizes at all, so its one
-compile per dtype, head dim and mask covers every length from `dispatch.HOPPER_MIN_KEYS`.
+them idle at batch 1 and its longest do not, at those too (`_shapes`). Batch and length
+within a bucket then compile nothing new: the Hopper kernel does not specialise on sizes at
+all, so its one compile per dtype, head dim and mask covers every length from
+`dispatch.HOPPER_MIN_KEYS`.
 The backward is warmed with contiguous upstream gradients (as a next layer's matmul hands
 on); other strides (a loss's `.sum()` hands on a stride-0 one) specialise it anew. With
 `training`, each forward is also called without gradients (an evaluation step's), whose
