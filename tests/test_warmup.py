@@ -23,7 +23,8 @@ def test_warmup_shapes_reach_every_table_key_a_length_and_batch_take():
     # the table's key (`configs.table_key`: the length's bucket, "fills" or "few" SMs by
     # the programs, B x H for the forward, B x H_kv for the backward) with Triton's
     # specialisation of the length (1, a multiple of 16 or not): every length up to
-    # max_len at any batch takes a pair that one of warmup's calls took (H40 at 129 keys
+    # max_len at any batch (varlen: any count of documents) takes a pair that one of
+    # warmup's calls took (H40 at 129 keys
     # was "few" where 255 and 256 were "fills": a compile after warmup on a GPU whose table
     # has the one and not the other)
     from fusedattn.ahead_of_time import _shapes
@@ -41,6 +42,12 @@ def test_warmup_shapes_reach_every_table_key_a_length_and_batch_take():
                 for batch in (1, 2, 3, 5, 8, 33):
                     assert pair(kind, batch * n, length) in warmed, \
                         (heads, heads_kv, kind, length, batch)
+        # varlen: the documents x H programs, its longest document's length and tiles
+        pairs = [p for seq in _lengths(4096) for p in _shapes(heads, heads, seq)]
+        warmed = {pair("fwd", docs * heads, length) for length, docs in pairs}
+        for length in range(1, 4097):
+            for docs in (1, 2, 3, 5, 24, 200):
+                assert pair("fwd", docs * heads, length) in warmed, (heads, length, docs)
     assert _shapes(40, 40, 256) == [(256, 1), (129, 1), (144, 1)]
     assert _shapes(32, 8, 1024) == [(1024, 1), (1024, 2)]
 
@@ -53,9 +60,9 @@ def test_warmup_makes_its_calls_and_returns_what_it_did(monkeypatch):
                             causal=(True, False), training=True, varlen=True, max_len=16)
     # 2 masks x lengths (1, 15, 16) x batches (1, 2: the forward's 2 programs a batch fill
     # the SMs, 4: the backward's 1, a K/V head's), each with gradients and without (an
-    # evaluation's forward, no LSE), and varlen's; the causal ones once more each in a CUDA
-    # graph capture's form
-    assert done["calls"] == 2 * 3 * 3 * 2 + 3 * 3 * 2 + (3 * 2 + 3)
+    # evaluation's forward, no LSE), and varlen's at 1 and 2 documents a length; the
+    # causal ones once more each in a CUDA graph capture's form
+    assert done["calls"] == 2 * 3 * 3 * 2 + 3 * 3 * 2 + (3 * 2 * 2 + 3 * 2)
     assert done["compiled"] >= 0 and done["seconds"] > 0
 
 
@@ -65,7 +72,9 @@ def test_warmup_takes_head_dim_pairs_and_sinks(monkeypatch):
     monkeypatch.setattr(configs, "SMS", 4)
     done = fusedattn.warmup(head_dims=((24, 16),), heads=(2,), dtypes=("fp32",),
                             causal=(True,), sinks=True, varlen=True, max_len=16)
-    assert done["calls"] == 2 * (3 * 2 + 3)  # (causal: each in a capture's form too)
+    # lengths (1, 15, 16) x batches (1, 2), varlen's at 1 and 2 documents, each in a
+    # capture's form too (causal)
+    assert done["calls"] == 2 * (3 * 2 + 3 * 2)
 
 
 def test_warmup_takes_fp8_and_its_backward(monkeypatch):
@@ -76,8 +85,9 @@ def test_warmup_takes_fp8_and_its_backward(monkeypatch):
                             causal=(True,), training=True, sinks=True, varlen=True,
                             max_len=16)
     # lengths (1, 15, 16) x batches (1, 2 and 4: the forward's and the backward's filling
-    # batches, as in bf16) and varlen's, each in a capture's form too (causal)
-    assert done["calls"] == 2 * (3 * 3 + 3)
+    # batches, as in bf16) and varlen's at 1 and 2 documents, each in a capture's form too
+    # (causal)
+    assert done["calls"] == 2 * (3 * 3 + 3 * 2)
 
 
 def test_warmup_takes_decode_at_every_split_count(monkeypatch):

@@ -77,7 +77,8 @@ def _shapes(heads: int, heads_kv: int, seq: int) -> list[tuple[int, int]]:
     bucket's shortest lengths at batch 1 where they are "few" and `seq` at batch 1 is not
     (H40 at 129 keys: 120 programs of 132 SMs, at 256 keys 160): one not a multiple of 16
     and one that is, as `_lengths` has them (the same 64-key tiles: seq / 2 is a multiple
-    of 64)."""
+    of 64). Varlen's calls take the same pairs as (length, documents): its programs are
+    the documents x H."""
     from fusedattn.configs import fills_sms
 
     pairs = sorted({(seq, b) for n in {heads, heads_kv} for b in _batches(n, seq)})
@@ -180,14 +181,16 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                         calls += 1 + _as_captured(
                                             is_causal, partial(attention, q, k, v, **mask))
                                 calls += 1
-                            if varlen:
-                                q, k, v = (torch.randn(2 * seq, n, d, device=DEVICE)
+                            # varlen's programs: the documents x H (the longest's tiles),
+                            # so documents of one length as many as the batches above
+                            for length, docs in (_shapes(h, h, seq) if varlen else ()):
+                                q, k, v = (torch.randn(docs * length, n, d, device=DEVICE)
                                            .to(DTYPES[dtype])
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
-                                cu = torch.tensor([0, seq, 2 * seq], dtype=torch.int32,
-                                                  device=DEVICE)
-                                packed = partial(attention_varlen, q, k, v, cu, cu, seq, seq,
-                                                 is_causal=is_causal, window=window,
+                                cu = torch.arange(0, docs * length + 1, length,
+                                                  dtype=torch.int32, device=DEVICE)
+                                packed = partial(attention_varlen, q, k, v, cu, cu, length,
+                                                 length, is_causal=is_causal, window=window,
                                                  softcap=softcap, sinks=sink)
                                 packed()
                                 calls += 1 + _as_captured(is_causal, packed)
