@@ -122,7 +122,7 @@ def _unchecked_overflow():
         return
     builder = getattr(interpreter, "interpreter_builder", None)
     before = getattr(builder, "options", None)
-    if before is None or getattr(before, "debug", True) \
+    if not dataclasses.is_dataclass(before) or getattr(before, "debug", True) \
             or not getattr(before, "sanitize_overflow", False):
         yield
         return
