@@ -20,7 +20,9 @@ on); other strides (a loss's `.sum()` hands on a stride-0 one) specialise it ane
 kernels write no LSE and so are kernels of their own. Each causal forward is called once more
 in the form a CUDA graph's capture launches (`hopper.forward.as_captured`: on the Hopper path
 one program an item, not the claimed items of a call outside a capture), so that a first
-capture compiles nothing either.
+capture compiles nothing either. `varlen` makes the same calls through `attention_varlen`,
+documents of one length for the batch, its backward too with `training` (a packed training
+step's; before 2026-12-07 only its forward was warmed).
 "fp8" warms float8 e4m3 q, k, v (head dims 64, 128, 256) and, with `training`,
 `attention_fp8_backward` on a bfloat16 upstream gradient; the descale factors (none, per
 tensor or per head) make no kernel of their own.
@@ -182,18 +184,25 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                             is_causal, partial(attention, q, k, v, **mask))
                                 calls += 1
                             # varlen's programs: the documents x H (the longest's tiles),
-                            # so documents of one length as many as the batches above
-                            for length, docs in (_shapes(h, h, seq) if varlen else ()):
+                            # so documents of one length as many as the batches above; with
+                            # gradients as the dense calls (a packed training step)
+                            for length, docs in (_shapes(h, hkv if training else h, seq)
+                                                 if varlen else ()):
                                 q, k, v = (torch.randn(docs * length, n, d, device=DEVICE)
-                                           .to(DTYPES[dtype])
+                                           .to(DTYPES[dtype]).requires_grad_(grad)
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
                                 cu = torch.arange(0, docs * length + 1, length,
                                                   dtype=torch.int32, device=DEVICE)
                                 packed = partial(attention_varlen, q, k, v, cu, cu, length,
                                                  length, is_causal=is_causal, window=window,
                                                  softcap=softcap, sinks=sink)
-                                packed()
+                                out = packed()
                                 calls += 1 + _as_captured(is_causal, packed)
+                                if grad:
+                                    out.backward(torch.ones_like(out))
+                                    with torch.no_grad():
+                                        packed()
+                                        calls += 1 + _as_captured(is_causal, packed)
                     if decode:
                         calls += _warm_decode(DTYPES[dtype], dim, dim_v, h, hkv, max_len,
                                               dict(window=window, softcap=softcap,
