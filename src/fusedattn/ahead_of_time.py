@@ -162,7 +162,8 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                     for is_causal in causal:
                         for seq in _lengths(max_len):
                             # (the backward's programs are B x H_kv: its batches too)
-                            for length, batch in _shapes(h, hkv if training else h, seq):
+                            shapes = _shapes(h, hkv if training else h, seq)
+                            for length, batch in shapes:
                                 q, k, v = (torch.randn(batch, n, length, d, device=DEVICE)
                                            .to(DTYPES[dtype]).requires_grad_(grad)
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
@@ -186,8 +187,7 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                             # varlen's programs: the documents x H (the longest's tiles),
                             # so documents of one length as many as the batches above; with
                             # gradients as the dense calls (a packed training step)
-                            for length, docs in (_shapes(h, hkv if training else h, seq)
-                                                 if varlen else ()):
+                            for length, docs in (shapes if varlen else ()):
                                 q, k, v = (torch.randn(docs * length, n, d, device=DEVICE)
                                            .to(DTYPES[dtype]).requires_grad_(grad)
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
