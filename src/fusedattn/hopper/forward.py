@@ -54,6 +54,17 @@ TILES = {
 PERSISTENT_TILES = {
     (128, 128): (128, 0, 128, 0, 64, 128, 2),
 }
+# Entries that replace `TILES`' (and `PERSISTENT_TILES`') where a launch runs three consumer
+# warpgroups (`WARPGROUPS`), as FA3 and FA4 run D80 and D96 (192-row tiles). At three's 160
+# registers a thread their 128-key steps spill and serialise the wgmmas (D80: 96 B and
+# C7512); 64-key steps fit with none, the key loop 415 (D80) and 429 (D96) instructions a
+# step against 673 and 680 for two warpgroups' 128 keys (sm90 compile report, evidence/
+# sm90-compile/20261207T2050Z-d80-d96-three-warpgroups). Used only where `WARPGROUPS` names
+# the pair
+THREE_TILES = {
+    (80, 80): (64, 16, 64, 16, 64, 64, 6),
+    (96, 96): (64, 32, 64, 32, 64, 64, 5),
+}
 # FP8 (float8 e4m3 q, k, v): one head-dim piece each, V's tiles V^T's [Dv, BLOCK_N] boxes
 # (`transpose.py`). Shared memory: Q's 2 * BLOCK_M * D bytes, STAGES * BLOCK_N * 2 * D of K
 # and V^T, and O's bfloat16 staging, 2 * BLOCK_M * D * 2 (it cannot go through Q's tiles)
@@ -377,17 +388,21 @@ def switches() -> tuple:
             WARPGROUPS_MIN_ROWS, WARPGROUPS_MIN_ROWS_BOUNDED, WARPGROUPS_MIN_ROWS_VARLEN_BOUNDED,
             WARPGROUPS_MIN_SPAN, LANE_SUM,
             VARLEN_DYNAMIC, MAX_SPLIT, FP8_PACK, MASK_FORM, MASK_FORM_EDGE, KERNEL_DIMS, TILES,
-            FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, LPT_SECTIONS,
+            FP8_TILES, Q_SLOTS, CAUSAL_PERSISTENT_ROWS, PERSISTENT_TILES, THREE_TILES,
+            LPT_SECTIONS,
             LPT_L2_BYTES, CAUSAL_CLAIMS, VARLEN_CLAIMS, DOC_ROWS, VARLEN_TMA_STORE,
             LATE_Q_FREE, FP8_EARLY_Q_FREE, Q_REGISTERS, FP8_Q_REGISTERS)
 
 
-def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool) -> tuple[int, ...]:
+def tile_entry(pair: tuple[int, int], fp8: bool, persistent: bool,
+               consumers: int = 2) -> tuple[int, ...]:
     """The tile of head dims `pair` (`kernel_pair`'s): `FP8_TILES`' under fp8, else
-    `PERSISTENT_TILES`' on the persistent grid where it has one, else `TILES`'."""
+    `THREE_TILES`' at three consumer warpgroups where it has one, else `PERSISTENT_TILES`'
+    on the persistent grid where it has one, else `TILES`'."""
     if fp8:
         return FP8_TILES[pair]
-    return (persistent and PERSISTENT_TILES.get(pair)) or TILES[pair]
+    return ((consumers == 3 and THREE_TILES.get(pair))
+            or (persistent and PERSISTENT_TILES.get(pair)) or TILES[pair])
 
 
 def q_slots(tile: tuple[int, ...], consumers: int, fp8: bool) -> int:
@@ -541,10 +556,10 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: to
     # a causal launch on the persistent grid, its programs claiming items in turn
     claim = dynamic and claims_edges(left, right, varlen) and not capturing()
     dynamic = dynamic and not claim
-    entry = tile_entry(pair, fp8, persistent=not dynamic)
-    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
     consumers = consumer_warpgroups(pair, fp8, cap > 0, seq_q, left >= 0 or right >= 0,
                                     mask.span(), varlen is not None)
+    entry = tile_entry(pair, fp8, persistent=not dynamic, consumers=consumers)
+    d_a, d_b, dv_a, dv_b, block_m, block_n, stages = entry
     lse_strides = (0, 0, 0) if lse is None else (lse.stride(0), lse.stride(1), lse.stride(2))
     firsts = [(q, block_m, d_a), (k, block_n, d_a),
               (v, dv_a, block_n) if fp8 else (v, block_n, dv_a), (out, block_m, dv_a)]
