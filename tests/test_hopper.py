@@ -782,16 +782,20 @@ def test_every_tile_entry_fits_shared_memory_in_power_of_two_pieces(fp8):
     def pow2(n):
         return n > 0 and n & (n - 1) == 0
 
-    tables = [knobs.FP8_TILES] if fp8 else [knobs.TILES, knobs.PERSISTENT_TILES]
-    entries = [(pair, tile) for table in tables for pair, tile in table.items()]
+    tables = [knobs.FP8_TILES] if fp8 else [knobs.TILES, knobs.PERSISTENT_TILES,
+                                             knobs.THREE_TILES]
+    entries = [(pair, tile, table is knobs.THREE_TILES) for table in tables
+               for pair, tile in table.items()]
     assert all(pair in knobs.TILES for pair in knobs.PERSISTENT_TILES)  # (a pair it serves)
-    for pair, tile in entries:
+    assert all(pair in knobs.TILES for pair in knobs.THREE_TILES)
+    for pair, tile, three in entries:
         d_a, d_b, dv_a, dv_b, block_m, block_n, stages = tile
         assert d_a + d_b == pair[0] and dv_a + dv_b == pair[1], pair
         assert all(pow2(x) for x in (d_a, dv_a, block_m, block_n)), pair
         assert all(x == 0 or pow2(x) for x in (d_b, dv_b)), pair
         assert dv_a <= d_a and dv_b <= d_b, pair  # O goes out through Q's tiles
-        consumers = (knobs.FP8_WARPGROUPS if fp8 else knobs.WARPGROUPS).get(pair, 2)
+        consumers = 3 if three else \
+            (knobs.FP8_WARPGROUPS if fp8 else knobs.WARPGROUPS).get(pair, 2)
         size = 1 if fp8 else 2
         q = consumers * block_m * pair[0] * size
         kv = stages * block_n * (pair[0] + pair[1]) * size
@@ -817,6 +821,12 @@ def test_every_tile_entry_fits_shared_memory_in_power_of_two_pieces(fp8):
         assert knobs.tile_entry((128, 128), False, persistent=False) == knobs.TILES[128, 128]
         assert knobs.tile_entry((128, 128), True, persistent=True) == \
             knobs.FP8_TILES[128, 128]
+        # `THREE_TILES`: at three consumer warpgroups alone, on either grid
+        for pair, tile in knobs.THREE_TILES.items():
+            for persistent in (False, True):
+                assert knobs.tile_entry(pair, False, persistent, consumers=3) == tile
+                assert knobs.tile_entry(pair, False, persistent, consumers=2) == \
+                    (persistent and knobs.PERSISTENT_TILES.get(pair) or knobs.TILES[pair])
 
 
 @pytest.mark.gpu_only("the Gluon kernel runs on an sm90 GPU only")
