@@ -64,6 +64,10 @@ ROWS = {
     "d80c": ("dense", 4, 32, 32, 4096, 80, True),
     "d80long": ("dense", 1, 16, 16, 16384, 80, False),  # the prefill suite's D80 row
     "d96": ("dense", 4, 32, 32, 4096, 96, False),
+    "d96b2": ("dense", 2, 16, 16, 4096, 96, False),  # the prefill suite's other D96 row
+    # causal from 8192 rows (`WARPGROUPS_MIN_ROWS_BOUNDED`: three warpgroups where named)
+    "d80c8k": ("dense", 2, 32, 32, 8192, 80, True),
+    "d96c8k": ("dense", 2, 32, 32, 8192, 96, True),
     "d192": ("dense", 4, 32, 32, 4096, 192, False),
     "d192c": ("dense", 4, 32, 32, 4096, 192, True),
     "d256": ("dense", 2, 16, 16, 4096, 256, False),  # the prefill suite's D256 row
