@@ -4,6 +4,9 @@ and the "fusedattn" attention implementation, against one process on the whole s
 with the same weights: Llama over the ring (zigzag shards), Mistral's sliding window over
 Ulysses (contiguous shards; with its all-to-alls overlapped in two head groups too)."""
 
+import functools
+import traceback
+
 import pytest
 import torch
 import torch.distributed
@@ -107,32 +110,21 @@ def _usp_step_without_cache(rank, world, device, results):
     return _step(rank, world, device, results, "usp", use_cache=False)
 
 
-@pytest.mark.parametrize("kind, body, world", [
-    ("ring", _ring_step, 2), ("ulysses", _ulysses_step, 2),
-    ("ulysses-overlap", _ulysses_overlap_step, 2),
-    ("ring", _ring_step_without_cache, 2), ("usp", _usp_step_without_cache, 4)])
-def test_a_training_step_over_sequence_shards_matches_one_process(tmp_path, kind, body,
-                                                                  world):
-    _matches_one_process(tmp_path, kind, body, world, _data())
-
-
-def _matches_one_process(tmp_path, kind: str, body, world: int, data) -> None:
-    """`body`'s step on `world` ranks against one process's on the whole `data`: the loss
-    and every parameter's gradient. fp32 on both sides; the ring merges partial softmaxes
-    in another order (Ulysses runs the same kernels on the whole sequence)."""
-    need_gpus(world)
-    for lines in spawn(body, world, tmp_path):
-        assert not "".join(lines).strip(), lines
-    got = torch.load(tmp_path / "r.0.pt")
+def _matches_one_process(results, kind: str, data) -> None:
+    """A step's result on the ranks (`results`: rank 0's file) against one process's on the
+    whole `data`: the loss and every parameter's gradient. fp32 on both sides; the ring
+    merges partial softmaxes in another order (Ulysses runs the same kernels on the whole
+    sequence)."""
+    got = torch.load(results)
     from fusedattn.mode import DEVICE
     device = DEVICE if EMULATION else torch.device("cuda", 0)
     model = _model(device, kind)
     loss = _loss_sum(model, *(t.to(device) for t in data))
     loss.backward()
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu()
-    assert torch.allclose(got["loss"], loss.detach().cpu(), rtol=1e-5, atol=1e-4)
+    assert torch.allclose(got["loss"], loss.detach().cpu(), rtol=1e-5, atol=1e-4), kind
     assert torch.allclose(got["grads"], grads, rtol=1e-4, atol=1e-5), \
-        float((got["grads"] - grads).abs().max())
+        (kind, float((got["grads"] - grads).abs().max()))
 
 
 def test_sequence_parallel_takes_known_kinds_only():
@@ -216,16 +208,46 @@ def _packed_usp_step(rank, world, device, results):
     return _packed_step(rank, world, device, results, "usp")
 
 
-@pytest.mark.parametrize("kind, body, world", [("ring", _packed_ring_step, 2),
-                                               ("ulysses", _packed_ulysses_step, 2),
-                                               ("ulysses-overlap",
-                                                _packed_ulysses_overlap_step, 2),
-                                               ("usp", _packed_usp_step, 4)])
-def test_packed_documents_over_sequence_shards_match_one_process(tmp_path, kind, body,
-                                                                 world):
+# name: (kind, the ranks' step, world, packed documents?)
+STEPS = {
+    "ring": ("ring", _ring_step, 2, False),
+    "ulysses": ("ulysses", _ulysses_step, 2, False),
+    "ulysses-overlap": ("ulysses-overlap", _ulysses_overlap_step, 2, False),
+    "ring-without-cache": ("ring", _ring_step_without_cache, 2, False),
+    "usp-without-cache": ("usp", _usp_step_without_cache, 4, False),
     # one process runs the packed row through position_ids that restart (attention_varlen
     # per document; Mistral's window per document under Ulysses)
-    _matches_one_process(tmp_path, kind, body, world, _packed_data())
+    "packed-ring": ("ring", _packed_ring_step, 2, True),
+    "packed-ulysses": ("ulysses", _packed_ulysses_step, 2, True),
+    "packed-ulysses-overlap": ("ulysses-overlap", _packed_ulysses_overlap_step, 2, True),
+    "packed-usp": ("usp", _packed_usp_step, 4, True),
+}
+
+
+def _each_step(rank: int, world: int, device, results: str, names: tuple) -> list[str]:
+    """One rank: the steps `names` of `STEPS` one after another in this process group (one
+    spawn a world size: a spawn costs about 6.6 s of imports on the 2-core CI machine),
+    each step's result in a file of its own; a step that raised says so by name."""
+    lines = []
+    for name in names:
+        try:
+            lines += STEPS[name][1](rank, world, device, f"{results}-{name}")
+        except Exception:
+            lines.append(f"ERROR {name}: " + traceback.format_exc().replace("\n", " | "))
+    return lines
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_training_steps_over_sequence_shards_match_one_process(tmp_path, world):
+    # every step of `STEPS` at this world size, plain and packed, on the ranks of one spawn
+    names = tuple(name for name, step in STEPS.items() if step[2] == world)
+    need_gpus(world)
+    for lines in spawn(functools.partial(_each_step, names=names), world, tmp_path):
+        assert not "".join(lines).strip(), lines
+    for name in names:
+        kind, _, _, packed = STEPS[name]
+        _matches_one_process(tmp_path / f"r-{name}.0.pt", kind,
+                             _packed_data() if packed else _data())
 
 
 def _refusals(rank: int, world: int, device, results: str) -> list[str]:
