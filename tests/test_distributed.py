@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fusedattn  # noqa: F401  (fix the mode before the workers are spawned)
-from ranks import need_gpus, refusal, spawn
+from ranks import need_gpus, refusal, spawn_each
 
 # (B, H, H_kv, S, D): S divisible by 2*P for P = 2 and 3
 SHAPE = (1, 2, 1, 24, 16)
@@ -136,18 +136,6 @@ def _ring_varlen_body(rank: int, world: int, device, results: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ring_varlen_matches_the_reference_forward_and_gradients(world, tmp_path):
-    need_gpus(world)
-    for rank, lines in enumerate(spawn(_ring_varlen_body, world, tmp_path)):
-        checks = [line.split() for line in lines if not line.startswith(("odd", "docs"))]
-        assert len(checks) == 4 + 4 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
-        assert any(line.startswith("odd refused cu_seqlens") and "multiple of" in line
-                   for line in lines), lines
-        assert any(line.startswith("docs refused shards") and "checksum" in line
-                   for line in lines), lines
-
-
 def test_varlen_shards_put_back_together():
     from fusedattn.distributed import varlen_shard, varlen_unshard
     from fusedattn.problem import ProblemError
@@ -167,9 +155,11 @@ def test_varlen_shards_put_back_together():
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_ring_matches_the_reference_forward_and_gradients(world, tmp_path):
+def test_ring_and_ring_varlen_match_the_reference_forward_and_gradients(world, tmp_path):
+    # both bodies on the ranks of one spawn
     need_gpus(world)
-    for rank, lines in enumerate(spawn(_ring_body, world, tmp_path)):
+    ranks = spawn_each({"ring": _ring_body, "varlen": _ring_varlen_body}, world, tmp_path)
+    for rank, lines in enumerate(ranks["ring"]):
         checks = [line.split() for line in lines
                   if not line.startswith(("unequal", "odd", "dv", "batches"))]
         assert len(checks) == 8 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
@@ -177,6 +167,13 @@ def test_ring_matches_the_reference_forward_and_gradients(world, tmp_path):
         starts = [" ".join(line.split()[:3]) for line in lines]
         assert "unequal refused shards" in starts and "odd refused seq" in starts, lines
         assert ("dv refused v.shape" if rank == 0 else "dv refused shards") in starts, lines
+    for rank, lines in enumerate(ranks["varlen"]):
+        checks = [line.split() for line in lines if not line.startswith(("odd", "docs"))]
+        assert len(checks) == 4 + 4 + 5 and all(c[2] == "True" for c in checks), (rank, lines)
+        assert any(line.startswith("odd refused cu_seqlens") and "multiple of" in line
+                   for line in lines), lines
+        assert any(line.startswith("docs refused shards") and "checksum" in line
+                   for line in lines), lines
 
 
 def test_a_group_of_one_is_plain_attention(tmp_path):

@@ -4,14 +4,11 @@ and the "fusedattn" attention implementation, against one process on the whole s
 with the same weights: Llama over the ring (zigzag shards), Mistral's sliding window over
 Ulysses (contiguous shards; with its all-to-alls overlapped in two head groups too)."""
 
-import functools
-import traceback
-
 import pytest
 import torch
 import torch.distributed
 
-from ranks import need_gpus, spawn
+from ranks import need_gpus, spawn, spawn_each
 
 transformers = pytest.importorskip(
     "transformers", reason="the [hf] extra is not installed: pip install -e '.[hf]'")
@@ -224,27 +221,14 @@ STEPS = {
 }
 
 
-def _each_step(rank: int, world: int, device, results: str, names: tuple) -> list[str]:
-    """One rank: the steps `names` of `STEPS` one after another in this process group (one
-    spawn a world size: a spawn costs about 6.6 s of imports on the 2-core CI machine),
-    each step's result in a file of its own; a step that raised says so by name."""
-    lines = []
-    for name in names:
-        try:
-            lines += STEPS[name][1](rank, world, device, f"{results}-{name}")
-        except Exception:
-            lines.append(f"ERROR {name}: " + traceback.format_exc().replace("\n", " | "))
-    return lines
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_training_steps_over_sequence_shards_match_one_process(tmp_path, world):
     # every step of `STEPS` at this world size, plain and packed, on the ranks of one spawn
     names = tuple(name for name, step in STEPS.items() if step[2] == world)
     need_gpus(world)
-    for lines in spawn(functools.partial(_each_step, names=names), world, tmp_path):
-        assert not "".join(lines).strip(), lines
+    ranks = spawn_each({name: STEPS[name][1] for name in names}, world, tmp_path)
     for name in names:
+        assert not any(ranks[name]), (name, ranks[name])
         kind, _, _, packed = STEPS[name]
         _matches_one_process(tmp_path / f"r-{name}.0.pt", kind,
                              _packed_data() if packed else _data())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fusedattn  # noqa: F401  (fix the mode before the workers are spawned)
-from ranks import need_gpus, refusal, spawn
+from ranks import need_gpus, refusal, spawn, spawn_each
 
 
 def _verdicts(name, got, want) -> list[str]:
@@ -281,19 +281,18 @@ def _usp_body(rank: int, world: int, device, results: str) -> list[str]:
     return lines
 
 
-def test_ulysses_matches_the_reference_forward_and_gradients(tmp_path):
+def test_ulysses_and_its_overlapped_groups_match_the_reference(tmp_path):
+    # both bodies on the ranks of one spawn: the plain all-to-alls, then the overlapped
+    # head groups in the pipelined order
     need_gpus(2)
-    for rank, lines in enumerate(spawn(_ulysses_body, 2, tmp_path)):
+    ranks = spawn_each({"plain": _ulysses_body, "overlap": _overlap_body}, 2, tmp_path)
+    for rank, lines in enumerate(ranks["plain"]):
         checks = [line.split() for line in lines if not line.startswith("heads")]
         assert len(checks) == 4 + 4 + 5 + 4 and all(c[2] == "True" for c in checks), \
             (rank, lines)
         assert any(line.startswith(("heads refused heads ", "heads refused shards "))
                    for line in lines), lines
-
-
-def test_ulysses_overlapped_groups_match_the_reference_in_the_pipelined_order(tmp_path):
-    need_gpus(2)
-    for rank, lines in enumerate(spawn(_overlap_body, 2, tmp_path)):
+    for rank, lines in enumerate(ranks["overlap"]):
         checks = [line.split() for line in lines if line.startswith("overlap")]
         assert len(checks) == 4 + 1 + 5 + 1 + 4 and all(c[2] == "True" for c in checks), \
             (rank, lines)
