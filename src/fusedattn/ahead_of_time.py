@@ -169,21 +169,12 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
                                 mask = dict(is_causal=is_causal, enable_gqa=h != hkv,
                                             window=window, softcap=softcap, sinks=sink)
-                                out = attention(q, k, v, **mask)
-                                calls += _as_captured(is_causal, partial(attention, q, k, v,
-                                                                         **mask))
+                                out, made = _step(partial(attention, q, k, v, **mask),
+                                                  is_causal, grad)
+                                calls += made
                                 if training and dtype == "fp8":
                                     attention_fp8_backward(torch.ones_like(out), q, k, v,
                                                            **mask)
-                                elif training:
-                                    out.backward(torch.ones_like(out))
-                                    # and the same forward without gradients (an
-                                    # evaluation's): it writes no LSE, a kernel of its own
-                                    with torch.no_grad():
-                                        attention(q, k, v, **mask)
-                                        calls += 1 + _as_captured(
-                                            is_causal, partial(attention, q, k, v, **mask))
-                                calls += 1
                             # varlen's programs: the documents x H (the longest's tiles),
                             # so documents of one length as many as the batches above; with
                             # gradients as the dense calls (a packed training step)
@@ -193,16 +184,10 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
                                            for n, d in ((h, dim), (hkv, dim), (hkv, dim_v)))
                                 cu = torch.arange(0, docs * length + 1, length,
                                                   dtype=torch.int32, device=DEVICE)
-                                packed = partial(attention_varlen, q, k, v, cu, cu, length,
-                                                 length, is_causal=is_causal, window=window,
-                                                 softcap=softcap, sinks=sink)
-                                out = packed()
-                                calls += 1 + _as_captured(is_causal, packed)
-                                if grad:
-                                    out.backward(torch.ones_like(out))
-                                    with torch.no_grad():
-                                        packed()
-                                        calls += 1 + _as_captured(is_causal, packed)
+                                calls += _step(partial(
+                                    attention_varlen, q, k, v, cu, cu, length, length,
+                                    is_causal=is_causal, window=window, softcap=softcap,
+                                    sinks=sink), is_causal, grad)[1]
                     if decode:
                         calls += _warm_decode(DTYPES[dtype], dim, dim_v, h, hkv, max_len,
                                               dict(window=window, softcap=softcap,
@@ -213,6 +198,21 @@ def warmup(*, head_dims, heads, heads_kv=None, dtypes=("bf16",), causal=(True,),
         listener()
     return {"calls": calls, "compiled": len(compiled),
             "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _step(call, causal: bool, grad: bool) -> tuple:
+    """A forward `call()`, once more in a capture's form where causal (`_as_captured`),
+    and with `grad` its backward on a ones gradient and the same forward without gradients
+    (an evaluation's: it writes no LSE, a kernel of its own); returns (the first call's
+    output, the calls made)."""
+    out = call()
+    calls = 1 + _as_captured(causal, call)
+    if grad:
+        out.backward(torch.ones_like(out))
+        with torch.no_grad():
+            call()
+            calls += 1 + _as_captured(causal, call)
+    return out, calls
 
 
 def _as_captured(causal: bool, call) -> int:

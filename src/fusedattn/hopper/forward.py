@@ -55,11 +55,11 @@ PERSISTENT_TILES = {
     (128, 128): (128, 0, 128, 0, 64, 128, 2),
 }
 # Entries that replace `TILES`' (and `PERSISTENT_TILES`') where a launch runs three consumer
-# warpgroups (`WARPGROUPS`), as FA3 and FA4 run D80 and D96 (192-row tiles). At three's 160
-# registers a thread their 128-key steps spill and serialise the wgmmas (D80: 96 B and
-# C7512); 64-key steps fit with none, the key loop 411 (D80) and 427 (D96) instructions a
-# step against 673 and 680 for two warpgroups' 128 keys (sm90 compile report, evidence/
-# sm90-compile/20261207T2050Z-d80-d96-three-warpgroups). Used only where `WARPGROUPS` names
+# warpgroups (`WARPGROUPS`), as FA3 runs head dims 65-96 and FA4 ran D80 (192-row tiles).
+# At three's 160 registers a thread their 128-key steps spill and serialise the wgmmas
+# (D80: 96 B and C7512); 64-key steps fit with none, the key loop 411 (D80) and 427 (D96)
+# instructions a step against 673 and 680 for two warpgroups' 128 keys (sm90 compile report,
+# evidence/sm90-compile/20261207T2050Z-d80-d96-three-warpgroups). Used only where `WARPGROUPS` names
 # the pair, which it does not: on an H100 three warpgroups with these entries lost to two on
 # all twelve pairs, both orders (D80 -2.6 to -7.7%, D96 -4.8 to -12.3%; evidence/nvidia-h100/
 # 20261207T2202Z-d80-d96-three-warpgroups-ab). Kept as the A/B switch
