@@ -34,7 +34,7 @@ DEFAULTS = dict(BLOCK_M=64, STAGES=3, HAS_LEFT=False, HAS_RIGHT=False, BOTTOM_RI
                 SOFTCAP=False, VARLEN=False, WRITE_LSE=True, PINGPONG=True, SINKS=False,
                 SHARED_KV=False, LOADER_REGS=24, CONSUMER_REGS=240, FP8=False, P_SCALE=256.0,
                 THREAD_ARRIVES=False, CONSUMERS=2, LANE_SUM=True, MAX_SPLIT=4, Q_SLOTS=1,
-                CLAIM=False, Q_REGS=0)
+                CLAIM=False, Q_REGS=0, P_SMEM=False)
 CONFIGS = [  # D_A/D_B: Q's and K's pieces; DV_A/DV_B: V's and O's (default: Q's); Q_SLOTS
     # as `hopper.forward.q_slots` gives (two where the shared memory holds them)
     dict(name="D128", Q_SLOTS=2, D_A=128, D_B=0, BLOCK_N=128, STAGES=2),  # PERSISTENT_TILES
